@@ -1,0 +1,35 @@
+"""pysparse_hpc: fast sparse matrix multiplication for deep learning and scientific computing.
+
+Formats
+-------
+csr_array      compressed sparse rows, the interchange format
+mebcrs_array   FlashSparse's ME-BCRS: 8-row windows of 8x1 vectors, for tensor-core kernels
+blocked_array  the same layout for any window height (16 for TC-GNN / DTC-SpMM)
+
+Functions
+---------
+block_stats    windows, vectors, redundancy and bytes of the blocked formats
+spmm           sparse @ dense
+"""
+from . import datasets, io
+from ._base import issparse, sparray
+from ._blocked import blocked_array, mebcrs_array
+from ._csr import CooTriplets, csr_array
+from ._stats import BlockStats, block_stats
+from .ops import spmm
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BlockStats",
+    "CooTriplets",
+    "block_stats",
+    "blocked_array",
+    "csr_array",
+    "datasets",
+    "io",
+    "issparse",
+    "mebcrs_array",
+    "sparray",
+    "spmm",
+]

@@ -1,0 +1,108 @@
+"""The base class of every sparse array: what all formats share, whatever their layout."""
+import numpy as np
+
+__all__ = ["sparray", "issparse"]
+
+
+class sparray:
+    """Base class of the pysparse_hpc sparse arrays (2-D only).
+
+    Subclasses own a storage layout and implement `tocsr`; everything that can be expressed
+    through CSR (dense conversion, scipy conversion, matrix products) lives here once.
+    """
+
+    format = None
+    _format_name = "sparse"
+
+    # -- shape and dtype ------------------------------------------------------------------
+    @property
+    def shape(self):
+        """Tuple ``(rows, cols)``."""
+        return self._shape
+
+    @property
+    def ndim(self):
+        """Always 2."""
+        return 2
+
+    @property
+    def dtype(self):
+        """The dtype of the stored values (float16, float32 or float64)."""
+        return self._values_array().dtype
+
+    @property
+    def index_dtype(self):
+        """The dtype of the index arrays (int32 or int64)."""
+        return self._index_array().dtype
+
+    @property
+    def nnz(self):
+        """Number of stored entries, explicit zeros included."""
+        raise NotImplementedError
+
+    @property
+    def size(self):
+        """Same as `nnz`, as in scipy.sparse."""
+        return self.nnz
+
+    def __len__(self):
+        raise TypeError("sparse array length is ambiguous; use .shape[0] or .nnz")
+
+    # -- conversions ----------------------------------------------------------------------
+    def tocsr(self, copy=False):
+        """Return the array as a `csr_array`."""
+        raise NotImplementedError
+
+    def toarray(self):
+        """Return a dense ``numpy.ndarray`` of shape `shape` and dtype `dtype` (duplicates summed)."""
+        return self.tocsr().toarray()
+
+    def to_scipy(self):
+        """Return a ``scipy.sparse.csr_array`` with the same entries (float16 becomes float32).
+
+        scipy.sparse does not support float16, so float16 values are widened exactly to float32.
+        """
+        return self.tocsr().to_scipy()
+
+    @property
+    def T(self):
+        """The transpose, see `transpose`."""
+        return self.transpose()
+
+    def transpose(self, axes=None, copy=False):
+        """Return the transpose in the same format (``axes`` may only be None or (1, 0))."""
+        raise NotImplementedError
+
+    def astype(self, dtype, copy=True):
+        """Return the array with values cast to ``dtype`` (float16, float32 or float64)."""
+        raise NotImplementedError
+
+    def copy(self):
+        """Return a deep copy."""
+        return self.astype(self.dtype, copy=True)
+
+    # -- operators ------------------------------------------------------------------------
+    def __matmul__(self, other):
+        from .ops import spmm
+        return spmm(self, other)
+
+    def __rmatmul__(self, other):
+        # (B @ A) = (A^T @ B^T)^T, so a dense-times-sparse product reuses the SpMM.
+        from .ops import spmm
+        other_t = np.asarray(other)
+        if other_t.ndim == 1:
+            return spmm(self.T, other_t)
+        return spmm(self.T, other_t.T).T
+
+    def _repr_details(self):
+        return ""
+
+    def __repr__(self):
+        rows, cols = self.shape
+        return (f"<{self._format_name} of shape ({rows}, {cols}), dtype {self.dtype}, "
+                f"index {self.index_dtype}, {self.nnz} stored entries{self._repr_details()}>")
+
+
+def issparse(x):
+    """True if ``x`` is a pysparse_hpc sparse array."""
+    return isinstance(x, sparray)

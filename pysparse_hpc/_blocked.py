@@ -1,0 +1,389 @@
+"""Blocked row-window formats: ME-BCRS (8x1 vectors) and its taller-window relatives (16x1).
+
+One class, `blocked_array`, parameterized by the window height; `mebcrs_array` is its 8-row
+case, the format FlashSparse's swap-and-transpose MMA consumes.
+"""
+import numpy as np
+
+from ._base import sparray
+from ._config import get_num_threads
+from ._csr import csr_array
+from ._cy import blocked as _blocked
+from ._sputils import (
+    as_index_array,
+    as_value_array,
+    check_shape,
+    get_index_dtype,
+    moved_view,
+    value_dtype_for,
+)
+
+__all__ = ["blocked_array", "mebcrs_array", "blocked_from_csr"]
+
+
+def _mask_bytes(window):
+    return (window + 7) // 8
+
+
+class blocked_array(sparray):
+    """Row-window blocked sparse array of ``window`` x 1 vectors (ME-BCRS generalized).
+
+    Rows are grouped into windows of ``window`` consecutive rows (the last one may be partial;
+    padded rows are never stored). In each window every distinct column with at least one stored
+    entry is one *vector*: ``window`` values, one per row, zero where that row has no entry.
+
+    Parameters
+    ----------
+    arg : sparse array, array_like or tuple
+        Anything `csr_array` accepts (converted through CSR), another blocked array, or raw arrays
+        ``(values, col_idx, row_window_offset, vector_mask)`` together with ``shape`` (a 3-tuple
+        is read as CSR). With ``vector_mask=None`` the stored entries are the nonzero values, the
+        FlashSparse convention (explicit zeros are then dropped).
+    shape : tuple of two ints, optional
+        Required for raw arrays.
+    dtype : dtype, optional
+        float16, float32 or float64.
+    copy : bool, default False
+        Copy raw input arrays even when they could be shared.
+    window : int, default 8
+        Rows per window (the vector height): 8 for ME-BCRS, 16 for TC-GNN/DTC-SpMM.
+    block_width : int, default 8
+        Vectors per block, the MMA reduction extent of the kernel that will read it.
+    index_dtype : {None, numpy.int32, numpy.int64}, optional
+        Index dtype when converting from CSR (default: the CSR's).
+
+    Attributes
+    ----------
+    row_window_offset : ndarray (index dtype), shape (n_windows + 1,)
+        Prefix sum of the number of vectors per window (vectors, not blocks: nothing is padded).
+    col_idx : ndarray (index dtype), shape (n_vectors,)
+        Column of each vector, strictly ascending within its window.
+    values : ndarray, shape (n_vectors * window,)
+        Vector values stored block by block. A block is ``block_width`` consecutive vectors of one
+        window, stored row-major ``[window][block_width]``; the last block of a window, with
+        ``r = n_vectors_in_window % block_width`` vectors, is stored compactly as ``[window][r]``.
+    vector_mask : ndarray of uint8, shape (n_vectors * ceil(window / 8),)
+        Bit ``r`` of vector ``v`` (byte ``v * ceil(window/8) + r // 8``, bit ``r % 8``) is set when
+        row ``r`` of the vector holds a stored entry. It tells explicit zeros from padding, so
+        the round trip to CSR is exact and SDDMM writes only the sparsity pattern.
+
+    Notes
+    -----
+    The vector mask is not part of FlashSparse's ME-BCRS (which stores a pattern of ones);
+    `block_stats` reports the format's bytes without it and the mask's bytes separately.
+    """
+
+    format = "blocked"
+    _format_name = "blocked_array"
+
+    def __init__(self, arg, shape=None, dtype=None, copy=False, *, window=8, block_width=8,
+                 index_dtype=None):
+        window, block_width = _check_geometry(window, block_width)
+        if isinstance(arg, blocked_array) and index_dtype is None and (
+                arg.window, arg.block_width) == (window, block_width):
+            if shape is not None and check_shape(shape) != arg.shape:
+                raise ValueError(f"shape {check_shape(shape)} does not match the input's shape {arg.shape}")
+            source = arg.astype(value_dtype_for(arg.dtype, dtype), copy=copy)
+            self._set_arrays(source.values, source.col_idx, source.row_window_offset,
+                             source.vector_mask, source.shape, window, block_width)
+        elif isinstance(arg, tuple) and len(arg) == 4:
+            self._init_from_raw(arg, shape, dtype, copy, window, block_width)
+        else:
+            csr = csr_array(arg, shape=shape, dtype=dtype, index_dtype=index_dtype)
+            source = blocked_from_csr(csr, window, block_width)
+            self._set_arrays(source.values, source.col_idx, source.row_window_offset,
+                             source.vector_mask, source.shape, window, block_width)
+
+    def _set_arrays(self, values, col_idx, row_window_offset, vector_mask, shape, window,
+                    block_width):
+        self.values = values
+        self.col_idx = col_idx
+        self.row_window_offset = row_window_offset
+        self.vector_mask = vector_mask
+        self._shape = shape
+        self._window = window
+        self._block_width = block_width
+        self._nnz = None
+
+    def _init_from_raw(self, arg, shape, dtype, copy, window, block_width):
+        if shape is None:
+            raise ValueError("shape is required when building a blocked array from raw arrays")
+        shape = check_shape(shape)
+        values = as_value_array(arg[0], "values", dtype)
+        col_idx = as_index_array(arg[1], "col_idx")
+        row_window_offset = as_index_array(arg[2], "row_window_offset")
+        vector_mask = None if arg[3] is None else np.asarray(arg[3])
+        if vector_mask is not None and (vector_mask.dtype != np.uint8 or vector_mask.ndim != 1):
+            raise TypeError(
+                f"vector_mask must be a 1-D uint8 array, got dtype {vector_mask.dtype} "
+                f"with shape {vector_mask.shape}")
+        index_dtype = get_index_dtype((col_idx, row_window_offset),
+                                      maxval=max(shape + (col_idx.size,)))
+        _check_blocked_arrays(values, col_idx, row_window_offset, vector_mask, shape, window,
+                              block_width, full_check=True)
+        if vector_mask is None:
+            positions = value_positions(row_window_offset, window, block_width)
+            vector_mask = _pack_rows(values[positions] != 0)
+        elif copy:
+            vector_mask = vector_mask.copy()
+        self._set_arrays(values.copy() if copy else values,
+                         col_idx.astype(index_dtype, copy=copy),
+                         row_window_offset.astype(index_dtype, copy=copy),
+                         vector_mask, shape, window, block_width)
+
+    # -- geometry -------------------------------------------------------------------------
+    @property
+    def window(self):
+        """Rows per window, the height of a vector."""
+        return self._window
+
+    @property
+    def block_width(self):
+        """Vectors per block (the MMA reduction extent k of the kernel)."""
+        return self._block_width
+
+    @property
+    def n_windows(self):
+        """Number of row windows, ``ceil(rows / window)``."""
+        return self.row_window_offset.size - 1
+
+    @property
+    def n_vectors(self):
+        """Number of stored vectors."""
+        return self.col_idx.size
+
+    @property
+    def nnz(self):
+        """Number of stored entries (set mask bits), explicit zeros included."""
+        if self._nnz is None:
+            self._nnz = int(np.bitwise_count(self.vector_mask).sum(dtype=np.int64))
+        return self._nnz
+
+    @property
+    def nbytes(self):
+        """Bytes held by the four arrays (the mask included)."""
+        return sum(a.nbytes for a in (self.values, self.col_idx, self.row_window_offset,
+                                      self.vector_mask))
+
+    def _values_array(self):
+        return self.values
+
+    def _index_array(self):
+        return self.col_idx
+
+    def window_vectors(self, window_id):
+        """Columns and values of one window: ``(col_idx, dense)`` with dense of shape (window, n)."""
+        window_id = _check_window_id(window_id, self.n_windows)
+        first, stop = int(self.row_window_offset[window_id]), int(self.row_window_offset[window_id + 1])
+        dense = np.zeros((self.window, stop - first), dtype=self.dtype)
+        for start in range(0, stop - first, self.block_width):
+            dense[:, start:start + self.block_width] = self.get_block(window_id, start // self.block_width)
+        return self.col_idx[first:stop], dense
+
+    def get_block(self, window_id, block_id):
+        """The stored block ``block_id`` of window ``window_id`` as a (window, width) view."""
+        window_id = _check_window_id(window_id, self.n_windows)
+        first, stop = int(self.row_window_offset[window_id]), int(self.row_window_offset[window_id + 1])
+        n_blocks = -(-(stop - first) // self.block_width)
+        if not 0 <= block_id < n_blocks:
+            raise IndexError(f"block {block_id} out of range: window {window_id} has {n_blocks} blocks")
+        start = first + block_id * self.block_width
+        width = min(self.block_width, stop - start)
+        return self.values[start * self.window:(start + width) * self.window].reshape(self.window, width)
+
+    # -- validation -----------------------------------------------------------------------
+    def check_format(self, full_check=False):
+        """Check the blocked arrays for consistency (O(1) checks; O(storage) ones on request)."""
+        _check_blocked_arrays(self.values, self.col_idx, self.row_window_offset, self.vector_mask,
+                              self.shape, self.window, self.block_width, full_check)
+
+    # -- conversions ----------------------------------------------------------------------
+    def tocsr(self, copy=False):
+        """Return the canonical `csr_array` holding exactly the stored entries."""
+        n_rows = self.shape[0]
+        counts = _blocked.blocked_row_counts(self.row_window_offset, self.vector_mask, n_rows,
+                                             self.window)
+        indptr = np.zeros(n_rows + 1, dtype=self.index_dtype)
+        np.cumsum(counts, out=indptr[1:])
+        indices, data = _blocked.blocked_to_csr(
+            self.row_window_offset, self.col_idx, moved_view(self.values), self.vector_mask,
+            n_rows, self.window, self.block_width, indptr)
+        result = csr_array.__new__(csr_array)
+        result._set_arrays(data.view(self.dtype), indices, indptr, self.shape, True)
+        return result
+
+    def astype(self, dtype, copy=True):
+        """Return the array with values cast to ``dtype`` (float16, float32 or float64)."""
+        dtype = value_dtype_for(self.dtype, dtype)
+        if dtype == self.dtype and not copy:
+            return self
+        result = type(self).__new__(type(self))
+        result._set_arrays(self.values.astype(dtype, copy=True), self.col_idx.copy(),
+                           self.row_window_offset.copy(), self.vector_mask.copy(), self.shape,
+                           self.window, self.block_width)
+        return result
+
+    def transpose(self, axes=None, copy=False):
+        """Return the transpose, blocked with the same window and block width."""
+        return blocked_from_csr(self.tocsr().transpose(axes), self.window, self.block_width)
+
+    def to_blocked(self, window=8, block_width=8):
+        """Re-block with another window height or block width (through CSR)."""
+        if (window, block_width) == (self.window, self.block_width):
+            return self
+        return blocked_from_csr(self.tocsr(), window, block_width)
+
+    def _repr_details(self):
+        return (f", window {self.window}, block width {self.block_width}, "
+                f"{self.n_vectors} vectors in {self.n_windows} windows")
+
+
+class mebcrs_array(blocked_array):
+    """ME-BCRS: FlashSparse's memory-efficient blocked CRS, 8-row windows of 8x1 vectors.
+
+    The 8-row case of `blocked_array` (see there for the layout and attributes). Build it with
+    ``csr.to_mebcrs(block_width=...)`` or ``mebcrs_array(anything_csr_accepts)``; convert back
+    with `tocsr`.
+
+    Parameters
+    ----------
+    arg, shape, dtype, copy, index_dtype
+        As for `blocked_array`.
+    block_width : int, default 8
+        8 for the fp16 SpMM (mma m16n8k8), 4 for the tf32 SpMM (mma m16n8k4).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import pysparse_hpc as sph
+    >>> A = sph.csr_array(np.eye(10))
+    >>> B = A.to_mebcrs(block_width=4)
+    >>> B.n_windows, B.n_vectors, B.window
+    (2, 10, 8)
+    >>> np.array_equal(B.tocsr().toarray(), A.toarray())
+    True
+    """
+
+    format = "mebcrs"
+    _format_name = "mebcrs_array"
+
+    def __init__(self, arg, shape=None, dtype=None, copy=False, *, block_width=8,
+                 index_dtype=None):
+        super().__init__(arg, shape=shape, dtype=dtype, copy=copy, window=8,
+                         block_width=block_width, index_dtype=index_dtype)
+
+
+def blocked_from_csr(csr, window, block_width):
+    """Convert a `csr_array` to the blocked format (ME-BCRS when ``window == 8``)."""
+    window, block_width = _check_geometry(window, block_width)
+    csr = csr.canonical()
+    n_rows, n_cols = csr.shape
+    vectors_per_window = _blocked.count_window_vectors(csr.indptr, csr.indices, n_cols, window)
+    row_window_offset = np.zeros(vectors_per_window.size + 1, dtype=csr.index_dtype)
+    np.cumsum(vectors_per_window, out=row_window_offset[1:])
+    col_idx, values, vector_mask = _blocked.csr_to_blocked(
+        csr.indptr, csr.indices, moved_view(csr.data), window, block_width,
+        row_window_offset, get_num_threads())
+    cls = mebcrs_array if window == 8 else blocked_array
+    result = cls.__new__(cls)
+    result._set_arrays(values.view(csr.dtype), col_idx, row_window_offset, vector_mask,
+                       csr.shape, window, block_width)
+    result._nnz = csr.nnz
+    return result
+
+
+def _check_geometry(window, block_width):
+    import operator
+    for name, value in (("window", window), ("block_width", block_width)):
+        try:
+            value = operator.index(value)
+        except TypeError:
+            raise TypeError(f"{name} must be an integer, got {type(value).__name__} {value!r}") from None
+        if value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value}")
+    return operator.index(window), operator.index(block_width)
+
+
+def _check_window_id(window_id, n_windows):
+    if not 0 <= window_id < n_windows:
+        raise IndexError(f"window {window_id} out of range for {n_windows} windows")
+    return int(window_id)
+
+
+def value_positions(row_window_offset, window, block_width):
+    """``positions[v, r]``: where row ``r`` of vector ``v`` sits in ``values``, shape (n_vectors, window)."""
+    offsets = np.asarray(row_window_offset, dtype=np.int64)
+    vectors_per_window = np.diff(offsets)
+    vector = np.arange(offsets[-1])
+    first = np.repeat(offsets[:-1], vectors_per_window)
+    stop = np.repeat(offsets[1:], vectors_per_window)
+    block_start = first + (vector - first) // block_width * block_width
+    width = np.minimum(block_width, stop - block_start)
+    rows = np.arange(window)
+    return (block_start[:, None] * window + rows[None, :] * width[:, None]
+            + (vector - block_start)[:, None])
+
+
+def _pack_rows(present):
+    """Pack a (n_vectors, window) boolean table into the uint8 vector mask."""
+    return np.packbits(present, axis=1, bitorder="little").ravel()
+
+
+def _unpack_rows(vector_mask, n_vectors, window):
+    bits = np.unpackbits(vector_mask.reshape(n_vectors, -1), axis=1, bitorder="little")
+    return bits.astype(bool)
+
+
+def _check_blocked_arrays(values, col_idx, row_window_offset, vector_mask, shape, window,
+                          block_width, full_check):
+    n_rows, n_cols = shape
+    n_windows = -(-n_rows // window)
+    if row_window_offset.size != n_windows + 1:
+        raise ValueError(
+            f"row_window_offset has length {row_window_offset.size}, expected "
+            f"ceil(rows / window) + 1 = {n_windows + 1}"
+        )
+    if row_window_offset[0] != 0:
+        raise ValueError(f"row_window_offset[0] is {row_window_offset[0]}, expected 0")
+    if row_window_offset[-1] != col_idx.size:
+        raise ValueError(
+            f"row_window_offset[-1] is {row_window_offset[-1]}, expected the number of "
+            f"vectors len(col_idx) = {col_idx.size}"
+        )
+    if values.size != col_idx.size * window:
+        raise ValueError(
+            f"values has length {values.size}, expected n_vectors * window = {col_idx.size * window}"
+        )
+    if vector_mask is not None and vector_mask.size != col_idx.size * _mask_bytes(window):
+        raise ValueError(
+            f"vector_mask has length {vector_mask.size}, expected n_vectors * ceil(window / 8) = "
+            f"{col_idx.size * _mask_bytes(window)}"
+        )
+    if not full_check:
+        return
+    if np.any(np.diff(row_window_offset) < 0):
+        raise ValueError("row_window_offset must be non-decreasing")
+    if col_idx.size:
+        if col_idx.min() < 0 or col_idx.max() >= n_cols:
+            raise ValueError(
+                f"col_idx holds columns in [{col_idx.min()}, {col_idx.max()}], expected 0 <= col < {n_cols}"
+            )
+        same_window = np.repeat(np.arange(n_windows), np.diff(row_window_offset))
+        ascending = np.diff(col_idx) > 0
+        if np.any(~ascending & (same_window[1:] == same_window[:-1])):
+            raise ValueError("col_idx must be strictly ascending within each window")
+    if vector_mask is not None and col_idx.size:
+        bits = _unpack_rows(vector_mask, col_idx.size, window)
+        if not np.all(bits.any(axis=1)):
+            raise ValueError("every vector must hold at least one stored entry (a zero mask found)")
+        last_rows = n_rows - (n_windows - 1) * window
+        if bits.shape[1] > window and np.any(bits[:, window:]):
+            raise ValueError(f"vector_mask sets bits beyond the window height {window}")
+        last = slice(int(row_window_offset[n_windows - 1]), int(row_window_offset[n_windows]))
+        if last_rows < window and np.any(bits[last, last_rows:]):
+            raise ValueError(
+                f"vector_mask marks rows beyond the matrix: the last window has {last_rows} rows"
+            )
+        padding = values[value_positions(row_window_offset, window, block_width)][~bits[:, :window]]
+        if np.any(padding != 0):
+            raise ValueError("values must be 0 wherever vector_mask marks no stored entry")

@@ -1,0 +1,41 @@
+"""Tunables of the library, in one place; environment variables override the defaults.
+
+``PYSPARSE_HPC_NUM_THREADS`` (else ``NUMBA_NUM_THREADS``, else all cores): threads used by the
+Cython conversions and the Numba kernels. Change it at run time with `set_num_threads`.
+"""
+import os
+
+import numba
+
+__all__ = ["get_num_threads", "set_num_threads"]
+
+
+def _initial_threads():
+    value = os.environ.get("PYSPARSE_HPC_NUM_THREADS")
+    if value is None:
+        return numba.get_num_threads()
+    try:
+        threads = int(value)
+    except ValueError:
+        raise ValueError(f"PYSPARSE_HPC_NUM_THREADS must be a positive integer, got {value!r}") from None
+    return max(1, min(threads, numba.config.NUMBA_NUM_THREADS))
+
+
+def get_num_threads():
+    """Threads the library's parallel kernels use."""
+    return numba.get_num_threads()
+
+
+def set_num_threads(n):
+    """Set the threads of every parallel kernel (Numba and Cython/OpenMP alike).
+
+    ``n`` may not exceed ``numba.config.NUMBA_NUM_THREADS`` (the pool size fixed at start-up).
+    """
+    n = int(n)
+    if not 1 <= n <= numba.config.NUMBA_NUM_THREADS:
+        raise ValueError(
+            f"number of threads must be in [1, {numba.config.NUMBA_NUM_THREADS}], got {n}")
+    numba.set_num_threads(n)
+
+
+numba.set_num_threads(_initial_threads())

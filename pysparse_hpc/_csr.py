@@ -1,0 +1,422 @@
+"""`csr_array`: compressed sparse rows, the interchange format every other format converts through."""
+import operator
+from typing import NamedTuple
+
+import numpy as np
+import scipy.sparse
+
+from ._base import sparray
+from ._cy import convert as _convert
+from ._sputils import (
+    as_index_array,
+    as_value_array,
+    check_shape,
+    get_index_dtype,
+    moved_view,
+    upcast_for_sum,
+    value_dtype_for,
+)
+
+__all__ = ["csr_array", "CooTriplets"]
+
+
+class CooTriplets(NamedTuple):
+    """Coordinate view of a sparse array: entry ``k`` is ``data[k]`` at ``(row[k], col[k])``."""
+
+    row: np.ndarray
+    col: np.ndarray
+    data: np.ndarray
+
+
+class csr_array(sparray):
+    """Compressed Sparse Row array, in the spirit of ``scipy.sparse.csr_array``.
+
+    Parameters
+    ----------
+    arg : array_like, sparse array or tuple
+        One of
+
+        - a pysparse_hpc sparse array or any scipy.sparse matrix/array (any format);
+        - a dense 2-D array (anything ``numpy.asarray`` accepts, e.g. a CPU torch tensor);
+        - ``(data, indices, indptr)``: raw CSR arrays, fully validated;
+        - ``(data, (row, col))``: COO triplets, converted to canonical CSR (sorted, duplicates
+          summed, explicit zeros kept);
+        - ``(M, N)``: an empty array of that shape.
+    shape : tuple of two ints, optional
+        Inferred from the input when omitted (from ``indptr`` and the largest index for raw
+        arrays).
+    dtype : dtype, optional
+        float16, float32 or float64. By default floating values keep their dtype and boolean or
+        integer values become float64.
+    copy : bool, default False
+        Copy the input arrays even when they could be shared.
+    index_dtype : {None, numpy.int32, numpy.int64}, optional
+        Force the index dtype. By default scipy's rule applies: int32 unless an int64 input or a
+        dimension/nnz beyond ``2**31 - 1`` asks for int64.
+
+    Attributes
+    ----------
+    data, indices, indptr : ndarray
+        The CSR arrays. ``indices`` and ``indptr`` share one index dtype.
+    has_canonical_format : bool
+        Rows sorted by column with no duplicates (computed on first access, then cached).
+
+    Notes
+    -----
+    NaN and infinity are legal values; they are stored and propagated like any other value.
+    The caller's arrays are never modified: `sum_duplicates` and `sort_indices` replace this
+    array's buffers instead of writing into (possibly shared) input buffers.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import pysparse_hpc as sph
+    >>> A = sph.csr_array((np.array([1.0, 2.0, 3.0]), (np.array([0, 1, 1]), np.array([2, 0, 0]))),
+    ...                   shape=(2, 3))
+    >>> A.toarray()
+    array([[0., 0., 1.],
+           [5., 0., 0.]])
+    """
+
+    format = "csr"
+    _format_name = "csr_array"
+
+    def __init__(self, arg, shape=None, dtype=None, copy=False, *, index_dtype=None):
+        if index_dtype is not None:
+            index_dtype = np.dtype(index_dtype)
+            if index_dtype not in (np.dtype(np.int32), np.dtype(np.int64)):
+                raise TypeError(f"index_dtype must be int32 or int64, got {index_dtype}")
+        if shape is not None:
+            shape = check_shape(shape)
+
+        if isinstance(arg, sparray):
+            self._init_from_csr(arg.tocsr(), shape, dtype, copy, index_dtype)
+        elif scipy.sparse.issparse(arg):
+            self._init_from_scipy(arg, shape, dtype, copy, index_dtype)
+        elif isinstance(arg, tuple):
+            self._init_from_tuple(arg, shape, dtype, copy, index_dtype)
+        elif isinstance(arg, (str, bytes, dict, set)) or arg is None:
+            raise TypeError(
+                f"cannot build a csr_array from {type(arg).__name__}; expected a sparse array, a "
+                "dense 2-D array, (data, indices, indptr), (data, (row, col)) or a shape (M, N)"
+            )
+        else:
+            self._init_from_dense(arg, shape, dtype, index_dtype)
+
+    # -- construction ---------------------------------------------------------------------
+    def _set_arrays(self, data, indices, indptr, shape, canonical):
+        self.data = data
+        self.indices = indices
+        self.indptr = indptr
+        self._shape = shape
+        self._canonical = canonical
+
+    def _init_from_csr(self, other, shape, dtype, copy, index_dtype):
+        if shape is not None and shape != other.shape:
+            raise ValueError(f"shape {shape} does not match the input's shape {other.shape}")
+        index_dtype = index_dtype or other.index_dtype
+        data = other.data.astype(value_dtype_for(other.dtype, dtype), copy=copy)
+        self._set_arrays(
+            data,
+            other.indices.astype(index_dtype, copy=copy),
+            other.indptr.astype(index_dtype, copy=copy),
+            other.shape,
+            other._canonical,
+        )
+
+    def _init_from_scipy(self, matrix, shape, dtype, copy, index_dtype):
+        if matrix.ndim != 2:
+            raise ValueError(f"expected a 2-D sparse input, got {matrix.ndim}-D with shape {matrix.shape}")
+        if shape is not None and shape != tuple(matrix.shape):
+            raise ValueError(f"shape {shape} does not match the input's shape {tuple(matrix.shape)}")
+        value_dtype = value_dtype_for(matrix.dtype, dtype)
+        csr = matrix.tocsr()  # scipy's COO -> CSR sums duplicates; CSR input is kept as is
+        index_dtype = index_dtype or get_index_dtype((csr.indptr, csr.indices),
+                                                      maxval=max(csr.shape + (csr.nnz,)))
+        self._set_arrays(
+            csr.data.astype(value_dtype, copy=copy),
+            csr.indices.astype(index_dtype, copy=copy),
+            csr.indptr.astype(index_dtype, copy=copy),
+            tuple(int(n) for n in csr.shape),
+            None,
+        )
+        self.check_format(full_check=False)
+
+    def _init_from_tuple(self, arg, shape, dtype, copy, index_dtype):
+        if len(arg) == 2 and _is_int(arg[0]) and _is_int(arg[1]):
+            empty_shape = check_shape(arg)
+            if shape is not None and shape != empty_shape:
+                raise ValueError(f"shape {shape} does not match the requested shape {empty_shape}")
+            index_dtype = index_dtype or get_index_dtype(maxval=max(empty_shape))
+            self._set_arrays(
+                np.empty(0, dtype=value_dtype_for(np.float64, dtype)),
+                np.empty(0, dtype=index_dtype),
+                np.zeros(empty_shape[0] + 1, dtype=index_dtype),
+                empty_shape,
+                True,
+            )
+        elif len(arg) == 2 and isinstance(arg[1], (tuple, list)):
+            if len(arg[1]) != 2:
+                raise ValueError(f"COO input needs (data, (row, col)); got {len(arg[1])} index arrays")
+            self._init_from_coo(arg[0], arg[1][0], arg[1][1], shape, dtype, index_dtype)
+        elif len(arg) == 3:
+            self._init_from_raw_csr(*arg, shape=shape, dtype=dtype, copy=copy,
+                                    index_dtype=index_dtype)
+        else:
+            raise TypeError(
+                f"cannot interpret a tuple of length {len(arg)}; expected (data, indices, indptr), "
+                "(data, (row, col)) or a shape (M, N)"
+            )
+
+    def _init_from_raw_csr(self, data, indices, indptr, shape, dtype, copy, index_dtype):
+        data = as_value_array(data, "data", dtype)
+        indices = as_index_array(indices, "indices")
+        indptr = as_index_array(indptr, "indptr")
+        if indptr.size == 0:
+            raise ValueError("indptr has length 0, expected rows+1 >= 1")
+        if shape is None:
+            n_cols = int(indices.max()) + 1 if indices.size else 0
+            shape = (indptr.size - 1, max(n_cols, 0))
+        index_dtype = index_dtype or get_index_dtype((indices, indptr),
+                                                      maxval=max(shape + (indices.size,)))
+        # Validate in the caller's dtype, before a cast could wrap out-of-range values.
+        _check_csr_arrays(data, indices, indptr, shape, full_check=True)
+        self._set_arrays(
+            data.copy() if copy else data,
+            indices.astype(index_dtype, copy=copy),
+            indptr.astype(index_dtype, copy=copy),
+            shape,
+            None,
+        )
+
+    def _init_from_coo(self, data, row, col, shape, dtype, index_dtype):
+        data = as_value_array(data, "data", dtype)
+        row = as_index_array(row, "row")
+        col = as_index_array(col, "col")
+        if not (data.size == row.size == col.size):
+            raise ValueError(
+                f"COO arrays differ in length: data {data.size}, row {row.size}, col {col.size}"
+            )
+        for name, coords in (("row", row), ("col", col)):
+            if coords.size and coords.min() < 0:
+                raise ValueError(f"{name} holds a negative index ({coords.min()})")
+        if shape is None:
+            shape = (int(row.max()) + 1 if row.size else 0, int(col.max()) + 1 if col.size else 0)
+        for axis, (name, coords) in enumerate((("row", row), ("col", col))):
+            if coords.size and coords.max() >= shape[axis]:
+                raise ValueError(
+                    f"{name} index {coords.max()} out of range for shape {shape}: "
+                    f"expected 0 <= {name} < {shape[axis]}"
+                )
+        index_dtype = index_dtype or get_index_dtype((row, col), maxval=max(shape + (data.size,)))
+        indptr, indices, summed = _convert.coo_to_csr(
+            shape[0], row.astype(index_dtype), col.astype(index_dtype),
+            np.ascontiguousarray(upcast_for_sum(data)), True,
+        )
+        self._set_arrays(summed.astype(data.dtype, copy=False), indices, indptr, shape, True)
+
+    def _init_from_dense(self, arg, shape, dtype, index_dtype):
+        try:
+            dense = np.asarray(arg)
+        except (TypeError, ValueError) as exc:
+            raise TypeError(f"cannot convert {type(arg).__name__} to a dense array: {exc}") from None
+        value_dtype = value_dtype_for(dense.dtype, dtype)
+        if dense.ndim != 2:
+            raise ValueError(f"expected a 2-D array, got {dense.ndim}-D with shape {dense.shape}")
+        dense_shape = tuple(int(n) for n in dense.shape)
+        if shape is not None and shape != dense_shape:
+            raise ValueError(f"shape {shape} does not match the dense input's shape {dense_shape}")
+        row, col = np.nonzero(dense)  # NaN counts as nonzero, so it is stored and propagates
+        index_dtype = index_dtype or get_index_dtype(maxval=max(dense_shape + (row.size,)))
+        indptr = np.zeros(dense_shape[0] + 1, dtype=index_dtype)
+        np.cumsum(np.bincount(row, minlength=dense_shape[0]), out=indptr[1:])
+        self._set_arrays(dense[row, col].astype(value_dtype), col.astype(index_dtype), indptr,
+                         dense_shape, True)
+
+    # -- attributes -----------------------------------------------------------------------
+    def _values_array(self):
+        return self.data
+
+    def _index_array(self):
+        return self.indices
+
+    @property
+    def nnz(self):
+        """Number of stored entries, duplicates and explicit zeros included."""
+        return int(self.indptr[-1])
+
+    @property
+    def has_canonical_format(self):
+        """True if every row is sorted by column and holds no duplicate column."""
+        if self._canonical is None:
+            self._canonical = _convert.csr_index_order(self.indptr, self.indices) == 2
+        return self._canonical
+
+    @has_canonical_format.setter
+    def has_canonical_format(self, value):
+        self._canonical = bool(value)
+
+    @property
+    def has_sorted_indices(self):
+        """True if every row is sorted by column (duplicates allowed)."""
+        return self.has_canonical_format or _convert.csr_index_order(self.indptr, self.indices) >= 1
+
+    # -- validation and canonical form ----------------------------------------------------
+    def check_format(self, full_check=False):
+        """Check the CSR arrays for consistency, raising ValueError/TypeError on a problem.
+
+        Parameters
+        ----------
+        full_check : bool, default False
+            Also run the O(nnz) checks: ``indptr`` non-decreasing and ``0 <= indices < cols``.
+            The O(1) checks (dtypes, lengths, ``indptr[0] == 0``, ``indptr[-1] == nnz``) always run.
+        """
+        _check_csr_arrays(self.data, self.indices, self.indptr, self.shape, full_check)
+        if self.indices.dtype != self.indptr.dtype or self.indices.dtype not in (np.int32, np.int64):
+            raise TypeError(
+                f"indices ({self.indices.dtype}) and indptr ({self.indptr.dtype}) must share one "
+                "index dtype, int32 or int64"
+            )
+
+    def sum_duplicates(self):
+        """Sort every row and merge duplicate entries by summing them, in place.
+
+        Explicit zeros are kept. float16 duplicates are summed in float32 and rounded once.
+        """
+        if self.has_canonical_format:
+            return
+        self._sort_rows(sum_duplicates=True)
+        self._canonical = True
+
+    def sort_indices(self):
+        """Sort every row by column in place, keeping duplicates (see `sum_duplicates`)."""
+        if not self.has_sorted_indices:
+            self._sort_rows(sum_duplicates=False)
+
+    def _sort_rows(self, sum_duplicates):
+        indptr, indices, data = _convert.csr_sort_rows(
+            self.indptr, self.indices, np.ascontiguousarray(upcast_for_sum(self.data)),
+            sum_duplicates,
+        )
+        self.indptr, self.indices = indptr, indices
+        self.data = data.astype(self.dtype, copy=False)
+
+    def canonical(self):
+        """This array if it is canonical, else a canonical copy (this array is not modified)."""
+        if self.has_canonical_format:
+            return self
+        result = self.copy()
+        result.sum_duplicates()
+        return result
+
+    # -- conversions ----------------------------------------------------------------------
+    def tocsr(self, copy=False):
+        """Return self, or a copy when ``copy``."""
+        return self.copy() if copy else self
+
+    def astype(self, dtype, copy=True):
+        """Return the array with values cast to ``dtype`` (float16, float32 or float64)."""
+        dtype = value_dtype_for(self.dtype, dtype)
+        if dtype == self.dtype and not copy:
+            return self
+        result = csr_array.__new__(csr_array)
+        result._set_arrays(self.data.astype(dtype, copy=True), self.indices.copy(),
+                           self.indptr.copy(), self.shape, self._canonical)
+        return result
+
+    def transpose(self, axes=None, copy=False):
+        """Return the transpose as a new `csr_array` (a stable counting sort, O(nnz + cols)).
+
+        The result's rows are always sorted; it is canonical if this array has no duplicates.
+        """
+        if axes is not None and tuple(axes) != (1, 0):
+            raise ValueError(f"axes must be None or (1, 0) for a 2-D array, got {axes!r}")
+        indptr, indices, data = _convert.csr_transpose(
+            self.shape[1], self.indptr, self.indices, moved_view(self.data))
+        result = csr_array.__new__(csr_array)
+        result._set_arrays(data.view(self.dtype), indices, indptr,
+                           (self.shape[1], self.shape[0]), True if self._canonical else None)
+        return result
+
+    def tocoo(self):
+        """Return the entries as `CooTriplets` ``(row, col, data)`` in CSR order (copies)."""
+        row = np.repeat(np.arange(self.shape[0], dtype=self.index_dtype), np.diff(self.indptr))
+        return CooTriplets(row, self.indices.copy(), self.data.copy())
+
+    def toarray(self):
+        """Return a dense ndarray; duplicate entries are summed."""
+        dense = np.zeros(self.shape, dtype=self.dtype)
+        row, col, data = self.tocoo()
+        if self.has_canonical_format:
+            dense[row, col] = data
+        else:
+            np.add.at(dense, (row, col), data)
+        return dense
+
+    def to_scipy(self):
+        """Return a ``scipy.sparse.csr_array`` sharing the index arrays (float16 becomes float32)."""
+        data = self.data.astype(np.float32) if self.dtype == np.float16 else self.data
+        return scipy.sparse.csr_array((data, self.indices, self.indptr), shape=self.shape)
+
+    def to_blocked(self, window=8, block_width=8):
+        """Convert to a blocked row-window format of ``window`` x 1 vectors.
+
+        ``window=8`` gives a `mebcrs_array`; other heights (16 for the TC-GNN/DTC-SpMM
+        granularity) give a `blocked_array`. See `blocked_array` for the layout.
+        """
+        from ._blocked import blocked_from_csr
+        return blocked_from_csr(self, window, block_width)
+
+    def to_mebcrs(self, block_width=8):
+        """Convert to ME-BCRS (8-row windows, 8x1 vectors, ``block_width`` vectors per block).
+
+        ``block_width`` is the MMA reduction extent: 8 for fp16 (m16n8k8), 4 for tf32 (m16n8k4).
+        """
+        return self.to_blocked(window=8, block_width=block_width)
+
+    def _repr_details(self):
+        return "" if self._canonical is None else f", canonical={self._canonical}"
+
+
+def _is_int(value):
+    try:
+        operator.index(value)
+    except TypeError:
+        return False
+    return True
+
+
+def _check_csr_arrays(data, indices, indptr, shape, full_check):
+    """Consistency checks of raw CSR arrays; messages give found vs expected."""
+    n_rows, n_cols = shape
+    if indptr.ndim != 1 or indices.ndim != 1 or data.ndim != 1:
+        raise ValueError("data, indices and indptr must all be 1-D")
+    if indptr.size != n_rows + 1:
+        raise ValueError(f"indptr has length {indptr.size}, expected rows+1 = {n_rows + 1}")
+    if data.size != indices.size:
+        raise ValueError(
+            f"data has length {data.size} but indices has length {indices.size}; expected equal"
+        )
+    if indptr[0] != 0:
+        raise ValueError(f"indptr[0] is {indptr[0]}, expected 0")
+    if indptr[-1] != indices.size:
+        raise ValueError(
+            f"indptr[-1] is {indptr[-1]}, expected the number of stored entries {indices.size}"
+        )
+    if not full_check:
+        return
+    if n_rows and np.any(indptr[1:] < indptr[:-1]):
+        row = int(np.flatnonzero(indptr[1:] < indptr[:-1])[0])
+        raise ValueError(
+            f"indptr must be non-decreasing; indptr[{row + 1}] = {indptr[row + 1]} < "
+            f"indptr[{row}] = {indptr[row]}"
+        )
+    if indices.size:
+        lowest, highest = indices.min(), indices.max()
+        if lowest < 0:
+            raise ValueError(f"indices holds a negative column ({lowest}); expected 0 <= index")
+        if highest >= n_cols:
+            raise ValueError(
+                f"indices holds column {highest}, out of range for {n_cols} columns; "
+                f"expected index < {n_cols}"
+            )

@@ -1,0 +1,128 @@
+"""Validation and dtype rules shared by every sparse format.
+
+Public entry points call these to turn user input into trusted arrays; private kernels never
+validate. Messages say what was found and what was expected.
+"""
+import operator
+
+import numpy as np
+
+__all__ = [
+    "VALUE_DTYPES",
+    "check_shape",
+    "get_index_dtype",
+    "as_index_array",
+    "as_value_array",
+    "value_dtype_for",
+    "upcast_for_sum",
+]
+
+#: Value dtypes a sparse array may hold. Integer and boolean input is converted to float64.
+VALUE_DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
+_INT32_MAX = np.iinfo(np.int32).max
+
+
+def check_shape(shape):
+    """Return ``shape`` as a tuple of two non-negative Python ints.
+
+    Raises
+    ------
+    TypeError
+        If ``shape`` is not a sequence of integers (floats such as ``3.0`` included).
+    ValueError
+        If it does not have two entries or an entry is negative.
+    """
+    if isinstance(shape, (str, bytes)) or not hasattr(shape, "__len__"):
+        raise TypeError(f"shape must be a tuple of two integers, got {shape!r}")
+    if len(shape) != 2:
+        raise ValueError(f"shape must have 2 entries (rows, cols), got {len(shape)}: {tuple(shape)!r}")
+    dims = []
+    for dim in shape:
+        try:
+            dims.append(operator.index(dim))
+        except TypeError:
+            raise TypeError(
+                f"shape entries must be integers, got {type(dim).__name__} {dim!r} in {tuple(shape)!r}"
+            ) from None
+    if dims[0] < 0 or dims[1] < 0:
+        raise ValueError(f"shape entries must be non-negative, got {tuple(dims)!r}")
+    return tuple(dims)
+
+
+def get_index_dtype(arrays=(), maxval=0):
+    """Index dtype by scipy's rule: int32 unless an int64 input or ``maxval`` needs int64."""
+    for array in arrays:
+        if np.dtype(array.dtype) == np.int64:
+            return np.dtype(np.int64)
+        if not np.can_cast(array.dtype, np.int32) and array.size:
+            if array.min() < np.iinfo(np.int32).min or array.max() > _INT32_MAX:
+                return np.dtype(np.int64)
+    return np.dtype(np.int64) if maxval > _INT32_MAX else np.dtype(np.int32)
+
+
+def as_index_array(array, name):
+    """A 1-D integer ndarray view of ``array`` (no copy when possible).
+
+    Raises TypeError for non-integer dtypes (booleans and floats included) and ValueError for the
+    wrong number of dimensions.
+    """
+    array = np.asarray(array)
+    if array.dtype.kind not in "iu":
+        raise TypeError(f"{name} must hold integers, got dtype {array.dtype}")
+    if array.ndim != 1:
+        raise ValueError(f"{name} must be 1-D, got {array.ndim}-D with shape {array.shape}")
+    return array
+
+
+def value_dtype_for(dtype, requested=None):
+    """The value dtype an array of ``dtype`` is stored with, or ``requested`` when given.
+
+    float16/32/64 are kept; booleans and integers become float64; complex, object, string and
+    other dtypes raise TypeError.
+    """
+    if requested is not None:
+        try:
+            requested = np.dtype(requested)
+        except TypeError as exc:
+            raise TypeError(f"dtype {requested!r} is not understood: {exc}") from None
+        if requested not in VALUE_DTYPES:
+            raise TypeError(
+                f"dtype {requested} is not supported; expected one of float16, float32, float64"
+            )
+        _check_convertible(np.dtype(dtype))
+        return requested
+    dtype = np.dtype(dtype)
+    _check_convertible(dtype)
+    if dtype in VALUE_DTYPES:
+        return dtype
+    return np.dtype(np.float64)
+
+
+def _check_convertible(dtype):
+    if dtype in VALUE_DTYPES or dtype.kind in "biu":
+        return
+    kinds = {"c": "complex", "O": "object", "U": "string", "S": "bytes", "V": "structured",
+             "M": "datetime", "m": "timedelta", "f": "extended-precision float"}
+    raise TypeError(
+        f"values of dtype {dtype} ({kinds.get(dtype.kind, dtype.kind)}) are not supported; "
+        "expected float16, float32 or float64 (booleans and integers are converted to float64)"
+    )
+
+
+def as_value_array(array, name, dtype=None):
+    """A 1-D value ndarray of a supported dtype (converted per `value_dtype_for`)."""
+    array = np.asarray(array)
+    target = value_dtype_for(array.dtype, dtype)
+    if array.ndim != 1:
+        raise ValueError(f"{name} must be 1-D, got {array.ndim}-D with shape {array.shape}")
+    return array.astype(target, copy=False)
+
+
+def upcast_for_sum(data):
+    """float16 values are summed in float32 and rounded once; other dtypes are summed as is."""
+    return data.astype(np.float32) if data.dtype == np.float16 else data
+
+
+def moved_view(data):
+    """View float16 values as uint16 so typed kernels that only move values copy them exactly."""
+    return data.view(np.uint16) if data.dtype == np.float16 else data

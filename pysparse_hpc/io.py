@@ -1,0 +1,122 @@
+"""Reading and writing sparse matrices: the ``.npz`` layout of scipy (and of the bundled data)
+and Matrix Market.
+
+Missing files raise FileNotFoundError; files that exist but cannot be read as a matrix raise
+ValueError naming the file and what was wrong.
+"""
+import os
+import zipfile
+
+import numpy as np
+import scipy.io
+
+from ._base import sparray
+from ._csr import csr_array
+
+__all__ = ["load_npz", "save_npz", "read_matrix_market", "write_matrix_market"]
+
+_CSR_KEYS = ("indptr", "indices", "data", "shape")
+
+
+def _existing_path(path):
+    path = os.fspath(path)
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"no such file: {path!r}")
+    if os.path.isdir(path):
+        raise IsADirectoryError(f"expected a file, got a directory: {path!r}")
+    return path
+
+
+def load_npz(path, prefix=None, index_dtype=None):
+    """Load a CSR matrix stored as ``.npz`` arrays.
+
+    Reads the layout of ``scipy.sparse.save_npz`` (keys ``indptr``, ``indices``, ``data``,
+    ``shape``, optional ``format``), which the bundled SuiteSparse files use, and the graph files'
+    layout where the same keys carry a prefix (``adj_indptr``, ... for the adjacency).
+
+    Parameters
+    ----------
+    path : str or path-like
+    prefix : str, optional
+        Key prefix, e.g. ``"adj_"`` or ``"feat_"``. By default the plain keys are used if present,
+        else ``"adj_"``.
+    index_dtype : {None, numpy.int32, numpy.int64}, optional
+        Index dtype of the result; by default scipy's rule applied to the stored arrays.
+
+    Returns
+    -------
+    csr_array
+        Fully validated (the file is untrusted input).
+    """
+    path = _existing_path(path)
+    try:
+        with np.load(path, allow_pickle=False) as archive:
+            keys = set(archive.files)
+            if prefix is None:
+                prefix = "" if "indptr" in keys else "adj_"
+            missing = [prefix + key for key in _CSR_KEYS if prefix + key not in keys]
+            if missing:
+                raise ValueError(
+                    f"{path!r} has no CSR matrix under prefix {prefix!r}: missing keys {missing}; "
+                    f"found {sorted(keys)}"
+                )
+            fmt = str(archive[prefix + "format"]) if prefix + "format" in keys else "csr"
+            arrays = {key: archive[prefix + key] for key in _CSR_KEYS}
+    except (zipfile.BadZipFile, EOFError, OSError) as exc:
+        if isinstance(exc, (FileNotFoundError, IsADirectoryError)):
+            raise
+        raise ValueError(f"{path!r} is not a readable .npz archive: {exc}") from None
+    if fmt != "csr":
+        raise ValueError(f"{path!r} stores format {fmt!r}; only 'csr' is supported")
+    shape = tuple(int(n) for n in np.asarray(arrays["shape"]).ravel())
+    return csr_array((arrays["data"], arrays["indices"], arrays["indptr"]), shape=shape,
+                     index_dtype=index_dtype)
+
+
+def save_npz(path, A, compressed=True):
+    """Save a sparse array in scipy's ``.npz`` CSR layout (readable by `load_npz` and scipy)."""
+    if not isinstance(A, sparray):
+        raise TypeError(f"expected a pysparse_hpc sparse array, got {type(A).__name__}")
+    csr = A.tocsr()
+    save = np.savez_compressed if compressed else np.savez
+    save(path, format=np.str_("csr"), shape=np.asarray(csr.shape, dtype=np.int64),
+         indptr=csr.indptr, indices=csr.indices, data=csr.data)
+
+
+def read_matrix_market(path):
+    """Read a Matrix Market file (coordinate or array, real/integer/pattern, any symmetry).
+
+    Symmetric files are expanded to both triangles; pattern files get the value 1.0.
+
+    Returns
+    -------
+    csr_array
+        Canonical (duplicates summed, as the format prescribes).
+    """
+    path = _existing_path(path)
+    try:
+        matrix = scipy.io.mmread(path)
+    except (ValueError, TypeError, IndexError, OverflowError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{path!r} is not a valid Matrix Market file: {exc}") from None
+    if np.iscomplexobj(matrix):
+        raise TypeError(f"{path!r} holds complex values; only real matrices are supported")
+    if isinstance(matrix, np.ndarray):
+        return csr_array(matrix)
+    return csr_array(matrix).canonical()
+
+
+def write_matrix_market(path, A, comment="", symmetry=None):
+    """Write a sparse array as a Matrix Market coordinate file.
+
+    Parameters
+    ----------
+    path : str or path-like
+    A : sparse array
+    comment : str, optional
+        Written as comment lines under the header.
+    symmetry : {None, "general", "symmetric", "skew-symmetric"}, optional
+        None detects symmetry (as scipy does); "general" always writes every entry.
+    """
+    if not isinstance(A, sparray):
+        raise TypeError(f"expected a pysparse_hpc sparse array, got {type(A).__name__}")
+    scipy.io.mmwrite(path, A.to_scipy().tocoo(), comment=comment, symmetry=symmetry)
