@@ -25,8 +25,9 @@ def _time_best(fn, repeat=5):
     return best, result
 
 
-def run_demo(name="cora", out=sys.stdout):
+def run_demo(name="cora", out=None):
     """Load a bundled graph, convert it to the blocked formats, report their statistics and cost."""
+    out = sys.stdout if out is None else out
     data = datasets.load(name)
     print(f"{data!r}", file=out)
     adj = data.adj

@@ -13,6 +13,8 @@ class sparray:
 
     format = None
     _format_name = "sparse"
+    # Make numpy return NotImplemented from ``ndarray @ sparse`` so Python calls __rmatmul__.
+    __array_ufunc__ = None
 
     # -- shape and dtype ------------------------------------------------------------------
     @property

@@ -50,22 +50,26 @@ def load_npz(path, prefix=None, index_dtype=None):
     """
     path = _existing_path(path)
     try:
-        with np.load(path, allow_pickle=False) as archive:
-            keys = set(archive.files)
-            if prefix is None:
-                prefix = "" if "indptr" in keys else "adj_"
-            missing = [prefix + key for key in _CSR_KEYS if prefix + key not in keys]
-            if missing:
-                raise ValueError(
-                    f"{path!r} has no CSR matrix under prefix {prefix!r}: missing keys {missing}; "
-                    f"found {sorted(keys)}"
-                )
-            fmt = str(archive[prefix + "format"]) if prefix + "format" in keys else "csr"
-            arrays = {key: archive[prefix + key] for key in _CSR_KEYS}
-    except (zipfile.BadZipFile, EOFError, OSError) as exc:
-        if isinstance(exc, (FileNotFoundError, IsADirectoryError)):
-            raise
+        archive = np.load(path, allow_pickle=False)
+    except (ValueError, EOFError, OSError, zipfile.BadZipFile) as exc:
         raise ValueError(f"{path!r} is not a readable .npz archive: {exc}") from None
+    if not isinstance(archive, np.lib.npyio.NpzFile):
+        raise ValueError(f"{path!r} holds a single array, not an .npz archive of CSR arrays")
+    with archive:
+        keys = set(archive.files)
+        if prefix is None:
+            prefix = "" if "indptr" in keys else "adj_"
+        missing = [prefix + key for key in _CSR_KEYS if prefix + key not in keys]
+        if missing:
+            raise ValueError(
+                f"{path!r} has no CSR matrix under prefix {prefix!r}: missing keys {missing}; "
+                f"found {sorted(keys)}"
+            )
+        fmt = str(archive[prefix + "format"]) if prefix + "format" in keys else "csr"
+        try:
+            arrays = {key: archive[prefix + key] for key in _CSR_KEYS}
+        except (ValueError, EOFError, OSError, zipfile.BadZipFile) as exc:
+            raise ValueError(f"{path!r} has a corrupt member: {exc}") from None
     if fmt != "csr":
         raise ValueError(f"{path!r} stores format {fmt!r}; only 'csr' is supported")
     shape = tuple(int(n) for n in np.asarray(arrays["shape"]).ravel())

@@ -1,0 +1,64 @@
+"""Command-line benchmarks of pysparse_hpc against scipy, on the shared real matrices.
+
+Run ``python -m pysparse_hpc.bench <command> --help``. Each command lives in its own module
+(``convert``: format conversions); this package module owns only the timing primitives they
+share, so every command measures the same way.
+"""
+import gc
+import math
+import time
+
+__all__ = ["best_times", "geometric_mean"]
+
+
+def best_times(functions, repeat, warmup=1):
+    """Best wall time of each callable over ``repeat`` calls, after ``warmup`` untimed calls.
+
+    Calls are interleaved (one call of each function per round), so drifting machine load
+    affects every function alike. The garbage collector is off during each timed call, as in
+    `timeit`, and the result is freed after the clock stops.
+
+    Parameters
+    ----------
+    functions : dict of str to callable
+        Zero-argument callables, by label.
+    repeat : int
+        Timed calls of each function (at least 1).
+    warmup : int, default 1
+        Untimed calls of each function first (JIT compilation, caches, page faults).
+
+    Returns
+    -------
+    dict of str to float
+        Seconds of the fastest call, by label.
+    """
+    if repeat < 1:
+        raise ValueError(f"repeat must be at least 1, got {repeat}")
+    for fn in functions.values():
+        for _ in range(warmup):
+            fn()
+    best = dict.fromkeys(functions, math.inf)
+    gc_was_enabled = gc.isenabled()
+    try:
+        for _ in range(repeat):
+            for label, fn in functions.items():
+                gc.disable()
+                start = time.perf_counter()
+                result = fn()
+                elapsed = time.perf_counter() - start
+                del result  # freed outside the timed region
+                if gc_was_enabled:
+                    gc.enable()
+                best[label] = min(best[label], elapsed)
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+    return best
+
+
+def geometric_mean(values):
+    """Geometric mean of positive numbers (NaN for an empty sequence)."""
+    values = list(values)
+    if not values:
+        return math.nan
+    return math.exp(sum(math.log(v) for v in values) / len(values))

@@ -1,0 +1,85 @@
+"""``python -m pysparse_hpc.bench COMMAND``: the benchmark command line.
+
+Owns argument parsing and the set-up every command shares (thread count, data directory,
+plotting check). A command is a module with ``HELP``, ``add_arguments(parser)`` and
+``run(args)``; register it in `COMMANDS` (``spmm``, ``sddmm``, ``reorder`` and ``gnn`` slot in
+the same way).
+"""
+import argparse
+import importlib.util
+import sys
+
+from .._config import get_num_threads, set_num_threads
+from . import convert
+from ._data import DATA_ENV, data_dir
+
+__all__ = ["COMMANDS", "build_parser", "main"]
+
+COMMANDS = {
+    "convert": convert,
+}
+
+
+def _positive_int(text):
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def _common_options():
+    """Options every command takes (a parent parser)."""
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--data", metavar="DIR",
+                        help=f"shared data directory (default: ${DATA_ENV}, else ../shared/data "
+                             "next to the repository)")
+    common.add_argument("--repeat", type=_positive_int, default=10, metavar="N",
+                        help="timed runs per measurement, best kept, after one warm-up "
+                             "(default: 10)")
+    common.add_argument("--threads", type=_positive_int, metavar="T",
+                        help="threads of the parallel kernels (default: the library's setting)")
+    common.add_argument("--csv", metavar="FILE", help="also write the results as CSV")
+    common.add_argument("--plot", metavar="FILE.png",
+                        help="also write a bar plot (needs matplotlib)")
+    return common
+
+
+def build_parser():
+    """The parser with one sub-parser per registered command."""
+    parser = argparse.ArgumentParser(prog="python -m pysparse_hpc.bench",
+                                     description="Benchmarks of pysparse_hpc on real matrices.")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    common = _common_options()
+    for name, module in COMMANDS.items():
+        sub = commands.add_parser(name, parents=[common], help=module.HELP,
+                                  description=module.__doc__,
+                                  formatter_class=argparse.RawDescriptionHelpFormatter)
+        module.add_arguments(sub)
+        sub.set_defaults(run=module.run)
+    return parser
+
+
+def main(argv=None):
+    """Parse ``argv``, apply the shared settings and run the command; returns the exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.threads is not None:
+        try:
+            set_num_threads(args.threads)
+        except ValueError as exc:
+            parser.error(f"--threads: {exc}")
+    args.threads = get_num_threads()
+    try:
+        args.data_dir = data_dir(args.data)
+    except FileNotFoundError as exc:
+        parser.error(str(exc))
+    if args.plot and importlib.util.find_spec("matplotlib") is None:
+        parser.error("--plot needs matplotlib: pip install matplotlib (or pysparse_hpc[bench])")
+    return args.run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

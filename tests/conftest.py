@@ -1,0 +1,50 @@
+"""Shared fixtures: the real matrices beside the repository, random sparse inputs."""
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import scipy.sparse
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DATA_DIR = Path(os.environ.get("PYSPARSE_HPC_DATA", REPO_ROOT.parent / "shared" / "data"))
+SUITESPARSE_FILES = sorted((DATA_DIR / "suitesparse").glob("*.npz"))
+GRAPH_FILES = [DATA_DIR / f"{name}.npz" for name in ("cora", "citeseer", "pubmed_structure")]
+
+requires_data = pytest.mark.skipif(
+    not SUITESPARSE_FILES,
+    reason=f"shared matrices not found in {DATA_DIR} (set PYSPARSE_HPC_DATA to their folder)",
+)
+
+
+@pytest.fixture(params=[p.stem for p in SUITESPARSE_FILES] or ["<no shared data>"])
+def suitesparse_path(request):
+    if not SUITESPARSE_FILES:
+        pytest.skip(f"shared matrices not found in {DATA_DIR}")
+    return DATA_DIR / "suitesparse" / f"{request.param}.npz"
+
+
+def random_scipy(rng, shape, density, dtype=np.float64, duplicates=False):
+    """A random scipy CSR array; with ``duplicates`` it is non-canonical (unsorted, repeated)."""
+    n_rows, n_cols = shape
+    nnz = int(round(density * n_rows * n_cols)) if n_rows and n_cols else 0
+    rows = rng.integers(0, max(n_rows, 1), nnz)
+    cols = rng.integers(0, max(n_cols, 1), nnz)
+    data = rng.standard_normal(nnz).astype(dtype)
+    if duplicates and nnz:
+        rows = np.concatenate([rows, rows[: nnz // 3]])
+        cols = np.concatenate([cols, cols[: nnz // 3]])
+        data = np.concatenate([data, data[: nnz // 3]])
+        order = rng.permutation(rows.size)
+        rows, cols, data = rows[order], cols[order], data[order]
+        # Build CSR arrays by hand so scipy does not canonicalize them.
+        indptr = np.zeros(n_rows + 1, dtype=np.int64)
+        np.cumsum(np.bincount(rows, minlength=n_rows), out=indptr[1:])
+        by_row = np.argsort(rows, kind="stable")
+        return scipy.sparse.csr_array((data[by_row], cols[by_row], indptr), shape=shape)
+    return scipy.sparse.csr_array(scipy.sparse.coo_array((data, (rows, cols)), shape=shape))
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(12345)

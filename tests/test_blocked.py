@@ -1,0 +1,197 @@
+"""Blocked formats (ME-BCRS 8x1 and 16x1) against the layout's definition and scipy."""
+import numpy as np
+import pytest
+import scipy.sparse
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import pysparse_hpc as sph
+from pysparse_hpc.io import load_npz
+
+from .conftest import random_scipy
+from .reference import assert_same_csr, reference_blocked
+
+GEOMETRIES = [(8, 8), (8, 4), (8, 3), (16, 8), (4, 2), (1, 1), (12, 5)]
+
+
+def check_layout(blocked, S):
+    """The four arrays equal the reference built from the definition, and the trip back is exact."""
+    dense = S.toarray()
+    stored = np.zeros(S.shape, dtype=bool)
+    coo = S.tocoo()
+    stored[coo.row, coo.col] = True
+    offsets, col_idx, values, mask = reference_blocked(dense, stored, blocked.window,
+                                                       blocked.block_width)
+    np.testing.assert_array_equal(blocked.row_window_offset, offsets)
+    np.testing.assert_array_equal(blocked.col_idx, col_idx)
+    np.testing.assert_array_equal(blocked.values, values)
+    np.testing.assert_array_equal(blocked.vector_mask, mask)
+    assert blocked.nnz == S.nnz
+    assert_same_csr(blocked.tocsr(), S)
+
+
+@pytest.mark.parametrize("window,block_width", GEOMETRIES)
+@pytest.mark.parametrize("shape", [(1, 1), (7, 5), (8, 8), (17, 9), (33, 40), (5, 70)])
+def test_layout_matches_definition(rng, window, block_width, shape):
+    S = random_scipy(rng, shape, 0.25)
+    check_layout(sph.csr_array(S).to_blocked(window, block_width), S)
+
+
+def test_mebcrs_is_the_8_row_case(rng):
+    S = random_scipy(rng, (20, 20), 0.2)
+    A = sph.csr_array(S)
+    M = A.to_mebcrs(block_width=4)
+    assert isinstance(M, sph.mebcrs_array) and M.format == "mebcrs"
+    assert (M.window, M.block_width) == (8, 4)
+    B = A.to_blocked(window=16)
+    assert type(B) is sph.blocked_array and B.window == 16
+    assert isinstance(sph.mebcrs_array(S), sph.mebcrs_array)
+    assert_same_csr(sph.mebcrs_array(S).tocsr(), S)
+
+
+def test_compact_last_block():
+    # One window, 11 vectors, k = 4: blocks of 4, 4 and a compact last block of 3.
+    dense = np.arange(1, 8 * 11 + 1, dtype=np.float64).reshape(8, 11)
+    M = sph.csr_array(dense).to_mebcrs(block_width=4)
+    assert M.values.size == 8 * 11  # nothing padded
+    np.testing.assert_array_equal(M.get_block(0, 0), dense[:, 0:4])
+    np.testing.assert_array_equal(M.get_block(0, 2), dense[:, 8:11])
+    assert M.get_block(0, 2).shape == (8, 3)
+    np.testing.assert_array_equal(M.values[-24:], dense[:, 8:11].ravel())
+    cols, vectors = M.window_vectors(0)
+    np.testing.assert_array_equal(cols, np.arange(11))
+    np.testing.assert_array_equal(vectors, dense)
+    with pytest.raises(IndexError):
+        M.get_block(0, 3)
+    with pytest.raises(IndexError):
+        M.window_vectors(1)
+
+
+def test_explicit_zeros_survive_the_round_trip():
+    S = scipy.sparse.csr_array((np.array([2.0, 0.0, 0.0]), np.array([0, 1, 3]), np.array([0, 2, 3])),
+                               shape=(2, 4))
+    M = sph.csr_array(S).to_mebcrs()
+    assert M.nnz == 3
+    assert_same_csr(M.tocsr(), S)
+
+
+def test_empty_rows_windows_and_nnz_zero(rng):
+    dense = np.zeros((30, 12))
+    dense[0, 3] = 1.0
+    dense[29, 11] = 2.0  # windows 1 and 2 are empty
+    M = sph.csr_array(dense).to_mebcrs()
+    np.testing.assert_array_equal(M.row_window_offset, [0, 1, 1, 1, 2])
+    np.testing.assert_array_equal(M.tocsr().toarray(), dense)
+    for shape in [(0, 0), (0, 4), (4, 0), (9, 9)]:
+        Z = sph.csr_array(shape).to_blocked(window=16)
+        assert Z.nnz == 0 and Z.n_vectors == 0 and Z.tocsr().shape == shape
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+@pytest.mark.parametrize("index_dtype", [np.int32, np.int64])
+def test_dtypes(rng, dtype, index_dtype):
+    S = random_scipy(rng, (19, 13), 0.3)
+    A = sph.csr_array(S, dtype=dtype, index_dtype=index_dtype)
+    M = A.to_mebcrs()
+    assert M.dtype == dtype and M.index_dtype == index_dtype
+    assert M.row_window_offset.dtype == index_dtype
+    back = M.tocsr()
+    assert back.dtype == dtype and back.index_dtype == index_dtype
+    np.testing.assert_array_equal(back.data, A.data)
+    np.testing.assert_array_equal(back.indices, A.indices)
+
+
+def test_noncanonical_input_is_canonicalized_without_touching_it(rng):
+    S = random_scipy(rng, (25, 25), 0.2, duplicates=True)
+    A = sph.csr_array(S)
+    indices_before = A.indices.copy()
+    M = A.to_mebcrs()
+    np.testing.assert_array_equal(A.indices, indices_before)
+    expected = S.copy()
+    expected.sum_duplicates()
+    assert_same_csr(M.tocsr(), expected, rtol=1e-12)
+
+
+def test_raw_construction_and_validation():
+    dense = np.array([[1.0, 0, 2], [0, 0, 3], [4, 0, 0]])
+    M = sph.csr_array(dense).to_blocked(window=2, block_width=2)
+    raw = (M.values, M.col_idx, M.row_window_offset, M.vector_mask)
+    R = sph.blocked_array(raw, shape=(3, 3), window=2, block_width=2)
+    np.testing.assert_array_equal(R.toarray(), dense)
+    # Without a mask the nonzero values are the entries (FlashSparse's pattern convention).
+    U = sph.blocked_array(raw[:3] + (None,), shape=(3, 3), window=2, block_width=2)
+    np.testing.assert_array_equal(U.vector_mask, M.vector_mask)
+    with pytest.raises(ValueError, match="shape is required"):
+        sph.blocked_array(raw, window=2, block_width=2)
+    with pytest.raises(ValueError, match="row_window_offset has length"):
+        sph.blocked_array((M.values, M.col_idx, M.row_window_offset[:-1], M.vector_mask),
+                          shape=(3, 3), window=2, block_width=2)
+    bad_cols = M.col_idx.copy()
+    bad_cols[0] = 9
+    with pytest.raises(ValueError, match="col_idx"):
+        sph.blocked_array((M.values, bad_cols, M.row_window_offset, M.vector_mask),
+                          shape=(3, 3), window=2, block_width=2)
+    bad_values = M.values.copy()
+    bad_values[bad_values == 0] = 5.0  # a value where the mask says padding
+    with pytest.raises(ValueError, match="vector_mask marks no stored entry"):
+        sph.blocked_array((bad_values, M.col_idx, M.row_window_offset, M.vector_mask),
+                          shape=(3, 3), window=2, block_width=2)
+    with pytest.raises(TypeError, match="vector_mask"):
+        sph.blocked_array(raw[:3] + (M.vector_mask.astype(np.int64),), shape=(3, 3), window=2,
+                          block_width=2)
+    M.check_format(full_check=True)
+
+
+def test_bad_geometry():
+    A = sph.csr_array(np.eye(3))
+    with pytest.raises(ValueError, match="window"):
+        A.to_blocked(window=0)
+    with pytest.raises(TypeError, match="block_width"):
+        A.to_blocked(window=8, block_width=2.5)
+
+
+def test_transpose_astype_copy_and_reblock(rng):
+    S = random_scipy(rng, (21, 11), 0.3)
+    M = sph.csr_array(S).to_mebcrs(block_width=4)
+    T = M.T
+    assert isinstance(T, sph.mebcrs_array) and T.shape == (11, 21) and T.block_width == 4
+    np.testing.assert_array_equal(T.toarray(), S.toarray().T)
+    H = M.astype(np.float16)
+    assert H.dtype == np.float16 and isinstance(H, sph.mebcrs_array)
+    C = M.copy()
+    C.values[:] = 0
+    assert np.any(M.values != 0)
+    R = M.to_blocked(window=16, block_width=8)
+    np.testing.assert_array_equal(R.toarray(), S.toarray())
+    assert M.to_blocked(window=8, block_width=4) is M
+    assert "mebcrs_array" in repr(M) and "window 8" in repr(M)
+    assert M.nbytes == M.values.nbytes + M.col_idx.nbytes + M.row_window_offset.nbytes + M.vector_mask.nbytes
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.integers(0, 40), st.integers(0, 40), st.floats(0, 0.5), st.booleans(),
+       st.sampled_from(GEOMETRIES), st.sampled_from([np.int32, np.int64]), st.integers(0, 2**31))
+def test_hypothesis_round_trip(n_rows, n_cols, density, duplicates, geometry, index_dtype, seed):
+    rng = np.random.default_rng(seed)
+    S = random_scipy(rng, (n_rows, n_cols), density, duplicates=duplicates)
+    window, block_width = geometry
+    B = sph.csr_array(S, index_dtype=index_dtype).to_blocked(window, block_width)
+    expected = S.copy()
+    expected.sum_duplicates()
+    check = (lambda blocked: check_layout(blocked, expected)) if not duplicates else None
+    if check:
+        check(B)
+    assert_same_csr(B.tocsr(), expected, rtol=1e-12 if duplicates else 0.0)
+    scipy_again = B.to_scipy()
+    np.testing.assert_allclose(scipy_again.toarray(), S.toarray(), rtol=1e-12)
+
+
+@pytest.mark.parametrize("window,block_width", [(8, 8), (8, 4), (16, 8)])
+def test_every_shared_matrix_round_trips_exactly(suitesparse_path, window, block_width):
+    S = scipy.sparse.load_npz(suitesparse_path).tocsr()
+    A = load_npz(suitesparse_path)
+    B = A.to_blocked(window, block_width)
+    assert B.nnz == S.nnz  # explicit zeros (bayer10 keeps 23,332) included
+    assert_same_csr(B.tocsr(), S)
+    stats = sph.block_stats(A, window=window, block_width=block_width)
+    assert stats.n_vectors == B.n_vectors and stats.n_windows == B.n_windows

@@ -1,0 +1,217 @@
+"""csr_array against scipy.sparse as the oracle."""
+import numpy as np
+import pytest
+import scipy.sparse
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import pysparse_hpc as sph
+
+from .conftest import random_scipy
+from .reference import assert_same_csr
+
+
+@pytest.mark.parametrize("fmt", ["csr", "csc", "coo", "lil", "dok", "bsr"])
+@pytest.mark.parametrize("kind", [scipy.sparse.csr_array, scipy.sparse.csr_matrix])
+def test_from_any_scipy_format(rng, fmt, kind):
+    S = kind(random_scipy(rng, (13, 9), 0.3))
+    A = sph.csr_array(S.asformat(fmt))
+    assert_same_csr(A.canonical(), scipy.sparse.csr_array(S))
+    assert A.format == "csr" and A.ndim == 2 and A.shape == (13, 9)
+
+
+def test_from_dense_list_and_ndarray():
+    dense = [[0, 1.5, 0], [2, 0, 0]]
+    A = sph.csr_array(dense)
+    np.testing.assert_array_equal(A.toarray(), np.array(dense))
+    assert A.nnz == 2 and A.dtype == np.float64 and A.has_canonical_format
+
+
+def test_from_torch_tensor():
+    torch = pytest.importorskip("torch")
+    t = torch.tensor([[0.0, 1.0], [3.0, 0.0]], dtype=torch.float32)
+    A = sph.csr_array(t)
+    assert A.dtype == np.float32
+    np.testing.assert_array_equal(A.toarray(), t.numpy())
+
+
+def test_from_raw_csr_shares_arrays_unless_copy():
+    data, indices, indptr = np.array([1.0, 2.0]), np.array([1, 0], np.int32), np.array([0, 1, 2], np.int32)
+    A = sph.csr_array((data, indices, indptr), shape=(2, 3))
+    assert np.shares_memory(A.data, data)
+    B = sph.csr_array((data, indices, indptr), shape=(2, 3), copy=True)
+    assert not np.shares_memory(B.data, data)
+    assert A.shape == (2, 3)
+    assert sph.csr_array((data, indices, indptr)).shape == (2, 2)  # inferred from max index
+
+
+def test_coo_sums_duplicates_keeps_explicit_zeros():
+    row = np.array([1, 0, 1, 1, 0])
+    col = np.array([2, 1, 2, 0, 0])
+    data = np.array([1.0, 0.0, 2.0, 4.0, 5.0])
+    A = sph.csr_array((data, (row, col)), shape=(2, 3))
+    assert A.has_canonical_format
+    np.testing.assert_array_equal(A.indptr, [0, 2, 4])
+    np.testing.assert_array_equal(A.indices, [0, 1, 0, 2])
+    np.testing.assert_array_equal(A.data, [5.0, 0.0, 4.0, 3.0])  # explicit zero kept
+
+
+def test_empty_shapes():
+    for shape in [(0, 0), (0, 5), (5, 0), (3, 4)]:
+        A = sph.csr_array(shape)
+        assert A.shape == shape and A.nnz == 0
+        np.testing.assert_array_equal(A.toarray(), np.zeros(shape))
+        assert A.T.shape == shape[::-1]
+
+
+def test_index_dtype_rule_and_override():
+    A = sph.csr_array(np.eye(3))
+    assert A.index_dtype == np.int32
+    data, indices, indptr = np.ones(2), np.array([0, 1], np.int64), np.array([0, 1, 2], np.int64)
+    assert sph.csr_array((data, indices, indptr)).index_dtype == np.int64  # int64 input is kept
+    B = sph.csr_array(np.eye(3), index_dtype=np.int64)
+    assert B.indices.dtype == B.indptr.dtype == np.int64
+    assert sph.csr_array(B, index_dtype=np.int32).index_dtype == np.int32
+    with pytest.raises(TypeError, match="index_dtype"):
+        sph.csr_array(np.eye(3), index_dtype=np.int16)
+
+
+def test_int_and_bool_values_become_float64():
+    assert sph.csr_array(np.eye(2, dtype=np.int64)).dtype == np.float64
+    assert sph.csr_array(np.eye(2, dtype=bool)).dtype == np.float64
+    assert sph.csr_array(np.eye(2, dtype=np.int64), dtype=np.float32).dtype == np.float32
+
+
+@pytest.mark.parametrize("index_dtype", [np.int32, np.int64])
+def test_canonicalization_matches_scipy(rng, index_dtype):
+    S = random_scipy(rng, (40, 30), 0.2, duplicates=True)
+    A = sph.csr_array(S, index_dtype=index_dtype)
+    assert not A.has_canonical_format
+    expected = S.copy()
+    expected.sum_duplicates()
+    canonical = A.canonical()
+    assert not A.has_canonical_format  # canonical() leaves the original alone
+    assert_same_csr(canonical, expected, rtol=1e-12)
+    assert canonical.index_dtype == index_dtype
+    A.sum_duplicates()
+    assert A.has_canonical_format
+    assert_same_csr(A, expected, rtol=1e-12)
+
+
+def test_sort_indices_keeps_duplicates(rng):
+    S = random_scipy(rng, (20, 10), 0.3, duplicates=True)
+    A = sph.csr_array(S)
+    A.sort_indices()
+    assert A.has_sorted_indices and A.nnz == S.nnz
+    expected = S.copy()
+    expected.sort_indices()
+    np.testing.assert_array_equal(A.indices, expected.indices)
+    np.testing.assert_allclose(A.toarray(), S.toarray())
+
+
+def test_inplace_ops_do_not_touch_caller_arrays(rng):
+    S = random_scipy(rng, (20, 10), 0.3, duplicates=True)
+    data, indices, indptr = S.data.copy(), S.indices.copy(), S.indptr.copy()
+    A = sph.csr_array((data, indices, indptr), shape=S.shape)
+    A.sum_duplicates()
+    np.testing.assert_array_equal(data, S.data)
+    np.testing.assert_array_equal(indices, S.indices)
+    np.testing.assert_array_equal(indptr, S.indptr)
+
+
+@pytest.mark.parametrize("index_dtype", [np.int32, np.int64])
+def test_transpose_matches_scipy(rng, index_dtype):
+    S = random_scipy(rng, (17, 23), 0.2)
+    A = sph.csr_array(S, index_dtype=index_dtype)
+    assert_same_csr(A.T, S.T.tocsr())
+    assert A.T.index_dtype == index_dtype
+    assert_same_csr(A.transpose(axes=(1, 0)).T, S)
+    with pytest.raises(ValueError, match="axes"):
+        A.transpose(axes=(0, 1))
+
+
+def test_transpose_of_noncanonical_sums_correctly(rng):
+    S = random_scipy(rng, (15, 12), 0.3, duplicates=True)
+    A = sph.csr_array(S)
+    np.testing.assert_allclose(A.T.toarray(), S.toarray().T)
+    assert A.T.has_sorted_indices
+
+
+def test_float16_storage(rng):
+    S = random_scipy(rng, (10, 10), 0.3)
+    A = sph.csr_array(S, dtype=np.float16)
+    assert A.dtype == np.float16
+    np.testing.assert_array_equal(A.data, S.data.astype(np.float16))
+    assert A.to_scipy().dtype == np.float32  # scipy has no float16
+    np.testing.assert_array_equal(A.T.data, A.to_scipy().T.tocsr().data.astype(np.float16))
+
+
+def test_float16_duplicates_summed_in_float32():
+    values = np.array([2048.0, 1.0, 1.0], dtype=np.float16)  # fp16 running sum would stay 2048
+    A = sph.csr_array((values, (np.zeros(3, int), np.zeros(3, int))), shape=(1, 1))
+    assert A.dtype == np.float16 and A.data[0] == np.float16(2050.0)
+
+
+def test_astype_copy_and_tocoo(rng):
+    S = random_scipy(rng, (8, 6), 0.4)
+    A = sph.csr_array(S)
+    B = A.astype(np.float32)
+    assert B.dtype == np.float32 and A.dtype == np.float64
+    C = A.copy()
+    C.data[:] = 0
+    assert np.any(A.data != 0)
+    row, col, data = A.tocoo()
+    coo = S.tocoo()
+    np.testing.assert_array_equal(row, coo.row)
+    np.testing.assert_array_equal(col, coo.col)
+    np.testing.assert_array_equal(data, coo.data)
+    assert A.astype(np.float64, copy=False) is A
+
+
+def test_nan_and_inf_are_stored_and_propagate():
+    dense = np.array([[np.nan, 0.0], [np.inf, -np.inf]])
+    A = sph.csr_array(dense)
+    assert A.nnz == 3
+    np.testing.assert_array_equal(A.toarray(), dense)
+    np.testing.assert_array_equal(A.to_mebcrs().tocsr().toarray(), dense)
+    np.testing.assert_array_equal(A.T.toarray(), dense.T)
+
+
+def test_repr_and_len():
+    A = sph.csr_array(np.eye(3, dtype=np.float32))
+    text = repr(A)
+    assert "csr_array" in text and "(3, 3)" in text and "float32" in text and "3 stored" in text
+    with pytest.raises(TypeError, match="ambiguous"):
+        len(A)
+
+
+def test_check_format_detects_corruption():
+    A = sph.csr_array(np.eye(4))
+    A.check_format(full_check=True)
+    A.indices = A.indices.copy()
+    A.indices[2] = 7
+    A.check_format(full_check=False)  # O(1) checks cannot see it
+    with pytest.raises(ValueError, match="out of range"):
+        A.check_format(full_check=True)
+
+
+matrices = st.tuples(st.integers(0, 20), st.integers(0, 20), st.floats(0, 0.6),
+                     st.booleans(), st.sampled_from([np.int32, np.int64]), st.integers(0, 2**31))
+
+
+@settings(max_examples=60, deadline=None)
+@given(matrices)
+def test_hypothesis_roundtrip_vs_scipy(params):
+    n_rows, n_cols, density, duplicates, index_dtype, seed = params
+    rng = np.random.default_rng(seed)
+    S = random_scipy(rng, (n_rows, n_cols), density, duplicates=duplicates)
+    A = sph.csr_array(S, index_dtype=index_dtype)
+    expected = S.copy()
+    expected.sum_duplicates()
+    rtol = 1e-12 if duplicates else 0.0  # duplicates may be summed in another order than scipy
+    assert_same_csr(A.canonical(), expected, rtol)
+    np.testing.assert_allclose(A.toarray(), S.toarray())
+    np.testing.assert_allclose(A.T.toarray(), S.toarray().T)
+    coo = S.tocoo()
+    B = sph.csr_array((coo.data, (coo.row, coo.col)), shape=S.shape, index_dtype=index_dtype)
+    assert_same_csr(B, expected, rtol)

@@ -1,0 +1,34 @@
+"""The bundled citation graphs."""
+import numpy as np
+import pytest
+
+from pysparse_hpc import csr_array, datasets
+
+
+@pytest.mark.parametrize("name,nodes,edges,features,classes", [
+    ("cora", 2708, 10556, 1433, 7),
+    ("citeseer", 3327, 9104, 3703, 6),
+])
+def test_bundled(name, nodes, edges, features, classes):
+    data = datasets.load(name)
+    assert isinstance(data.adj, csr_array)
+    assert data.adj.shape == (nodes, nodes) and data.num_edges == edges
+    assert data.adj.has_canonical_format and data.adj.index_dtype == np.int32
+    assert data.x.shape == (nodes, features) and data.x.dtype == np.float32
+    assert data.y.shape == (nodes,) and data.num_classes == classes
+    assert data.train_mask.dtype == bool
+    assert int(data.train_mask.sum()) == 20 * classes
+    assert int(data.val_mask.sum()) == 500 and int(data.test_mask.sum()) == 1000
+    adj = data.adj.toarray()
+    np.testing.assert_array_equal(adj, adj.T)          # symmetric
+    assert not np.any(np.diag(adj))                    # no self-loops
+    assert name in repr(data)
+
+
+def test_names_and_errors():
+    assert set(datasets.available()) == {"cora", "citeseer"}
+    assert datasets.load("CORA").name == "cora"
+    with pytest.raises(ValueError, match="unknown dataset 'pubmed'; available: cora, citeseer"):
+        datasets.load("pubmed")
+    with pytest.raises(TypeError, match="string"):
+        datasets.load(3)

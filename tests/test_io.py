@@ -1,0 +1,77 @@
+"""Files: the shared .npz layout, Matrix Market, and what happens with bad files."""
+import numpy as np
+import pytest
+import scipy.sparse
+
+import pysparse_hpc as sph
+from pysparse_hpc.io import load_npz, read_matrix_market, save_npz, write_matrix_market
+
+from .conftest import DATA_DIR, random_scipy
+from .reference import assert_same_csr
+
+
+def test_load_shared_suitesparse(suitesparse_path):
+    A = load_npz(suitesparse_path)
+    S = scipy.sparse.load_npz(suitesparse_path)
+    assert_same_csr(A, S)
+    assert A.index_dtype == np.int64  # the file stores int64 indptr; scipy's rule keeps it
+    assert load_npz(suitesparse_path, index_dtype=np.int32).index_dtype == np.int32
+
+
+def test_load_graph_layout():
+    path = DATA_DIR / "pubmed_structure.npz"
+    if not path.exists():
+        pytest.skip(f"{path} not present")
+    adj = load_npz(path)          # falls back to the adj_ prefix
+    assert adj.shape == (19717, 19717) and adj.nnz == 88648
+    feats = load_npz(path, prefix="partial_feat_")
+    assert feats.shape == (1060, 500)
+
+
+def test_save_load_round_trip(tmp_path, rng):
+    A = sph.csr_array(random_scipy(rng, (30, 20), 0.2), dtype=np.float32)
+    save_npz(tmp_path / "a.npz", A)
+    B = load_npz(tmp_path / "a.npz")
+    assert_same_csr(B, A.to_scipy())
+    assert B.dtype == np.float32
+    assert_same_csr(A, scipy.sparse.load_npz(tmp_path / "a.npz"))  # readable by scipy
+
+
+def test_matrix_market_round_trip(tmp_path, rng):
+    S = random_scipy(rng, (25, 17), 0.2)
+    A = sph.csr_array(S)
+    write_matrix_market(tmp_path / "a.mtx", A, comment="test matrix")
+    B = read_matrix_market(tmp_path / "a.mtx")
+    np.testing.assert_allclose(B.toarray(), S.toarray(), rtol=1e-15)
+    assert B.has_canonical_format
+
+
+def test_matrix_market_symmetric_and_pattern(tmp_path):
+    (tmp_path / "s.mtx").write_text(
+        "%%MatrixMarket matrix coordinate pattern symmetric\n3 3 2\n2 1\n3 3\n")
+    A = read_matrix_market(tmp_path / "s.mtx")
+    np.testing.assert_array_equal(A.toarray(), [[0, 1, 0], [1, 0, 0], [0, 0, 1]])
+
+
+def test_missing_and_corrupt_files(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no such file"):
+        load_npz(tmp_path / "nope.npz")
+    with pytest.raises(FileNotFoundError):
+        read_matrix_market(tmp_path / "nope.mtx")
+    (tmp_path / "bad.npz").write_bytes(b"this is not a zip archive")
+    with pytest.raises(ValueError, match="not a readable .npz"):
+        load_npz(tmp_path / "bad.npz")
+    np.savez(tmp_path / "keys.npz", foo=np.arange(3))
+    with pytest.raises(ValueError, match="missing keys"):
+        load_npz(tmp_path / "keys.npz")
+    np.savez(tmp_path / "inconsistent.npz", indptr=np.array([0, 5]), indices=np.array([0]),
+             data=np.array([1.0]), shape=np.array([1, 1]))
+    with pytest.raises(ValueError, match="indptr\\[-1\\] is 5"):
+        load_npz(tmp_path / "inconsistent.npz")
+    (tmp_path / "bad.mtx").write_text("%%MatrixMarket matrix coordinate real general\n3 3 2\n1 1\n")
+    with pytest.raises(ValueError, match="not a valid Matrix Market file"):
+        read_matrix_market(tmp_path / "bad.mtx")
+    with pytest.raises(IsADirectoryError):
+        load_npz(tmp_path)
+    with pytest.raises(TypeError, match="pysparse_hpc sparse array"):
+        save_npz(tmp_path / "x.npz", np.eye(2))
