@@ -277,13 +277,8 @@ def blocked_from_csr(csr, window, block_width):
     """Convert a `csr_array` to the blocked format (ME-BCRS when ``window == 8``)."""
     window, block_width = _check_geometry(window, block_width)
     csr = csr.canonical()
-    n_rows, n_cols = csr.shape
-    vectors_per_window = _blocked.count_window_vectors(csr.indptr, csr.indices, n_cols, window)
-    row_window_offset = np.zeros(vectors_per_window.size + 1, dtype=csr.index_dtype)
-    np.cumsum(vectors_per_window, out=row_window_offset[1:])
-    col_idx, values, vector_mask = _blocked.csr_to_blocked(
-        csr.indptr, csr.indices, moved_view(csr.data), window, block_width,
-        row_window_offset, get_num_threads())
+    row_window_offset, col_idx, values, vector_mask = _blocked.csr_to_blocked(
+        csr.indptr, csr.indices, moved_view(csr.data), window, block_width, get_num_threads())
     cls = mebcrs_array if window == 8 else blocked_array
     result = cls.__new__(cls)
     result._set_arrays(values.view(csr.dtype), col_idx, row_window_offset, vector_mask,

@@ -109,51 +109,83 @@ cdef int64_t* _merge_runs(int64_t* keys, int64_t* spare, int64_t* run_starts,
     return source
 
 
-cdef void _fill_window(
+cdef int64_t _merge_window(
     Py_ssize_t w, Py_ssize_t n_rows, const index_t* indptr, const index_t* indices,
+    Py_ssize_t window, int row_bits, int64_t* keys, int64_t* spare, int64_t* run_starts,
+) noexcept nogil:
+    """Order window ``w``'s entries by column; return its number of vectors.
+
+    Each entry becomes the key ``column << row_bits | local_row``, written to ``keys`` at the
+    entry's own CSR position, so every window owns a disjoint slice. The window's sorted rows are
+    at most ``window`` ascending runs of keys: merging them orders the entries by column, rows
+    breaking ties. Rows must be canonical. Raw pointers, not memoryviews: a memoryview argument
+    costs atomic reference counting on every call, and this runs once per window per thread.
+    """
+    cdef Py_ssize_t row0 = w * window
+    cdef Py_ssize_t n_local = min(window, n_rows - row0)
+    cdef int64_t first = indptr[row0]
+    cdef int64_t n_entries = indptr[row0 + n_local] - first
+    cdef Py_ssize_t r, n_runs = 0
+    cdef int64_t p, e, n_vectors = 0, previous = -1, column
+    cdef int64_t* window_keys = keys + first
+    cdef int64_t* gathered
+    cdef int passes = 0
+    if n_entries == 0:
+        return 0
+    for r in range(n_local):
+        n_runs += indptr[row0 + r] < indptr[row0 + r + 1]
+    while (1 << passes) < n_runs:
+        passes += 1
+    # Merging ping-pongs between two buffers: start in the one that makes it end in ``keys``.
+    gathered = window_keys if passes % 2 == 0 else spare
+    n_runs = 0
+    for r in range(n_local):
+        if indptr[row0 + r] == indptr[row0 + r + 1]:
+            continue
+        run_starts[n_runs] = indptr[row0 + r] - first
+        n_runs += 1
+        for p in range(indptr[row0 + r], indptr[row0 + r + 1]):
+            gathered[p - first] = (<int64_t>indices[p] << row_bits) | r
+    run_starts[n_runs] = n_entries
+    if gathered == window_keys:
+        _merge_runs(window_keys, spare, run_starts, n_runs)
+    else:
+        _merge_runs(spare, window_keys, run_starts, n_runs)
+    for e in range(n_entries):
+        column = window_keys[e] >> row_bits
+        n_vectors += column != previous
+        previous = column
+    return n_vectors
+
+
+cdef void _emit_window(
+    Py_ssize_t w, Py_ssize_t n_rows, const index_t* indptr, const int64_t* keys,
     const moved_t* data, Py_ssize_t window, Py_ssize_t block_width, int row_bits,
-    const index_t* row_window_offset, index_t* col_idx, moved_t* values,
-    uint8_t* vector_mask, int64_t* keys, int64_t* spare, int64_t* run_starts,
+    const index_t* row_window_offset, index_t* col_idx, moved_t* values, uint8_t* vector_mask,
     int64_t* cursor,
 ) noexcept nogil:
-    """Fill window ``w``: merge its sorted rows into one column order, then emit vectors.
-
-    Each entry becomes the key ``column << row_bits | local_row``; a window's rows are at most
-    ``window`` ascending runs of keys, so merging them orders the entries by column (rows
-    breaking ties). Consecutive keys of one column form one vector. Rows must be canonical.
-    Raw pointers, not memoryviews: a memoryview argument costs atomic reference counting on
-    every call, and this runs once per window on every thread.
-    """
+    """Write window ``w``'s vectors from its column-ordered keys (see `_merge_window`)."""
     cdef Py_ssize_t mask_bytes = (window + 7) // 8
     cdef int64_t row_mask = (<int64_t>1 << row_bits) - 1
-    cdef Py_ssize_t r, n_runs = 0
     cdef Py_ssize_t row0 = w * window
     cdef Py_ssize_t n_local = min(window, n_rows - row0)
     cdef int64_t first_vector = row_window_offset[w]
     cdef int64_t n_vectors = row_window_offset[w + 1] - first_vector
-    cdef int64_t n_entries = 0, e, p, key, column, previous = -1, s = -1
-    cdef int64_t block_start = 0, width = 0, slot_in_block = 0, base = 0, mask_base = 0
-    cdef int64_t* ordered
+    cdef int64_t first = indptr[row0]
+    cdef int64_t n_entries = indptr[row0 + n_local] - first
+    cdef Py_ssize_t r
+    cdef int64_t e, key, column, previous = -1, s = -1
+    cdef int64_t block_start = 0, width, slot_in_block = -1, base = 0, mask_base = 0
     if n_vectors == 0:
         return
-    # The arrays come uninitialized: zero this window's share here, in cache and in parallel.
+    # The outputs come uninitialized: zero this window's share here, in cache and in parallel.
     memset(&values[first_vector * window], 0, n_vectors * window * sizeof(moved_t))
     memset(&vector_mask[first_vector * mask_bytes], 0, n_vectors * mask_bytes)
     for r in range(n_local):
         cursor[r] = indptr[row0 + r]
-        if indptr[row0 + r] == indptr[row0 + r + 1]:
-            continue
-        run_starts[n_runs] = n_entries
-        n_runs += 1
-        for p in range(indptr[row0 + r], indptr[row0 + r + 1]):
-            keys[n_entries] = (<int64_t>indices[p] << row_bits) | r
-            n_entries += 1
-    run_starts[n_runs] = n_entries
-    ordered = _merge_runs(keys, spare, run_starts, n_runs)
     width = min(block_width, n_vectors)
-    slot_in_block = -1
-    for e in range(n_entries):
-        key = ordered[e]
+    for e in range(first, first + n_entries):
+        key = keys[e]
         column = key >> row_bits
         r = key & row_mask
         if column != previous:
@@ -167,6 +199,7 @@ cdef void _fill_window(
             col_idx[first_vector + s] = <index_t>column
             base = (first_vector + block_start) * window + slot_in_block
             mask_base = (first_vector + s) * mask_bytes
+        # Within a row, keys come in column order, which is the row's storage order.
         values[base + r * width] = data[cursor[r]]
         cursor[r] += 1
         vector_mask[mask_base + (r >> 3)] |= <uint8_t>(1 << (r & 7))
@@ -174,8 +207,11 @@ cdef void _fill_window(
 
 def csr_to_blocked(const index_t[::1] indptr, const index_t[::1] indices,
                    const moved_t[::1] data, Py_ssize_t window, Py_ssize_t block_width,
-                   const index_t[::1] row_window_offset, int num_threads=1):
-    """Fill the blocked arrays of a canonical CSR matrix.
+                   int num_threads=1):
+    """Convert canonical CSR arrays to the blocked arrays.
+
+    Two parallel passes over the windows: the first orders each window's entries by column and
+    counts its vectors, the second (after a prefix sum gives every window its place) writes them.
 
     Parameters
     ----------
@@ -183,52 +219,72 @@ def csr_to_blocked(const index_t[::1] indptr, const index_t[::1] indices,
         Canonical CSR (sorted rows, no duplicates); ``data`` may be float16 viewed as uint16.
     window, block_width : int
         Rows per window, vectors per block.
-    row_window_offset : ndarray of the index dtype, shape (n_windows + 1,)
-        Prefix sum of `count_window_vectors`.
     num_threads : int
-        OpenMP threads; windows write disjoint ranges, so they are filled in parallel.
+        OpenMP threads; windows touch disjoint ranges of every array.
 
     Returns
     -------
-    col_idx, values, vector_mask : ndarray
+    row_window_offset, col_idx, values, vector_mask : ndarray
     """
-    cdef Py_ssize_t n_windows = row_window_offset.shape[0] - 1
-    cdef int64_t total_vectors = row_window_offset[n_windows]
+    cdef Py_ssize_t n_rows = indptr.shape[0] - 1
+    cdef Py_ssize_t n_windows = (n_rows + window - 1) // window
+    cdef Py_ssize_t nnz = indices.shape[0]
     cdef Py_ssize_t mask_bytes = (window + 7) // 8
-    index_dtype = np.int32 if index_t is int32_t else np.int64
-    col_idx_np = np.empty(total_vectors, dtype=index_dtype)
-    values_np = np.empty(total_vectors * window, dtype=np.asarray(data).dtype)
-    vector_mask_np = np.empty(total_vectors * mask_bytes, dtype=np.uint8)
-    cdef index_t[::1] col_idx = col_idx_np
-    cdef moved_t[::1] values = values_np
-    cdef uint8_t[::1] vector_mask = vector_mask_np
-    # Scratch per thread: keys and spare hold one window's entries, then run starts and cursors.
-    cdef int64_t widest_window = 0
-    cdef Py_ssize_t w
     cdef int row_bits = 0
     while (1 << row_bits) < window:
         row_bits += 1
-    cdef Py_ssize_t n_rows = indptr.shape[0] - 1
-    cdef Py_ssize_t nnz = indices.shape[0]
-    cdef int64_t n_vectors_total = total_vectors
+    index_dtype = np.int32 if index_t is int32_t else np.int64
+    cdef int64_t[::1] keys = np.empty(max(nnz, 1), dtype=np.int64)
+    cdef int64_t[::1] vectors_per_window = np.zeros(n_windows, dtype=np.int64)
+    cdef Py_ssize_t w
+    cdef int64_t widest_window = 0
     for w in range(n_windows):
         widest_window = max(widest_window,
                             indptr[min((w + 1) * window, n_rows)] - indptr[w * window])
-    cdef int64_t scratch_words = 2 * widest_window + 2 * window + 1
+    # Per-thread scratch: the merge's spare buffer and run starts (pass 1), row cursors (pass 2).
+    cdef int64_t scratch_words = widest_window + 2 * window + 1
     cdef int64_t* scratch
-    with nogil, parallel(num_threads=max(1, num_threads)):
+    # A flag in memory, not a local: Cython makes locals assigned in a parallel block private.
+    cdef int64_t[::1] out_of_memory = np.zeros(1, dtype=np.int64)
+    threads = max(1, num_threads)
+    with nogil, parallel(num_threads=threads):
         scratch = <int64_t*>malloc(scratch_words * sizeof(int64_t))
-        if scratch != NULL:
+        if scratch == NULL:
+            out_of_memory[0] = 1
+        else:
             for w in prange(n_windows, schedule="guided"):
-                _fill_window(w, n_rows, &indptr[0], &indices[0] if nnz else NULL,
-                             &data[0] if nnz else NULL, window, block_width, row_bits,
-                             &row_window_offset[0], &col_idx[0] if n_vectors_total else NULL,
-                             &values[0] if n_vectors_total else NULL,
-                             &vector_mask[0] if n_vectors_total else NULL, scratch,
-                             scratch + widest_window, scratch + 2 * widest_window,
-                             scratch + 2 * widest_window + window + 1)
+                vectors_per_window[w] = _merge_window(
+                    w, n_rows, &indptr[0], &indices[0] if nnz else NULL, window, row_bits,
+                    &keys[0], scratch, scratch + widest_window)
             free(scratch)
-    return col_idx_np, values_np, vector_mask_np
+    if out_of_memory[0]:
+        raise MemoryError(f"cannot allocate {scratch_words} words of merge scratch")
+
+    row_window_offset_np = np.zeros(n_windows + 1, dtype=index_dtype)
+    np.cumsum(vectors_per_window, out=row_window_offset_np[1:])
+    cdef int64_t total_vectors = row_window_offset_np[n_windows]
+    col_idx_np = np.empty(total_vectors, dtype=index_dtype)
+    values_np = np.empty(total_vectors * window, dtype=np.asarray(data).dtype)
+    vector_mask_np = np.empty(total_vectors * mask_bytes, dtype=np.uint8)
+    if total_vectors == 0:
+        return row_window_offset_np, col_idx_np, values_np, vector_mask_np
+    cdef index_t[::1] row_window_offset = row_window_offset_np
+    cdef index_t[::1] col_idx = col_idx_np
+    cdef moved_t[::1] values = values_np
+    cdef uint8_t[::1] vector_mask = vector_mask_np
+    with nogil, parallel(num_threads=threads):
+        scratch = <int64_t*>malloc(window * sizeof(int64_t))
+        if scratch == NULL:
+            out_of_memory[0] = 1
+        else:
+            for w in prange(n_windows, schedule="guided"):
+                _emit_window(w, n_rows, &indptr[0], &keys[0], &data[0], window, block_width,
+                             row_bits, &row_window_offset[0], &col_idx[0], &values[0],
+                             &vector_mask[0], scratch)
+            free(scratch)
+    if out_of_memory[0]:
+        raise MemoryError(f"cannot allocate {window} words of scratch")
+    return row_window_offset_np, col_idx_np, values_np, vector_mask_np
 
 
 def blocked_row_counts(const index_t[::1] row_window_offset, const uint8_t[::1] vector_mask,

@@ -85,7 +85,8 @@ def measure(spec, repeat):
     M = A.to_mebcrs()
     for blocked in (M, A.to_blocked(window=16)):
         if not _same_csr(blocked.tocsr(), A):
-            raise RuntimeError(f"{spec.name}: window {blocked.window} round trip to CSR is not exact")
+            raise RuntimeError(
+                f"{spec.name}: window {blocked.window} round trip to CSR is not exact")
     seconds = best_times({
         "to_mebcrs": A.to_mebcrs,
         "to_blocked16": lambda: A.to_blocked(window=16),
