@@ -21,6 +21,10 @@ from ._sputils import (
 __all__ = ["blocked_array", "mebcrs_array", "blocked_from_csr"]
 
 
+#: Tallest window: a vector's row mask is built in one 64-bit register during conversion.
+MAX_WINDOW = 64
+
+
 def _mask_bytes(window):
     return (window + 7) // 8
 
@@ -46,7 +50,7 @@ class blocked_array(sparray):
     copy : bool, default False
         Copy raw input arrays even when they could be shared.
     window : int, default 8
-        Rows per window (the vector height): 8 for ME-BCRS, 16 for TC-GNN/DTC-SpMM.
+        Rows per window (the vector height), 1 to 64: 8 for ME-BCRS, 16 for TC-GNN/DTC-SpMM.
     block_width : int, default 8
         Vectors per block, the MMA reduction extent of the kernel that will read it.
     index_dtype : {None, numpy.int32, numpy.int64}, optional
@@ -201,13 +205,14 @@ class blocked_array(sparray):
     def tocsr(self, copy=False):
         """Return the canonical `csr_array` holding exactly the stored entries."""
         n_rows = self.shape[0]
+        threads = get_num_threads()
         counts = _blocked.blocked_row_counts(self.row_window_offset, self.vector_mask, n_rows,
-                                             self.window)
+                                             self.window, threads)
         indptr = np.zeros(n_rows + 1, dtype=self.index_dtype)
         np.cumsum(counts, out=indptr[1:])
         indices, data = _blocked.blocked_to_csr(
             self.row_window_offset, self.col_idx, moved_view(self.values), self.vector_mask,
-            n_rows, self.window, self.block_width, indptr)
+            n_rows, self.window, self.block_width, indptr, threads)
         result = csr_array.__new__(csr_array)
         result._set_arrays(data.view(self.dtype), indices, indptr, self.shape, True)
         return result
@@ -296,6 +301,8 @@ def _check_geometry(window, block_width):
             raise TypeError(f"{name} must be an integer, got {type(value).__name__} {value!r}") from None
         if value < 1:
             raise ValueError(f"{name} must be a positive integer, got {value}")
+    if operator.index(window) > MAX_WINDOW:
+        raise ValueError(f"window must be at most {MAX_WINDOW} rows, got {window}")
     return operator.index(window), operator.index(block_width)
 
 

@@ -11,21 +11,11 @@ and padding can be told apart from data.
 import numpy as np
 
 from cython.parallel cimport parallel, prange
-from libc.stdint cimport INT64_MAX
+from libc.stdint cimport INT64_MAX, uint64_t
 from libc.stdlib cimport free, malloc
 from libc.string cimport memset
 
 include "_fused.pxi"
-
-
-cdef inline int64_t value_offset(int64_t first_vector, int64_t n_vectors, int64_t slot,
-                                 int64_t row, int64_t window, int64_t block_width) noexcept nogil:
-    """Position in ``values`` of (row, vector ``slot``) of a window starting at ``first_vector``."""
-    cdef int64_t block_start = (slot // block_width) * block_width
-    cdef int64_t width = n_vectors - block_start
-    if width > block_width:
-        width = block_width
-    return (first_vector + block_start) * window + row * width + (slot - block_start)
 
 
 def count_window_vectors(const index_t[::1] indptr, const index_t[::1] indices,
@@ -60,22 +50,36 @@ def count_window_vectors(const index_t[::1] indptr, const index_t[::1] indices,
     return counts_np
 
 
-cdef int64_t* _merge_runs(int64_t* keys, int64_t* spare, int64_t* run_starts,
-                          Py_ssize_t n_runs) noexcept nogil:
+cdef int64_t _count_columns(const int64_t* keys, int64_t n, int row_bits) noexcept nogil:
+    """Distinct columns in column-ordered keys."""
+    cdef int64_t e, column, previous = -1, distinct = 0
+    for e in range(n):
+        column = keys[e] >> row_bits
+        distinct += column != previous
+        previous = column
+    return distinct
+
+
+cdef int64_t _merge_runs(int64_t* keys, int64_t* spare, int64_t* run_starts,
+                         Py_ssize_t n_runs, int row_bits) noexcept nogil:
     """Merge the ascending runs ``keys[run_starts[i]:run_starts[i + 1]]`` into one.
 
     Bottom-up pairwise merging, log2(n_runs) linear passes ping-ponging between ``keys`` and
-    ``spare`` (``run_starts`` is overwritten). The element choice is a conditional move, not a
-    branch: which run wins is data dependent and would mispredict half the time. Returns the
-    buffer that holds the result.
+    ``spare`` (``run_starts`` is overwritten); the caller picks the buffers so the result ends
+    in the one it wants. The element choice is a conditional move, not a branch: which run wins
+    is data dependent and would mispredict half the time. The last pass also counts the
+    distinct columns (``key >> row_bits``), which is returned.
     """
     cdef int64_t* source = keys
     cdef int64_t* target = spare
     cdef int64_t* swap
     cdef Py_ssize_t run, merged
-    cdef int64_t i, j, out, i_stop, j_stop, a, b
-    cdef bint take_b
+    cdef int64_t i, j, out, i_stop, j_stop, a, b, chosen, column, previous = -1, distinct = 0
+    cdef bint take_b, last_pass
+    if n_runs <= 1:
+        return _count_columns(keys, run_starts[n_runs], row_bits)
     while n_runs > 1:
+        last_pass = n_runs <= 2
         merged = 0
         for run in range(0, n_runs, 2):
             i = run_starts[run]
@@ -87,18 +91,33 @@ cdef int64_t* _merge_runs(int64_t* keys, int64_t* spare, int64_t* run_starts,
                 a = source[i]
                 b = source[j]
                 take_b = b < a
-                target[out] = b if take_b else a
+                chosen = b if take_b else a
+                target[out] = chosen
                 j += take_b
                 i += 1 - take_b
                 out += 1
+                if last_pass:
+                    column = chosen >> row_bits
+                    distinct += column != previous
+                    previous = column
             while i < i_stop:
-                target[out] = source[i]
+                chosen = source[i]
+                target[out] = chosen
                 i += 1
                 out += 1
+                if last_pass:
+                    column = chosen >> row_bits
+                    distinct += column != previous
+                    previous = column
             while j < j_stop:
-                target[out] = source[j]
+                chosen = source[j]
+                target[out] = chosen
                 j += 1
                 out += 1
+                if last_pass:
+                    column = chosen >> row_bits
+                    distinct += column != previous
+                    previous = column
             run_starts[merged] = run_starts[run]
             merged += 1
         run_starts[merged] = run_starts[n_runs]
@@ -106,7 +125,7 @@ cdef int64_t* _merge_runs(int64_t* keys, int64_t* spare, int64_t* run_starts,
         swap = source
         source = target
         target = swap
-    return source
+    return distinct
 
 
 cdef int64_t _merge_window(
@@ -125,37 +144,55 @@ cdef int64_t _merge_window(
     cdef Py_ssize_t n_local = min(window, n_rows - row0)
     cdef int64_t first = indptr[row0]
     cdef int64_t n_entries = indptr[row0 + n_local] - first
-    cdef Py_ssize_t r, n_runs = 0
-    cdef int64_t p, e, n_vectors = 0, previous = -1, column
+    cdef Py_ssize_t r, n_runs = (n_local + 1) // 2
+    cdef int64_t i, j, i_stop, j_stop, out, key_i, key_j
     cdef int64_t* window_keys = keys + first
-    cdef int64_t* gathered
+    cdef int64_t* paired
     cdef int passes = 0
+    cdef bint take_j
     if n_entries == 0:
         return 0
-    for r in range(n_local):
-        n_runs += indptr[row0 + r] < indptr[row0 + r + 1]
     while (1 << passes) < n_runs:
         passes += 1
     # Merging ping-pongs between two buffers: start in the one that makes it end in ``keys``.
-    gathered = window_keys if passes % 2 == 0 else spare
-    n_runs = 0
-    for r in range(n_local):
-        if indptr[row0 + r] == indptr[row0 + r + 1]:
-            continue
-        run_starts[n_runs] = indptr[row0 + r] - first
-        n_runs += 1
-        for p in range(indptr[row0 + r], indptr[row0 + r + 1]):
-            gathered[p - first] = (<int64_t>indices[p] << row_bits) | r
+    paired = window_keys if passes % 2 == 0 else spare
+    # First level straight from CSR: rows 2m and 2m+1 are adjacent in ``indices``, so their
+    # merge fills exactly their own slice. Branch-free, as in `_merge_runs`.
+    for r in range(0, n_local, 2):
+        i = indptr[row0 + r]
+        i_stop = indptr[row0 + r + 1]
+        j = i_stop
+        j_stop = indptr[row0 + r + 2] if r + 1 < n_local else i_stop
+        out = i - first
+        run_starts[r // 2] = out
+        while i < i_stop and j < j_stop:
+            key_i = (<int64_t>indices[i] << row_bits) | r
+            key_j = (<int64_t>indices[j] << row_bits) | (r + 1)
+            take_j = key_j < key_i
+            paired[out] = key_j if take_j else key_i
+            j += take_j
+            i += 1 - take_j
+            out += 1
+        while i < i_stop:
+            paired[out] = (<int64_t>indices[i] << row_bits) | r
+            i += 1
+            out += 1
+        while j < j_stop:
+            paired[out] = (<int64_t>indices[j] << row_bits) | (r + 1)
+            j += 1
+            out += 1
     run_starts[n_runs] = n_entries
-    if gathered == window_keys:
-        _merge_runs(window_keys, spare, run_starts, n_runs)
-    else:
-        _merge_runs(spare, window_keys, run_starts, n_runs)
-    for e in range(n_entries):
-        column = window_keys[e] >> row_bits
-        n_vectors += column != previous
-        previous = column
-    return n_vectors
+    if paired == window_keys:
+        return _merge_runs(window_keys, spare, run_starts, n_runs, row_bits)
+    return _merge_runs(spare, window_keys, run_starts, n_runs, row_bits)
+
+
+cdef inline void _store_mask(uint8_t* vector_mask, int64_t start, Py_ssize_t mask_bytes,
+                             uint64_t rows_present) noexcept nogil:
+    """Write one vector's row bits, little-endian bytes (the mask is built in a register)."""
+    cdef Py_ssize_t b
+    for b in range(mask_bytes):
+        vector_mask[start + b] = <uint8_t>(rows_present >> (8 * b))
 
 
 cdef void _emit_window(
@@ -175,12 +212,12 @@ cdef void _emit_window(
     cdef int64_t n_entries = indptr[row0 + n_local] - first
     cdef Py_ssize_t r
     cdef int64_t e, key, column, previous = -1, s = -1
-    cdef int64_t block_start = 0, width, slot_in_block = -1, base = 0, mask_base = 0
+    cdef int64_t block_start = 0, width, slot_in_block = -1, base = 0, vector
+    cdef uint64_t rows_present = 0
     if n_vectors == 0:
         return
-    # The outputs come uninitialized: zero this window's share here, in cache and in parallel.
+    # The values come uninitialized: zero this window's share here, in cache and in parallel.
     memset(&values[first_vector * window], 0, n_vectors * window * sizeof(moved_t))
-    memset(&vector_mask[first_vector * mask_bytes], 0, n_vectors * mask_bytes)
     for r in range(n_local):
         cursor[r] = indptr[row0 + r]
     width = min(block_width, n_vectors)
@@ -189,6 +226,9 @@ cdef void _emit_window(
         column = key >> row_bits
         r = key & row_mask
         if column != previous:
+            if s >= 0:
+                _store_mask(vector_mask, (first_vector + s) * mask_bytes, mask_bytes, rows_present)
+            rows_present = 0
             previous = column
             s += 1
             slot_in_block += 1
@@ -198,11 +238,11 @@ cdef void _emit_window(
                 slot_in_block = 0
             col_idx[first_vector + s] = <index_t>column
             base = (first_vector + block_start) * window + slot_in_block
-            mask_base = (first_vector + s) * mask_bytes
         # Within a row, keys come in column order, which is the row's storage order.
         values[base + r * width] = data[cursor[r]]
         cursor[r] += 1
-        vector_mask[mask_base + (r >> 3)] |= <uint8_t>(1 << (r & 7))
+        rows_present |= (<uint64_t>1) << r
+    _store_mask(vector_mask, (first_vector + s) * mask_bytes, mask_bytes, rows_present)
 
 
 def csr_to_blocked(const index_t[::1] indptr, const index_t[::1] indices,
@@ -288,58 +328,85 @@ def csr_to_blocked(const index_t[::1] indptr, const index_t[::1] indices,
 
 
 def blocked_row_counts(const index_t[::1] row_window_offset, const uint8_t[::1] vector_mask,
-                       Py_ssize_t n_rows, Py_ssize_t window):
+                       Py_ssize_t n_rows, Py_ssize_t window, int num_threads=1):
     """Stored entries per row, read from the vector masks (the CSR row lengths)."""
     cdef Py_ssize_t n_windows = row_window_offset.shape[0] - 1
     cdef Py_ssize_t mask_bytes = (window + 7) // 8
     counts_np = np.zeros(n_rows, dtype=np.int64)
     cdef int64_t[::1] counts = counts_np
-    cdef Py_ssize_t w, local_row, row
+    cdef Py_ssize_t w, local_row, n_local
     cdef int64_t vector
-    with nogil:
-        for w in range(n_windows):
-            for vector in range(row_window_offset[w], row_window_offset[w + 1]):
-                for local_row in range(window):
-                    row = w * window + local_row
-                    if row >= n_rows:
-                        break
-                    if vector_mask[vector * mask_bytes + (local_row >> 3)] & (1 << (local_row & 7)):
-                        counts[row] += 1
+    for w in prange(n_windows, nogil=True, schedule="guided", num_threads=max(1, num_threads)):
+        n_local = min(window, n_rows - w * window)
+        for vector in range(row_window_offset[w], row_window_offset[w + 1]):
+            for local_row in range(n_local):
+                if vector_mask[vector * mask_bytes + (local_row >> 3)] & (1 << (local_row & 7)):
+                    counts[w * window + local_row] += 1
     return counts_np
+
+
+cdef void _gather_window(
+    Py_ssize_t w, Py_ssize_t n_rows, Py_ssize_t window, Py_ssize_t block_width,
+    const index_t* row_window_offset, const index_t* col_idx, const moved_t* values,
+    const uint8_t* vector_mask, const index_t* indptr, index_t* indices, moved_t* data,
+    int64_t* cursor,
+) noexcept nogil:
+    """Append window ``w``'s entries to their CSR rows, vector by vector (so columns ascend)."""
+    cdef Py_ssize_t mask_bytes = (window + 7) // 8
+    cdef Py_ssize_t row0 = w * window
+    cdef Py_ssize_t n_local = min(window, n_rows - row0)
+    cdef int64_t first_vector = row_window_offset[w]
+    cdef int64_t n_vectors = row_window_offset[w + 1] - first_vector
+    cdef int64_t s, vector, block_start = 0, width, base
+    cdef Py_ssize_t r
+    for r in range(n_local):
+        cursor[r] = indptr[row0 + r]
+    while block_start < n_vectors:
+        width = min(block_width, n_vectors - block_start)
+        for s in range(block_start, block_start + width):
+            vector = first_vector + s
+            base = (first_vector + block_start) * window + (s - block_start)
+            for r in range(n_local):
+                if vector_mask[vector * mask_bytes + (r >> 3)] & (1 << (r & 7)):
+                    indices[cursor[r]] = col_idx[vector]
+                    data[cursor[r]] = values[base + r * width]
+                    cursor[r] += 1
+        block_start += block_width
 
 
 def blocked_to_csr(const index_t[::1] row_window_offset, const index_t[::1] col_idx,
                    const moved_t[::1] values, const uint8_t[::1] vector_mask,
                    Py_ssize_t n_rows, Py_ssize_t window, Py_ssize_t block_width,
-                   const index_t[::1] indptr):
+                   const index_t[::1] indptr, int num_threads=1):
     """Gather the stored entries of a blocked array back into CSR order.
 
     ``indptr`` is the CSR row pointer (prefix sum of `blocked_row_counts`). Columns come out
     ascending because vectors are ascending within a window, so the result is canonical.
+    Windows fill disjoint rows, so they run in parallel.
     """
     cdef Py_ssize_t n_windows = row_window_offset.shape[0] - 1
-    cdef Py_ssize_t mask_bytes = (window + 7) // 8
     cdef int64_t nnz = indptr[n_rows]
     index_dtype = np.int32 if index_t is int32_t else np.int64
     indices_np = np.empty(nnz, dtype=index_dtype)
     data_np = np.empty(nnz, dtype=np.asarray(values).dtype)
+    if nnz == 0:
+        return indices_np, data_np
     cdef index_t[::1] indices = indices_np
     cdef moved_t[::1] data = data_np
-    cdef Py_ssize_t w, local_row, row
-    cdef int64_t s, first_vector, n_vectors, out
-    with nogil:
-        for w in range(n_windows):
-            first_vector = row_window_offset[w]
-            n_vectors = row_window_offset[w + 1] - first_vector
-            for local_row in range(window):
-                row = w * window + local_row
-                if row >= n_rows:
-                    break
-                out = indptr[row]
-                for s in range(n_vectors):
-                    if vector_mask[(first_vector + s) * mask_bytes + (local_row >> 3)] & (1 << (local_row & 7)):
-                        indices[out] = col_idx[first_vector + s]
-                        data[out] = values[value_offset(first_vector, n_vectors, s, local_row,
-                                                        window, block_width)]
-                        out += 1
+    cdef Py_ssize_t w
+    cdef int64_t* cursor
+    # A flag in memory, not a local: Cython makes locals assigned in a parallel block private.
+    cdef int64_t[::1] out_of_memory = np.zeros(1, dtype=np.int64)
+    with nogil, parallel(num_threads=max(1, num_threads)):
+        cursor = <int64_t*>malloc(window * sizeof(int64_t))
+        if cursor == NULL:
+            out_of_memory[0] = 1
+        else:
+            for w in prange(n_windows, schedule="guided"):
+                _gather_window(w, n_rows, window, block_width, &row_window_offset[0],
+                               &col_idx[0], &values[0], &vector_mask[0], &indptr[0],
+                               &indices[0], &data[0], cursor)
+            free(cursor)
+    if out_of_memory[0]:
+        raise MemoryError(f"cannot allocate {window} words of scratch")
     return indices_np, data_np
