@@ -148,6 +148,16 @@ def test_bad_geometry():
         A.to_blocked(window=0)
     with pytest.raises(TypeError, match="block_width"):
         A.to_blocked(window=8, block_width=2.5)
+    with pytest.raises(ValueError, match="at most 64"):
+        A.to_blocked(window=65)
+
+
+@pytest.mark.parametrize("window,block_width", [(33, 4), (64, 16), (64, 1)])
+def test_tall_windows_with_multibyte_masks(rng, window, block_width):
+    S = random_scipy(rng, (150, 40), 0.1)
+    B = sph.csr_array(S).to_blocked(window, block_width)
+    assert B.vector_mask.size == B.n_vectors * ((window + 7) // 8)
+    check_layout(B, S)
 
 
 def test_transpose_astype_copy_and_reblock(rng):
