@@ -9,14 +9,15 @@ blocked_array  the same layout for any window height (16 for TC-GNN / DTC-SpMM)
 Functions
 ---------
 block_stats    windows, vectors, redundancy and bytes of the blocked formats
-spmm           sparse @ dense
+spmm           sparse @ dense (CPU: Numba kernels)
+sddmm          sampled dense-dense product on a sparse pattern (single and multi-head)
 """
-from . import datasets, io
+from . import datasets, generators, io
 from ._base import issparse, sparray
 from ._blocked import blocked_array, mebcrs_array
 from ._csr import CooTriplets, csr_array
 from ._stats import BlockStats, block_stats
-from .ops import spmm
+from .ops import sddmm, spmm
 
 __version__ = "0.1.0"
 
@@ -27,9 +28,11 @@ __all__ = [
     "blocked_array",
     "csr_array",
     "datasets",
+    "generators",
     "io",
     "issparse",
     "mebcrs_array",
     "sparray",
+    "sddmm",
     "spmm",
 ]

@@ -1,67 +1,232 @@
-"""Public sparse operations: validate and convert the operands, pick the kernel, run it."""
-import numba
+"""Public sparse operations: validate and convert the operands, pick the kernel, run it.
+
+Dtypes: the computation runs in numpy's promotion of the operands' dtypes, except that float16
+(a storage format) is computed and returned in float32. Mixed float32/float64 operands therefore
+give float64 results; integer, boolean and complex operands are rejected with a TypeError.
+"""
+import numbers
+
 import numpy as np
 
 from ._base import sparray
 from ._blocked import blocked_array
+from ._config import get_num_threads
+from ._csr import csr_array
+from ._dense import as_dense, wrap_like
+from .kernels.cpu import sddmm as _cpu_sddmm
 from .kernels.cpu import spmm as _cpu_spmm
 
-__all__ = ["spmm"]
+__all__ = ["spmm", "sddmm"]
+
+_BACKENDS = ("auto", "cpu", "cuda")
+# Parts per thread: several, so a part that hits a dense region does not leave a thread idle.
+_PARTS_PER_THREAD = 8
 
 
 def _compute_dtype(*dtypes):
-    """numpy promotion of the operands, with float16 computed (and returned) in float32."""
     dtype = np.result_type(*dtypes)
     return np.dtype(np.float32) if dtype == np.float16 else dtype
 
 
-def spmm(A, B):
+def _check_sparse(A):
+    if not isinstance(A, sparray):
+        hint = " (wrap it with pysparse_hpc.csr_array)" if hasattr(A, "tocsr") else ""
+        raise TypeError(f"A must be a pysparse_hpc sparse array, got {type(A).__name__}{hint}")
+    return A
+
+
+def _resolve_backend(backend, operands):
+    if backend not in _BACKENDS:
+        raise ValueError(f"backend must be one of {_BACKENDS}, got {backend!r}")
+    on_device = [op for op in operands if op.device != "cpu"]
+    if backend == "auto":
+        backend = "cuda" if on_device else "cpu"
+    if backend == "cpu" and on_device:
+        raise ValueError(
+            f"an operand lives on the GPU ({type(on_device[0].original).__name__} on "
+            f"'{on_device[0].device}') but backend='cpu'; move it to host memory or use "
+            "backend='cuda'")
+    if backend == "cuda":
+        raise NotImplementedError(
+            "backend='cuda' is not available in this version of pysparse_hpc; use the CPU "
+            "backend with host (NumPy or CPU torch) operands")
+    return backend
+
+
+def _parts(offsets):
+    return _cpu_spmm.balanced_parts(offsets, _PARTS_PER_THREAD * get_num_threads())
+
+
+def _check_out(out, like, shape, dtype):
+    """``out`` must match the result exactly: same kind as ``like``, shape, dtype, contiguous."""
+    operand = as_dense(out, "out")
+    if operand.kind != like.kind or operand.device != like.device:
+        raise TypeError(f"out must be a {like.kind} array like B, got {type(out).__name__}")
+    array = operand.array
+    if array.shape != shape:
+        raise ValueError(f"out has shape {array.shape}, expected {shape}")
+    if array.dtype != dtype:
+        raise TypeError(f"out has dtype {array.dtype}, expected the result dtype {dtype}")
+    if not array.flags.c_contiguous:
+        raise ValueError("out must be C-contiguous")
+    if not array.flags.writeable:
+        raise ValueError("out must be writable")
+    return array
+
+
+def spmm(A, B, *, out=None, backend="auto"):
     """Sparse times dense: ``A @ B``.
 
     Parameters
     ----------
     A : csr_array, mebcrs_array or blocked_array, shape (M, K)
-    B : array_like, shape (K, N) or (K,)
-        Real floating values (float16, float32 or float64). A 1-D ``B`` gives a matrix-vector
-        product of shape (M,), as in scipy.
+    B : numpy.ndarray or torch.Tensor, shape (K, N) or (K,)
+        Real floating values. Torch CPU tensors are read in place, whatever their strides. A 1-D
+        ``B`` gives a matrix-vector product of shape (M,), as in scipy.
+    out : numpy.ndarray or torch.Tensor, optional
+        Where to write the result: same kind as ``B``, the result's shape and dtype,
+        C-contiguous. Checked before anything is written.
+    backend : {"auto", "cpu", "cuda"}
+        "auto" runs where the operands live.
 
     Returns
     -------
-    ndarray, shape (M, N) or (M,)
-        dtype follows numpy promotion of ``A.dtype`` and ``B.dtype``; float16 operands are
-        computed and returned in float32.
+    numpy.ndarray or torch.Tensor
+        Same kind as ``B``; dtype per the module's promotion rule.
 
     Raises
     ------
     TypeError
-        If ``A`` is not a pysparse_hpc sparse array or ``B`` is not real floating point.
+        ``A`` is not a pysparse_hpc sparse array; ``B`` or ``out`` has the wrong type or dtype.
     ValueError
-        If the inner dimensions differ or ``B`` is not 1-D or 2-D.
+        Shapes do not match, ``B`` is not 1-D or 2-D, ``out`` is not contiguous, or an operand on
+        the GPU meets ``backend="cpu"``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import pysparse_hpc as sph
+    >>> A = sph.csr_array(np.array([[1.0, 0.0], [2.0, 3.0]]))
+    >>> sph.spmm(A, np.ones((2, 3)))
+    array([[1., 1., 1.],
+           [5., 5., 5.]])
     """
-    if not isinstance(A, sparray):
-        raise TypeError(f"A must be a pysparse_hpc sparse array, got {type(A).__name__}")
-    B = np.asarray(B)
-    if B.dtype.kind != "f" or B.dtype not in (np.float16, np.float32, np.float64):
-        raise TypeError(f"B must hold float16, float32 or float64 values, got dtype {B.dtype}")
+    A = _check_sparse(A)
+    dense = as_dense(B, "B")
+    _resolve_backend(backend, [dense])
+    B = dense.array
     if B.ndim not in (1, 2):
         raise ValueError(f"B must be 1-D or 2-D, got {B.ndim}-D with shape {B.shape}")
     if B.shape[0] != A.shape[1]:
         raise ValueError(
             f"dimension mismatch: A has shape {A.shape} but B has {B.shape[0]} rows; "
-            f"expected B.shape[0] == {A.shape[1]}"
-        )
+            f"expected B.shape[0] == {A.shape[1]}")
     vector = B.ndim == 1
     dtype = _compute_dtype(A.dtype, B.dtype)
-    dense = np.ascontiguousarray((B[:, None] if vector else B), dtype=dtype)
-    out = np.empty((A.shape[0], dense.shape[1]), dtype=dtype)
-    n_parts = 4 * numba.get_num_threads()
+    result_shape = (A.shape[0],) if vector else (A.shape[0], B.shape[1])
+    result = (np.empty(result_shape, dtype=dtype) if out is None
+              else _check_out(out, dense, result_shape, dtype))
+    matrix = B[:, None] if vector else B
+    matrix = matrix.astype(dtype, copy=False)
+    result_2d = result[:, None] if vector else result
     if isinstance(A, blocked_array):
-        window_bounds = _cpu_spmm.balanced_parts(A.row_window_offset, n_parts)
         _cpu_spmm.blocked_spmm(A.row_window_offset, A.col_idx, A.values.astype(dtype, copy=False),
-                               A.vector_mask, A.window, A.block_width, dense, out, window_bounds)
+                               A.vector_mask, A.window, A.block_width, matrix, result_2d,
+                               _parts(A.row_window_offset))
     else:
         csr = A.tocsr()
-        row_bounds = _cpu_spmm.balanced_parts(csr.indptr, n_parts)
-        _cpu_spmm.csr_spmm(csr.indptr, csr.indices, csr.data.astype(dtype, copy=False), dense, out,
-                           row_bounds)
-    return out[:, 0] if vector else out
+        _cpu_spmm.csr_spmm(csr.indptr, csr.indices, csr.data.astype(dtype, copy=False), matrix,
+                           result_2d, _parts(csr.indptr))
+    return out if out is not None else wrap_like(dense, result)
+
+
+def _check_scalar(value, name):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a real number, got {type(value).__name__} {value!r}")
+    return float(value)
+
+
+def sddmm(A, X, Y, *, alpha=1.0, beta=0.0, backend="auto"):
+    """Sampled dense-dense product on A's pattern: ``alpha * (X @ Y.T)[i, j] + beta * A[i, j]``.
+
+    Computed only at A's stored entries (torch's ``sampled_addmm(A, X, Y.T, beta, alpha)``).
+
+    Parameters
+    ----------
+    A : csr_array, mebcrs_array or blocked_array, shape (M, K)
+        The pattern (and, when ``beta != 0``, the values added).
+    X : numpy.ndarray or torch.Tensor, shape (M, F) or (M, heads, F)
+    Y : numpy.ndarray or torch.Tensor, shape (K, F) or (K, heads, F)
+        Same kind and number of dimensions as ``X``. The 3-D form computes one SDDMM per head
+        (multi-head attention).
+    alpha, beta : float
+        With ``beta == 0`` A's values are not read (a NaN there does not propagate).
+    backend : {"auto", "cpu", "cuda"}
+
+    Returns
+    -------
+    sparse array or numpy.ndarray or torch.Tensor
+        2-D X and Y: a sparse array of A's class and pattern holding the results (it shares A's
+        index arrays). 3-D: an array of the kind of X, shape (stored slots, heads), aligned with
+        A's storage: ``A.data`` order for CSR, ``A.values`` order (padding slots 0) for blocked.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import pysparse_hpc as sph
+    >>> A = sph.csr_array(np.array([[1.0, 0.0], [0.0, 1.0]]))
+    >>> sph.sddmm(A, np.ones((2, 3)), np.full((2, 3), 2.0)).toarray()
+    array([[6., 0.],
+           [0., 6.]])
+    """
+    A = _check_sparse(A)
+    alpha = _check_scalar(alpha, "alpha")
+    beta = _check_scalar(beta, "beta")
+    x_operand, y_operand = as_dense(X, "X"), as_dense(Y, "Y")
+    _resolve_backend(backend, [x_operand, y_operand])
+    X, Y = x_operand.array, y_operand.array
+    if X.ndim != Y.ndim or X.ndim not in (2, 3):
+        raise ValueError(
+            f"X and Y must both be 2-D (n, F) or both 3-D (n, heads, F); got {X.ndim}-D and "
+            f"{Y.ndim}-D")
+    if X.shape[0] != A.shape[0] or Y.shape[0] != A.shape[1]:
+        raise ValueError(
+            f"dimension mismatch: A has shape {A.shape}, so X needs {A.shape[0]} rows and Y "
+            f"{A.shape[1]}; got {X.shape[0]} and {Y.shape[0]}")
+    if X.shape[1:] != Y.shape[1:]:
+        what = "widths" if X.ndim == 2 else "(heads, width)"
+        raise ValueError(f"X and Y {what} differ: {X.shape[1:]} and {Y.shape[1:]}")
+    multi_head = X.ndim == 3
+    dtype = _compute_dtype(A.dtype, X.dtype, Y.dtype)
+    X3 = (X if multi_head else X[:, None, :]).astype(dtype, copy=False)
+    Y3 = (Y if multi_head else Y[:, None, :]).astype(dtype, copy=False)
+    n_heads = X3.shape[1]
+    zero = dtype.type(0)
+    if isinstance(A, blocked_array):
+        a_values = np.broadcast_to(A.values.astype(dtype, copy=False)[:, None],
+                                   (A.values.size, n_heads))
+        result = np.empty((A.values.size, n_heads), dtype=dtype)
+        _cpu_sddmm.blocked_sddmm(A.row_window_offset, A.col_idx, a_values, A.vector_mask, A.window,
+                                 A.block_width, X3, Y3, alpha, beta, zero, result,
+                                 _parts(A.row_window_offset))
+    else:
+        A = A.tocsr()
+        a_values = np.broadcast_to(A.data.astype(dtype, copy=False)[:, None], (A.nnz, n_heads))
+        result = np.empty((A.nnz, n_heads), dtype=dtype)
+        _cpu_sddmm.csr_sddmm(A.indptr, A.indices, a_values, X3, Y3, alpha, beta, zero, result,
+                             _parts(A.indptr))
+    if multi_head:
+        return wrap_like(x_operand, result)
+    return _with_values(A, result[:, 0])
+
+
+def _with_values(A, values):
+    """A sparse array of A's class and pattern (index arrays shared) holding ``values``."""
+    result = type(A).__new__(type(A))
+    if isinstance(A, blocked_array):
+        result._set_arrays(values, A.col_idx, A.row_window_offset, A.vector_mask, A.shape,
+                           A.window, A.block_width)
+        result._nnz = A._nnz
+    else:
+        result._set_arrays(values, A.indices, A.indptr, A.shape, A._canonical)
+    return result

@@ -1,20 +1,34 @@
-"""A @ B for every format against scipy in float64."""
+"""spmm / A @ B for every format against scipy in float64."""
 import numpy as np
 import pytest
+import scipy.sparse
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import pysparse_hpc as sph
+from pysparse_hpc.io import load_npz
 
 from .conftest import random_scipy
 
+FORMATS = {
+    "csr": lambda A: A,
+    "mebcrs8": lambda A: A.to_mebcrs(),
+    "mebcrs4": lambda A: A.to_mebcrs(4),
+    "blocked16": lambda A: A.to_blocked(16),
+}
 
-@pytest.mark.parametrize("convert", [
-    lambda A: A, lambda A: A.to_mebcrs(), lambda A: A.to_mebcrs(4), lambda A: A.to_blocked(16),
-], ids=["csr", "mebcrs8", "mebcrs4", "blocked16"])
-@pytest.mark.parametrize("n", [1, 7, 16, 33])
+
+def tolerance(dtype):
+    """(rtol, atol) for results compared with a float64 reference of unit-scale data."""
+    return {np.float64: (1e-12, 1e-12), np.float32: (2e-5, 2e-5)}[np.dtype(dtype).type]
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("n", [1, 7, 16, 33, 128])
 @pytest.mark.parametrize("index_dtype", [np.int32, np.int64])
-def test_matches_scipy(rng, convert, n, index_dtype):
+def test_matches_scipy(rng, fmt, n, index_dtype):
     S = random_scipy(rng, (45, 37), 0.15, duplicates=True)
-    A = convert(sph.csr_array(S, index_dtype=index_dtype))
+    A = FORMATS[fmt](sph.csr_array(S, index_dtype=index_dtype))
     B = rng.standard_normal((37, n))
     np.testing.assert_allclose(A @ B, S @ B, rtol=1e-12, atol=1e-12)
     v = rng.standard_normal(37)
@@ -22,32 +36,155 @@ def test_matches_scipy(rng, convert, n, index_dtype):
     assert (A @ v).shape == (45,)
 
 
-def test_dtypes_and_empty(rng):
-    S = random_scipy(rng, (20, 10), 0.3)
-    A = sph.csr_array(S, dtype=np.float32)
-    B = rng.standard_normal((10, 4)).astype(np.float32)
-    assert (A @ B).dtype == np.float32
-    assert (A @ B.astype(np.float64)).dtype == np.float64
-    H = A.astype(np.float16)
-    assert (H.to_mebcrs() @ B.astype(np.float16)).dtype == np.float32  # fp16 computed in fp32
+@pytest.mark.parametrize("fmt", ["csr", "mebcrs8", "blocked16"])
+def test_float32_and_float16(rng, fmt):
+    S = random_scipy(rng, (60, 50), 0.2)
+    A = FORMATS[fmt](sph.csr_array(S, dtype=np.float32))
+    B = rng.standard_normal((50, 20)).astype(np.float32)
+    result = A @ B
+    assert result.dtype == np.float32
+    np.testing.assert_allclose(result, S @ B.astype(np.float64), *tolerance(np.float32))
+    assert (A @ B.astype(np.float64)).dtype == np.float64   # numpy promotion
+    H = FORMATS[fmt](sph.csr_array(S, dtype=np.float16))
+    assert (H @ B.astype(np.float16)).dtype == np.float32   # fp16 storage, fp32 compute
     rounded = S.copy()
-    rounded.data = rounded.data.astype(np.float16).astype(np.float32)  # scipy has no float16
+    rounded.data = rounded.data.astype(np.float16).astype(np.float64)
     np.testing.assert_allclose(H @ B, rounded @ B, rtol=1e-5, atol=1e-5)
-    Z = sph.csr_array((5, 10))
-    np.testing.assert_array_equal(Z @ B, np.zeros((5, 4)))
-    np.testing.assert_array_equal(Z.to_mebcrs() @ B, np.zeros((5, 4)))
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_empty_and_nnz_zero(fmt):
+    B = np.ones((10, 4))
+    for shape in [(5, 10), (0, 10)]:
+        Z = FORMATS[fmt](sph.csr_array(shape))
+        np.testing.assert_array_equal(Z @ B, np.zeros((shape[0], 4)))
+    E = FORMATS[fmt](sph.csr_array((3, 0)))
+    np.testing.assert_array_equal(E @ np.ones((0, 2)), np.zeros((3, 2)))
 
 
 def test_padding_does_not_turn_inf_into_nan():
     dense = np.array([[1.0, 0.0], [0.0, 1.0]])
     B = np.array([[np.inf], [2.0]])
     expected = np.array([[np.inf], [2.0]])  # row 1 never touches B[0]
-    for A in (sph.csr_array(dense), sph.csr_array(dense).to_mebcrs()):
-        np.testing.assert_array_equal(A @ B, expected)
+    for fmt in FORMATS:
+        np.testing.assert_array_equal(FORMATS[fmt](sph.csr_array(dense)) @ B, expected)
+
+
+def test_nan_propagates():
+    A = sph.csr_array(np.array([[np.nan, 1.0], [0.0, 1.0]]))
+    result = A.to_mebcrs() @ np.ones((2, 1))
+    assert np.isnan(result[0, 0]) and result[1, 0] == 1.0
 
 
 def test_rmatmul(rng):
     S = random_scipy(rng, (12, 9), 0.3)
-    A = sph.csr_array(S)
     X = rng.standard_normal((4, 12))
-    np.testing.assert_allclose(X @ A, X @ S.toarray(), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(X @ sph.csr_array(S), X @ S.toarray(), rtol=1e-12, atol=1e-12)
+
+
+def test_non_contiguous_and_out(rng):
+    S = random_scipy(rng, (30, 20), 0.2)
+    A = sph.csr_array(S)
+    wide = rng.standard_normal((20, 10))
+    view = wide[:, ::2]                         # strided, used in place
+    np.testing.assert_allclose(A @ view, S @ view, rtol=1e-12)
+    np.testing.assert_allclose(A @ wide.T.copy().T, S @ wide, rtol=1e-12)  # Fortran order
+    out = np.full((30, 5), np.nan)
+    returned = sph.spmm(A, view, out=out)
+    assert returned is out
+    np.testing.assert_allclose(out, S @ view, rtol=1e-12)
+
+
+def test_out_validation_writes_nothing(rng):
+    A = sph.csr_array(random_scipy(rng, (6, 4), 0.5))
+    B = np.ones((4, 3))
+    for bad, error, message in [
+        (np.zeros((6, 2)), ValueError, "shape"),
+        (np.zeros((6, 3), dtype=np.float32), TypeError, "dtype"),
+        (np.zeros((3, 6)).T, ValueError, "C-contiguous"),
+    ]:
+        before = bad.copy()
+        with pytest.raises(error, match=message):
+            sph.spmm(A, B, out=bad)
+        np.testing.assert_array_equal(bad, before)
+
+
+def test_torch_operands_zero_copy(rng):
+    torch = pytest.importorskip("torch")
+    S = random_scipy(rng, (25, 18), 0.2)
+    A = sph.csr_array(S, dtype=np.float32)
+    B = torch.randn(18, 12)
+    result = A @ B
+    assert isinstance(result, torch.Tensor) and result.dtype == torch.float32
+    np.testing.assert_allclose(result.numpy(), S @ B.numpy().astype(np.float64), *tolerance(np.float32))
+    strided = torch.randn(12, 18).T             # a non-contiguous view
+    np.testing.assert_allclose((A.to_mebcrs() @ strided).numpy(), S @ strided.numpy(),
+                               *tolerance(np.float32))
+    vec = torch.randn(18)
+    assert (A @ vec).shape == (25,)
+    out = torch.empty(25, 12)
+    assert sph.spmm(A, B, out=out) is out
+    with pytest.raises(TypeError, match="torch"):
+        sph.spmm(A, B, out=np.empty((25, 12), np.float32))
+    grad = torch.randn(18, 2, requires_grad=True)
+    assert (A @ grad).shape == (25, 2)
+
+
+def test_backend_argument(rng):
+    A = sph.csr_array(random_scipy(rng, (5, 4), 0.5))
+    B = np.ones((4, 2))
+    np.testing.assert_allclose(sph.spmm(A, B, backend="cpu"), sph.spmm(A, B))
+    with pytest.raises(ValueError, match="backend must be one of"):
+        sph.spmm(A, B, backend="gpu")
+    with pytest.raises(NotImplementedError, match="cuda"):
+        sph.spmm(A, B, backend="cuda")
+
+
+def test_gpu_operand_with_cpu_backend_is_refused(rng):
+    class DeviceArray:
+        """Anything exposing __cuda_array_interface__ is device memory."""
+        __cuda_array_interface__ = {"shape": (4, 2), "typestr": "<f4", "data": (0, False),
+                                    "version": 3}
+    A = sph.csr_array(random_scipy(rng, (5, 4), 0.5))
+    with pytest.raises(ValueError, match="GPU"):
+        sph.spmm(A, DeviceArray(), backend="cpu")
+
+
+def test_results_do_not_depend_on_thread_count(rng):
+    from pysparse_hpc._config import get_num_threads, set_num_threads
+    S = random_scipy(rng, (300, 200), 0.05)
+    A = sph.csr_array(S)
+    B = rng.standard_normal((200, 9))
+    original = get_num_threads()
+    try:
+        results = []
+        for threads in sorted({1, original}):
+            set_num_threads(threads)
+            results.append((A @ B, A.to_mebcrs() @ B))
+    finally:
+        set_num_threads(original)
+    # Each output row is summed by one thread in a fixed order: identical bits.
+    for csr_result, blocked_result in results[1:]:
+        np.testing.assert_array_equal(csr_result, results[0][0])
+        np.testing.assert_array_equal(blocked_result, results[0][1])
+
+
+@pytest.mark.parametrize("fmt", ["csr", "mebcrs8", "blocked16"])
+def test_every_shared_matrix(suitesparse_path, fmt, rng):
+    S = scipy.sparse.load_npz(suitesparse_path).tocsr().astype(np.float64)
+    A = FORMATS[fmt](load_npz(suitesparse_path).astype(np.float64))
+    B = rng.standard_normal((S.shape[1], 16))
+    expected = S @ B
+    scale = np.abs(S) @ np.abs(B)               # bounds the rounding error of each entry
+    assert np.all(np.abs(A @ B - expected) <= 1e-12 * scale + 1e-300)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 30), st.integers(0, 30), st.floats(0, 0.5), st.booleans(),
+       st.sampled_from(list(FORMATS)), st.integers(1, 20), st.integers(0, 2**31))
+def test_hypothesis(n_rows, n_cols, density, duplicates, fmt, n, seed):
+    rng = np.random.default_rng(seed)
+    S = random_scipy(rng, (n_rows, n_cols), density, duplicates=duplicates)
+    A = FORMATS[fmt](sph.csr_array(S))
+    B = rng.standard_normal((n_cols, n))
+    np.testing.assert_allclose(A @ B, S @ B, rtol=1e-12, atol=1e-12)

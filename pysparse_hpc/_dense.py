@@ -1,0 +1,86 @@
+"""Dense operands: NumPy arrays and torch tensors in, the same kind out, without copies.
+
+A torch CPU tensor is viewed as a NumPy array (shared memory, any strides) for the kernels, and
+results are handed back as tensors that share the kernel's output buffer.
+"""
+import sys
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["DenseOperand", "as_dense", "wrap_like"]
+
+_FLOAT_DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
+
+
+@dataclass
+class DenseOperand:
+    """A validated dense operand.
+
+    Attributes
+    ----------
+    array : numpy.ndarray
+        Host view of the data (None for device data, which only the CUDA backend reads).
+    kind : {"numpy", "torch"}
+    device : {"cpu", "cuda"}
+    original : object
+        What the caller passed.
+    """
+
+    array: np.ndarray
+    kind: str
+    device: str
+    original: object
+
+    @property
+    def dtype(self):
+        return self.array.dtype
+
+    @property
+    def shape(self):
+        return self.array.shape
+
+
+def _torch():
+    return sys.modules.get("torch")
+
+
+def is_torch_tensor(x):
+    """True for a torch.Tensor, without importing torch when the caller never did."""
+    torch = _torch()
+    return torch is not None and isinstance(x, torch.Tensor)
+
+
+def as_dense(x, name):
+    """Validate a dense operand: real floating values, NumPy or torch; returns `DenseOperand`.
+
+    Raises TypeError for other types or dtypes (integers, complex, ...). Device data (a CUDA
+    tensor, or anything with ``__cuda_array_interface__``) is reported as ``device="cuda"``.
+    """
+    if is_torch_tensor(x):
+        if x.is_sparse or x.layout != _torch().strided:
+            raise TypeError(f"{name} must be a dense (strided) tensor, got layout {x.layout}")
+        if x.requires_grad:
+            x = x.detach()  # autograd goes through pysparse_hpc.nn.functional, not here
+        if x.device.type != "cpu":
+            return DenseOperand(None, "torch", x.device.type, x)
+        array = x.numpy()
+        kind = "torch"
+    elif hasattr(x, "__cuda_array_interface__"):
+        return DenseOperand(None, type(x).__module__.split(".")[0], "cuda", x)
+    elif isinstance(x, np.ndarray) or isinstance(x, (list, tuple)):
+        array = np.asarray(x)
+        kind = "numpy"
+    else:
+        raise TypeError(f"{name} must be a NumPy array or a torch tensor, got {type(x).__name__}")
+    if array.dtype not in _FLOAT_DTYPES:
+        raise TypeError(
+            f"{name} must hold float16, float32 or float64 values, got dtype {array.dtype}")
+    return DenseOperand(array, kind, "cpu", x)
+
+
+def wrap_like(operand, result):
+    """Hand a NumPy result back as the operand's kind (a torch tensor sharing its memory)."""
+    if operand.kind == "torch":
+        return _torch().from_numpy(result)
+    return result
