@@ -15,6 +15,7 @@ sddmm          sampled dense-dense product on a sparse pattern (single and multi
 from . import datasets, generators, io
 from ._base import issparse, sparray
 from ._blocked import blocked_array, mebcrs_array
+from ._config import get_num_threads, set_num_threads
 from ._csr import CooTriplets, csr_array
 from ._stats import BlockStats, block_stats
 from .ops import sddmm, spmm
@@ -29,10 +30,12 @@ __all__ = [
     "csr_array",
     "datasets",
     "generators",
+    "get_num_threads",
     "io",
     "issparse",
     "mebcrs_array",
     "sparray",
     "sddmm",
+    "set_num_threads",
     "spmm",
 ]

@@ -3,6 +3,8 @@
 One class, `blocked_array`, parameterized by the window height; `mebcrs_array` is its 8-row
 case, the format FlashSparse's swap-and-transpose MMA consumes.
 """
+import operator
+
 import numpy as np
 
 from ._base import sparray
@@ -293,7 +295,6 @@ def blocked_from_csr(csr, window, block_width):
 
 
 def _check_geometry(window, block_width):
-    import operator
     for name, value in (("window", window), ("block_width", block_width)):
         try:
             value = operator.index(value)

@@ -2,12 +2,15 @@
 
 ``PYSPARSE_HPC_NUM_THREADS`` (else ``NUMBA_NUM_THREADS``, else all cores): threads used by the
 Cython conversions and the Numba kernels. Change it at run time with `set_num_threads`.
+
+``PYSPARSE_HPC_PARALLEL_MIN_FLOPS`` (default 2**20): kernels with less work than this run on
+one thread; waking the thread pool costs tens of microseconds, more than such work takes.
 """
 import os
 
 import numba
 
-__all__ = ["get_num_threads", "set_num_threads"]
+__all__ = ["get_num_threads", "set_num_threads", "parallel_min_flops"]
 
 
 def _initial_threads():
@@ -19,6 +22,24 @@ def _initial_threads():
     except ValueError:
         raise ValueError(f"PYSPARSE_HPC_NUM_THREADS must be a positive integer, got {value!r}") from None
     return max(1, min(threads, numba.config.NUMBA_NUM_THREADS))
+
+
+def _env_int(name, default):
+    value = os.environ.get(name)
+    if value is None:
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"{name} must be an integer, got {value!r}") from None
+
+
+_PARALLEL_MIN_FLOPS = _env_int("PYSPARSE_HPC_PARALLEL_MIN_FLOPS", 1 << 20)
+
+
+def parallel_min_flops():
+    """Work (floating-point operations) below which kernels run serially."""
+    return _PARALLEL_MIN_FLOPS
 
 
 def get_num_threads():

@@ -10,7 +10,7 @@ import numpy as np
 
 from ._base import sparray
 from ._blocked import blocked_array
-from ._config import get_num_threads
+from ._config import get_num_threads, parallel_min_flops
 from ._csr import csr_array
 from ._dense import as_dense, wrap_like
 from .kernels.cpu import sddmm as _cpu_sddmm
@@ -53,8 +53,23 @@ def _resolve_backend(backend, operands):
     return backend
 
 
-def _parts(offsets):
-    return _cpu_spmm.balanced_parts(offsets, _PARTS_PER_THREAD * get_num_threads())
+def _launch(parallel_kernel, serial_kernel, owner, offsets, flops, *args):
+    """Run a kernel over the rows (windows) of ``offsets``: in parallel over a nonzero-balanced
+    partition, or serially when one thread suffices or the work is too small to share."""
+    threads = get_num_threads()
+    if threads == 1 or flops < parallel_min_flops():
+        serial_kernel(*args, _NO_PARTS)
+        return
+    n_parts = _PARTS_PER_THREAD * threads
+    # The partition depends only on the structure: keep it on the array for the next call.
+    cached = getattr(owner, "_partition", None)
+    if cached is None or cached[0] is not offsets or cached[1] != n_parts:
+        cached = (offsets, n_parts, _cpu_spmm.balanced_parts(offsets, n_parts))
+        owner._partition = cached
+    parallel_kernel(*args, cached[2])
+
+
+_NO_PARTS = np.zeros(2, dtype=np.int64)  # the serial drivers take (and ignore) a partition
 
 
 def _check_out(out, like, shape, dtype):
@@ -129,14 +144,15 @@ def spmm(A, B, *, out=None, backend="auto"):
     matrix = B[:, None] if vector else B
     matrix = matrix.astype(dtype, copy=False)
     result_2d = result[:, None] if vector else result
+    flops = 2 * A.nnz * matrix.shape[1]
     if isinstance(A, blocked_array):
-        _cpu_spmm.blocked_spmm(A.row_window_offset, A.col_idx, A.values.astype(dtype, copy=False),
-                               A.vector_mask, A.window, A.block_width, matrix, result_2d,
-                               _parts(A.row_window_offset))
+        _launch(_cpu_spmm.blocked_spmm, _cpu_spmm.blocked_spmm_serial, A, A.row_window_offset,
+                flops, A.row_window_offset, A.col_idx, A.values.astype(dtype, copy=False),
+                A.vector_mask, A.window, A.block_width, matrix, result_2d)
     else:
         csr = A.tocsr()
-        _cpu_spmm.csr_spmm(csr.indptr, csr.indices, csr.data.astype(dtype, copy=False), matrix,
-                           result_2d, _parts(csr.indptr))
+        _launch(_cpu_spmm.csr_spmm, _cpu_spmm.csr_spmm_serial, csr, csr.indptr, flops,
+                csr.indptr, csr.indices, csr.data.astype(dtype, copy=False), matrix, result_2d)
     return out if out is not None else wrap_like(dense, result)
 
 
@@ -206,15 +222,16 @@ def sddmm(A, X, Y, *, alpha=1.0, beta=0.0, backend="auto"):
         a_values = np.broadcast_to(A.values.astype(dtype, copy=False)[:, None],
                                    (A.values.size, n_heads))
         result = np.empty((A.values.size, n_heads), dtype=dtype)
-        _cpu_sddmm.blocked_sddmm(A.row_window_offset, A.col_idx, a_values, A.vector_mask, A.window,
-                                 A.block_width, X3, Y3, alpha, beta, zero, result,
-                                 _parts(A.row_window_offset))
+        _launch(_cpu_sddmm.blocked_sddmm, _cpu_sddmm.blocked_sddmm_serial, A, A.row_window_offset,
+                2 * A.nnz * n_heads * X3.shape[2], A.row_window_offset, A.col_idx, a_values,
+                A.vector_mask, A.window, A.block_width, X3, Y3, alpha, beta, zero, result)
     else:
         A = A.tocsr()
         a_values = np.broadcast_to(A.data.astype(dtype, copy=False)[:, None], (A.nnz, n_heads))
         result = np.empty((A.nnz, n_heads), dtype=dtype)
-        _cpu_sddmm.csr_sddmm(A.indptr, A.indices, a_values, X3, Y3, alpha, beta, zero, result,
-                             _parts(A.indptr))
+        _launch(_cpu_sddmm.csr_sddmm, _cpu_sddmm.csr_sddmm_serial, A, A.indptr,
+                2 * A.nnz * n_heads * X3.shape[2], A.indptr, A.indices, a_values, X3, Y3, alpha,
+                beta, zero, result)
     if multi_head:
         return wrap_like(x_operand, result)
     return _with_values(A, result[:, 0])

@@ -48,3 +48,15 @@ def random_scipy(rng, shape, density, dtype=np.float64, duplicates=False):
 @pytest.fixture
 def rng():
     return np.random.default_rng(12345)
+
+
+@pytest.fixture(params=["serial", "parallel"])
+def kernel_mode(request, monkeypatch):
+    """Run a test once through the serial drivers and once through the parallel ones.
+
+    The work threshold decides which one runs; tests use small inputs, so without this only
+    the serial path would be exercised.
+    """
+    from pysparse_hpc import _config
+    monkeypatch.setattr(_config, "_PARALLEL_MIN_FLOPS", 0 if request.param == "parallel" else 1 << 62)
+    return request.param

@@ -21,6 +21,11 @@ def reference(S, X, Y, alpha=1.0, beta=0.0):
     return alpha * dots + beta * values
 
 
+@pytest.fixture(autouse=True)
+def _both_kernel_modes(kernel_mode):
+    """Every test here runs through the serial and the parallel kernel drivers."""
+
+
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("width", [1, 7, 16, 33])
 @pytest.mark.parametrize("index_dtype", [np.int32, np.int64])

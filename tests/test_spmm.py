@@ -23,6 +23,11 @@ def tolerance(dtype):
     return {np.float64: (1e-12, 1e-12), np.float32: (2e-5, 2e-5)}[np.dtype(dtype).type]
 
 
+@pytest.fixture(autouse=True)
+def _both_kernel_modes(kernel_mode):
+    """Every test here runs through the serial and the parallel kernel drivers."""
+
+
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("n", [1, 7, 16, 33, 128])
 @pytest.mark.parametrize("index_dtype", [np.int32, np.int64])

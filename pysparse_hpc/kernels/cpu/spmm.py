@@ -1,11 +1,14 @@
 """SpMM on the CPU: ``out = A @ B`` for CSR and row-window blocked A, dense B.
 
-Rows (or windows) are split into parts of roughly equal nonzero count so that skewed rows
-balance across threads; each part accumulates straight into its output rows (no per-row
-allocation). B may have any strides (torch views are passed without copies).
+Each kernel is a body over a range of rows (or windows) and two drivers: a parallel one that
+runs the parts of a nonzero-balanced partition under ``prange`` (skewed rows spread across
+threads), and a serial one for work too small to pay for waking the thread pool. Outputs are
+accumulated in place (no per-row allocation). B may have any strides.
 """
 import numpy as np
 from numba import njit, prange
+
+_JIT = dict(cache=True, nogil=True, fastmath=True)
 
 
 def balanced_parts(indptr, n_parts):
@@ -22,50 +25,89 @@ def balanced_parts(indptr, n_parts):
     return np.unique(np.minimum(bounds, n_rows))
 
 
-@njit(parallel=True, cache=True, nogil=True, fastmath=True)
-def csr_spmm(indptr, indices, data, B, out, row_bounds):
+@njit(**_JIT)
+def _csr_rows(indptr, indices, data, B, out, start, stop):
+    """Rows ``start:stop`` of ``out = A @ B``.
+
+    Nonzeros are taken four at a time: four independent B rows are in flight and the output
+    row is read and written once per four instead of once per nonzero.
+    """
     n_cols_out = B.shape[1]
+    for row in range(start, stop):
+        out_row = out[row]
+        out_row[:] = 0
+        p = indptr[row]
+        p_stop = indptr[row + 1]
+        while p + 4 <= p_stop:
+            v0, v1, v2, v3 = data[p], data[p + 1], data[p + 2], data[p + 3]
+            b0, b1 = B[indices[p]], B[indices[p + 1]]
+            b2, b3 = B[indices[p + 2]], B[indices[p + 3]]
+            for j in range(n_cols_out):
+                out_row[j] += v0 * b0[j] + v1 * b1[j] + v2 * b2[j] + v3 * b3[j]
+            p += 4
+        while p < p_stop:
+            value = data[p]
+            source = B[indices[p]]
+            for j in range(n_cols_out):
+                out_row[j] += value * source[j]
+            p += 1
+
+
+@njit(parallel=True, **_JIT)
+def csr_spmm(indptr, indices, data, B, out, row_bounds):
     for part in prange(row_bounds.size - 1):
-        for row in range(row_bounds[part], row_bounds[part + 1]):
-            out_row = out[row]
-            out_row[:] = 0
-            for p in range(indptr[row], indptr[row + 1]):
-                value = data[p]
-                source = B[indices[p]]
-                for j in range(n_cols_out):
-                    out_row[j] += value * source[j]
+        _csr_rows(indptr, indices, data, B, out, row_bounds[part], row_bounds[part + 1])
 
 
-@njit(parallel=True, cache=True, nogil=True, fastmath=True)
-def blocked_spmm(row_window_offset, col_idx, values, vector_mask, window, block_width, B, out,
-                 window_bounds):
-    """Each vector's B row is loaded once and feeds every row of its window (the 8x1 reuse)."""
+@njit(**_JIT)
+def csr_spmm_serial(indptr, indices, data, B, out, row_bounds):
+    _csr_rows(indptr, indices, data, B, out, 0, indptr.size - 1)
+
+
+@njit(**_JIT)
+def _blocked_windows(row_window_offset, col_idx, values, vector_mask, window, block_width, B, out,
+                     start, stop):
+    """Windows ``start:stop``: each vector's B row is loaded once for all rows of its window."""
     n_rows = out.shape[0]
     n_cols_out = B.shape[1]
     mask_bytes = (window + 7) // 8
+    for w in range(start, stop):
+        row0 = w * window
+        out[row0:min(row0 + window, n_rows)] = 0
+        first = row_window_offset[w]
+        n_vectors = row_window_offset[w + 1] - first
+        block_start = 0
+        while block_start < n_vectors:
+            width = min(block_width, n_vectors - block_start)
+            for s in range(block_start, block_start + width):
+                vector = first + s
+                source = B[col_idx[vector]]
+                base = (first + block_start) * window + (s - block_start)
+                for byte in range(mask_bytes):
+                    # The mask, not the value, decides: padding must not make 0 * inf = NaN.
+                    bits = vector_mask[vector * mask_bytes + byte]
+                    r = byte * 8
+                    while bits:
+                        if bits & 1:
+                            value = values[base + r * width]
+                            out_row = out[row0 + r]
+                            for j in range(n_cols_out):
+                                out_row[j] += value * source[j]
+                        bits >>= 1
+                        r += 1
+            block_start += block_width
+
+
+@njit(parallel=True, **_JIT)
+def blocked_spmm(row_window_offset, col_idx, values, vector_mask, window, block_width, B, out,
+                 window_bounds):
     for part in prange(window_bounds.size - 1):
-        for w in range(window_bounds[part], window_bounds[part + 1]):
-            row0 = w * window
-            out[row0:min(row0 + window, n_rows)] = 0
-            first = row_window_offset[w]
-            n_vectors = row_window_offset[w + 1] - first
-            block_start = 0
-            while block_start < n_vectors:
-                width = min(block_width, n_vectors - block_start)
-                for s in range(block_start, block_start + width):
-                    vector = first + s
-                    source = B[col_idx[vector]]
-                    base = (first + block_start) * window + (s - block_start)
-                    for byte in range(mask_bytes):
-                        # The mask, not the value, decides: padding must not make 0 * inf = NaN.
-                        bits = vector_mask[vector * mask_bytes + byte]
-                        r = byte * 8
-                        while bits:
-                            if bits & 1:
-                                value = values[base + r * width]
-                                out_row = out[row0 + r]
-                                for j in range(n_cols_out):
-                                    out_row[j] += value * source[j]
-                            bits >>= 1
-                            r += 1
-                block_start += block_width
+        _blocked_windows(row_window_offset, col_idx, values, vector_mask, window, block_width, B,
+                         out, window_bounds[part], window_bounds[part + 1])
+
+
+@njit(**_JIT)
+def blocked_spmm_serial(row_window_offset, col_idx, values, vector_mask, window, block_width, B,
+                        out, window_bounds):
+    _blocked_windows(row_window_offset, col_idx, values, vector_mask, window, block_width, B, out,
+                     0, row_window_offset.size - 1)
