@@ -214,27 +214,31 @@ def sddmm(A, X, Y, *, alpha=1.0, beta=0.0, backend="auto"):
         raise ValueError(f"X and Y {what} differ: {X.shape[1:]} and {Y.shape[1:]}")
     multi_head = X.ndim == 3
     dtype = _compute_dtype(A.dtype, X.dtype, Y.dtype)
-    X3 = (X if multi_head else X[:, None, :]).astype(dtype, copy=False)
-    Y3 = (Y if multi_head else Y[:, None, :]).astype(dtype, copy=False)
-    n_heads = X3.shape[1]
+    X = X.astype(dtype, copy=False)
+    Y = Y.astype(dtype, copy=False)
+    slots_shape = (A.values.size if isinstance(A, blocked_array) else A.nnz,) + X.shape[1:-1]
+    result = np.empty(slots_shape, dtype=dtype)
+    flops = 2 * A.nnz * (X.shape[1] * X.shape[2] if multi_head else X.shape[1])
     zero = dtype.type(0)
     if isinstance(A, blocked_array):
-        a_values = np.broadcast_to(A.values.astype(dtype, copy=False)[:, None],
-                                   (A.values.size, n_heads))
-        result = np.empty((A.values.size, n_heads), dtype=dtype)
+        stored_values = A.values
         _launch(_cpu_sddmm.blocked_sddmm, _cpu_sddmm.blocked_sddmm_serial, A, A.row_window_offset,
-                2 * A.nnz * n_heads * X3.shape[2], A.row_window_offset, A.col_idx, a_values,
-                A.vector_mask, A.window, A.block_width, X3, Y3, alpha, beta, zero, result)
+                flops, A.row_window_offset, A.col_idx, A.vector_mask, A.window, A.block_width, X,
+                Y, zero, result)
     else:
         A = A.tocsr()
-        a_values = np.broadcast_to(A.data.astype(dtype, copy=False)[:, None], (A.nnz, n_heads))
-        result = np.empty((A.nnz, n_heads), dtype=dtype)
-        _launch(_cpu_sddmm.csr_sddmm, _cpu_sddmm.csr_sddmm_serial, A, A.indptr,
-                2 * A.nnz * n_heads * X3.shape[2], A.indptr, A.indices, a_values, X3, Y3, alpha,
-                beta, zero, result)
+        stored_values = A.data
+        _launch(_cpu_sddmm.csr_sddmm, _cpu_sddmm.csr_sddmm_serial, A, A.indptr, flops, A.indptr,
+                A.indices, X, Y, zero, result)
+    # alpha and beta in one vectorized pass (padding slots hold 0 in both terms).
+    if alpha != 1.0:
+        result *= dtype.type(alpha)
+    if beta != 0.0:
+        addend = stored_values.astype(dtype, copy=False)
+        result += dtype.type(beta) * (addend[:, None] if multi_head else addend)
     if multi_head:
         return wrap_like(x_operand, result)
-    return _with_values(A, result[:, 0])
+    return _with_values(A, result)
 
 
 def _with_values(A, values):

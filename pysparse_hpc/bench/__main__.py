@@ -10,13 +10,15 @@ import importlib.util
 import sys
 
 from .._config import get_num_threads, set_num_threads
-from . import convert
+from . import convert, sddmm, spmm
 from ._data import DATA_ENV, data_dir
 
 __all__ = ["COMMANDS", "build_parser", "main"]
 
 COMMANDS = {
     "convert": convert,
+    "spmm": spmm,
+    "sddmm": sddmm,
 }
 
 

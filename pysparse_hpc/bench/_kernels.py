@@ -1,0 +1,493 @@
+"""What the ``spmm`` and ``sddmm`` benchmarks share: matrices, torch operands, checks and reports.
+
+A kernel benchmark times our kernel on CSR and on ME-BCRS against peers (scipy, torch, NumPy)
+for every matrix and every dense width, in float32. The matrices are the shared ones (as
+``convert`` uses) plus R-MAT power-law graphs generated in memory. Each command module supplies
+a `KernelBench` (labels, speedups, targets), a ``prepare(A, torch)`` run once per matrix and a
+``measure(operands, width, repeat, what)`` run once per width; `run_benchmark` does the rest.
+"""
+import argparse
+import csv
+import gc
+import math
+import sys
+import time
+import warnings
+from dataclasses import dataclass, field
+
+import numpy as np
+from tqdm import tqdm
+
+from . import best_times, geometric_mean
+from ._data import find_matrices, load_matrix
+
+__all__ = ["DEFAULT_RMAT", "DEFAULT_WIDTHS", "KernelBench", "KernelResult", "MatrixCase",
+           "Mismatch", "Speedup", "Target", "add_kernel_arguments", "check_close",
+           "conversion_seconds", "format_table", "import_torch", "run_benchmark",
+           "steady_best_times", "torch_csr", "verdicts", "write_csv", "write_plot"]
+
+#: Dense widths (N for SpMM, F for SDDMM) measured by default.
+DEFAULT_WIDTHS = (32, 128, 256)
+
+#: Default R-MAT graphs: (scale, edge factor, seed). Both hold over 4.8M entries once
+#: duplicate edges merge (2^18 and 2^19 nodes).
+DEFAULT_RMAT = ((18, 20, 1), (19, 10, 2))
+
+#: Tolerance of the agreement checks: |ours - reference| <= RTOL |reference| + ATOL max|reference|.
+RTOL = 1e-4
+ATOL = 1e-4
+
+
+class Mismatch(RuntimeError):
+    """A kernel's result disagrees with the reference; the benchmark stops."""
+
+
+@dataclass(frozen=True)
+class MatrixCase:
+    """One benchmark matrix: a shared file or a generated R-MAT graph.
+
+    Attributes
+    ----------
+    name : str
+    group : {"suitesparse", "graph", "rmat"}
+    load : callable
+        Returns the matrix as a canonical float32 `csr_array`.
+    note : str
+        How it was made (R-MAT parameters), empty for files.
+    """
+
+    name: str
+    group: str
+    load: object
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class Speedup:
+    """A speedup column: time of ``peer`` over time of ``ours``.
+
+    ``ours`` is a contender label or ``"best"``: per row, the faster of CSR and ME-BCRS.
+    """
+
+    ours: str
+    peer: str
+    heading: str
+    plot: bool = True
+
+
+@dataclass(frozen=True)
+class Target:
+    """A goal of the spec: geometric mean of ``peer time / ours time`` at least ``factor``."""
+
+    peer: str
+    factor: float
+    description: str
+
+
+@dataclass(frozen=True)
+class KernelBench:
+    """What a kernel command measures and how it reports it.
+
+    Attributes
+    ----------
+    kernel : str
+        Name in headings (``"SpMM"``).
+    operation : str
+        One line saying what is computed.
+    width_name : str
+        The dense width's letter (``"N"``, ``"F"``).
+    contenders : tuple of (label, heading)
+        In table order; ``csr`` and ``mebcrs`` are ours.
+    peers_note : str
+        Header line about the peers (threads, what exactly runs).
+    speedups : tuple of Speedup
+    targets : tuple of Target
+        Checked for ours on CSR, then again for the best of ours per row.
+    """
+
+    kernel: str
+    operation: str
+    width_name: str
+    contenders: tuple
+    peers_note: str
+    speedups: tuple
+    targets: tuple
+
+
+@dataclass
+class KernelResult:
+    """Best times of one matrix at one dense width.
+
+    Attributes
+    ----------
+    name, group : str
+    shape : tuple of int
+    nnz : int
+    index_dtype : str
+    width : int
+        N (SpMM) or F (SDDMM).
+    convert_s : float
+        Seconds of the one ``A.to_mebcrs()`` done before timing (same for every width).
+    seconds : dict of str to float
+        Best time per contender label.
+    """
+
+    name: str
+    group: str
+    shape: tuple
+    nnz: int
+    index_dtype: str
+    width: int
+    convert_s: float
+    seconds: dict = field(default_factory=dict)
+
+    def time(self, label):
+        """Best seconds of ``label``; ``"best"`` is the faster of ours on CSR and ME-BCRS."""
+        if label == "best":
+            return min(self.seconds["csr"], self.seconds["mebcrs"])
+        return self.seconds[label]
+
+    def gflops(self, label):
+        """2 nnz width floating-point operations per second, in units of 1e9."""
+        return 2.0 * self.nnz * self.width / self.time(label) / 1e9
+
+    def speedup(self, ours, peer):
+        """Time of ``peer`` over time of ``ours`` (above 1: ours is faster)."""
+        return self.time(peer) / self.time(ours)
+
+
+# --- command line --------------------------------------------------------------------------
+
+def _positive_width(text):
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def _rmat_spec(text):
+    """``SCALE:EDGE_FACTOR[:SEED]`` -> (scale, edge_factor, seed); the seed defaults to 1."""
+    parts = text.split(":")
+    try:
+        values = [int(part) for part in parts]
+    except ValueError:
+        values = []
+    if len(values) not in (2, 3):
+        raise argparse.ArgumentTypeError(
+            f"expected SCALE:EDGE_FACTOR or SCALE:EDGE_FACTOR:SEED, got {text!r}")
+    scale, edge_factor, seed = (values + [1])[:3]
+    if not 1 <= scale <= 30 or edge_factor < 1 or seed < 0:
+        raise argparse.ArgumentTypeError(
+            f"R-MAT scale must be in [1, 30], edge factor >= 1 and seed >= 0; got {text!r}")
+    return scale, edge_factor, seed
+
+
+def add_kernel_arguments(parser, width_name, width_help):
+    """Options of a kernel command beyond the common ones."""
+    parser.add_argument("--matrix", action="append", metavar="NAME",
+                        help="benchmark only this matrix (repeatable; shared or R-MAT name, "
+                             "e.g. rmat-s18-e20; default: all)")
+    parser.add_argument("--n", type=_positive_width, nargs="+", default=list(DEFAULT_WIDTHS),
+                        metavar=width_name,
+                        help=f"{width_help} (default: {' '.join(map(str, DEFAULT_WIDTHS))})")
+    rmat = parser.add_mutually_exclusive_group()
+    default = " ".join(f"{s}:{e}:{r}" for s, e, r in DEFAULT_RMAT)
+    rmat.add_argument("--rmat", type=_rmat_spec, nargs="+", metavar="SCALE:EF[:SEED]",
+                      help="R-MAT graphs to generate in memory: 2^SCALE nodes, EF edges per node "
+                           f"before duplicates merge, seed (default 1) (default: {default})")
+    rmat.add_argument("--no-rmat", action="store_true", help="skip the R-MAT graphs")
+
+
+def _shared_case(spec):
+    return MatrixCase(spec.name, spec.group,
+                      lambda: load_matrix(spec).astype(np.float32, copy=False))
+
+
+def _rmat_case(scale, edge_factor, seed):
+    def load():
+        from ..generators import rmat  # imported when used: only R-MAT cases need it
+        return rmat(scale, edge_factor, seed=seed).astype(np.float32, copy=False)
+    return MatrixCase(f"rmat-s{scale}-e{edge_factor}", "rmat", load,
+                      f"scale {scale}, edge factor {edge_factor}, seed {seed}")
+
+
+def select_cases(args, err=sys.stderr):
+    """The matrices to run, in order (shared, then R-MAT), or None after an error message."""
+    specs, missing = find_matrices(args.data_dir)
+    for file_name in missing:
+        print(f"note: {file_name} not found in {args.data_dir}, skipped", file=err)
+    cases = [_shared_case(spec) for spec in specs]
+    if not args.no_rmat:
+        rmat_specs = args.rmat if args.rmat is not None else DEFAULT_RMAT
+        pairs = [(scale, edge_factor) for scale, edge_factor, _ in rmat_specs]
+        if len(set(pairs)) != len(pairs):
+            print("error: --rmat lists a SCALE:EDGE_FACTOR pair twice", file=err)
+            return None
+        cases += [_rmat_case(*spec) for spec in rmat_specs]
+    if args.matrix:
+        unknown = sorted(set(args.matrix) - {case.name for case in cases})
+        if unknown:
+            print(f"error: unknown matrices {unknown}; available: {[c.name for c in cases]}",
+                  file=err)
+            return None
+        cases = [case for case in cases if case.name in args.matrix]
+    if not cases:
+        print(f"error: no matrices found in {args.data_dir}", file=err)
+        return None
+    return cases
+
+
+# --- operands and checks -------------------------------------------------------------------
+
+def import_torch(err=sys.stderr):
+    """The torch module, or None after an error message (torch is an optional dependency)."""
+    try:
+        import torch
+    except ImportError:
+        print("error: this benchmark compares with torch; install it (pysparse_hpc[torch], the "
+              "CPU build: see the README)", file=err)
+        return None
+    return torch
+
+
+def torch_csr(torch, A):
+    """A torch sparse CSR tensor with A's entries: int64 indices, A's float32 values (shared)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
+        return torch.sparse_csr_tensor(
+            torch.from_numpy(A.indptr.astype(np.int64, copy=False)),
+            torch.from_numpy(A.indices.astype(np.int64, copy=False)),
+            torch.from_numpy(A.data), size=A.shape, check_invariants=False)
+
+
+def check_close(what, result, reference):
+    """Raise `Mismatch` unless ``result`` is within the benchmark tolerance of ``reference``.
+
+    The absolute tolerance is `ATOL` times the largest reference magnitude, so it scales with
+    the matrix values and the width of the dot products.
+    """
+    result = np.asarray(result)
+    if result.shape != reference.shape:
+        raise Mismatch(f"{what}: result shape {result.shape}, expected {reference.shape}")
+    scale = float(np.abs(reference).max()) if reference.size else 0.0
+    atol = ATOL * (scale if scale > 0 else 1.0)
+    if not np.allclose(result, reference, rtol=RTOL, atol=atol):
+        with np.errstate(invalid="ignore"):
+            worst = float(np.nanmax(np.abs(result.astype(np.float64) - reference)))
+        bad = int(np.count_nonzero(~np.isclose(result, reference, rtol=RTOL, atol=atol)))
+        raise Mismatch(f"{what}: {bad} of {reference.size} values differ (max |diff| {worst:.3g}; "
+                       f"tolerance rtol={RTOL:g}, atol={atol:.3g})")
+
+
+def steady_best_times(functions, repeat):
+    """Best seconds of each callable over ``repeat`` rounds; each timed call follows a warm-up.
+
+    Our kernels and torch run on two different OpenMP runtimes (torch ships its own), whose idle
+    threads keep spinning for a while after a parallel region. A call made right after the
+    other library's call competes with those spinning threads for the cores, which on a small
+    machine can cost several times the kernel's own time. So every timed call directly follows
+    an untimed call of the same function (`best_times` with ``repeat=1, warmup=1``), while the
+    rounds still interleave the functions so that drifting load affects them alike.
+
+    Parameters
+    ----------
+    functions : dict of str to callable
+    repeat : int
+
+    Returns
+    -------
+    dict of str to float
+    """
+    best = dict.fromkeys(functions, math.inf)
+    for _ in range(repeat):
+        for label, function in functions.items():
+            best[label] = min(best[label], best_times({label: function}, 1, warmup=1)[label])
+    return best
+
+
+def conversion_seconds(A):
+    """(ME-BCRS of ``A``, seconds of that one conversion)."""
+    start = time.perf_counter()
+    M = A.to_mebcrs()
+    return M, time.perf_counter() - start
+
+
+def _warm_up_runtime():
+    """One tiny conversion, so the first matrix's timed conversion does not pay the thread
+    pool's start-up."""
+    from .._csr import csr_array
+    csr_array(np.eye(64, dtype=np.float32)).to_mebcrs()
+
+
+# --- report --------------------------------------------------------------------------------
+
+def _best_note():
+    return "best = faster of ours on CSR and ME-BCRS per row, conversion not included"
+
+
+def format_table(bench, results):
+    """Per (matrix, width): GFLOP/s of every contender and the speedups, then geometric means."""
+    w = bench.width_name
+    rates = "".join(f"{heading:>10}" for _, heading in bench.contenders)
+    ratios = "".join(f"{s.heading:>13}" for s in bench.speedups)
+    left = f"{'matrix':<15}{'rows':>8}{'nnz':>9}{w:>5}{'to_meb ms':>10}"
+    header = f"{left}{rates}  |{ratios}"
+    lines = [f"{'':<{len(left)}}{'GFLOP/s (2 nnz ' + w + ' / best time)':^{len(rates)}}  |"
+             f"{'speedup (peer time / our time)':^{len(ratios)}}", header, "-" * len(header)]
+    previous = None
+    for r in results:
+        first = r.name != previous
+        previous = r.name
+        convert = f"{r.convert_s * 1e3:>10.2f}" if first else f"{'':>10}"
+        names = (f"{r.name:<15}{r.shape[0]:>8}{r.nnz:>9}" if first else f"{'':<32}")
+        cells = "".join(f"{r.gflops(label):>10.2f}" for label, _ in bench.contenders)
+        cells += "  |" + "".join(f"{r.speedup(s.ours, s.peer):>13.2f}" for s in bench.speedups)
+        lines.append(f"{names}{r.width:>5}{convert}{cells}")
+    lines.append("-" * len(header))
+    widths = sorted({r.width for r in results})
+    groups = [("geometric mean", results)]
+    if len(widths) > 1:
+        groups += [(f"  {w}={width}", [r for r in results if r.width == width]) for width in widths]
+    for title, rows in groups:
+        means = "".join(f"{geometric_mean(r.speedup(s.ours, s.peer) for r in rows):>13.2f}"
+                        for s in bench.speedups)
+        lines.append(f"{title:<{len(left) + len(rates)}}  |{means}")
+    return "\n".join(lines)
+
+
+def verdicts(bench, results):
+    """Target lines: ours on CSR, then the best of ours per row; honest MET / NOT MET."""
+    lines = []
+    for ours, who in (("csr", "ours on CSR"), ("best", "best of ours per row")):
+        for target in bench.targets:
+            mean = geometric_mean(r.speedup(ours, target.peer) for r in results)
+            status = "MET" if mean >= target.factor else "NOT MET"
+            lines.append(f"target {bench.kernel} >= {target.factor:g}x {target.description}, "
+                         f"{who} (geometric mean of {len(results)}): {status} ({mean:.2f}x)")
+    return lines
+
+
+def write_csv(bench, results, path, threads, repeat):
+    """One row per (matrix, width): sizes, best seconds, GFLOP/s and speedups."""
+    labels = [label for label, _ in bench.contenders]
+    w = bench.width_name
+    fields = (["matrix", "group", "rows", "cols", "nnz", w, "index_dtype", "value_dtype",
+               "threads", "repeat", "to_mebcrs_s"] + [f"{label}_s" for label in labels]
+              + [f"{label}_gflops" for label in labels]
+              + [f"speedup_{s.ours}_vs_{s.peer}" for s in bench.speedups])
+    with open(path, "w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(fields)
+        for r in results:
+            writer.writerow([r.name, r.group, r.shape[0], r.shape[1], r.nnz, r.width,
+                             r.index_dtype, "float32", threads, repeat, f"{r.convert_s:.6e}"]
+                            + [f"{r.seconds[label]:.6e}" for label in labels]
+                            + [f"{r.gflops(label):.4f}" for label in labels]
+                            + [f"{r.speedup(s.ours, s.peer):.4f}" for s in bench.speedups])
+
+
+def write_plot(bench, results, path, threads, repeat):
+    """One panel per width: grouped bars of the speedups per matrix (log scale), target lines."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # lazy: optional dependency
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import FormatStrFormatter, LogLocator
+
+    widths = sorted({r.width for r in results})
+    names = list(dict.fromkeys(r.name for r in results))
+    shown = [s for s in bench.speedups if s.plot]
+    figure = Figure(figsize=(max(7.0, 0.8 * len(names) + 2.5) + 2.5, 2.2 + 2.8 * len(widths)),
+                    layout="constrained")
+    FigureCanvasAgg(figure)
+    panels = figure.subplots(len(widths), 1, sharex=True, sharey=True, squeeze=False)[:, 0]
+    positions = np.arange(len(names))
+    bar = 0.8 / len(shown)
+    colors = ("tab:blue", "tab:orange", "tab:green", "tab:purple", "tab:brown")
+    for axes, width in zip(panels, widths):
+        by_name = {r.name: r for r in results if r.width == width}
+        for k, s in enumerate(shown):
+            values = [by_name[n].speedup(s.ours, s.peer) if n in by_name else np.nan
+                      for n in names]
+            mean = geometric_mean(v for v in values if not math.isnan(v))
+            axes.bar(positions + (k - (len(shown) - 1) / 2) * bar, values, bar,
+                     color=colors[k % len(colors)], label=f"{s.heading} (geomean {mean:.2f}x)")
+        for k, target in enumerate(bench.targets):
+            axes.axhline(target.factor, color=("red", "darkred", "magenta")[k % 3],
+                         linestyle="--", label=f"{target.factor:g}x target vs {target.peer}")
+        axes.axhline(1.0, color="gray", linewidth=0.8)
+        axes.set_yscale("log")
+        # Plain numbers on both major and minor ticks: a speedup reads "3", not "3 x 10^0"; minor
+        # ticks only at 2, 3 and 5 per decade so their labels do not overlap.
+        axes.yaxis.set_major_formatter(FormatStrFormatter("%g"))
+        axes.yaxis.set_minor_locator(LogLocator(subs=(2.0, 3.0, 5.0)))
+        axes.yaxis.set_minor_formatter(FormatStrFormatter("%g"))
+        axes.set_ylabel(f"speedup, {bench.width_name}={width}")
+        axes.legend(fontsize="x-small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    panels[-1].set_xticks(positions, names, rotation=45, ha="right")
+    panels[0].set_title(f"{bench.kernel} speedup of ours over the peers, float32 "
+                        f"({threads} threads, best of {repeat} rounds)")
+    figure.savefig(path, dpi=120)
+
+
+# --- driver --------------------------------------------------------------------------------
+
+def run_benchmark(args, bench, prepare, measure, out=sys.stdout):
+    """Measure every matrix at every width, print the report, write CSV / plot; exit status.
+
+    ``prepare(A, torch)`` returns (operands, seconds of the ME-BCRS conversion) for one matrix;
+    ``measure(operands, width, repeat, what)`` checks the results then returns best seconds by
+    contender label, raising `Mismatch` on a wrong result.
+    """
+    torch = import_torch()
+    if torch is None:
+        return 2
+    cases = select_cases(args)
+    if cases is None:
+        return 2
+    torch.set_num_threads(args.threads)  # ours and torch run on the same number of threads
+    _warm_up_runtime()
+    widths = list(dict.fromkeys(args.n))
+    results, notes = [], []
+    with tqdm(total=len(cases) * len(widths), desc=bench.kernel.lower(), unit="case") as progress:
+        for case in cases:
+            progress.set_postfix_str(f"{case.name} (loading)")
+            A = case.load()
+            if case.note:
+                notes.append(f"{case.name}: R-MAT {case.note}: {A.shape[0]} rows, {A.nnz} stored "
+                             "entries after duplicates merge")
+            operands, convert_s = prepare(A, torch)
+            for width in widths:
+                progress.set_postfix_str(f"{case.name} {bench.width_name}={width}")
+                what = f"{case.name} {bench.width_name}={width}"
+                try:
+                    seconds = measure(operands, width, args.repeat, what)
+                except Mismatch as exc:
+                    progress.close()
+                    print(f"error: wrong result, benchmark aborted: {exc}", file=sys.stderr)
+                    return 1
+                results.append(KernelResult(case.name, case.group, A.shape, A.nnz,
+                                            str(A.index_dtype), width, convert_s, seconds))
+                gc.collect()
+                progress.update()
+            del A, operands  # the next matrix (R-MAT: hundreds of MB of operands) starts clean
+            gc.collect()
+    rounds = f"{args.repeat} round{'' if args.repeat == 1 else 's'}"
+    print(f"{bench.kernel}: {bench.operation}; float32; ours: {args.threads} threads; best of "
+          f"{rounds}, each timed call right after an untimed one; data: {args.data_dir}", file=out)
+    print(bench.peers_note, file=out)
+    print(f"to_meb ms: one A.to_mebcrs() before timing, not included in the ME-BCRS times; "
+          f"{_best_note()}", file=out)
+    for note in notes:
+        print(note, file=out)
+    print(format_table(bench, results), file=out)
+    for line in verdicts(bench, results):
+        print(line, file=out)
+    if args.csv:
+        write_csv(bench, results, args.csv, args.threads, args.repeat)
+        print(f"wrote {args.csv}", file=out)
+    if args.plot:
+        write_plot(bench, results, args.plot, args.threads, args.repeat)
+        print(f"wrote {args.plot}", file=out)
+    return 0

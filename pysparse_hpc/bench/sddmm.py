@@ -1,0 +1,106 @@
+"""The ``sddmm`` benchmark: ``(X @ Y.T)`` sampled at A's entries, float32, against torch and NumPy.
+
+Ours runs on CSR (``sddmm(A, X, Y)``) and on ME-BCRS (``sddmm(M, X, Y)`` with
+``M = A.to_mebcrs()``, converted once before timing and reported separately). The peers are
+``torch.sparse.sampled_addmm(T, X, Y.T, beta=0, alpha=1)`` on a torch CSR tensor with the same
+int64 indices, on as many threads as ours, and plain NumPy:
+``np.einsum('ij,ij->i', X[rows], Y[cols])`` with the row ids expanded from A's indptr once,
+outside the timing (gathered in chunks of at most 2^26 floats, so the large graphs fit in
+memory). Every result is checked against NumPy's before anything is timed. The project's
+target, for ours on CSR: at least 3x torch.sparse.sampled_addmm (geometric mean).
+"""
+import sys
+
+import numpy as np
+
+from ..ops import sddmm
+from ._kernels import (KernelBench, Speedup, Target, add_kernel_arguments, check_close,
+                       conversion_seconds, run_benchmark, steady_best_times, torch_csr)
+
+__all__ = ["BENCH", "HELP", "add_arguments", "measure", "numpy_sddmm", "prepare", "run"]
+
+HELP = "SDDMM (float32) on CSR and ME-BCRS, against torch.sparse.sampled_addmm and NumPy"
+
+#: Most floats one NumPy gather (X[rows] or Y[cols]) may hold: 256 MB.
+CHUNK_FLOATS = 1 << 26
+
+BENCH = KernelBench(
+    kernel="SDDMM",
+    operation="dot(X[i], Y[j]) at every stored (i, j) of A, X and Y dense with F columns "
+              "(standard normal)",
+    width_name="F",
+    contenders=(("csr", "ours-csr"), ("mebcrs", "ours-meb"), ("torch", "torch"),
+                ("numpy", "numpy")),
+    peers_note=("peers: torch.sparse.sampled_addmm(CSR tensor, X, Y.T, beta=0, alpha=1) with int64 "
+                "indices on the same threads as ours (torch.set_num_threads); NumPy einsum "
+                "'ij,ij->i' over X[rows], Y[cols] (single-threaded, chunks of <= 2^26 floats)"),
+    speedups=(Speedup("csr", "torch", "csr v torch"), Speedup("csr", "numpy", "csr v numpy"),
+              Speedup("mebcrs", "torch", "meb v torch"),
+              Speedup("best", "torch", "best v torch", plot=False),
+              Speedup("best", "numpy", "best v numpy", plot=False)),
+    targets=(Target("torch", 3.0, "torch.sparse.sampled_addmm"),),
+)
+
+
+def add_arguments(parser):
+    """Options of the ``sddmm`` command beyond the common ones."""
+    add_kernel_arguments(parser, "F", "widths F of the dense operands X and Y")
+
+
+def numpy_sddmm(rows, cols, X, Y):
+    """``np.einsum('ij,ij->i', X[rows], Y[cols])``, in chunks of at most `CHUNK_FLOATS` floats."""
+    chunk = max(1, CHUNK_FLOATS // max(1, X.shape[1]))
+    if rows.size <= chunk:
+        return np.einsum("ij,ij->i", X[rows], Y[cols])
+    result = np.empty(rows.size, dtype=np.result_type(X, Y))
+    for start in range(0, rows.size, chunk):
+        stop = min(start + chunk, rows.size)
+        result[start:stop] = np.einsum("ij,ij->i", X[rows[start:stop]], Y[cols[start:stop]])
+    return result
+
+
+def prepare(A, torch):
+    """Operands of one float32 matrix for every width, and the seconds of its ME-BCRS conversion."""
+    M, convert_s = conversion_seconds(A)
+    rows = np.repeat(np.arange(A.shape[0], dtype=A.indices.dtype), np.diff(A.indptr))
+    return {"A": A, "M": M, "T": torch_csr(torch, A), "rows": rows, "torch": torch}, convert_s
+
+
+def measure(operands, width, repeat, what=""):
+    """Check every result against NumPy's, then best seconds by label (`steady_best_times`).
+
+    Raises
+    ------
+    Mismatch
+        A result is not within the tolerance of NumPy's.
+    """
+    A, M, T, rows, torch = (operands[key] for key in ("A", "M", "T", "rows", "torch"))
+    rng = np.random.default_rng(width)
+    X = rng.standard_normal((A.shape[0], width), dtype=np.float32)
+    Y = rng.standard_normal((A.shape[1], width), dtype=np.float32)
+    X_torch, Y_torch = torch.from_numpy(X), torch.from_numpy(Y)  # share X's and Y's memory
+    cols = A.indices
+    functions = {
+        "csr": lambda: sddmm(A, X, Y),
+        "mebcrs": lambda: sddmm(M, X, Y),
+        "torch": lambda: torch.sparse.sampled_addmm(T, X_torch, Y_torch.T, beta=0.0, alpha=1.0),
+        "numpy": lambda: numpy_sddmm(rows, cols, X, Y),
+    }
+    reference = functions["numpy"]()
+    # Each result as values in A's CSR order (A is canonical, so the orders agree).
+    values = {
+        "csr": lambda r: r.data,
+        "mebcrs": lambda r: r.tocsr().data,
+        "torch": lambda r: r.values().numpy(),
+    }
+    for label, extract in values.items():
+        result = extract(functions[label]())
+        check_close(f"{what}: {label} vs numpy", result, reference)
+        del result
+    del reference
+    return steady_best_times(functions, repeat)
+
+
+def run(args, out=sys.stdout):
+    """Run the benchmark over the matrices and widths and report; returns the exit status."""
+    return run_benchmark(args, BENCH, prepare, measure, out=out)

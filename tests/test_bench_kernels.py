@@ -1,0 +1,121 @@
+"""The ``spmm`` and ``sddmm`` benchmark commands run end to end on a tiny case."""
+import subprocess
+import sys
+
+import pytest
+
+from .conftest import DATA_DIR, REPO_ROOT
+
+pytest.importorskip("torch")
+
+requires_cora = pytest.mark.skipif(not (DATA_DIR / "cora.npz").exists(),
+                                   reason="shared data not present")
+
+
+def run(args):
+    return subprocess.run([sys.executable, "-m", "pysparse_hpc.bench", *args], capture_output=True,
+                          text=True, timeout=600, cwd=REPO_ROOT)
+
+
+@requires_cora
+@pytest.mark.parametrize("command", ["spmm", "sddmm"])
+def test_kernel_benchmark_cli(command, tmp_path):
+    table = tmp_path / f"{command}.csv"
+    result = run([command, "--data", str(DATA_DIR), "--matrix", "cora", "--no-rmat", "--n", "16",
+                  "--repeat", "1", "--csv", str(table)])
+    assert result.returncode == 0, result.stderr
+    assert "geometric mean" in result.stdout
+    assert "target " in result.stdout and "MET" in result.stdout
+    lines = table.read_text().splitlines()
+    assert len(lines) == 2  # header + one (matrix, width) row
+    assert lines[1].startswith("cora,graph,2708,2708,10556,16,")
+
+
+@requires_cora
+def test_kernel_benchmark_cli_rows_per_width(tmp_path):
+    table = tmp_path / "spmm.csv"
+    result = run(["spmm", "--data", str(DATA_DIR), "--matrix", "cora", "--no-rmat", "--n", "8",
+                  "16", "--repeat", "1", "--csv", str(table)])
+    assert result.returncode == 0, result.stderr
+    assert len(table.read_text().splitlines()) == 3  # header + cora at N=8 and N=16
+
+
+@requires_cora
+def test_kernel_benchmark_cli_small_rmat(tmp_path):
+    table = tmp_path / "sddmm.csv"
+    result = run(["sddmm", "--data", str(DATA_DIR), "--matrix", "rmat-s8-e4", "--rmat", "8:4:3",
+                  "--n", "4", "--repeat", "1", "--csv", str(table)])
+    assert result.returncode == 0, result.stderr
+    assert "rmat-s8-e4: R-MAT scale 8, edge factor 4, seed 3: 256 rows" in result.stdout
+    assert len(table.read_text().splitlines()) == 2
+
+
+@pytest.mark.parametrize("args, message", [
+    (["spmm", "--matrix", "no-such-matrix", "--no-rmat"], "unknown matrices"),
+    (["sddmm", "--rmat", "18"], "SCALE:EDGE_FACTOR"),
+    (["spmm", "--rmat", "10:4", "--no-rmat"], "not allowed with"),
+    (["spmm", "--n", "0"], "positive integer"),
+])
+def test_kernel_benchmark_cli_bad_arguments(args, message):
+    if "unknown matrices" in message and not DATA_DIR.is_dir():
+        pytest.skip("shared data not present")
+    result = run([*args, "--data", str(DATA_DIR)] if DATA_DIR.is_dir() else args)
+    assert result.returncode == 2, result.stderr
+    assert message in result.stderr
+
+
+
+def _small_matrix():
+    from pysparse_hpc.generators import rmat
+    return rmat(7, 4, seed=5)
+
+
+@pytest.mark.parametrize("command", ["spmm", "sddmm"])
+def test_kernel_benchmark_measures(command):
+    import torch
+
+    from pysparse_hpc.bench import sddmm, spmm
+    module = {"spmm": spmm, "sddmm": sddmm}[command]
+    operands, convert_s = module.prepare(_small_matrix(), torch)
+    assert convert_s > 0
+    seconds = module.measure(operands, 8, 2, "small")
+    assert set(seconds) == {label for label, _ in module.BENCH.contenders}
+    assert all(s > 0 for s in seconds.values())
+
+
+@pytest.mark.parametrize("command, message", [("spmm", "small: mebcrs vs scipy"),
+                                              ("sddmm", "small: csr vs numpy")])
+def test_kernel_benchmark_rejects_a_wrong_result(command, message):
+    import torch
+
+    from pysparse_hpc import csr_array
+    from pysparse_hpc.bench import sddmm, spmm
+    from pysparse_hpc.bench._kernels import Mismatch
+    module = {"spmm": spmm, "sddmm": sddmm}[command]
+    A = _small_matrix()
+    operands, _ = module.prepare(A, torch)
+    if command == "spmm":  # ME-BCRS of another matrix: its product disagrees with scipy's
+        doubled = csr_array((2 * A.data, A.indices, A.indptr), shape=A.shape)
+        operands["M"] = doubled.to_mebcrs()
+    else:  # a wrong NumPy reference: the first check (ours on CSR) fails
+        operands["rows"] = operands["rows"][::-1].copy()
+    with pytest.raises(Mismatch, match=message):
+        module.measure(operands, 8, 1, "small")
+
+
+def test_kernel_benchmark_aborts_on_a_wrong_result(tmp_path, capsys):
+    from argparse import Namespace
+
+    from pysparse_hpc._config import get_num_threads
+    from pysparse_hpc.bench import spmm
+    from pysparse_hpc.bench._kernels import Mismatch, run_benchmark
+
+    def wrong(operands, width, repeat, what):
+        raise Mismatch(f"{what}: csr vs scipy: 3 of 64 values differ")
+
+    args = Namespace(data_dir=tmp_path, matrix=None, n=[4], rmat=[(6, 4, 1)], no_rmat=False,
+                     repeat=1, threads=get_num_threads(), csv=None, plot=None)
+    assert run_benchmark(args, spmm.BENCH, spmm.prepare, wrong) == 1
+    captured = capsys.readouterr()
+    assert "benchmark aborted: rmat-s6-e4 N=4: csr vs scipy" in captured.err
+    assert "geometric mean" not in captured.out
