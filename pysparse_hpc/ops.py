@@ -10,7 +10,7 @@ import numpy as np
 
 from ._base import sparray
 from ._blocked import blocked_array
-from ._config import get_num_threads, parallel_min_flops
+from ._config import get_num_threads, parallel_min_flops, spmm_tile
 from ._csr import csr_array
 from ._dense import as_dense, wrap_like
 from .kernels.cpu import sddmm as _cpu_sddmm
@@ -152,7 +152,8 @@ def spmm(A, B, *, out=None, backend="auto"):
     else:
         csr = A.tocsr()
         _launch(_cpu_spmm.csr_spmm, _cpu_spmm.csr_spmm_serial, csr, csr.indptr, flops,
-                csr.indptr, csr.indices, csr.data.astype(dtype, copy=False), matrix, result_2d)
+                csr.indptr, csr.indices, csr.data.astype(dtype, copy=False), matrix, result_2d,
+                spmm_tile())
     return out if out is not None else wrap_like(dense, result)
 
 

@@ -57,6 +57,16 @@ def test_float32_and_float16(rng, fmt):
     np.testing.assert_allclose(H @ B, rounded @ B, rtol=1e-5, atol=1e-5)
 
 
+def test_column_tiles(rng, monkeypatch):
+    """Tiles narrower than B, including a ragged last tile, give the same result."""
+    from pysparse_hpc import _config
+    S = random_scipy(rng, (40, 30), 0.2, duplicates=True)
+    B = rng.standard_normal((30, 37))
+    for tile in (1, 8, 16, 37, 64):
+        monkeypatch.setattr(_config, "_SPMM_TILE", tile)
+        np.testing.assert_allclose(sph.csr_array(S) @ B, S @ B, rtol=1e-12, atol=1e-12)
+
+
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_empty_and_nnz_zero(fmt):
     B = np.ones((10, 4))
@@ -175,9 +185,10 @@ def test_results_do_not_depend_on_thread_count(rng):
 
 
 @pytest.mark.parametrize("fmt", ["csr", "mebcrs8", "blocked16"])
-def test_every_shared_matrix(suitesparse_path, fmt, rng):
+@pytest.mark.parametrize("index_dtype", [np.int32, np.int64])
+def test_every_shared_matrix(suitesparse_path, fmt, index_dtype, rng):
     S = scipy.sparse.load_npz(suitesparse_path).tocsr().astype(np.float64)
-    A = FORMATS[fmt](load_npz(suitesparse_path).astype(np.float64))
+    A = FORMATS[fmt](load_npz(suitesparse_path, index_dtype=index_dtype).astype(np.float64))
     B = rng.standard_normal((S.shape[1], 16))
     expected = S @ B
     scale = np.abs(S) @ np.abs(B)               # bounds the rounding error of each entry

@@ -4,11 +4,12 @@ Run ``python -m pysparse_hpc.bench <command> --help``. Each command lives in its
 (``convert``: format conversions); this package module owns only the timing primitives they
 share, so every command measures the same way.
 """
+import argparse
 import gc
 import math
 import time
 
-__all__ = ["best_times", "geometric_mean"]
+__all__ = ["best_times", "geometric_mean", "positive_int"]
 
 
 def best_times(functions, repeat, warmup=1):
@@ -62,3 +63,14 @@ def geometric_mean(values):
     if not values:
         return math.nan
     return math.exp(sum(math.log(v) for v in values) / len(values))
+
+
+def positive_int(text):
+    """argparse type: a positive integer, with a message that says what was given."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value

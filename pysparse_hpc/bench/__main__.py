@@ -10,7 +10,7 @@ import importlib.util
 import sys
 
 from .._config import get_num_threads, set_num_threads
-from . import convert, sddmm, spmm
+from . import convert, positive_int, sddmm, spmm
 from ._data import DATA_ENV, data_dir
 
 __all__ = ["COMMANDS", "build_parser", "main"]
@@ -22,26 +22,16 @@ COMMANDS = {
 }
 
 
-def _positive_int(text):
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
-
-
 def _common_options():
     """Options every command takes (a parent parser)."""
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--data", metavar="DIR",
                         help=f"shared data directory (default: ${DATA_ENV}, else ../shared/data "
                              "next to the repository)")
-    common.add_argument("--repeat", type=_positive_int, default=10, metavar="N",
+    common.add_argument("--repeat", type=positive_int, default=10, metavar="N",
                         help="timed runs per measurement, best kept, after one warm-up "
                              "(default: 10)")
-    common.add_argument("--threads", type=_positive_int, metavar="T",
+    common.add_argument("--threads", type=positive_int, metavar="T",
                         help="threads of the parallel kernels (default: the library's setting)")
     common.add_argument("--csv", metavar="FILE", help="also write the results as CSV")
     common.add_argument("--plot", metavar="FILE.png",

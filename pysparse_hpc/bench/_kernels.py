@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from tqdm import tqdm
 
-from . import best_times, geometric_mean
+from . import best_times, geometric_mean, positive_int
 from ._data import find_matrices, load_matrix
 
 __all__ = ["DEFAULT_RMAT", "DEFAULT_WIDTHS", "KernelBench", "KernelResult", "MatrixCase",
@@ -158,16 +158,6 @@ class KernelResult:
 
 # --- command line --------------------------------------------------------------------------
 
-def _positive_width(text):
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
-
-
 def _rmat_spec(text):
     """``SCALE:EDGE_FACTOR[:SEED]`` -> (scale, edge_factor, seed); the seed defaults to 1."""
     parts = text.split(":")
@@ -190,7 +180,7 @@ def add_kernel_arguments(parser, width_name, width_help):
     parser.add_argument("--matrix", action="append", metavar="NAME",
                         help="benchmark only this matrix (repeatable; shared or R-MAT name, "
                              "e.g. rmat-s18-e20; default: all)")
-    parser.add_argument("--n", type=_positive_width, nargs="+", default=list(DEFAULT_WIDTHS),
+    parser.add_argument("--n", type=positive_int, nargs="+", default=list(DEFAULT_WIDTHS),
                         metavar=width_name,
                         help=f"{width_help} (default: {' '.join(map(str, DEFAULT_WIDTHS))})")
     rmat = parser.add_mutually_exclusive_group()

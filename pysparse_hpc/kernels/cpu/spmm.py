@@ -26,42 +26,45 @@ def balanced_parts(indptr, n_parts):
 
 
 @njit(**_JIT)
-def _csr_rows(indptr, indices, data, B, out, start, stop):
-    """Rows ``start:stop`` of ``out = A @ B``.
+def _csr_rows(indptr, indices, data, B, out, tile, start, stop):
+    """Rows ``start:stop`` of ``out = A @ B``, ``tile`` output columns at a time.
 
     Nonzeros are taken four at a time: four independent B rows are in flight and the output
-    row is read and written once per four instead of once per nonzero.
+    row is read and written once per four instead of once per nonzero. Wide B is cut into
+    column tiles so the output tile and the gathered B pieces stay in the L1 cache.
     """
     n_cols_out = B.shape[1]
     for row in range(start, stop):
-        out_row = out[row]
-        out_row[:] = 0
-        p = indptr[row]
-        p_stop = indptr[row + 1]
-        while p + 4 <= p_stop:
-            v0, v1, v2, v3 = data[p], data[p + 1], data[p + 2], data[p + 3]
-            b0, b1 = B[indices[p]], B[indices[p + 1]]
-            b2, b3 = B[indices[p + 2]], B[indices[p + 3]]
-            for j in range(n_cols_out):
-                out_row[j] += v0 * b0[j] + v1 * b1[j] + v2 * b2[j] + v3 * b3[j]
-            p += 4
-        while p < p_stop:
-            value = data[p]
-            source = B[indices[p]]
-            for j in range(n_cols_out):
-                out_row[j] += value * source[j]
-            p += 1
+        out[row, :] = 0
+        for j0 in range(0, n_cols_out, tile):
+            j1 = min(j0 + tile, n_cols_out)
+            out_row = out[row, j0:j1]
+            p = indptr[row]
+            p_stop = indptr[row + 1]
+            while p + 4 <= p_stop:
+                v0, v1, v2, v3 = data[p], data[p + 1], data[p + 2], data[p + 3]
+                b0, b1 = B[indices[p], j0:j1], B[indices[p + 1], j0:j1]
+                b2, b3 = B[indices[p + 2], j0:j1], B[indices[p + 3], j0:j1]
+                for j in range(j1 - j0):
+                    out_row[j] += v0 * b0[j] + v1 * b1[j] + v2 * b2[j] + v3 * b3[j]
+                p += 4
+            while p < p_stop:
+                value = data[p]
+                source = B[indices[p], j0:j1]
+                for j in range(j1 - j0):
+                    out_row[j] += value * source[j]
+                p += 1
 
 
 @njit(parallel=True, **_JIT)
-def csr_spmm(indptr, indices, data, B, out, row_bounds):
+def csr_spmm(indptr, indices, data, B, out, tile, row_bounds):
     for part in prange(row_bounds.size - 1):
-        _csr_rows(indptr, indices, data, B, out, row_bounds[part], row_bounds[part + 1])
+        _csr_rows(indptr, indices, data, B, out, tile, row_bounds[part], row_bounds[part + 1])
 
 
 @njit(**_JIT)
-def csr_spmm_serial(indptr, indices, data, B, out, row_bounds):
-    _csr_rows(indptr, indices, data, B, out, 0, indptr.size - 1)
+def csr_spmm_serial(indptr, indices, data, B, out, tile, row_bounds):
+    _csr_rows(indptr, indices, data, B, out, tile, 0, indptr.size - 1)
 
 
 @njit(**_JIT)
