@@ -9,6 +9,7 @@ def test_demo_in_process(capsys):
     assert run_demo("cora") == 0
     out = capsys.readouterr().out
     assert "ME-BCRS 8x1" in out and "16x1" in out and "round-tripped" in out
+    assert "SpMM" in out and "SDDMM" in out and "ours ME-BCRS" in out
     assert "2708 nodes" in out
 
 
