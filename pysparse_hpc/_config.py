@@ -11,12 +11,16 @@ keep pieces of the output row and of the gathered B rows in cache for very wide 
 a 2-core machine, tiles of 64-256 columns were 1.3-2.8x slower than whole rows at widths up to
 3703 (each tile re-reads the row's indices and breaks the streaming reads of B), so the default
 only tiles beyond 4096 columns.
+
+``PYSPARSE_HPC_CUDA_WARPS`` (default 4): warps per thread block of the tensor-core SpMM; each
+warp owns 16 output columns of a row window (FlashSparse's 4 warps x 16 columns).
 """
 import os
 
 import numba
 
-__all__ = ["get_num_threads", "set_num_threads", "parallel_min_flops", "spmm_tile"]
+__all__ = ["get_num_threads", "set_num_threads", "parallel_min_flops", "spmm_tile",
+           "cuda_warps_per_block"]
 
 
 def _initial_threads():
@@ -49,6 +53,14 @@ _SPMM_TILE = _env_int("PYSPARSE_HPC_SPMM_TILE", 4096)
 def spmm_tile():
     """Output columns per tile of the CPU SpMM (at least 1)."""
     return max(1, _SPMM_TILE)
+
+
+_CUDA_WARPS = _env_int("PYSPARSE_HPC_CUDA_WARPS", 4)
+
+
+def cuda_warps_per_block():
+    """Warps per thread block of the tensor-core SpMM (at least 1)."""
+    return max(1, _CUDA_WARPS)
 
 
 def parallel_min_flops():

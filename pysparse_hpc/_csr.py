@@ -49,7 +49,8 @@ class csr_array(sparray):
         float16, float32 or float64. By default floating values keep their dtype and boolean or
         integer values become float64.
     copy : bool, default False
-        Copy the input arrays even when they could be shared.
+        Copy the input arrays even when they could be shared. A non-canonical scipy input is
+        always copied: scipy sums its duplicates in place later, which would corrupt a sharer.
     index_dtype : {None, numpy.int32, numpy.int64}, optional
         Force the index dtype. By default scipy's rule applies: int32 unless an int64 input or a
         dimension/nnz beyond ``2**31 - 1`` asks for int64.
@@ -131,6 +132,10 @@ class csr_array(sparray):
             raise ValueError(f"shape {shape} does not match the input's shape {tuple(matrix.shape)}")
         value_dtype = value_dtype_for(matrix.dtype, dtype)
         csr = matrix.tocsr()  # scipy's COO -> CSR sums duplicates; CSR input is kept as is
+        # scipy canonicalizes a non-canonical matrix in place whenever an operation needs it
+        # (abs, matmul, ...), rewriting indptr under any array that shares it: share scipy's
+        # arrays only when they are canonical already, otherwise take a copy.
+        copy = copy or not csr.has_canonical_format
         index_dtype = index_dtype or get_index_dtype((csr.indptr, csr.indices),
                                                       maxval=max(csr.shape + (csr.nnz,)))
         self._set_arrays(

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["DenseOperand", "as_dense", "wrap_like"]
+__all__ = ["DenseOperand", "as_dense", "is_device_array", "wrap_like"]
 
 _FLOAT_DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
 
@@ -51,6 +51,13 @@ def is_torch_tensor(x):
     return torch is not None and isinstance(x, torch.Tensor)
 
 
+def is_device_array(x):
+    """Device memory: anything with ``__cuda_array_interface__``, or a simulated Numba device
+    array (the CUDA simulator's arrays live on the host and do not expose the interface)."""
+    return (hasattr(x, "__cuda_array_interface__")
+            or type(x).__module__.startswith("numba.cuda.simulator"))
+
+
 def as_dense(x, name):
     """Validate a dense operand: real floating values, NumPy or torch; returns `DenseOperand`.
 
@@ -66,7 +73,7 @@ def as_dense(x, name):
             return DenseOperand(None, "torch", x.device.type, x)
         array = x.numpy()
         kind = "torch"
-    elif hasattr(x, "__cuda_array_interface__"):
+    elif is_device_array(x):
         return DenseOperand(None, type(x).__module__.split(".")[0], "cuda", x)
     elif isinstance(x, np.ndarray) or isinstance(x, (list, tuple)):
         array = np.asarray(x)

@@ -46,10 +46,6 @@ def _resolve_backend(backend, operands):
             f"an operand lives on the GPU ({type(on_device[0].original).__name__} on "
             f"'{on_device[0].device}') but backend='cpu'; move it to host memory or use "
             "backend='cuda'")
-    if backend == "cuda":
-        raise NotImplementedError(
-            "backend='cuda' is not available in this version of pysparse_hpc; use the CPU "
-            "backend with host (NumPy or CPU torch) operands")
     return backend
 
 
@@ -89,7 +85,7 @@ def _check_out(out, like, shape, dtype):
     return array
 
 
-def spmm(A, B, *, out=None, backend="auto"):
+def spmm(A, B, *, out=None, backend="auto", precision="fp32"):
     """Sparse times dense: ``A @ B``.
 
     Parameters
@@ -102,12 +98,19 @@ def spmm(A, B, *, out=None, backend="auto"):
         Where to write the result: same kind as ``B``, the result's shape and dtype,
         C-contiguous. Checked before anything is written.
     backend : {"auto", "cpu", "cuda"}
-        "auto" runs where the operands live.
+        "auto" runs where the operands live. "cuda" takes host data (copied over and back) or
+        device data (torch CUDA tensors, CuPy and Numba device arrays, read in place) and needs
+        a GPU or the enabled CUDA simulator.
+    precision : {"fp32", "tf32", "fp16"}
+        GPU only: "fp32" runs the CUDA-core CSR kernel, "tf32" the tensor-core ME-BCRS kernel
+        (tf32 inputs, fp32 accumulation; a CSR ``A`` is converted once and the result kept).
+        On the tensor-core path a NaN or infinity in B reaches every row of the windows that read
+        that row of B (padding multiplies it by 0). "fp16" is not available yet.
 
     Returns
     -------
     numpy.ndarray or torch.Tensor
-        Same kind as ``B``; dtype per the module's promotion rule.
+        Same kind as ``B``; dtype per the module's promotion rule (tf32: float32).
 
     Raises
     ------
@@ -128,7 +131,14 @@ def spmm(A, B, *, out=None, backend="auto"):
     """
     A = _check_sparse(A)
     dense = as_dense(B, "B")
-    _resolve_backend(backend, [dense])
+    if _resolve_backend(backend, [dense]) == "cuda":
+        if out is not None:
+            raise NotImplementedError("out= is not supported by the CUDA backend yet")
+        from ._cuda_backend import spmm_cuda
+        return spmm_cuda(A, dense, precision)
+    if precision != "fp32":
+        raise ValueError(f"precision={precision!r} applies to the CUDA backend; the CPU computes "
+                         "in the operands' own precision (leave precision='fp32')")
     B = dense.array
     if B.ndim not in (1, 2):
         raise ValueError(f"B must be 1-D or 2-D, got {B.ndim}-D with shape {B.shape}")
@@ -200,7 +210,9 @@ def sddmm(A, X, Y, *, alpha=1.0, beta=0.0, backend="auto"):
     alpha = _check_scalar(alpha, "alpha")
     beta = _check_scalar(beta, "beta")
     x_operand, y_operand = as_dense(X, "X"), as_dense(Y, "Y")
-    _resolve_backend(backend, [x_operand, y_operand])
+    if _resolve_backend(backend, [x_operand, y_operand]) == "cuda":
+        raise NotImplementedError("SDDMM on the CUDA backend is not available yet; use "
+                                  "backend='cpu' with host operands")
     X, Y = x_operand.array, y_operand.array
     if X.ndim != Y.ndim or X.ndim not in (2, 3):
         raise ValueError(

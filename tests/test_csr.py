@@ -109,6 +109,18 @@ def test_sort_indices_keeps_duplicates(rng):
     np.testing.assert_allclose(A.toarray(), S.toarray())
 
 
+def test_scipy_canonicalizing_its_input_later_does_not_corrupt_us(rng):
+    S = random_scipy(rng, (20, 12), 0.3, duplicates=True)
+    A = sph.csr_array(S)
+    dense = A.toarray()
+    abs(S)                 # scipy sums S's duplicates in place here
+    S.sum_duplicates()
+    A.check_format(full_check=True)
+    np.testing.assert_array_equal(A.toarray(), dense)
+    C = random_scipy(rng, (20, 12), 0.3)
+    assert np.shares_memory(sph.csr_array(C).indices, C.indices)  # canonical input is shared
+
+
 def test_inplace_ops_do_not_touch_caller_arrays(rng):
     S = random_scipy(rng, (20, 10), 0.3, duplicates=True)
     data, indices, indptr = S.data.copy(), S.indices.copy(), S.indptr.copy()

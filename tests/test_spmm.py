@@ -151,8 +151,19 @@ def test_backend_argument(rng):
     np.testing.assert_allclose(sph.spmm(A, B, backend="cpu"), sph.spmm(A, B))
     with pytest.raises(ValueError, match="backend must be one of"):
         sph.spmm(A, B, backend="gpu")
-    with pytest.raises(NotImplementedError, match="cuda"):
-        sph.spmm(A, B, backend="cuda")
+    with pytest.raises(ValueError, match="CUDA backend"):
+        sph.spmm(A, B, precision="tf32")  # precision chooses GPU kernels only
+
+
+def test_backend_cuda_without_a_gpu_says_so(rng):
+    from numba import cuda
+    if cuda.is_available():
+        pytest.skip("a GPU (or the simulator) is available here")
+    A = sph.csr_array(random_scipy(rng, (5, 4), 0.5))
+    with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
+        sph.spmm(A, np.ones((4, 2)), backend="cuda")
+    with pytest.raises(NotImplementedError, match="SDDMM on the CUDA backend"):
+        sph.sddmm(A, np.ones((5, 2)), np.ones((4, 2)), backend="cuda")
 
 
 def test_gpu_operand_with_cpu_backend_is_refused(rng):

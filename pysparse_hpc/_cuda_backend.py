@@ -1,0 +1,145 @@
+"""The CUDA backend of `spmm`: device placement of the operands and the choice of kernel.
+
+Imported only when ``backend="cuda"`` is asked for (or chosen by ``"auto"`` for device data), so
+the CPU path never touches the CUDA toolchain. The CUDA simulator counts as a GPU when it is
+enabled (``NUMBA_ENABLE_CUDASIM=1`` before numba is imported).
+"""
+import sys
+
+import numpy as np
+
+from ._blocked import blocked_array
+from ._config import cuda_warps_per_block
+from ._dense import is_device_array
+
+__all__ = ["PRECISIONS", "require_gpu", "spmm_cuda"]
+
+#: "fp32": CUDA-core CSR kernel; "tf32": tensor-core ME-BCRS kernel (fp32 accumulation);
+#: "fp16": tensor-core ME-BCRS kernel with fp16 inputs (not built yet).
+PRECISIONS = ("fp32", "tf32", "fp16")
+
+
+def require_gpu():
+    """The ``numba.cuda`` module, or a RuntimeError that says what is missing."""
+    from numba import config, cuda
+    if not cuda.is_available():
+        raise RuntimeError(
+            "backend='cuda' needs a CUDA GPU, and numba.cuda finds none (no NVIDIA driver or "
+            "device). Use backend='cpu', or set NUMBA_ENABLE_CUDASIM=1 before numba is imported "
+            "to run the CUDA kernels on the simulator (slow; for testing).")
+    return cuda, bool(config.ENABLE_CUDASIM)
+
+
+def _on_device(cuda, host_or_device, dtype, name):
+    """A device view of an operand: zero-copy for device data, a transfer for host data."""
+    if is_device_array(host_or_device):
+        view = (host_or_device if not hasattr(host_or_device, "__cuda_array_interface__")
+                else cuda.as_cuda_array(host_or_device))
+        if np.dtype(view.dtype) != dtype:
+            raise TypeError(f"{name} on the device has dtype {view.dtype}; this precision needs "
+                            f"{dtype} (convert it on the device first)")
+        return view
+    return cuda.to_device(np.ascontiguousarray(host_or_device, dtype=dtype))
+
+
+def _device_arrays(cuda, A, names):
+    """A's arrays on the device, transferred once and kept on A (its structure never changes
+    in place; an operation that replaces an array invalidates the entry by identity)."""
+    cache = A.__dict__.setdefault("_device_cache", {})
+    arrays = []
+    for name in names:
+        host = getattr(A, name)
+        cached = cache.get(name)
+        if cached is None or cached[0] is not host:
+            cached = (host, cuda.to_device(host))
+            cache[name] = cached
+        arrays.append(cached[1])
+    return arrays
+
+
+def _empty_like_kind(cuda, operand, shape, dtype):
+    """An output of the kind of ``operand``: a torch/CuPy array on its device, else Numba's."""
+    original = operand.original
+    if operand.kind == "torch" and operand.device == "cuda":
+        torch = sys.modules["torch"]
+        result = torch.empty(shape, dtype=getattr(torch, np.dtype(dtype).name),
+                             device=original.device)
+        return result, cuda.as_cuda_array(result)
+    if operand.kind == "cupy":
+        cupy = sys.modules["cupy"]
+        result = cupy.empty(shape, dtype=dtype)
+        return result, cuda.as_cuda_array(result)
+    result = cuda.device_array(shape, dtype=dtype)
+    return result, result
+
+
+def spmm_cuda(A, operand, precision):
+    """``A @ B`` on the GPU; ``operand`` is the validated dense B (see `ops.spmm`)."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    if precision == "fp16":
+        raise NotImplementedError("precision='fp16' (fp16 tensor cores) is not available yet; "
+                                  "use 'tf32' or 'fp32'")
+    cuda, _ = require_gpu()
+    from .kernels.cuda import spmm as kernels
+
+    B = operand.original if operand.device == "cuda" else operand.array
+    if len(B.shape) != 2:
+        raise ValueError(f"the CUDA backend takes a 2-D B, got shape {tuple(B.shape)}")
+    if B.shape[0] != A.shape[1]:
+        raise ValueError(f"dimension mismatch: A has shape {A.shape} but B has {B.shape[0]} "
+                         f"rows; expected B.shape[0] == {A.shape[1]}")
+    if np.dtype(str(B.dtype).replace("torch.", "")) not in (np.float32, np.float64):
+        raise TypeError(f"B must hold float32 or float64 values on the GPU, got {B.dtype}")
+    if precision == "tf32":
+        M = _tf32_operand(A)
+        dtype = np.dtype(np.float32)
+        values = M.values.astype(np.float32, copy=False)
+        offsets, col_idx = _device_arrays(cuda, M, ("row_window_offset", "col_idx"))
+        device_B = _on_device(cuda, B, dtype, "B")
+        result, device_out = _result(cuda, operand, (A.shape[0], B.shape[1]), dtype)
+        kernels.launch_mebcrs_spmm_tf32(_DeviceMebcrs(offsets, col_idx, cuda.to_device(values),
+                                                      M.shape), device_B, device_out,
+                                        cuda_warps_per_block())
+    else:
+        csr = A.tocsr().canonical()
+        dtype = np.result_type(csr.dtype, np.dtype(B.dtype), np.float32)
+        indptr, indices = _device_arrays(cuda, csr, ("indptr", "indices"))
+        device_B = _on_device(cuda, B, dtype, "B")
+        result, device_out = _result(cuda, operand, (A.shape[0], B.shape[1]), dtype)
+        kernels.launch_csr_spmm(indptr, indices, cuda.to_device(csr.data.astype(dtype)), device_B,
+                                device_out)
+    if operand.device == "cuda":
+        return result
+    host = device_out.copy_to_host()
+    return sys.modules["torch"].from_numpy(host) if operand.kind == "torch" else host
+
+
+class _DeviceMebcrs:
+    """The arrays the tf32 kernel reads, on the device."""
+
+    def __init__(self, row_window_offset, col_idx, values, shape):
+        self.row_window_offset, self.col_idx, self.values, self.shape = (
+            row_window_offset, col_idx, values, shape)
+
+
+def _result(cuda, operand, shape, dtype):
+    if operand.device == "cuda":
+        return _empty_like_kind(cuda, operand, shape, dtype)
+    device_out = cuda.device_array(shape, dtype=dtype)
+    return None, device_out
+
+
+def _tf32_operand(A):
+    """The 8x1, k = 8 ME-BCRS array the tf32 kernel needs (a CSR input is converted once)."""
+    if isinstance(A, blocked_array):
+        if (A.window, A.block_width) != (8, 8):
+            raise ValueError(
+                f"precision='tf32' needs ME-BCRS with 8-row windows and block_width=8, got window "
+                f"{A.window} and block_width {A.block_width}; convert with A.tocsr().to_mebcrs(8)")
+        return A
+    cached = A.__dict__.get("_mebcrs_for_tf32")
+    if cached is None or cached[0] is not A.indices:
+        cached = (A.indices, A.to_mebcrs(block_width=8))
+        A._mebcrs_for_tf32 = cached
+    return cached[1]

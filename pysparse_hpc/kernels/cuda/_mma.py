@@ -1,0 +1,124 @@
+"""Tensor-core MMA from Numba: inline PTX on a real target, an exact emulation under the simulator.
+
+Kernels call ``to_tf32`` on their operands and ``mma_tf32_m16n8k8`` with one warp's fragments;
+both names are bound at import time to the PTX intrinsics or to the emulation, so one kernel
+source runs in both places.
+
+Fragment layouts (PTX ISA, ``mma.m16n8k8`` with tf32 inputs), with ``g = lane >> 2`` and
+``t = lane & 3``; `LAYOUT_M16N8K8_TF32` holds them as data, and the emulation rebuilds the tiles
+from exactly those tables, so a kernel that loads a fragment from the wrong place computes a
+wrong product under the simulator as it would on the GPU.
+"""
+import threading
+
+import numpy as np
+from numba import config, cuda
+
+__all__ = ["SIMULATED", "LAYOUT_M16N8K8_TF32", "to_tf32", "mma_tf32_m16n8k8", "tf32_round"]
+
+SIMULATED = bool(config.ENABLE_CUDASIM)
+
+
+def _fragment_positions(entries):
+    """For each lane, the (row, col) of every register, from ``f(g, t) -> (row, col)`` rules."""
+    table = np.empty((32, len(entries), 2), dtype=np.int64)
+    for lane in range(32):
+        g, t = lane >> 2, lane & 3
+        for k, rule in enumerate(entries):
+            table[lane, k] = rule(g, t)
+    return table
+
+
+#: Register -> tile position of every lane: A (16 x 8, rows x k), B (8 x 8, k x cols) and the
+#: accumulator C/D (16 x 8).
+LAYOUT_M16N8K8_TF32 = {
+    "a": _fragment_positions([lambda g, t: (g, t), lambda g, t: (g + 8, t),
+                              lambda g, t: (g, t + 4), lambda g, t: (g + 8, t + 4)]),
+    "b": _fragment_positions([lambda g, t: (t, g), lambda g, t: (t + 4, g)]),
+    "c": _fragment_positions([lambda g, t: (g, 2 * t), lambda g, t: (g, 2 * t + 1),
+                              lambda g, t: (g + 8, 2 * t), lambda g, t: (g + 8, 2 * t + 1)]),
+}
+
+
+def tf32_round(x):
+    """Round float32 values to tf32 (10 mantissa bits), to nearest with ties away from zero,
+    as ``cvt.rna.tf32.f32`` does; NaN and infinity pass through."""
+    x = np.asarray(x, dtype=np.float32)
+    bits = x.view(np.uint32).astype(np.uint64)
+    rounded = ((bits + 0x1000) & 0xFFFFE000).astype(np.uint32).view(np.float32)
+    return np.where(np.isfinite(x), rounded, x)
+
+
+if not SIMULATED:
+    from llvmlite import ir
+    from numba import types
+    from numba.cuda.extending import intrinsic
+
+    @intrinsic
+    def to_tf32(typingctx, x):
+        """float32 -> tf32 bit pattern in a 32-bit register (``cvt.rna.tf32.f32``)."""
+        sig = types.uint32(types.float32)
+
+        def codegen(context, builder, signature, args):
+            asm = ir.InlineAsm(ir.FunctionType(ir.IntType(32), [ir.FloatType()]),
+                               "cvt.rna.tf32.f32 $0, $1;", "=r,f")
+            return builder.call(asm, args)
+        return sig, codegen
+
+    @intrinsic
+    def mma_tf32_m16n8k8(typingctx, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+        """D = A B + C on one warp: tf32 inputs, float32 accumulators; returns (d0, d1, d2, d3)."""
+        f32, u32 = types.float32, types.uint32
+        sig = types.UniTuple(f32, 4)(u32, u32, u32, u32, u32, u32, f32, f32, f32, f32)
+
+        def codegen(context, builder, signature, args):
+            f32_ir, u32_ir = ir.FloatType(), ir.IntType(32)
+            result_ir = ir.LiteralStructType([f32_ir] * 4)
+            asm = ir.InlineAsm(
+                ir.FunctionType(result_ir, [u32_ir] * 6 + [f32_ir] * 4),
+                "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
+                "{$0,$1,$2,$3}, {$4,$5,$6,$7}, {$8,$9}, {$10,$11,$12,$13};",
+                "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f")
+            result = builder.call(asm, args)
+            values = [builder.extract_value(result, k) for k in range(4)]
+            return context.make_tuple(builder, signature.return_type, values)
+        return sig, codegen
+
+else:
+    # One fragment store per (block, warp): every lane writes its registers, the block meets
+    # at a barrier, each lane rebuilds the tiles and takes its share of D, and a second barrier
+    # keeps the store until every lane has read it. mma.sync needs all lanes of a warp to take
+    # part, and kernels call it uniformly across the block, so the barriers are met.
+    _fragments = {}
+    _fragments_lock = threading.Lock()
+
+    # Device functions, so the simulator binds its thread-aware ``cuda`` module in their globals.
+    @cuda.jit(device=True)
+    def _warp_key():
+        tid, dim, block = cuda.threadIdx, cuda.blockDim, cuda.blockIdx
+        linear = tid.x + dim.x * (tid.y + dim.y * tid.z)
+        return (block.x, block.y, block.z, linear // 32), linear % 32
+
+    def to_tf32(x):
+        """float32 -> tf32-rounded float32 (the simulator passes values, not bit patterns)."""
+        return np.float32(tf32_round(np.float32(x)))
+
+    @cuda.jit(device=True)
+    def mma_tf32_m16n8k8(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+        """Emulated warp MMA with the layouts of `LAYOUT_M16N8K8_TF32`."""
+        key, lane = _warp_key()
+        with _fragments_lock:
+            store = _fragments.setdefault(key, np.zeros((32, 10), dtype=np.float32))
+        store[lane] = (a0, a1, a2, a3, b0, b1, c0, c1, c2, c3)
+        cuda.syncthreads()
+        tiles = {"a": np.zeros((16, 8), np.float32), "b": np.zeros((8, 8), np.float32),
+                 "c": np.zeros((16, 8), np.float32)}
+        registers = {"a": store[:, 0:4], "b": store[:, 4:6], "c": store[:, 6:10]}
+        for name, tile in tiles.items():
+            positions = LAYOUT_M16N8K8_TF32[name]
+            tile[positions[..., 0], positions[..., 1]] = registers[name]
+        d = (tiles["a"].astype(np.float64) @ tiles["b"].astype(np.float64)
+             + tiles["c"]).astype(np.float32)
+        cuda.syncthreads()
+        mine = LAYOUT_M16N8K8_TF32["c"][lane]
+        return tuple(d[row, col] for row, col in mine)

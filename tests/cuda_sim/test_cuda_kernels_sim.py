@@ -1,0 +1,129 @@
+"""CUDA kernels under the simulator, against NumPy/scipy in float64 (tiny inputs: the simulator
+runs every CUDA thread as a Python thread). Run with NUMBA_ENABLE_CUDASIM=1 set before numba is
+imported; `tests/test_cuda.py` does that in a subprocess."""
+import numpy as np
+import pytest
+from numba import config
+
+if not config.ENABLE_CUDASIM:
+    pytest.skip("needs NUMBA_ENABLE_CUDASIM=1 (run through tests/test_cuda.py)",
+                allow_module_level=True)
+
+from numba import cuda  # noqa: E402
+
+import pysparse_hpc as sph  # noqa: E402
+from pysparse_hpc.kernels.cuda import spmm as cuda_spmm  # noqa: E402
+from pysparse_hpc.kernels.cuda._mma import (  # noqa: E402
+    LAYOUT_M16N8K8_TF32,
+    mma_tf32_m16n8k8,
+    tf32_round,
+    to_tf32,
+)
+
+from ..conftest import random_scipy  # noqa: E402
+
+pytestmark = pytest.mark.cuda
+
+A_POS, B_POS, C_POS = (LAYOUT_M16N8K8_TF32[k] for k in ("a", "b", "c"))
+
+
+def tile_product(a_positions):
+    """One warp multiplies A (16x8) by B (8x8), loading A's registers from ``a_positions``."""
+    @cuda.jit
+    def kernel(A, B, D, a_pos, b_pos, c_pos):
+        lane = cuda.threadIdx.x
+        a = [to_tf32(A[a_pos[lane, k, 0], a_pos[lane, k, 1]]) for k in range(4)]
+        b = [to_tf32(B[b_pos[lane, k, 0], b_pos[lane, k, 1]]) for k in range(2)]
+        d = mma_tf32_m16n8k8(a[0], a[1], a[2], a[3], b[0], b[1], np.float32(0), np.float32(0),
+                             np.float32(0), np.float32(0))
+        for k in range(4):
+            D[c_pos[lane, k, 0], c_pos[lane, k, 1]] = d[k]
+
+    rng = np.random.default_rng(0)
+    A = rng.standard_normal((16, 8)).astype(np.float32)
+    B = rng.standard_normal((8, 8)).astype(np.float32)
+    D = np.zeros((16, 8), np.float32)
+    kernel[1, 32](A, B, D, a_positions, B_POS, C_POS)
+    expected = tf32_round(A).astype(np.float64) @ tf32_round(B).astype(np.float64)
+    return D, expected
+
+
+def test_emulated_mma_matches_numpy():
+    D, expected = tile_product(A_POS)
+    np.testing.assert_allclose(D, expected, rtol=1e-6, atol=1e-6)
+
+
+def test_a_wrong_fragment_layout_is_caught():
+    swapped = A_POS.copy()
+    swapped[:, [1, 2]] = swapped[:, [2, 1]]  # a1 <-> a2: rows g+8 and columns t+4 mixed up
+    D, expected = tile_product(swapped)
+    relative = np.abs(D - expected).max() / np.abs(expected).max()
+    assert relative > 0.1
+
+
+def test_tf32_rounding():
+    x = np.array([1.0, 1 + 2**-11, 1 + 2**-10, np.inf, -3.14159265], np.float32)
+    rounded = tf32_round(x)
+    assert rounded[0] == 1.0 and rounded[2] == np.float32(1 + 2**-10) and np.isinf(rounded[3])
+    assert rounded[1] == np.float32(1 + 2**-10)  # a tie rounds away from zero (cvt.rna)
+    assert abs(rounded[4] - x[4]) <= 2**-10 * 4
+
+
+@pytest.mark.parametrize("shape,n,warps", [((20, 13), 40, 1), ((9, 30), 16, 2), ((24, 24), 7, 1)])
+def test_mebcrs_spmm_tf32(shape, n, warps):
+    rng = np.random.default_rng(sum(shape) + n)
+    S = random_scipy(rng, shape, 0.3)
+    dense = S.toarray()
+    dense[8:16] = 0  # an empty window
+    M = sph.csr_array(dense, dtype=np.float32).to_mebcrs(block_width=8)
+    B = rng.standard_normal((shape[1], n)).astype(np.float32)
+    out = np.full((shape[0], n), np.nan, np.float32)
+    cuda_spmm.launch_mebcrs_spmm_tf32(M, B, out, warps)
+    expected = dense @ B.astype(np.float64)
+    scale = np.abs(dense) @ np.abs(B.astype(np.float64)) + 1e-30
+    assert np.all(np.abs(out - expected) <= 2e-3 * scale + 1e-6)  # tf32: 10 mantissa bits
+
+
+def test_csr_spmm_cuda_cores():
+    rng = np.random.default_rng(3)
+    S = random_scipy(rng, (11, 9), 0.3, duplicates=True)
+    A = sph.csr_array(S)
+    B = rng.standard_normal((9, 5))
+    out = np.zeros((11, 5))
+    cuda_spmm.launch_csr_spmm(A.indptr, A.indices, A.data, B, out, threads_x=4, threads_y=2)
+    np.testing.assert_allclose(out, S @ B, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("precision", ["tf32", "fp32"])
+def test_spmm_backend_cuda_host_and_device(precision, monkeypatch):
+    from pysparse_hpc import _config
+    monkeypatch.setattr(_config, "_CUDA_WARPS", 1)  # several column tiles on a tiny input
+    rng = np.random.default_rng(7)
+    S = random_scipy(rng, (19, 12), 0.3, duplicates=True)
+    A = sph.csr_array(S, dtype=np.float32)
+    B = rng.standard_normal((12, 35)).astype(np.float32)
+    expected = S @ B.astype(np.float64)
+    rtol = 2e-3 if precision == "tf32" else 1e-5
+    scale = np.abs(S) @ np.abs(B.astype(np.float64)) + 1e-30
+    for operand in (A, A.to_mebcrs(8)):
+        host = sph.spmm(operand, B, backend="cuda", precision=precision)
+        assert isinstance(host, np.ndarray) and host.shape == (19, 35)
+        assert np.all(np.abs(host - expected) <= rtol * scale + 1e-6)
+    device = sph.spmm(A, cuda.to_device(B), precision=precision)  # "auto" follows the data
+    assert not isinstance(device, np.ndarray)
+    assert np.all(np.abs(device.copy_to_host() - expected) <= rtol * scale + 1e-6)
+
+
+def test_spmm_backend_cuda_bad_input():
+    A = sph.csr_array(np.eye(10, dtype=np.float32))
+    B = np.ones((10, 3), np.float32)
+    with pytest.raises(NotImplementedError, match="fp16"):
+        sph.spmm(A, B, backend="cuda", precision="fp16")
+    with pytest.raises(ValueError, match="precision must be one of"):
+        sph.spmm(A, B, backend="cuda", precision="bf16")
+    with pytest.raises(ValueError, match="block_width=8"):
+        sph.spmm(A.to_mebcrs(4), B, backend="cuda", precision="tf32")
+    with pytest.raises(ValueError, match="dimension mismatch"):
+        sph.spmm(A, cuda.to_device(np.ones((4, 3), np.float32)), backend="cuda")
+    with pytest.raises(TypeError, match="float32"):
+        sph.spmm(A, cuda.to_device(np.ones((10, 3), np.float64)), backend="cuda", precision="tf32")
