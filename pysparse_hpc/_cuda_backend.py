@@ -14,8 +14,8 @@ from ._dense import is_device_array
 
 __all__ = ["PRECISIONS", "require_gpu", "spmm_cuda"]
 
-#: "fp32": CUDA-core CSR kernel; "tf32": tensor-core ME-BCRS kernel (fp32 accumulation);
-#: "fp16": tensor-core ME-BCRS kernel with fp16 inputs (not built yet).
+#: "fp32": CUDA-core CSR kernel; "tf32" and "fp16": tensor-core ME-BCRS kernels with tf32 or
+#: fp16 inputs, both accumulating in fp32.
 PRECISIONS = ("fp32", "tf32", "fp16")
 
 
@@ -77,9 +77,6 @@ def spmm_cuda(A, operand, precision):
     """``A @ B`` on the GPU; ``operand`` is the validated dense B (see `ops.spmm`)."""
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
-    if precision == "fp16":
-        raise NotImplementedError("precision='fp16' (fp16 tensor cores) is not available yet; "
-                                  "use 'tf32' or 'fp32'")
     cuda, _ = require_gpu()
     from .kernels.cuda import spmm as kernels
 
@@ -91,16 +88,16 @@ def spmm_cuda(A, operand, precision):
                          f"rows; expected B.shape[0] == {A.shape[1]}")
     if np.dtype(str(B.dtype).replace("torch.", "")) not in (np.float32, np.float64):
         raise TypeError(f"B must hold float32 or float64 values on the GPU, got {B.dtype}")
-    if precision == "tf32":
-        M = _tf32_operand(A)
+    if precision in ("tf32", "fp16"):
+        M = _mma_operand(A, precision)
         dtype = np.dtype(np.float32)
         values = M.values.astype(np.float32, copy=False)
         offsets, col_idx = _device_arrays(cuda, M, ("row_window_offset", "col_idx"))
         device_B = _on_device(cuda, B, dtype, "B")
         result, device_out = _result(cuda, operand, (A.shape[0], B.shape[1]), dtype)
-        kernels.launch_mebcrs_spmm_tf32(_DeviceMebcrs(offsets, col_idx, cuda.to_device(values),
-                                                      M.shape), device_B, device_out,
-                                        cuda_warps_per_block())
+        kernels.launch_mebcrs_spmm(_DeviceMebcrs(offsets, col_idx, cuda.to_device(values),
+                                                 M.shape), device_B, device_out,
+                                   cuda_warps_per_block(), precision)
     else:
         csr = A.tocsr().canonical()
         dtype = np.result_type(csr.dtype, np.dtype(B.dtype), np.float32)
@@ -130,16 +127,17 @@ def _result(cuda, operand, shape, dtype):
     return None, device_out
 
 
-def _tf32_operand(A):
-    """The 8x1, k = 8 ME-BCRS array the tf32 kernel needs (a CSR input is converted once)."""
+def _mma_operand(A, precision):
+    """The 8x1, k = 8 ME-BCRS array the tensor-core kernels need (a CSR input is converted
+    once and the result kept on it)."""
     if isinstance(A, blocked_array):
         if (A.window, A.block_width) != (8, 8):
             raise ValueError(
-                f"precision='tf32' needs ME-BCRS with 8-row windows and block_width=8, got window "
+                f"precision={precision!r} needs ME-BCRS with 8-row windows and block_width=8, got window "
                 f"{A.window} and block_width {A.block_width}; convert with A.tocsr().to_mebcrs(8)")
         return A
-    cached = A.__dict__.get("_mebcrs_for_tf32")
+    cached = A.__dict__.get("_mebcrs_for_mma")
     if cached is None or cached[0] is not A.indices:
         cached = (A.indices, A.to_mebcrs(block_width=8))
-        A._mebcrs_for_tf32 = cached
+        A._mebcrs_for_mma = cached
     return cached[1]

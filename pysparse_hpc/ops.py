@@ -102,15 +102,15 @@ def spmm(A, B, *, out=None, backend="auto", precision="fp32"):
         device data (torch CUDA tensors, CuPy and Numba device arrays, read in place) and needs
         a GPU or the enabled CUDA simulator.
     precision : {"fp32", "tf32", "fp16"}
-        GPU only: "fp32" runs the CUDA-core CSR kernel, "tf32" the tensor-core ME-BCRS kernel
-        (tf32 inputs, fp32 accumulation; a CSR ``A`` is converted once and the result kept).
-        On the tensor-core path a NaN or infinity in B reaches every row of the windows that read
-        that row of B (padding multiplies it by 0). "fp16" is not available yet.
+        GPU only: "fp32" runs the CUDA-core CSR kernel; "tf32" and "fp16" the tensor-core ME-BCRS
+        kernels (tf32 or fp16 inputs rounded from float32, fp32 accumulation; a CSR ``A`` is
+        converted once and the result kept). On the tensor-core path a NaN or infinity in B
+        reaches every row of the windows that read that row of B (padding multiplies it by 0).
 
     Returns
     -------
     numpy.ndarray or torch.Tensor
-        Same kind as ``B``; dtype per the module's promotion rule (tf32: float32).
+        Same kind as ``B``; dtype per the module's promotion rule (tf32 and fp16: float32).
 
     Raises
     ------

@@ -21,7 +21,7 @@ def test_kernels_under_the_simulator():
     assert " passed" in result.stdout and "skipped" not in result.stdout.splitlines()[-1]
 
 
-def _compile_ptx(cc):
+def _compile_ptx(cc, kernel):
     from numba import cuda, types
     from pysparse_hpc.kernels.cuda import spmm
     if cuda.compile_ptx is None:
@@ -29,7 +29,7 @@ def _compile_ptx(cc):
     f32, i32 = types.float32, types.int32
     signature = (i32[::1], i32[::1], f32[::1], types.int64, f32[:, ::1], f32[:, ::1])
     try:
-        ptx, _ = cuda.compile_ptx(spmm._mebcrs_spmm_tf32, signature, cc=cc)
+        ptx, _ = cuda.compile_ptx(spmm.MEBCRS_SPMM_SOURCES[kernel], signature, cc=cc)
     except Exception as exc:  # NVRTC/NVVM wheels missing: say which
         if "NVVM" in str(exc) or "nvrtc" in str(exc).lower() or "libNVVM" in str(exc):
             pytest.skip(f"CUDA compiler libraries not installed: {exc}")
@@ -38,11 +38,15 @@ def _compile_ptx(cc):
 
 
 @pytest.mark.parametrize("cc", [(8, 0), (9, 0)])
-def test_tensor_core_kernel_compiles_to_mma(cc, tmp_path):
-    ptx = _compile_ptx(cc)
+@pytest.mark.parametrize("kernel,mma_types,conversion", [
+    ("tf32", ".f32.tf32.tf32.f32", "cvt.rna.tf32.f32"),
+    ("fp16", ".f32.f16.f16.f32", "cvt.rn.f16x2.f32"),  # fp32 accumulators
+])
+def test_tensor_core_kernel_compiles_to_mma(cc, kernel, mma_types, conversion, tmp_path):
+    ptx = _compile_ptx(cc, kernel)
     mma_lines = [line for line in ptx.splitlines() if "mma.sync.aligned.m16n8k8" in line]
-    assert mma_lines and all(".tf32.tf32.f32" in line for line in mma_lines)
-    assert "cvt.rna.tf32.f32" in ptx
+    assert mma_lines and all(mma_types in line for line in mma_lines)
+    assert conversion in ptx
     ptxas = shutil.which("ptxas")
     if ptxas is None:
         return

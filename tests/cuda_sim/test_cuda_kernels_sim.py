@@ -14,8 +14,11 @@ from numba import cuda  # noqa: E402
 import pysparse_hpc as sph  # noqa: E402
 from pysparse_hpc.kernels.cuda import spmm as cuda_spmm  # noqa: E402
 from pysparse_hpc.kernels.cuda._mma import (  # noqa: E402
+    LAYOUT_M16N8K8_F16,
     LAYOUT_M16N8K8_TF32,
+    mma_f16_m16n8k8,
     mma_tf32_m16n8k8,
+    pack_half2,
     tf32_round,
     to_tf32,
 )
@@ -61,6 +64,38 @@ def test_a_wrong_fragment_layout_is_caught():
     assert relative > 0.1
 
 
+def half_tile_product(a_positions):
+    """The fp16 MMA of one warp, A's registers loaded from ``a_positions`` (pairs per register)."""
+    b_pos, c_pos = LAYOUT_M16N8K8_F16["b"], LAYOUT_M16N8K8_F16["c"]
+
+    @cuda.jit
+    def kernel(A, B, D, a_pos, b_pos, c_pos):
+        lane = cuda.threadIdx.x
+        a = [A[a_pos[lane, k, 0], a_pos[lane, k, 1]] for k in range(4)]
+        b = [B[b_pos[lane, k, 0], b_pos[lane, k, 1]] for k in range(2)]
+        d = mma_f16_m16n8k8(pack_half2(a[0], a[1]), pack_half2(a[2], a[3]), pack_half2(b[0], b[1]),
+                            np.float32(0), np.float32(0), np.float32(0), np.float32(0))
+        for k in range(4):
+            D[c_pos[lane, k, 0], c_pos[lane, k, 1]] = d[k]
+
+    rng = np.random.default_rng(1)
+    A = rng.standard_normal((16, 8)).astype(np.float32)
+    B = rng.standard_normal((8, 8)).astype(np.float32)
+    D = np.zeros((16, 8), np.float32)
+    kernel[1, 32](A, B, D, a_positions, b_pos, c_pos)
+    halves = A.astype(np.float16).astype(np.float64) @ B.astype(np.float16).astype(np.float64)
+    return D, halves
+
+
+def test_emulated_f16_mma_and_a_wrong_layout():
+    D, expected = half_tile_product(LAYOUT_M16N8K8_F16["a"])
+    np.testing.assert_allclose(D, expected, rtol=1e-6, atol=1e-6)
+    swapped = LAYOUT_M16N8K8_F16["a"].copy()
+    swapped[:, [0, 1]] = swapped[:, [1, 0]]  # the two halves of a0 in the wrong order
+    D, expected = half_tile_product(swapped)
+    assert np.abs(D - expected).max() / np.abs(expected).max() > 0.1
+
+
 def test_tf32_rounding():
     x = np.array([1.0, 1 + 2**-11, 1 + 2**-10, np.inf, -3.14159265], np.float32)
     rounded = tf32_round(x)
@@ -69,8 +104,9 @@ def test_tf32_rounding():
     assert abs(rounded[4] - x[4]) <= 2**-10 * 4
 
 
+@pytest.mark.parametrize("precision", ["tf32", "fp16"])
 @pytest.mark.parametrize("shape,n,warps", [((20, 13), 40, 1), ((9, 30), 16, 2), ((24, 24), 7, 1)])
-def test_mebcrs_spmm_tf32(shape, n, warps):
+def test_mebcrs_spmm_tensor_cores(shape, n, warps, precision):
     rng = np.random.default_rng(sum(shape) + n)
     S = random_scipy(rng, shape, 0.3)
     dense = S.toarray()
@@ -78,10 +114,10 @@ def test_mebcrs_spmm_tf32(shape, n, warps):
     M = sph.csr_array(dense, dtype=np.float32).to_mebcrs(block_width=8)
     B = rng.standard_normal((shape[1], n)).astype(np.float32)
     out = np.full((shape[0], n), np.nan, np.float32)
-    cuda_spmm.launch_mebcrs_spmm_tf32(M, B, out, warps)
+    cuda_spmm.launch_mebcrs_spmm(M, B, out, warps, precision)
     expected = dense @ B.astype(np.float64)
     scale = np.abs(dense) @ np.abs(B.astype(np.float64)) + 1e-30
-    assert np.all(np.abs(out - expected) <= 2e-3 * scale + 1e-6)  # tf32: 10 mantissa bits
+    assert np.all(np.abs(out - expected) <= 2e-3 * scale + 1e-6)  # 10 mantissa bits, fp32 sums
 
 
 def test_csr_spmm_cuda_cores():
@@ -94,7 +130,7 @@ def test_csr_spmm_cuda_cores():
     np.testing.assert_allclose(out, S @ B, rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.parametrize("precision", ["tf32", "fp32"])
+@pytest.mark.parametrize("precision", ["tf32", "fp16", "fp32"])
 def test_spmm_backend_cuda_host_and_device(precision, monkeypatch):
     from pysparse_hpc import _config
     monkeypatch.setattr(_config, "_CUDA_WARPS", 1)  # several column tiles on a tiny input
@@ -103,7 +139,7 @@ def test_spmm_backend_cuda_host_and_device(precision, monkeypatch):
     A = sph.csr_array(S, dtype=np.float32)
     B = rng.standard_normal((12, 35)).astype(np.float32)
     expected = S @ B.astype(np.float64)
-    rtol = 2e-3 if precision == "tf32" else 1e-5
+    rtol = 1e-5 if precision == "fp32" else 2e-3
     scale = np.abs(S) @ np.abs(B.astype(np.float64)) + 1e-30
     for operand in (A, A.to_mebcrs(8)):
         host = sph.spmm(operand, B, backend="cuda", precision=precision)
@@ -117,8 +153,6 @@ def test_spmm_backend_cuda_host_and_device(precision, monkeypatch):
 def test_spmm_backend_cuda_bad_input():
     A = sph.csr_array(np.eye(10, dtype=np.float32))
     B = np.ones((10, 3), np.float32)
-    with pytest.raises(NotImplementedError, match="fp16"):
-        sph.spmm(A, B, backend="cuda", precision="fp16")
     with pytest.raises(ValueError, match="precision must be one of"):
         sph.spmm(A, B, backend="cuda", precision="bf16")
     with pytest.raises(ValueError, match="block_width=8"):

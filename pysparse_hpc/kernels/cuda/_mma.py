@@ -1,7 +1,7 @@
 """Tensor-core MMA from Numba: inline PTX on a real target, an exact emulation under the simulator.
 
-Kernels call ``to_tf32`` on their operands and ``mma_tf32_m16n8k8`` with one warp's fragments;
-both names are bound at import time to the PTX intrinsics or to the emulation, so one kernel
+Kernels call ``to_tf32`` / ``pack_half2`` on their operands and ``mma_tf32_m16n8k8`` /
+``mma_f16_m16n8k8`` with one warp's fragments (float32 accumulators in both); the names are bound at import time to the PTX intrinsics or to the emulation, so one kernel
 source runs in both places.
 
 Fragment layouts (PTX ISA, ``mma.m16n8k8`` with tf32 inputs), with ``g = lane >> 2`` and
@@ -14,7 +14,8 @@ import threading
 import numpy as np
 from numba import config, cuda
 
-__all__ = ["SIMULATED", "LAYOUT_M16N8K8_TF32", "to_tf32", "mma_tf32_m16n8k8", "tf32_round"]
+__all__ = ["SIMULATED", "LAYOUT_M16N8K8_TF32", "LAYOUT_M16N8K8_F16", "to_tf32", "tf32_round",
+           "mma_tf32_m16n8k8", "pack_half2", "mma_f16_m16n8k8"]
 
 SIMULATED = bool(config.ENABLE_CUDASIM)
 
@@ -37,6 +38,16 @@ LAYOUT_M16N8K8_TF32 = {
     "b": _fragment_positions([lambda g, t: (t, g), lambda g, t: (t + 4, g)]),
     "c": _fragment_positions([lambda g, t: (g, 2 * t), lambda g, t: (g, 2 * t + 1),
                               lambda g, t: (g + 8, 2 * t), lambda g, t: (g + 8, 2 * t + 1)]),
+}
+
+
+#: The fp16 ``mma.m16n8k8``: each 32-bit register holds two halves, listed low half first.
+#: A: a0 = (g, 2t), (g, 2t+1); a1 = (g+8, 2t), (g+8, 2t+1). B: b0 = (2t, g), (2t+1, g).
+LAYOUT_M16N8K8_F16 = {
+    "a": _fragment_positions([lambda g, t: (g, 2 * t), lambda g, t: (g, 2 * t + 1),
+                              lambda g, t: (g + 8, 2 * t), lambda g, t: (g + 8, 2 * t + 1)]),
+    "b": _fragment_positions([lambda g, t: (2 * t, g), lambda g, t: (2 * t + 1, g)]),
+    "c": LAYOUT_M16N8K8_TF32["c"],
 }
 
 
@@ -84,6 +95,36 @@ if not SIMULATED:
             return context.make_tuple(builder, signature.return_type, values)
         return sig, codegen
 
+    @intrinsic
+    def pack_half2(typingctx, low, high):
+        """Two float32 -> one register of two fp16 (round to nearest), ``low`` in the low half."""
+        sig = types.uint32(types.float32, types.float32)
+
+        def codegen(context, builder, signature, args):
+            asm = ir.InlineAsm(ir.FunctionType(ir.IntType(32), [ir.FloatType(), ir.FloatType()]),
+                               "cvt.rn.f16x2.f32 $0, $2, $1;", "=r,f,f")  # operand a -> high half
+            return builder.call(asm, args)
+        return sig, codegen
+
+    @intrinsic
+    def mma_f16_m16n8k8(typingctx, a0, a1, b0, c0, c1, c2, c3):
+        """D = A B + C on one warp: fp16 inputs, float32 accumulators; returns (d0, d1, d2, d3)."""
+        f32, u32 = types.float32, types.uint32
+        sig = types.UniTuple(f32, 4)(u32, u32, u32, f32, f32, f32, f32)
+
+        def codegen(context, builder, signature, args):
+            f32_ir, u32_ir = ir.FloatType(), ir.IntType(32)
+            result_ir = ir.LiteralStructType([f32_ir] * 4)
+            asm = ir.InlineAsm(
+                ir.FunctionType(result_ir, [u32_ir] * 3 + [f32_ir] * 4),
+                "mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 "
+                "{$0,$1,$2,$3}, {$4,$5}, {$6}, {$7,$8,$9,$10};",
+                "=f,=f,=f,=f,r,r,r,f,f,f,f")
+            result = builder.call(asm, args)
+            values = [builder.extract_value(result, k) for k in range(4)]
+            return context.make_tuple(builder, signature.return_type, values)
+        return sig, codegen
+
 else:
     # One fragment store per (block, warp): every lane writes its registers, the block meets
     # at a barrier, each lane rebuilds the tiles and takes its share of D, and a second barrier
@@ -104,21 +145,40 @@ else:
         return np.float32(tf32_round(np.float32(x)))
 
     @cuda.jit(device=True)
-    def mma_tf32_m16n8k8(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
-        """Emulated warp MMA with the layouts of `LAYOUT_M16N8K8_TF32`."""
+    def _warp_mma(layout, registers, accumulators, tag):
+        """Gather the warp's registers, rebuild A, B and C from ``layout``, return this lane's D.
+
+        ``registers`` are this lane's A then B elements (one per layout position).
+        """
         key, lane = _warp_key()
+        n_a, n_b = layout["a"].shape[1], layout["b"].shape[1]
         with _fragments_lock:
-            store = _fragments.setdefault(key, np.zeros((32, 10), dtype=np.float32))
-        store[lane] = (a0, a1, a2, a3, b0, b1, c0, c1, c2, c3)
+            store = _fragments.setdefault(key + (tag,), np.zeros((32, n_a + n_b + 4), np.float32))
+        store[lane] = tuple(registers) + tuple(accumulators)
         cuda.syncthreads()
         tiles = {"a": np.zeros((16, 8), np.float32), "b": np.zeros((8, 8), np.float32),
                  "c": np.zeros((16, 8), np.float32)}
-        registers = {"a": store[:, 0:4], "b": store[:, 4:6], "c": store[:, 6:10]}
+        columns = {"a": slice(0, n_a), "b": slice(n_a, n_a + n_b), "c": slice(n_a + n_b, None)}
         for name, tile in tiles.items():
-            positions = LAYOUT_M16N8K8_TF32[name]
-            tile[positions[..., 0], positions[..., 1]] = registers[name]
+            positions = layout[name]
+            tile[positions[..., 0], positions[..., 1]] = store[:, columns[name]]
         d = (tiles["a"].astype(np.float64) @ tiles["b"].astype(np.float64)
              + tiles["c"]).astype(np.float32)
         cuda.syncthreads()
-        mine = LAYOUT_M16N8K8_TF32["c"][lane]
-        return tuple(d[row, col] for row, col in mine)
+        return tuple(d[row, col] for row, col in layout["c"][lane])
+
+    @cuda.jit(device=True)
+    def mma_tf32_m16n8k8(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+        """Emulated warp MMA with the layouts of `LAYOUT_M16N8K8_TF32`."""
+        return _warp_mma(LAYOUT_M16N8K8_TF32, (a0, a1, a2, a3, b0, b1), (c0, c1, c2, c3), "tf32")
+
+    @cuda.jit(device=True)
+    def pack_half2(low, high):
+        """Two float32 -> a pair of fp16 values (the simulator passes values, not bits)."""
+        return (np.float16(low), np.float16(high))
+
+    @cuda.jit(device=True)
+    def mma_f16_m16n8k8(a0, a1, b0, c0, c1, c2, c3):
+        """Emulated warp MMA with the layouts of `LAYOUT_M16N8K8_F16`, fp32 accumulation."""
+        return _warp_mma(LAYOUT_M16N8K8_F16, (a0[0], a0[1], a1[0], a1[1], b0[0], b0[1]),
+                         (c0, c1, c2, c3), "f16")

@@ -18,70 +18,91 @@ import math
 import numpy as np
 from numba import cuda, float32
 
-from ._mma import mma_tf32_m16n8k8, to_tf32
+from ._mma import mma_f16_m16n8k8, mma_tf32_m16n8k8, pack_half2, to_tf32
 
-__all__ = ["mebcrs_spmm_tf32", "csr_spmm", "launch_mebcrs_spmm_tf32", "launch_csr_spmm"]
+__all__ = ["MEBCRS_SPMM_SOURCES", "csr_spmm", "launch_mebcrs_spmm", "launch_csr_spmm"]
 
 #: Vectors per block (the mma reduction extent) and rows per window the tf32 kernel assumes.
 BLOCK_WIDTH = 8
 WINDOW = 8
 
 
-def _mebcrs_spmm_tf32(row_window_offset, col_idx, values, n_rows, B, out):
-    w = cuda.blockIdx.x
-    warps = cuda.blockDim.x // 32
-    warp = cuda.threadIdx.x // 32
-    lane = cuda.threadIdx.x % 32
-    g = lane >> 2
-    t = lane & 3
-    n_cols_out = B.shape[1]
-    j_lo = (cuda.blockIdx.y * warps + warp) * 16 + g  # this lane's two output columns
-    j_hi = j_lo + 8
-    first = row_window_offset[w]
-    n_vectors = row_window_offset[w + 1] - first
-    row0 = w * WINDOW
-    c0 = float32(0.0)
-    c1 = float32(0.0)
-    c2 = float32(0.0)
-    c3 = float32(0.0)
-    for block_start in range(0, n_vectors, BLOCK_WIDTH):
-        width = min(BLOCK_WIDTH, n_vectors - block_start)
-        base = (first + block_start) * WINDOW
-        # A operand: B^T rows j_lo / j_hi, reduction slots t / t + 4 (vectors of the block).
-        a0 = float32(0.0)
-        a1 = float32(0.0)
-        a2 = float32(0.0)
-        a3 = float32(0.0)
-        b0 = float32(0.0)
-        b1 = float32(0.0)
-        if t < width:
-            source = col_idx[first + block_start + t]
-            if j_lo < n_cols_out:
-                a0 = B[source, j_lo]
-            if j_hi < n_cols_out:
-                a1 = B[source, j_hi]
-            b0 = values[base + g * width + t]  # A^T[slot t, window row g]
-        if t + 4 < width:
-            source = col_idx[first + block_start + t + 4]
-            if j_lo < n_cols_out:
-                a2 = B[source, j_lo]
-            if j_hi < n_cols_out:
-                a3 = B[source, j_hi]
-            b1 = values[base + g * width + t + 4]
-        c0, c1, c2, c3 = mma_tf32_m16n8k8(to_tf32(a0), to_tf32(a1), to_tf32(a2), to_tf32(a3),
-                                          to_tf32(b0), to_tf32(b1), c0, c1, c2, c3)
-    # D[col, row]: d0 (j_lo, 2t), d1 (j_lo, 2t + 1), d2 (j_hi, 2t), d3 (j_hi, 2t + 1).
-    row = row0 + 2 * t
-    if j_lo < n_cols_out:
-        if row < n_rows:
-            out[row, j_lo] = c0
-        if row + 1 < n_rows:
-            out[row + 1, j_lo] = c1
-    if j_hi < n_cols_out:
-        if row < n_rows:
-            out[row, j_hi] = c2
-        if row + 1 < n_rows:
-            out[row + 1, j_hi] = c3
+def _make_mebcrs_spmm(half):
+    """The tensor-core SpMM source for fp16 (``half``) or tf32 inputs; ``half`` is a closure
+    constant, so each kernel compiles only its own branch.
+
+    Both precisions load the same values per lane: reduction slots (t, t + 4) in the tf32
+    layout, (2t, 2t + 1) in the fp16 one, for output columns j_lo and j_hi and window row g.
+    """
+    def kernel(row_window_offset, col_idx, values, n_rows, B, out):
+        w = cuda.blockIdx.x
+        warps = cuda.blockDim.x // 32
+        warp = cuda.threadIdx.x // 32
+        lane = cuda.threadIdx.x % 32
+        g = lane >> 2
+        t = lane & 3
+        n_cols_out = B.shape[1]
+        j_lo = (cuda.blockIdx.y * warps + warp) * 16 + g  # this lane's two output columns
+        j_hi = j_lo + 8
+        slot0 = 2 * t if half else t
+        slot1 = 2 * t + 1 if half else t + 4
+        first = row_window_offset[w]
+        n_vectors = row_window_offset[w + 1] - first
+        row0 = w * WINDOW
+        c0 = float32(0.0)
+        c1 = float32(0.0)
+        c2 = float32(0.0)
+        c3 = float32(0.0)
+        for block_start in range(0, n_vectors, BLOCK_WIDTH):
+            width = min(BLOCK_WIDTH, n_vectors - block_start)
+            base = (first + block_start) * WINDOW
+            # B^T at (column, slot) and A^T at (slot, window row g); zero past the block's end
+            # or the matrix's last column.
+            lo0 = float32(0.0)
+            hi0 = float32(0.0)
+            lo1 = float32(0.0)
+            hi1 = float32(0.0)
+            sparse0 = float32(0.0)
+            sparse1 = float32(0.0)
+            if slot0 < width:
+                source = col_idx[first + block_start + slot0]
+                if j_lo < n_cols_out:
+                    lo0 = B[source, j_lo]
+                if j_hi < n_cols_out:
+                    hi0 = B[source, j_hi]
+                sparse0 = values[base + g * width + slot0]
+            if slot1 < width:
+                source = col_idx[first + block_start + slot1]
+                if j_lo < n_cols_out:
+                    lo1 = B[source, j_lo]
+                if j_hi < n_cols_out:
+                    hi1 = B[source, j_hi]
+                sparse1 = values[base + g * width + slot1]
+            if half:
+                c0, c1, c2, c3 = mma_f16_m16n8k8(pack_half2(lo0, lo1), pack_half2(hi0, hi1),
+                                                 pack_half2(sparse0, sparse1), c0, c1, c2, c3)
+            else:
+                c0, c1, c2, c3 = mma_tf32_m16n8k8(to_tf32(lo0), to_tf32(hi0), to_tf32(lo1),
+                                                  to_tf32(hi1), to_tf32(sparse0),
+                                                  to_tf32(sparse1), c0, c1, c2, c3)
+        # D is a tile of C^T: d0 (j_lo, row), d1 (j_lo, row + 1), d2 (j_hi, row), d3 (j_hi,
+        # row + 1), written back transposed inside the matrix's edges.
+        row = row0 + 2 * t
+        if j_lo < n_cols_out:
+            if row < n_rows:
+                out[row, j_lo] = c0
+            if row + 1 < n_rows:
+                out[row + 1, j_lo] = c1
+        if j_hi < n_cols_out:
+            if row < n_rows:
+                out[row, j_hi] = c2
+            if row + 1 < n_rows:
+                out[row + 1, j_hi] = c3
+    return kernel
+
+
+#: Kernel sources by precision (plain functions: `cuda.compile_ptx` takes these).
+MEBCRS_SPMM_SOURCES = {"tf32": _make_mebcrs_spmm(half=False), "fp16": _make_mebcrs_spmm(half=True)}
 
 
 def _csr_spmm(indptr, indices, data, B, out):
@@ -96,19 +117,19 @@ def _csr_spmm(indptr, indices, data, B, out):
     out[row, col] = acc
 
 
-mebcrs_spmm_tf32 = cuda.jit(_mebcrs_spmm_tf32)
 csr_spmm = cuda.jit(_csr_spmm)
+_MMA_KERNELS = {precision: cuda.jit(source) for precision, source in MEBCRS_SPMM_SOURCES.items()}
 
 
-def launch_mebcrs_spmm_tf32(A, B, out, warps):
-    """Run the tf32 kernel on device (or simulated) arrays; ``A`` is an 8x1 ME-BCRS, k = 8."""
+def launch_mebcrs_spmm(A, B, out, warps, precision="tf32"):
+    """Run a tensor-core kernel on device (or simulated) arrays; ``A`` is 8x1 ME-BCRS, k = 8."""
     n_windows = A.row_window_offset.size - 1
     n_cols = B.shape[1]
     if n_windows == 0 or n_cols == 0:
         return
     grid = (n_windows, math.ceil(n_cols / (16 * warps)))
-    mebcrs_spmm_tf32[grid, 32 * warps](A.row_window_offset, A.col_idx, A.values, A.shape[0], B,
-                                       out)
+    _MMA_KERNELS[precision][grid, 32 * warps](A.row_window_offset, A.col_idx, A.values,
+                                              A.shape[0], B, out)
 
 
 def launch_csr_spmm(indptr, indices, data, B, out, threads_x=32, threads_y=4):
