@@ -14,13 +14,18 @@ only tiles beyond 4096 columns.
 
 ``PYSPARSE_HPC_CUDA_WARPS`` (default 4): warps per thread block of the tensor-core SpMM; each
 warp owns 16 output columns of a row window (FlashSparse's 4 warps x 16 columns).
+
+``PYSPARSE_HPC_CUDA_SPLIT_BLOCKS`` (default 32): windows with more blocks than this are split
+across thread blocks that combine with atomics (FlashSparse's threshold), so the long windows of
+power-law graphs do not hold up the grid.
 """
 import os
 
 import numba
 
 __all__ = ["get_num_threads", "set_num_threads", "parallel_min_flops", "spmm_tile",
-           "cuda_warps_per_block"]
+           "cuda_warps_per_block",
+           "cuda_split_blocks"]
 
 
 def _initial_threads():
@@ -61,6 +66,14 @@ _CUDA_WARPS = _env_int("PYSPARSE_HPC_CUDA_WARPS", 4)
 def cuda_warps_per_block():
     """Warps per thread block of the tensor-core SpMM (at least 1)."""
     return max(1, _CUDA_WARPS)
+
+
+_CUDA_SPLIT_BLOCKS = _env_int("PYSPARSE_HPC_CUDA_SPLIT_BLOCKS", 32)
+
+
+def cuda_split_blocks():
+    """Blocks above which a window is split across thread blocks (at least 1)."""
+    return max(1, _CUDA_SPLIT_BLOCKS)
 
 
 def parallel_min_flops():

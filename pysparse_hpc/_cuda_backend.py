@@ -9,7 +9,7 @@ import sys
 import numpy as np
 
 from ._blocked import blocked_array
-from ._config import cuda_warps_per_block
+from ._config import cuda_split_blocks, cuda_warps_per_block
 from ._dense import is_device_array
 
 __all__ = ["PRECISIONS", "require_gpu", "spmm_cuda"]
@@ -97,7 +97,7 @@ def spmm_cuda(A, operand, precision):
         result, device_out = _result(cuda, operand, (A.shape[0], B.shape[1]), dtype)
         kernels.launch_mebcrs_spmm(_DeviceMebcrs(offsets, col_idx, cuda.to_device(values),
                                                  M.shape), device_B, device_out,
-                                   cuda_warps_per_block(), precision)
+                                   cuda_warps_per_block(), precision, _parts(cuda, kernels, M))
     else:
         csr = A.tocsr().canonical()
         dtype = np.result_type(csr.dtype, np.dtype(B.dtype), np.float32)
@@ -110,6 +110,19 @@ def spmm_cuda(A, operand, precision):
         return result
     host = device_out.copy_to_host()
     return sys.modules["torch"].from_numpy(host) if operand.kind == "torch" else host
+
+
+def _parts(cuda, kernels, M):
+    """The load-balanced part list of M on the device, built once per split threshold."""
+    split = cuda_split_blocks()
+    cache = M.__dict__.setdefault("_device_cache", {})
+    cached = cache.get("parts")
+    if cached is None or cached[0] is not M.row_window_offset or cached[1] != split:
+        host = kernels.mma_parts(M.row_window_offset, split)
+        device = tuple(cuda.to_device(np.ascontiguousarray(a)) for a in host)
+        cached = (M.row_window_offset, split, device + (bool(host[3].any()),))
+        cache["parts"] = cached
+    return cached[2]
 
 
 class _DeviceMebcrs:

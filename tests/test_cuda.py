@@ -27,7 +27,9 @@ def _compile_ptx(cc, kernel):
     if cuda.compile_ptx is None:
         pytest.skip("numba.cuda.compile_ptx is unavailable (simulator enabled)")
     f32, i32 = types.float32, types.int32
-    signature = (i32[::1], i32[::1], f32[::1], types.int64, f32[:, ::1], f32[:, ::1])
+    i64 = types.int64
+    signature = (i32[::1], i32[::1], f32[::1], i64, f32[:, ::1], f32[:, ::1], i64[::1], i64[::1],
+                 i64[::1], types.int32[::1])
     try:
         ptx, _ = cuda.compile_ptx(spmm.MEBCRS_SPMM_SOURCES[kernel], signature, cc=cc)
     except Exception as exc:  # NVRTC/NVVM wheels missing: say which

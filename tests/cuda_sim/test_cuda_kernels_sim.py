@@ -96,6 +96,15 @@ def test_emulated_f16_mma_and_a_wrong_layout():
     assert np.abs(D - expected).max() / np.abs(expected).max() > 0.1
 
 
+def test_mma_parts():
+    offsets = np.array([0, 3, 3, 40, 60])  # blocks per window: 1, 0, 5, 3
+    window, first, count, atomic = cuda_spmm.mma_parts(offsets, 2)
+    np.testing.assert_array_equal(window, [0, 1, 2, 2, 2, 3, 3])
+    np.testing.assert_array_equal(first, [0, 0, 0, 2, 4, 0, 2])
+    np.testing.assert_array_equal(count, [1, 0, 2, 2, 1, 2, 1])
+    np.testing.assert_array_equal(atomic, [0, 0, 1, 1, 1, 1, 1])
+
+
 def test_tf32_rounding():
     x = np.array([1.0, 1 + 2**-11, 1 + 2**-10, np.inf, -3.14159265], np.float32)
     rounded = tf32_round(x)
@@ -105,8 +114,10 @@ def test_tf32_rounding():
 
 
 @pytest.mark.parametrize("precision", ["tf32", "fp16"])
-@pytest.mark.parametrize("shape,n,warps", [((20, 13), 40, 1), ((9, 30), 16, 2), ((24, 24), 7, 1)])
-def test_mebcrs_spmm_tensor_cores(shape, n, warps, precision):
+@pytest.mark.parametrize("shape,n,warps,split", [((20, 13), 40, 1, 32), ((9, 30), 16, 2, 1),
+                                                 ((24, 24), 7, 1, 1), ((17, 40), 20, 1, 2)])
+def test_mebcrs_spmm_tensor_cores(shape, n, warps, split, precision):
+    """split=1 puts every window of more than one block on several thread blocks (atomics)."""
     rng = np.random.default_rng(sum(shape) + n)
     S = random_scipy(rng, shape, 0.3)
     dense = S.toarray()
@@ -114,7 +125,8 @@ def test_mebcrs_spmm_tensor_cores(shape, n, warps, precision):
     M = sph.csr_array(dense, dtype=np.float32).to_mebcrs(block_width=8)
     B = rng.standard_normal((shape[1], n)).astype(np.float32)
     out = np.full((shape[0], n), np.nan, np.float32)
-    cuda_spmm.launch_mebcrs_spmm(M, B, out, warps, precision)
+    parts = cuda_spmm.mma_parts(M.row_window_offset, split)
+    cuda_spmm.launch_mebcrs_spmm(M, B, out, warps, precision, parts + (bool(parts[3].any()),))
     expected = dense @ B.astype(np.float64)
     scale = np.abs(dense) @ np.abs(B.astype(np.float64)) + 1e-30
     assert np.all(np.abs(out - expected) <= 2e-3 * scale + 1e-6)  # 10 mantissa bits, fp32 sums
@@ -134,6 +146,7 @@ def test_csr_spmm_cuda_cores():
 def test_spmm_backend_cuda_host_and_device(precision, monkeypatch):
     from pysparse_hpc import _config
     monkeypatch.setattr(_config, "_CUDA_WARPS", 1)  # several column tiles on a tiny input
+    monkeypatch.setattr(_config, "_CUDA_SPLIT_BLOCKS", 1)  # split windows, atomic combine
     rng = np.random.default_rng(7)
     S = random_scipy(rng, (19, 12), 0.3, duplicates=True)
     A = sph.csr_array(S, dtype=np.float32)

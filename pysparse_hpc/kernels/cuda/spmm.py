@@ -10,8 +10,11 @@ tf32 uses m16n8k8 rather than m16n8k4: the reduction extent is then 8 vectors, t
 the fp16 kernel (m16n8k8, f16) uses too, so one ME-BCRS array (``block_width=8``) serves both
 precisions, and each instruction does twice the work.
 
-Grid: one block per (window, ``16 * warps`` output columns); each warp owns 16 columns and walks
-the window's blocks, so all warps of a block issue the same number of mma instructions.
+Grid: one thread block per (part, ``16 * warps`` output columns); each warp owns 16 columns and
+walks the part's blocks, so all warps of a thread block issue the same number of mma
+instructions. A part is a window, or, for load balance on skewed graphs (FlashSparse's
+"balance" variant), a run of at most ``split`` blocks of a long window: the parts of a split
+window add their sums into a zeroed output with fp32 atomics, all other windows store directly.
 """
 import math
 
@@ -20,7 +23,8 @@ from numba import cuda, float32
 
 from ._mma import mma_f16_m16n8k8, mma_tf32_m16n8k8, pack_half2, to_tf32
 
-__all__ = ["MEBCRS_SPMM_SOURCES", "csr_spmm", "launch_mebcrs_spmm", "launch_csr_spmm"]
+__all__ = ["MEBCRS_SPMM_SOURCES", "csr_spmm", "launch_mebcrs_spmm", "launch_csr_spmm",
+           "mma_parts"]
 
 #: Vectors per block (the mma reduction extent) and rows per window the tf32 kernel assumes.
 BLOCK_WIDTH = 8
@@ -34,8 +38,10 @@ def _make_mebcrs_spmm(half):
     Both precisions load the same values per lane: reduction slots (t, t + 4) in the tf32
     layout, (2t, 2t + 1) in the fp16 one, for output columns j_lo and j_hi and window row g.
     """
-    def kernel(row_window_offset, col_idx, values, n_rows, B, out):
-        w = cuda.blockIdx.x
+    def kernel(row_window_offset, col_idx, values, n_rows, B, out, part_window, part_first_block,
+               part_n_blocks, part_atomic):
+        part = cuda.blockIdx.x
+        w = part_window[part]
         warps = cuda.blockDim.x // 32
         warp = cuda.threadIdx.x // 32
         lane = cuda.threadIdx.x % 32
@@ -53,7 +59,9 @@ def _make_mebcrs_spmm(half):
         c1 = float32(0.0)
         c2 = float32(0.0)
         c3 = float32(0.0)
-        for block_start in range(0, n_vectors, BLOCK_WIDTH):
+        first_block = part_first_block[part]
+        for block in range(first_block, first_block + part_n_blocks[part]):
+            block_start = block * BLOCK_WIDTH
             width = min(BLOCK_WIDTH, n_vectors - block_start)
             base = (first + block_start) * WINDOW
             # B^T at (column, slot) and A^T at (slot, window row g); zero past the block's end
@@ -88,17 +96,34 @@ def _make_mebcrs_spmm(half):
         # D is a tile of C^T: d0 (j_lo, row), d1 (j_lo, row + 1), d2 (j_hi, row), d3 (j_hi,
         # row + 1), written back transposed inside the matrix's edges.
         row = row0 + 2 * t
-        if j_lo < n_cols_out:
-            if row < n_rows:
-                out[row, j_lo] = c0
-            if row + 1 < n_rows:
-                out[row + 1, j_lo] = c1
-        if j_hi < n_cols_out:
-            if row < n_rows:
-                out[row, j_hi] = c2
-            if row + 1 < n_rows:
-                out[row + 1, j_hi] = c3
+        atomic = part_atomic[part] != 0
+        for k in range(4):
+            column = j_lo if k < 2 else j_hi
+            target = row + (k & 1)
+            if column < n_cols_out and target < n_rows:
+                value = c0 if k == 0 else (c1 if k == 1 else (c2 if k == 2 else c3))
+                if atomic:
+                    cuda.atomic.add(out, (target, column), value)
+                else:
+                    out[target, column] = value
     return kernel
+
+
+def mma_parts(row_window_offset, split):
+    """The part list of the load-balanced grid: ``(window, first_block, n_blocks, atomic)``.
+
+    Windows of more than ``split`` blocks are cut into runs of ``split`` blocks, flagged atomic;
+    every other window, empty ones included (their rows must still be written), is one part.
+    """
+    offsets = np.asarray(row_window_offset, dtype=np.int64)
+    blocks = -(-np.diff(offsets) // BLOCK_WIDTH)
+    n_parts = np.maximum(1, -(-blocks // split))
+    window = np.repeat(np.arange(blocks.size), n_parts)
+    index_in_window = np.arange(window.size) - np.repeat(np.cumsum(n_parts) - n_parts, n_parts)
+    first_block = index_in_window * split
+    n_blocks = np.minimum(split, blocks[window] - first_block).clip(min=0)
+    atomic = (n_parts[window] > 1).astype(np.int32)
+    return window, first_block, n_blocks, atomic
 
 
 #: Kernel sources by precision (plain functions: `cuda.compile_ptx` takes these).
@@ -121,15 +146,31 @@ csr_spmm = cuda.jit(_csr_spmm)
 _MMA_KERNELS = {precision: cuda.jit(source) for precision, source in MEBCRS_SPMM_SOURCES.items()}
 
 
-def launch_mebcrs_spmm(A, B, out, warps, precision="tf32"):
-    """Run a tensor-core kernel on device (or simulated) arrays; ``A`` is 8x1 ME-BCRS, k = 8."""
-    n_windows = A.row_window_offset.size - 1
+def _zero(out):
+    row, col = cuda.grid(2)
+    if row < out.shape[0] and col < out.shape[1]:
+        out[row, col] = 0
+
+
+_zero = cuda.jit(_zero)
+
+
+def launch_mebcrs_spmm(A, B, out, warps, precision, parts):
+    """Run a tensor-core kernel on device (or simulated) arrays; ``A`` is 8x1 ME-BCRS, k = 8.
+
+    ``parts`` are `mma_parts` on the device with the host copy of its atomic flags last:
+    ``(window, first_block, n_blocks, atomic, any_atomic)``.
+    """
+    window, first_block, n_blocks, atomic, any_atomic = parts
     n_cols = B.shape[1]
-    if n_windows == 0 or n_cols == 0:
+    if window.shape[0] == 0 or n_cols == 0:
         return
-    grid = (n_windows, math.ceil(n_cols / (16 * warps)))
+    if any_atomic:  # split windows add into the output
+        _zero[(math.ceil(out.shape[0] / 16), math.ceil(n_cols / 16)), (16, 16)](out)
+    grid = (window.shape[0], math.ceil(n_cols / (16 * warps)))
     _MMA_KERNELS[precision][grid, 32 * warps](A.row_window_offset, A.col_idx, A.values,
-                                              A.shape[0], B, out)
+                                              A.shape[0], B, out, window, first_block, n_blocks,
+                                              atomic)
 
 
 def launch_csr_spmm(indptr, indices, data, B, out, threads_x=32, threads_y=4):
