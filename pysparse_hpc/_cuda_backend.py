@@ -12,7 +12,7 @@ from ._blocked import blocked_array
 from ._config import cuda_split_blocks, cuda_warps_per_block
 from ._dense import is_device_array
 
-__all__ = ["PRECISIONS", "require_gpu", "spmm_cuda"]
+__all__ = ["PRECISIONS", "require_gpu", "spmm_cuda", "sddmm_cuda"]
 
 #: "fp32": CUDA-core CSR kernel; "tf32" and "fp16": tensor-core ME-BCRS kernels with tf32 or
 #: fp16 inputs, both accumulating in fp32.
@@ -42,19 +42,21 @@ def _on_device(cuda, host_or_device, dtype, name):
     return cuda.to_device(np.ascontiguousarray(host_or_device, dtype=dtype))
 
 
+def _cached(owner, key, source, build):
+    """``build()`` once per ``source`` array, kept on ``owner``: a sparse array's structure never
+    changes in place, and an operation that replaces an array invalidates by identity."""
+    cache = owner.__dict__.setdefault("_device_cache", {})
+    entry = cache.get(key)
+    if entry is None or entry[0] is not source:
+        entry = (source, build())
+        cache[key] = entry
+    return entry[1]
+
+
 def _device_arrays(cuda, A, names):
-    """A's arrays on the device, transferred once and kept on A (its structure never changes
-    in place; an operation that replaces an array invalidates the entry by identity)."""
-    cache = A.__dict__.setdefault("_device_cache", {})
-    arrays = []
-    for name in names:
-        host = getattr(A, name)
-        cached = cache.get(name)
-        if cached is None or cached[0] is not host:
-            cached = (host, cuda.to_device(host))
-            cache[name] = cached
-        arrays.append(cached[1])
-    return arrays
+    """A's arrays on the device, transferred once."""
+    return [_cached(A, name, getattr(A, name), lambda name=name: cuda.to_device(getattr(A, name)))
+            for name in names]
 
 
 def _empty_like_kind(cuda, operand, shape, dtype):
@@ -115,22 +117,21 @@ def spmm_cuda(A, operand, precision):
 def _parts(cuda, kernels, M):
     """The load-balanced part list of M on the device, built once per split threshold."""
     split = cuda_split_blocks()
-    cache = M.__dict__.setdefault("_device_cache", {})
-    cached = cache.get("parts")
-    if cached is None or cached[0] is not M.row_window_offset or cached[1] != split:
+
+    def build():
         host = kernels.mma_parts(M.row_window_offset, split)
-        device = tuple(cuda.to_device(np.ascontiguousarray(a)) for a in host)
-        cached = (M.row_window_offset, split, device + (bool(host[3].any()),))
-        cache["parts"] = cached
-    return cached[2]
+        return tuple(cuda.to_device(np.ascontiguousarray(a)) for a in host) + (
+            bool(host[3].any()),)
+    return _cached(M, ("parts", split), M.row_window_offset, build)
 
 
 class _DeviceMebcrs:
-    """The arrays the tf32 kernel reads, on the device."""
+    """The arrays the tensor-core kernels read, on the device."""
 
-    def __init__(self, row_window_offset, col_idx, values, shape):
+    def __init__(self, row_window_offset, col_idx, values, shape, vector_mask=None):
         self.row_window_offset, self.col_idx, self.values, self.shape = (
             row_window_offset, col_idx, values, shape)
+        self.vector_mask = vector_mask
 
 
 def _result(cuda, operand, shape, dtype):
@@ -149,8 +150,61 @@ def _mma_operand(A, precision):
                 f"precision={precision!r} needs ME-BCRS with 8-row windows and block_width=8, got window "
                 f"{A.window} and block_width {A.block_width}; convert with A.tocsr().to_mebcrs(8)")
         return A
-    cached = A.__dict__.get("_mebcrs_for_mma")
-    if cached is None or cached[0] is not A.indices:
-        cached = (A.indices, A.to_mebcrs(block_width=8))
-        A._mebcrs_for_mma = cached
-    return cached[1]
+    return _cached(A, "mebcrs8", A.indices, lambda: A.to_mebcrs(block_width=8))
+
+
+def sddmm_cuda(A, x_operand, y_operand, alpha, beta, precision):
+    """`ops.sddmm` on the GPU, single-head. Host operands give a sparse array of A's class;
+    device operands give the values as a device array of X's kind, in the storage order of the
+    array the kernel ran on (A's own; for tf32 with a CSR ``A``, that of ``A.to_mebcrs(8)``)."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    if precision == "fp16":
+        raise NotImplementedError("precision='fp16' SDDMM (mma m16n8k16) is not available yet; "
+                                  "use 'tf32' or 'fp32'")
+    cuda, _ = require_gpu()
+    from .kernels.cuda import sddmm as kernels
+
+    X = x_operand.original if x_operand.device == "cuda" else x_operand.array
+    Y = y_operand.original if y_operand.device == "cuda" else y_operand.array
+    if len(X.shape) != 2 or len(Y.shape) != 2:
+        raise NotImplementedError("multi-head SDDMM on the CUDA backend is not available yet; "
+                                  "pass 2-D X and Y (one head at a time)")
+    if X.shape[0] != A.shape[0] or Y.shape[0] != A.shape[1]:
+        raise ValueError(
+            f"dimension mismatch: A has shape {A.shape}, so X needs {A.shape[0]} rows and Y "
+            f"{A.shape[1]}; got {X.shape[0]} and {Y.shape[0]}")
+    if X.shape[1] != Y.shape[1]:
+        raise ValueError(f"X and Y widths differ: {X.shape[1]} and {Y.shape[1]}")
+    dtype = np.dtype(np.float32) if precision == "tf32" else np.result_type(
+        A.dtype, np.float32, *(np.dtype(str(a.dtype).replace("torch.", "")) for a in (X, Y)))
+    device_X = _on_device(cuda, X, dtype, "X")
+    device_Y = _on_device(cuda, Y, dtype, "Y")
+    if precision == "tf32":
+        stored = _mma_operand(A, precision)
+        offsets, col_idx, mask = _device_arrays(cuda, stored, ("row_window_offset", "col_idx",
+                                                               "vector_mask"))
+        result, device_out = _result(cuda, x_operand, (stored.values.size,), dtype)
+        widest = int(np.diff(stored.row_window_offset).max(initial=0))
+        kernels.launch_mebcrs_sddmm_tf32(_DeviceMebcrs(offsets, col_idx, None, stored.shape,
+                                                       vector_mask=mask),
+                                         device_X, device_Y, device_out, widest)
+    else:
+        stored = A.tocsr()
+        device_rows = _cached(stored, "entry_rows", stored.indptr, lambda: cuda.to_device(
+            np.repeat(np.arange(stored.shape[0], dtype=stored.index_dtype),
+                      np.diff(stored.indptr))))
+        indices, = _device_arrays(cuda, stored, ("indices",))
+        result, device_out = _result(cuda, x_operand, (stored.nnz,), dtype)
+        kernels.launch_csr_sddmm(device_rows, indices, device_X, device_Y, device_out)
+    host_values = stored.values if precision == "tf32" else stored.data
+    kernels.launch_scale_add(device_out, cuda.to_device(host_values.astype(dtype)), dtype.type(alpha),
+                             dtype.type(beta))
+    if x_operand.device == "cuda":
+        return result
+    from .ops import _with_values
+    result = _with_values(stored, device_out.copy_to_host())
+    # The kernel may have run on A's other form (CSR for fp32, ME-BCRS for tf32): hand back A's.
+    if isinstance(A, blocked_array) and not isinstance(result, blocked_array):
+        return result.to_blocked(A.window, A.block_width)
+    return result.tocsr() if not isinstance(A, blocked_array) else result

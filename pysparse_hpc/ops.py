@@ -173,7 +173,7 @@ def _check_scalar(value, name):
     return float(value)
 
 
-def sddmm(A, X, Y, *, alpha=1.0, beta=0.0, backend="auto"):
+def sddmm(A, X, Y, *, alpha=1.0, beta=0.0, backend="auto", precision="fp32"):
     """Sampled dense-dense product on A's pattern: ``alpha * (X @ Y.T)[i, j] + beta * A[i, j]``.
 
     Computed only at A's stored entries (torch's ``sampled_addmm(A, X, Y.T, beta, alpha)``).
@@ -189,6 +189,11 @@ def sddmm(A, X, Y, *, alpha=1.0, beta=0.0, backend="auto"):
     alpha, beta : float
         With ``beta == 0`` A's values are not read (a NaN there does not propagate).
     backend : {"auto", "cpu", "cuda"}
+        As for `spmm`. The CUDA backend takes 2-D X and Y; with device operands it returns the
+        values (A's storage order) as a device array of X's kind.
+    precision : {"fp32", "tf32"}
+        GPU only: "fp32" runs the CUDA-core CSR kernel, "tf32" the tensor-core ME-BCRS kernel
+        (a CSR ``A`` is converted once and the result kept).
 
     Returns
     -------
@@ -211,8 +216,11 @@ def sddmm(A, X, Y, *, alpha=1.0, beta=0.0, backend="auto"):
     beta = _check_scalar(beta, "beta")
     x_operand, y_operand = as_dense(X, "X"), as_dense(Y, "Y")
     if _resolve_backend(backend, [x_operand, y_operand]) == "cuda":
-        raise NotImplementedError("SDDMM on the CUDA backend is not available yet; use "
-                                  "backend='cpu' with host operands")
+        from ._cuda_backend import sddmm_cuda
+        return sddmm_cuda(A, x_operand, y_operand, alpha, beta, precision)
+    if precision != "fp32":
+        raise ValueError(f"precision={precision!r} applies to the CUDA backend; the CPU computes "
+                         "in the operands' own precision (leave precision='fp32')")
     X, Y = x_operand.array, y_operand.array
     if X.ndim != Y.ndim or X.ndim not in (2, 3):
         raise ValueError(

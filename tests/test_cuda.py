@@ -58,3 +58,23 @@ def test_tensor_core_kernel_compiles_to_mma(cc, kernel, mma_types, conversion, t
     assert result.returncode == 0, result.stderr
     report = result.stdout + result.stderr
     assert "0 bytes spill stores" in report and "0 bytes spill loads" in report, report
+
+
+@pytest.mark.parametrize("cc", [(8, 0), (9, 0)])
+def test_sddmm_kernels_compile(cc):
+    from numba import cuda, types
+    from pysparse_hpc.kernels.cuda import sddmm
+    if cuda.compile_ptx is None:
+        pytest.skip("numba.cuda.compile_ptx is unavailable (simulator enabled)")
+    f32, i32, i64, u8 = types.float32, types.int32, types.int64, types.uint8
+    try:
+        ptx, _ = cuda.compile_ptx(sddmm._mebcrs_sddmm_tf32,
+                                  (i32[::1], i32[::1], u8[::1], i64, f32[:, ::1], f32[:, ::1],
+                                   f32[::1]), cc=cc)
+        cuda.compile_ptx(sddmm._csr_sddmm, (i32[::1], i32[::1], f32[:, ::1], f32[:, ::1],
+                                            f32[::1]), cc=cc)
+    except Exception as exc:
+        if "NVVM" in str(exc) or "nvrtc" in str(exc).lower():
+            pytest.skip(f"CUDA compiler libraries not installed: {exc}")
+        raise
+    assert "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32" in ptx

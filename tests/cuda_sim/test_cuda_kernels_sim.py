@@ -174,3 +174,45 @@ def test_spmm_backend_cuda_bad_input():
         sph.spmm(A, cuda.to_device(np.ones((4, 3), np.float32)), backend="cuda")
     with pytest.raises(TypeError, match="float32"):
         sph.spmm(A, cuda.to_device(np.ones((10, 3), np.float64)), backend="cuda", precision="tf32")
+
+
+@pytest.mark.parametrize("precision", ["tf32", "fp32"])
+@pytest.mark.parametrize("shape,width", [((20, 30), 12), ((9, 40), 5)])
+def test_sddmm_backend_cuda(precision, shape, width):
+    """Host operands give a sparse array of A's pattern; padding slots stay 0 (tf32 path)."""
+    rng = np.random.default_rng(width)
+    S = random_scipy(rng, shape, 0.35)
+    dense = S.toarray()
+    dense[dense.nonzero()[0][:3], dense.nonzero()[1][:3]] = 0.0  # explicit zeros are entries
+    A = sph.csr_array(S, dtype=np.float32)
+    X = rng.standard_normal((shape[0], width)).astype(np.float32)
+    Y = rng.standard_normal((shape[1], width)).astype(np.float32)
+    rows = np.repeat(np.arange(shape[0]), np.diff(S.indptr))
+    expected = 0.5 * np.einsum("ij,ij->i", X[rows].astype(np.float64), Y[S.indices]) - S.data
+    tolerance = 5e-3 if precision == "tf32" else 1e-5
+    for operand in (A, A.to_mebcrs(8)):
+        result = sph.sddmm(operand, X, Y, alpha=0.5, beta=-1.0, backend="cuda",
+                           precision=precision)
+        back = result.tocsr()
+        np.testing.assert_array_equal(back.indices, S.indices)
+        np.testing.assert_allclose(back.data, expected, rtol=tolerance, atol=tolerance * width)
+        if isinstance(result, sph.blocked_array):
+            assert result.nnz == S.nnz and np.count_nonzero(result.values) <= S.nnz
+        assert type(result) is type(operand)
+    M = A.to_mebcrs(8)
+    device = sph.sddmm(M, cuda.to_device(X), cuda.to_device(Y), precision=precision)
+    host = sph.sddmm(M, X, Y, backend="cuda", precision=precision)
+    # Device values come in the order of the form the kernel ran on: CSR for fp32, ME-BCRS for tf32.
+    in_kernel_order = host.values if precision == "tf32" else host.tocsr().data
+    np.testing.assert_allclose(device.copy_to_host(), in_kernel_order, rtol=1e-6, atol=1e-6)
+
+
+def test_sddmm_backend_cuda_bad_input():
+    A = sph.csr_array(np.eye(10, dtype=np.float32))
+    X = np.ones((10, 4), np.float32)
+    with pytest.raises(NotImplementedError, match="fp16"):
+        sph.sddmm(A, X, X, backend="cuda", precision="fp16")
+    with pytest.raises(NotImplementedError, match="multi-head"):
+        sph.sddmm(A, np.ones((10, 2, 4)), np.ones((10, 2, 4)), backend="cuda")
+    with pytest.raises(ValueError, match="widths differ"):
+        sph.sddmm(A, X, np.ones((10, 3), np.float32), backend="cuda")
