@@ -76,24 +76,33 @@ if not SIMULATED:
             return builder.call(asm, args)
         return sig, codegen
 
-    @intrinsic
-    def mma_tf32_m16n8k8(typingctx, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
-        """D = A B + C on one warp: tf32 inputs, float32 accumulators; returns (d0, d1, d2, d3)."""
+    def _mma_signature_and_codegen(instruction, a_registers, b_registers):
+        """An mma with 32-bit A and B registers and four float32 accumulators in, four float32
+        results out (a tuple), from its PTX mnemonic."""
+        n_registers = a_registers + b_registers
         f32, u32 = types.float32, types.uint32
-        sig = types.UniTuple(f32, 4)(u32, u32, u32, u32, u32, u32, f32, f32, f32, f32)
+        sig = types.UniTuple(f32, 4)(*([u32] * n_registers + [f32] * 4))
+        a_regs = ",".join(f"${4 + k}" for k in range(a_registers))
+        b_regs = ",".join(f"${4 + k}" for k in range(a_registers, n_registers))
+        c_regs = ",".join(f"${4 + n_registers + k}" for k in range(4))
+        template = f"{instruction} {{$0,$1,$2,$3}}, {{{a_regs}}}, {{{b_regs}}}, {{{c_regs}}};"
+        constraints = ",".join(["=f"] * 4 + ["r"] * n_registers + ["f"] * 4)
 
         def codegen(context, builder, signature, args):
             f32_ir, u32_ir = ir.FloatType(), ir.IntType(32)
-            result_ir = ir.LiteralStructType([f32_ir] * 4)
-            asm = ir.InlineAsm(
-                ir.FunctionType(result_ir, [u32_ir] * 6 + [f32_ir] * 4),
-                "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
-                "{$0,$1,$2,$3}, {$4,$5,$6,$7}, {$8,$9}, {$10,$11,$12,$13};",
-                "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f")
+            asm = ir.InlineAsm(ir.FunctionType(ir.LiteralStructType([f32_ir] * 4),
+                                               [u32_ir] * n_registers + [f32_ir] * 4),
+                               template, constraints)
             result = builder.call(asm, args)
             values = [builder.extract_value(result, k) for k in range(4)]
             return context.make_tuple(builder, signature.return_type, values)
         return sig, codegen
+
+    @intrinsic
+    def mma_tf32_m16n8k8(typingctx, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+        """D = A B + C on one warp: tf32 inputs (4 A, 2 B registers), float32 accumulators."""
+        return _mma_signature_and_codegen("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32",
+                                          a_registers=4, b_registers=2)
 
     @intrinsic
     def pack_half2(typingctx, low, high):
@@ -108,22 +117,9 @@ if not SIMULATED:
 
     @intrinsic
     def mma_f16_m16n8k8(typingctx, a0, a1, b0, c0, c1, c2, c3):
-        """D = A B + C on one warp: fp16 inputs, float32 accumulators; returns (d0, d1, d2, d3)."""
-        f32, u32 = types.float32, types.uint32
-        sig = types.UniTuple(f32, 4)(u32, u32, u32, f32, f32, f32, f32)
-
-        def codegen(context, builder, signature, args):
-            f32_ir, u32_ir = ir.FloatType(), ir.IntType(32)
-            result_ir = ir.LiteralStructType([f32_ir] * 4)
-            asm = ir.InlineAsm(
-                ir.FunctionType(result_ir, [u32_ir] * 3 + [f32_ir] * 4),
-                "mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 "
-                "{$0,$1,$2,$3}, {$4,$5}, {$6}, {$7,$8,$9,$10};",
-                "=f,=f,=f,=f,r,r,r,f,f,f,f")
-            result = builder.call(asm, args)
-            values = [builder.extract_value(result, k) for k in range(4)]
-            return context.make_tuple(builder, signature.return_type, values)
-        return sig, codegen
+        """D = A B + C on one warp: fp16 pairs (2 A, 1 B registers), float32 accumulators."""
+        return _mma_signature_and_codegen("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32",
+                                          a_registers=2, b_registers=1)
 
 else:
     # One fragment store per (block, warp): every lane writes its registers, the block meets
