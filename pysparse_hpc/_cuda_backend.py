@@ -1,4 +1,4 @@
-"""The CUDA backend of `spmm`: device placement of the operands and the choice of kernel.
+"""The CUDA backend of `spmm` and `sddmm`: device placement of the operands, choice of kernel.
 
 Imported only when ``backend="cuda"`` is asked for (or chosen by ``"auto"`` for device data), so
 the CPU path never touches the CUDA toolchain. The CUDA simulator counts as a GPU when it is
@@ -21,13 +21,18 @@ PRECISIONS = ("fp32", "tf32", "fp16")
 
 def require_gpu():
     """The ``numba.cuda`` module, or a RuntimeError that says what is missing."""
-    from numba import config, cuda
+    from numba import cuda
     if not cuda.is_available():
         raise RuntimeError(
             "backend='cuda' needs a CUDA GPU, and numba.cuda finds none (no NVIDIA driver or "
             "device). Use backend='cpu', or set NUMBA_ENABLE_CUDASIM=1 before numba is imported "
             "to run the CUDA kernels on the simulator (slow; for testing).")
-    return cuda, bool(config.ENABLE_CUDASIM)
+    return cuda
+
+
+def _numpy_dtype(array):
+    """The NumPy dtype of a NumPy, Numba, CuPy or torch array (torch's are named alike)."""
+    return np.dtype(str(array.dtype).replace("torch.", ""))
 
 
 def _on_device(cuda, host_or_device, dtype, name):
@@ -35,7 +40,7 @@ def _on_device(cuda, host_or_device, dtype, name):
     if is_device_array(host_or_device):
         view = (host_or_device if not hasattr(host_or_device, "__cuda_array_interface__")
                 else cuda.as_cuda_array(host_or_device))
-        if np.dtype(view.dtype) != dtype:
+        if _numpy_dtype(view) != dtype:
             raise TypeError(f"{name} on the device has dtype {view.dtype}; this precision needs "
                             f"{dtype} (convert it on the device first)")
         return view
@@ -79,7 +84,7 @@ def spmm_cuda(A, operand, precision):
     """``A @ B`` on the GPU; ``operand`` is the validated dense B (see `ops.spmm`)."""
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
-    cuda, _ = require_gpu()
+    cuda = require_gpu()
     from .kernels.cuda import spmm as kernels
 
     B = operand.original if operand.device == "cuda" else operand.array
@@ -88,21 +93,22 @@ def spmm_cuda(A, operand, precision):
     if B.shape[0] != A.shape[1]:
         raise ValueError(f"dimension mismatch: A has shape {A.shape} but B has {B.shape[0]} "
                          f"rows; expected B.shape[0] == {A.shape[1]}")
-    if np.dtype(str(B.dtype).replace("torch.", "")) not in (np.float32, np.float64):
+    if _numpy_dtype(B) not in (np.float32, np.float64):
         raise TypeError(f"B must hold float32 or float64 values on the GPU, got {B.dtype}")
     if precision in ("tf32", "fp16"):
         M = _mma_operand(A, precision)
         dtype = np.dtype(np.float32)
-        values = M.values.astype(np.float32, copy=False)
         offsets, col_idx = _device_arrays(cuda, M, ("row_window_offset", "col_idx"))
+        values = _cached(M, "values_float32", M.values,
+                         lambda: cuda.to_device(M.values.astype(np.float32)))
         device_B = _on_device(cuda, B, dtype, "B")
         result, device_out = _result(cuda, operand, (A.shape[0], B.shape[1]), dtype)
-        kernels.launch_mebcrs_spmm(_DeviceMebcrs(offsets, col_idx, cuda.to_device(values),
-                                                 M.shape), device_B, device_out,
-                                   cuda_warps_per_block(), precision, _parts(cuda, kernels, M))
+        kernels.launch_mebcrs_spmm(_DeviceMebcrs(offsets, col_idx, values, M.shape), device_B,
+                                   device_out, cuda_warps_per_block(), precision,
+                                   _parts(cuda, kernels, M))
     else:
-        csr = A.tocsr().canonical()
-        dtype = np.result_type(csr.dtype, np.dtype(B.dtype), np.float32)
+        csr = A.tocsr()  # duplicates are fine: the kernel sums every stored entry
+        dtype = np.result_type(csr.dtype, _numpy_dtype(B), np.float32)
         indptr, indices = _device_arrays(cuda, csr, ("indptr", "indices"))
         device_B = _on_device(cuda, B, dtype, "B")
         result, device_out = _result(cuda, operand, (A.shape[0], B.shape[1]), dtype)
@@ -162,7 +168,7 @@ def sddmm_cuda(A, x_operand, y_operand, alpha, beta, precision):
     if precision == "fp16":
         raise NotImplementedError("precision='fp16' SDDMM (mma m16n8k16) is not available yet; "
                                   "use 'tf32' or 'fp32'")
-    cuda, _ = require_gpu()
+    cuda = require_gpu()
     from .kernels.cuda import sddmm as kernels
 
     X = x_operand.original if x_operand.device == "cuda" else x_operand.array
@@ -177,7 +183,7 @@ def sddmm_cuda(A, x_operand, y_operand, alpha, beta, precision):
     if X.shape[1] != Y.shape[1]:
         raise ValueError(f"X and Y widths differ: {X.shape[1]} and {Y.shape[1]}")
     dtype = np.dtype(np.float32) if precision == "tf32" else np.result_type(
-        A.dtype, np.float32, *(np.dtype(str(a.dtype).replace("torch.", "")) for a in (X, Y)))
+        A.dtype, np.float32, _numpy_dtype(X), _numpy_dtype(Y))
     device_X = _on_device(cuda, X, dtype, "X")
     device_Y = _on_device(cuda, Y, dtype, "Y")
     if precision == "tf32":
@@ -197,9 +203,10 @@ def sddmm_cuda(A, x_operand, y_operand, alpha, beta, precision):
         indices, = _device_arrays(cuda, stored, ("indices",))
         result, device_out = _result(cuda, x_operand, (stored.nnz,), dtype)
         kernels.launch_csr_sddmm(device_rows, indices, device_X, device_Y, device_out)
-    host_values = stored.values if precision == "tf32" else stored.data
-    kernels.launch_scale_add(device_out, cuda.to_device(host_values.astype(dtype)), dtype.type(alpha),
-                             dtype.type(beta))
+    # A's values are read only for beta != 0.
+    addend = device_out if beta == 0 else cuda.to_device(
+        (stored.values if precision == "tf32" else stored.data).astype(dtype))
+    kernels.launch_scale_add(device_out, addend, dtype.type(alpha), dtype.type(beta))
     if x_operand.device == "cuda":
         return result
     from .ops import _with_values
