@@ -151,6 +151,8 @@ def spmm(A, B, *, out=None, backend="auto", precision="fp32"):
     result_shape = (A.shape[0],) if vector else (A.shape[0], B.shape[1])
     result = (np.empty(result_shape, dtype=dtype) if out is None
               else _check_out(out, dense, result_shape, dtype))
+    if out is not None and np.may_share_memory(result, B):
+        raise ValueError("out overlaps B; the product would read rows it has already written")
     matrix = B[:, None] if vector else B
     matrix = matrix.astype(dtype, copy=False)
     result_2d = result[:, None] if vector else result

@@ -113,6 +113,9 @@ def test_non_contiguous_and_out(rng):
 def test_out_validation_writes_nothing(rng):
     A = sph.csr_array(random_scipy(rng, (6, 4), 0.5))
     B = np.ones((4, 3))
+    square = sph.csr_array(random_scipy(rng, (4, 4), 0.5))
+    with pytest.raises(ValueError, match="overlaps"):
+        sph.spmm(square, B, out=B)
     for bad, error, message in [
         (np.zeros((6, 2)), ValueError, "shape"),
         (np.zeros((6, 3), dtype=np.float32), TypeError, "dtype"),
