@@ -96,15 +96,16 @@ def spmm_cuda(A, operand, precision):
     if _numpy_dtype(B) not in (np.float32, np.float64):
         raise TypeError(f"B must hold float32 or float64 values on the GPU, got {B.dtype}")
     if precision in ("tf32", "fp16"):
-        M = _mma_operand(A, precision)
+        M = _mma_operand(A, precision, allow_window16=True)
         dtype = np.dtype(np.float32)
         offsets, col_idx = _device_arrays(cuda, M, ("row_window_offset", "col_idx"))
         values = _cached(M, "values_float32", M.values,
                          lambda: cuda.to_device(M.values.astype(np.float32)))
         device_B = _on_device(cuda, B, dtype, "B")
         result, device_out = _result(cuda, operand, (A.shape[0], B.shape[1]), dtype)
+        kernel = "tf32-16x1" if M.window == 16 else precision
         kernels.launch_mebcrs_spmm(_DeviceMebcrs(offsets, col_idx, values, M.shape), device_B,
-                                   device_out, cuda_warps_per_block(), precision,
+                                   device_out, cuda_warps_per_block(), kernel,
                                    _parts(cuda, kernels, M))
     else:
         csr = A.tocsr()  # duplicates are fine: the kernel sums every stored entry
@@ -147,10 +148,12 @@ def _result(cuda, operand, shape, dtype):
     return None, device_out
 
 
-def _mma_operand(A, precision):
+def _mma_operand(A, precision, allow_window16=False):
     """The 8x1, k = 8 ME-BCRS array the tensor-core kernels need (a CSR input is converted
-    once and the result kept on it)."""
+    once and the result kept on it). A 16-row, k = 8 blocked array runs the 16x1 tf32 ablation."""
     if isinstance(A, blocked_array):
+        if allow_window16 and (A.window, A.block_width, precision) == (16, 8, "tf32"):
+            return A
         if (A.window, A.block_width) != (8, 8):
             raise ValueError(
                 f"precision={precision!r} needs ME-BCRS with 8-row windows and block_width=8, got window "

@@ -104,7 +104,8 @@ def spmm(A, B, *, out=None, backend="auto", precision="fp32"):
     precision : {"fp32", "tf32", "fp16"}
         GPU only: "fp32" runs the CUDA-core CSR kernel; "tf32" and "fp16" the tensor-core ME-BCRS
         kernels (tf32 or fp16 inputs rounded from float32, fp32 accumulation; a CSR ``A`` is
-        converted once and the result kept). On the tensor-core path a NaN or infinity in B
+        converted once and the result kept; a 16-row blocked ``A`` with ``precision="tf32"``
+        runs the 16x1 ablation kernel). On the tensor-core path a NaN or infinity in B
         reaches every row of the windows that read that row of B (padding multiplies it by 0).
 
     Returns

@@ -31,7 +31,9 @@ def _compile_ptx(cc, kernel):
     signature = (i32[::1], i32[::1], f32[::1], i64, f32[:, ::1], f32[:, ::1], i64[::1], i64[::1],
                  i64[::1], types.int32[::1])
     try:
-        ptx, _ = cuda.compile_ptx(spmm.MEBCRS_SPMM_SOURCES[kernel], signature, cc=cc)
+        source = (spmm._blocked16_spmm_tf32 if kernel == "tf32-16x1"
+                  else spmm.MEBCRS_SPMM_SOURCES[kernel])
+        ptx, _ = cuda.compile_ptx(source, signature, cc=cc)
     except Exception as exc:  # NVRTC/NVVM wheels missing: say which
         if "NVVM" in str(exc) or "nvrtc" in str(exc).lower() or "libNVVM" in str(exc):
             pytest.skip(f"CUDA compiler libraries not installed: {exc}")
@@ -43,6 +45,7 @@ def _compile_ptx(cc, kernel):
 @pytest.mark.parametrize("kernel,mma_types,conversion", [
     ("tf32", ".f32.tf32.tf32.f32", "cvt.rna.tf32.f32"),
     ("fp16", ".f32.f16.f16.f32", "cvt.rn.f16x2.f32"),  # fp32 accumulators
+    ("tf32-16x1", ".f32.tf32.tf32.f32", "cvt.rna.tf32.f32"),  # the 16x1 ablation
 ])
 def test_tensor_core_kernel_compiles_to_mma(cc, kernel, mma_types, conversion, tmp_path):
     ptx = _compile_ptx(cc, kernel)

@@ -96,6 +96,23 @@ def test_emulated_f16_mma_and_a_wrong_layout():
     assert np.abs(D - expected).max() / np.abs(expected).max() > 0.1
 
 
+@pytest.mark.parametrize("split", [32, 1])
+def test_blocked16_ablation_kernel(split):
+    """The 16x1 (no swap) tf32 kernel, on a 16-row blocked array, split windows included."""
+    rng = np.random.default_rng(split)
+    S = random_scipy(rng, (37, 29), 0.3)
+    W = sph.csr_array(S, dtype=np.float32).to_blocked(window=16, block_width=8)
+    B = rng.standard_normal((29, 21)).astype(np.float32)
+    out = np.full((37, 21), np.nan, np.float32)
+    parts = cuda_spmm.mma_parts(W.row_window_offset, split)
+    cuda_spmm.launch_mebcrs_spmm(W, B, out, 1, "tf32-16x1", parts + (bool(parts[3].any()),))
+    expected = S @ B.astype(np.float64)
+    scale = np.abs(S) @ np.abs(B.astype(np.float64)) + 1e-30
+    assert np.all(np.abs(out - expected) <= 2e-3 * scale + 1e-6)
+    through_api = sph.spmm(W, B, backend="cuda", precision="tf32")
+    np.testing.assert_allclose(through_api, out, rtol=1e-5, atol=1e-5)
+
+
 def test_mma_parts():
     offsets = np.array([0, 3, 3, 40, 60])  # blocks per window: 1, 0, 5, 3
     window, first, count, atomic = cuda_spmm.mma_parts(offsets, 2)
@@ -216,3 +233,5 @@ def test_sddmm_backend_cuda_bad_input():
         sph.sddmm(A, np.ones((10, 2, 4)), np.ones((10, 2, 4)), backend="cuda")
     with pytest.raises(ValueError, match="widths differ"):
         sph.sddmm(A, X, np.ones((10, 3), np.float32), backend="cuda")
+    with pytest.raises(ValueError, match="8-row windows"):
+        sph.sddmm(A.to_blocked(16), X, X, backend="cuda", precision="tf32")

@@ -109,6 +109,63 @@ def _make_mebcrs_spmm(half):
     return kernel
 
 
+def _blocked16_spmm_tf32(row_window_offset, col_idx, values, n_rows, B, out, part_window,
+                         part_first_block, part_n_blocks, part_atomic):
+    """The 16x1 ablation (TC-GNN / DTC-SpMM granularity), without the swap: a block of 16 rows
+    by 8 vectors is mma's left operand, 8 B rows by 8 output columns its right operand. Each warp
+    owns 8 output columns of a 16-row window."""
+    part = cuda.blockIdx.x
+    w = part_window[part]
+    warps = cuda.blockDim.x // 32
+    warp = cuda.threadIdx.x // 32
+    lane = cuda.threadIdx.x % 32
+    g = lane >> 2
+    t = lane & 3
+    n_cols_out = B.shape[1]
+    j0 = (cuda.blockIdx.y * warps + warp) * 8
+    first = row_window_offset[w]
+    n_vectors = row_window_offset[w + 1] - first
+    row0 = w * 16
+    c0 = float32(0.0)
+    c1 = float32(0.0)
+    c2 = float32(0.0)
+    c3 = float32(0.0)
+    first_block = part_first_block[part]
+    for block in range(first_block, first_block + part_n_blocks[part]):
+        block_start = block * BLOCK_WIDTH
+        width = min(BLOCK_WIDTH, n_vectors - block_start)
+        base = (first + block_start) * 16
+        a0 = float32(0.0)
+        a1 = float32(0.0)
+        a2 = float32(0.0)
+        a3 = float32(0.0)
+        b0 = float32(0.0)
+        b1 = float32(0.0)
+        if t < width:  # A (rows g, g + 8; slot t) and B (slot t; column j0 + g)
+            a0 = values[base + g * width + t]
+            a1 = values[base + (g + 8) * width + t]
+            if j0 + g < n_cols_out:
+                b0 = B[col_idx[first + block_start + t], j0 + g]
+        if t + 4 < width:
+            a2 = values[base + g * width + t + 4]
+            a3 = values[base + (g + 8) * width + t + 4]
+            if j0 + g < n_cols_out:
+                b1 = B[col_idx[first + block_start + t + 4], j0 + g]
+        c0, c1, c2, c3 = mma_tf32_m16n8k8(to_tf32(a0), to_tf32(a1), to_tf32(a2), to_tf32(a3),
+                                          to_tf32(b0), to_tf32(b1), c0, c1, c2, c3)
+    # D is C itself here: d0 (g, 2t), d1 (g, 2t + 1), d2 (g + 8, 2t), d3 (g + 8, 2t + 1).
+    atomic = part_atomic[part] != 0
+    for k in range(4):
+        row = row0 + g + (8 if k >= 2 else 0)
+        column = j0 + 2 * t + (k & 1)
+        if row < n_rows and column < n_cols_out:
+            value = c0 if k == 0 else (c1 if k == 1 else (c2 if k == 2 else c3))
+            if atomic:
+                cuda.atomic.add(out, (row, column), value)
+            else:
+                out[row, column] = value
+
+
 def mma_parts(row_window_offset, split):
     """The part list of the load-balanced grid: ``(window, first_block, n_blocks, atomic)``.
 
@@ -144,6 +201,9 @@ def _csr_spmm(indptr, indices, data, B, out):
 
 csr_spmm = cuda.jit(_csr_spmm)
 _MMA_KERNELS = {precision: cuda.jit(source) for precision, source in MEBCRS_SPMM_SOURCES.items()}
+_MMA_KERNELS["tf32-16x1"] = cuda.jit(_blocked16_spmm_tf32)
+#: Output columns one warp covers, by kernel: 16 with swap-and-transpose, 8 without.
+_COLUMNS_PER_WARP = {"tf32": 16, "fp16": 16, "tf32-16x1": 8}
 
 
 def _zero(out):
@@ -156,7 +216,8 @@ _zero = cuda.jit(_zero)
 
 
 def launch_mebcrs_spmm(A, B, out, warps, precision, parts):
-    """Run a tensor-core kernel on device (or simulated) arrays; ``A`` is 8x1 ME-BCRS, k = 8.
+    """Run a tensor-core kernel on device (or simulated) arrays: ``A`` is 8x1 ME-BCRS with k = 8
+    for "tf32"/"fp16", a 16-row blocked array with k = 8 for "tf32-16x1" (the ablation).
 
     ``parts`` are `mma_parts` on the device with the host copy of its atomic flags last:
     ``(window, first_block, n_blocks, atomic, any_atomic)``.
@@ -167,7 +228,7 @@ def launch_mebcrs_spmm(A, B, out, warps, precision, parts):
         return
     if any_atomic:  # split windows add into the output
         _zero[(math.ceil(out.shape[0] / 16), math.ceil(n_cols / 16)), (16, 16)](out)
-    grid = (window.shape[0], math.ceil(n_cols / (16 * warps)))
+    grid = (window.shape[0], math.ceil(n_cols / (_COLUMNS_PER_WARP[precision] * warps)))
     _MMA_KERNELS[precision][grid, 32 * warps](A.row_window_offset, A.col_idx, A.values,
                                               A.shape[0], B, out, window, first_block, n_blocks,
                                               atomic)
