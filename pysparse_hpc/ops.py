@@ -11,7 +11,6 @@ import numpy as np
 from ._base import sparray
 from ._blocked import blocked_array
 from ._config import get_num_threads, parallel_min_flops, spmm_tile
-from ._csr import csr_array
 from ._dense import as_dense, wrap_like
 from .kernels.cpu import sddmm as _cpu_sddmm
 from .kernels.cpu import spmm as _cpu_spmm
