@@ -25,35 +25,49 @@ def balanced_parts(indptr, n_parts):
     return np.unique(np.minimum(bounds, n_rows))
 
 
+@njit(inline="always", **_JIT)  # a call per row costs more than short rows take
+def _add_row_products(out_row, indptr, indices, data, B, row):
+    """``out_row = A[row] @ B`` for one row (or one column tile of it).
+
+    Nonzeros are taken four at a time: four independent B rows are in flight and the output
+    row is read and written once per four instead of once per nonzero.
+    """
+    n_cols_out = out_row.shape[0]
+    out_row[:] = 0
+    p = indptr[row]
+    p_stop = indptr[row + 1]
+    while p + 4 <= p_stop:
+        v0, v1, v2, v3 = data[p], data[p + 1], data[p + 2], data[p + 3]
+        b0, b1 = B[indices[p]], B[indices[p + 1]]
+        b2, b3 = B[indices[p + 2]], B[indices[p + 3]]
+        for j in range(n_cols_out):
+            out_row[j] += v0 * b0[j] + v1 * b1[j] + v2 * b2[j] + v3 * b3[j]
+        p += 4
+    while p < p_stop:
+        value = data[p]
+        source = B[indices[p]]
+        for j in range(n_cols_out):
+            out_row[j] += value * source[j]
+        p += 1
+
+
 @njit(**_JIT)
 def _csr_rows(indptr, indices, data, B, out, tile, start, stop):
     """Rows ``start:stop`` of ``out = A @ B``, ``tile`` output columns at a time.
 
-    Nonzeros are taken four at a time: four independent B rows are in flight and the output
-    row is read and written once per four instead of once per nonzero. Wide B is cut into
-    column tiles so the output tile and the gathered B pieces stay in the L1 cache.
+    B no wider than a tile (the default: up to 4096 columns) goes through whole contiguous rows;
+    wider B is cut into column tiles so pieces of the output row and of the gathered B rows stay
+    in cache. The tiles are 2-D slices, which Numba compiles as any-layout arrays, slower per
+    element; measured, whole rows won up to 3703 columns, hence the wide default.
     """
     n_cols_out = B.shape[1]
     for row in range(start, stop):
-        out[row, :] = 0
-        for j0 in range(0, n_cols_out, tile):
-            j1 = min(j0 + tile, n_cols_out)
-            out_row = out[row, j0:j1]
-            p = indptr[row]
-            p_stop = indptr[row + 1]
-            while p + 4 <= p_stop:
-                v0, v1, v2, v3 = data[p], data[p + 1], data[p + 2], data[p + 3]
-                b0, b1 = B[indices[p], j0:j1], B[indices[p + 1], j0:j1]
-                b2, b3 = B[indices[p + 2], j0:j1], B[indices[p + 3], j0:j1]
-                for j in range(j1 - j0):
-                    out_row[j] += v0 * b0[j] + v1 * b1[j] + v2 * b2[j] + v3 * b3[j]
-                p += 4
-            while p < p_stop:
-                value = data[p]
-                source = B[indices[p], j0:j1]
-                for j in range(j1 - j0):
-                    out_row[j] += value * source[j]
-                p += 1
+        if n_cols_out <= tile:
+            _add_row_products(out[row], indptr, indices, data, B, row)
+        else:
+            for j0 in range(0, n_cols_out, tile):
+                j1 = min(j0 + tile, n_cols_out)
+                _add_row_products(out[row, j0:j1], indptr, indices, data, B[:, j0:j1], row)
 
 
 @njit(parallel=True, **_JIT)
