@@ -32,14 +32,6 @@ class DenseOperand:
     device: str
     original: object
 
-    @property
-    def dtype(self):
-        return self.array.dtype
-
-    @property
-    def shape(self):
-        return self.array.shape
-
 
 def _torch():
     return sys.modules.get("torch")
