@@ -13,6 +13,11 @@ spmm           sparse @ dense (CPU: Numba kernels)
 sddmm          sampled dense-dense product on a sparse pattern (single and multi-head)
 reorder        a permutation (Rabbit-Order-style, RCM, degree) that makes blocks denser
 permute        P A P^T (also permute_rows, permute_columns, inverse_permutation, bandwidth)
+
+Subpackages
+-----------
+nn             GNN layers (GCN, GAT, AGNN) and sparse ops with PyTorch autograd (imports torch
+               on first use: ``pysparse_hpc.nn`` or ``import pysparse_hpc.nn``)
 """
 from . import datasets, generators, io
 from ._base import issparse, sparray
@@ -25,6 +30,15 @@ from ._stats import BlockStats, block_stats
 from .ops import sddmm, spmm
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name):
+    # nn needs torch; import it only when asked for, so the rest works without torch.
+    if name == "nn":
+        import importlib
+        return importlib.import_module(".nn", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "BlockStats",

@@ -12,7 +12,7 @@ from ._blocked import blocked_array
 from ._config import cuda_split_blocks, cuda_warps_per_block
 from ._dense import is_device_array
 
-__all__ = ["PRECISIONS", "require_gpu", "spmm_cuda", "sddmm_cuda"]
+__all__ = ["PRECISIONS", "pattern_spmm_cuda", "require_gpu", "spmm_cuda", "sddmm_cuda"]
 
 #: "fp32": CUDA-core CSR kernel; "tf32" and "fp16": tensor-core ME-BCRS kernels with tf32 or
 #: fp16 inputs, both accumulating in fp32.
@@ -218,3 +218,28 @@ def sddmm_cuda(A, x_operand, y_operand, alpha, beta, precision):
     if isinstance(A, blocked_array) and not isinstance(result, blocked_array):
         return result.to_blocked(A.window, A.block_width)
     return result.tocsr() if not isinstance(A, blocked_array) else result
+
+
+def pattern_spmm_cuda(csr, values, B):
+    """``A @ B`` for A = ``csr``'s pattern holding per-edge ``values`` on the GPU: (nnz,) with
+    B (K, F), or (nnz, heads) with B (K, heads, F), one CUDA-core CSR product per head on
+    strided views. ``values`` and B are torch CUDA tensors (the result is one too) or Numba
+    device arrays (the result is a Numba device array)."""
+    cuda = require_gpu()
+    from .kernels.cuda import spmm as kernels
+    torch = sys.modules.get("torch")
+    indptr, indices = _device_arrays(cuda, csr, ("indptr", "indices"))
+    shape = (csr.shape[0],) + tuple(B.shape[1:])
+    if torch is not None and isinstance(B, torch.Tensor):
+        out = torch.empty(shape, dtype=B.dtype, device=B.device)
+        view = cuda.as_cuda_array
+    else:
+        out = cuda.device_array(shape, dtype=B.dtype)
+        view = lambda array: array  # noqa: E731 - already a device array
+    if values.ndim == 1:
+        kernels.launch_csr_spmm(indptr, indices, view(values), view(B), view(out))
+        return out
+    for h in range(values.shape[1]):
+        kernels.launch_csr_spmm(indptr, indices, view(values[:, h]), view(B[:, h]),
+                                view(out[:, h]))
+    return out

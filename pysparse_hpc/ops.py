@@ -274,3 +274,24 @@ def _with_values(A, values):
     else:
         result._set_arrays(values, A.indices, A.indptr, A.shape, A._canonical)
     return result
+
+
+def pattern_spmm(csr, values, B):
+    """``A @ B`` where A is ``csr``'s pattern holding ``values`` instead of its own data.
+
+    The kernel behind attention: ``values`` (nnz,) with B (K, F), or ``values`` (nnz, heads)
+    with B (K, heads, F) for one matrix per head. NumPy in and out, already validated by the
+    caller (`pysparse_hpc.nn.functional`), in one floating dtype.
+    """
+    dtype = np.result_type(values.dtype, B.dtype)
+    values = values.astype(dtype, copy=False)
+    B = B.astype(dtype, copy=False)
+    out = np.empty((csr.shape[0],) + B.shape[1:], dtype=dtype)
+    flops = 2 * csr.nnz * int(np.prod(B.shape[1:]))
+    if values.ndim == 1:
+        _launch(_cpu_spmm.csr_spmm, _cpu_spmm.csr_spmm_serial, csr, csr.indptr, flops,
+                csr.indptr, csr.indices, values, B, out, spmm_tile())
+    else:
+        _launch(_cpu_spmm.csr_spmm_heads, _cpu_spmm.csr_spmm_heads_serial, csr, csr.indptr,
+                flops, csr.indptr, csr.indices, values, B, out)
+    return out

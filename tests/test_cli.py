@@ -1,4 +1,5 @@
 """The main job, as a user runs it."""
+import re
 import subprocess
 import sys
 
@@ -6,18 +7,36 @@ from pysparse_hpc.__main__ import run_demo
 
 
 def test_demo_in_process(capsys):
-    assert run_demo("cora") == 0
+    assert run_demo("cora", models=("gcn",), seeds=1, progress=False) == 0
     out = capsys.readouterr().out
     assert "ME-BCRS 8x1" in out and "16x1" in out and "round-tripped" in out
     assert "SpMM" in out and "SDDMM" in out and "ours ME-BCRS" in out
     assert "2708 nodes" in out
+    accuracy = re.search(r"GCN +16 hidden +200 epochs +test accuracy +([0-9.]+)%", out)
+    assert accuracy and float(accuracy.group(1)) >= 75.0   # one seed; the mean is tested apart
+    assert "ms per training epoch" in out
 
 
 def test_demo_command_line():
-    result = subprocess.run([sys.executable, "-m", "pysparse_hpc", "demo", "--dataset", "citeseer"],
+    result = subprocess.run([sys.executable, "-m", "pysparse_hpc", "demo", "--dataset", "citeseer",
+                             "--model", "agnn", "--seeds", "1"],
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
-    assert "citeseer" in result.stdout
+    assert "citeseer" in result.stdout and "AGNN" in result.stdout
+    assert "agnn seed 0" in result.stderr                   # the progress bar
+
+
+def test_demo_without_training():
+    result = subprocess.run([sys.executable, "-m", "pysparse_hpc", "demo", "--no-train"],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "GNN training" not in result.stdout
+
+
+def test_bad_seed_count():
+    result = subprocess.run([sys.executable, "-m", "pysparse_hpc", "demo", "--seeds", "0"],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2 and "--seeds must be at least 1" in result.stderr
 
 
 def test_bad_command_line():

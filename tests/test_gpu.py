@@ -60,3 +60,27 @@ def test_sddmm_on_device(precision):
     gpu = sph.sddmm(A, X, Y, backend="cuda", precision=precision)
     np.testing.assert_allclose(gpu.data, cpu.data, rtol=TOLERANCE[precision],
                                atol=TOLERANCE[precision] * 8)
+
+
+@pytest.mark.parametrize("layer", ["gcn", "gat", "agnn"])
+def test_gnn_layers_on_cuda_tensors_match_the_cpu(layer):
+    """Forward and backward of each layer with CUDA tensors, against the same layer on the CPU."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch has no CUDA")
+    from pysparse_hpc import nn
+    cora = sph.datasets.load("cora")
+    torch.manual_seed(0)
+    module = {"gcn": lambda: nn.GCNConv(1433, 16), "gat": lambda: nn.GATConv(1433, 8, heads=4),
+              "agnn": lambda: nn.AGNNConv()}[layer]().eval()
+    results = []
+    for device in ("cpu", "cuda"):
+        module.to(device)
+        x = torch.from_numpy(cora.x).to(device).requires_grad_(True)
+        out = module(x, cora.adj)
+        assert out.device.type == device
+        out.square().sum().backward()
+        results.append((out.detach().cpu(), x.grad.cpu()))
+        module.zero_grad()
+    for got, want in zip(results[1], results[0]):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)

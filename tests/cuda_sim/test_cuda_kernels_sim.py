@@ -235,3 +235,18 @@ def test_sddmm_backend_cuda_bad_input():
         sph.sddmm(A, X, np.ones((10, 3), np.float32), backend="cuda")
     with pytest.raises(ValueError, match="8-row windows"):
         sph.sddmm(A.to_blocked(16), X, X, backend="cuda", precision="tf32")
+
+
+@pytest.mark.parametrize("heads", [None, 3])
+def test_pattern_spmm_cuda_with_per_edge_values(heads):
+    """The GPU path of attention's SpMM: per-edge values (per head on strided views)."""
+    from pysparse_hpc import ops
+    from pysparse_hpc._cuda_backend import pattern_spmm_cuda
+    rng = np.random.default_rng(11)
+    A = sph.csr_array(random_scipy(rng, (10, 8), 0.35))
+    shape = (A.nnz,) if heads is None else (A.nnz, heads)
+    values = rng.standard_normal(shape)
+    B = rng.standard_normal((8, 4) if heads is None else (8, heads, 4))
+    out = pattern_spmm_cuda(A, cuda.to_device(values), cuda.to_device(B))
+    np.testing.assert_allclose(out.copy_to_host(), ops.pattern_spmm(A, values, B), rtol=1e-12,
+                               atol=1e-12)

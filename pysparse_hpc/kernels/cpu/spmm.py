@@ -128,3 +128,30 @@ def blocked_spmm_serial(row_window_offset, col_idx, values, vector_mask, window,
                         out, window_bounds):
     _blocked_windows(row_window_offset, col_idx, values, vector_mask, window, block_width, B, out,
                      0, row_window_offset.size - 1)
+
+
+@njit(**_JIT)
+def _csr_rows_heads(indptr, indices, values, B, out, start, stop):
+    """Rows ``start:stop`` of the multi-head product ``out[i, h] = sum_p values[p, h] B[j_p, h]``
+    (one attention matrix per head sharing A's pattern, as in multi-head GAT)."""
+    n_heads, n_features = B.shape[1], B.shape[2]
+    for row in range(start, stop):
+        out_row = out[row]
+        out_row[:] = 0
+        for p in range(indptr[row], indptr[row + 1]):
+            source = B[indices[p]]
+            for h in range(n_heads):
+                value = values[p, h]
+                for f in range(n_features):
+                    out_row[h, f] += value * source[h, f]
+
+
+@njit(parallel=True, **_JIT)
+def csr_spmm_heads(indptr, indices, values, B, out, row_bounds):
+    for part in prange(row_bounds.size - 1):
+        _csr_rows_heads(indptr, indices, values, B, out, row_bounds[part], row_bounds[part + 1])
+
+
+@njit(**_JIT)
+def csr_spmm_heads_serial(indptr, indices, values, B, out, row_bounds):
+    _csr_rows_heads(indptr, indices, values, B, out, 0, indptr.size - 1)

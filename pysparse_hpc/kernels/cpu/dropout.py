@@ -1,0 +1,31 @@
+"""Dropout on the CPU with a counter-based generator: the mask is a pure function of
+``(seed, element index)``, so it is the same for any number of threads and the backward pass
+recomputes it instead of storing it.
+
+Element i is kept when ``splitmix64(seed + i * golden) >= threshold`` with
+``threshold = p * 2**64``; kept elements are scaled by ``1 / (1 - p)``.
+"""
+import numpy as np
+from numba import njit, prange
+
+_JIT = dict(cache=True, nogil=True)
+
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_MIX1 = np.uint64(0xBF58476D1CE4E5B9)
+_MIX2 = np.uint64(0x94D049BB133111EB)
+_S30, _S27, _S31 = np.uint64(30), np.uint64(27), np.uint64(31)
+
+
+@njit(inline="always", **_JIT)
+def _splitmix64(seed, i):
+    z = seed + np.uint64(i) * _GOLDEN
+    z = (z ^ (z >> _S30)) * _MIX1
+    z = (z ^ (z >> _S27)) * _MIX2
+    return z ^ (z >> _S31)
+
+
+@njit(parallel=True, **_JIT)
+def dropout(x, out, seed, threshold, scale):
+    """``out = x * keep * scale`` over flat C-contiguous arrays; ``keep`` from (seed, index)."""
+    for i in prange(x.size):
+        out[i] = x[i] * scale if _splitmix64(seed, i) >= threshold else 0

@@ -1,0 +1,25 @@
+"""GNN layers on PyTorch autograd over pysparse_hpc's kernels.
+
+Layers
+------
+GCNConv     graph convolution with cached operator reordering (``order="auto"``)
+GATConv     multi-head graph attention, with a choice of what the forward keeps (``cache=``)
+AGNNConv    attention-based propagation (cosine attention, one SDDMM + one SpMM)
+
+Functions
+---------
+gcn_norm    D^-1/2 (A + I) D^-1/2
+functional  spmm, sddmm, edge_softmax, gat_attention with autograd
+
+Every layer takes ``forward(x, adj)`` with ``adj`` a pysparse_hpc sparse array (CSR, ME-BCRS or
+blocked) or a ``[2, E]`` edge_index tensor (converted once and cached), and runs on the CPU
+kernels or, for tensors on a GPU, the CUDA backend. Importing this module imports torch.
+"""
+from . import functional
+from .agnn import AGNNConv
+from .gat import GAT_CACHES, GATConv
+from .gcn import ORDERS, GCNConv, choose_order
+from .norm import gcn_norm
+
+__all__ = ["AGNNConv", "GATConv", "GAT_CACHES", "GCNConv", "ORDERS", "choose_order",
+           "functional", "gcn_norm"]

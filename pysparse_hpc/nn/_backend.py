@@ -1,0 +1,153 @@
+"""The numeric steps of the autograd Functions, on the CPU (Numba kernels) or the GPU.
+
+Each function takes detached torch tensors and returns a torch tensor on the same device. CPU
+tensors go to the Numba kernels as zero-copy NumPy views. CUDA tensors go to the CUDA backend of
+`pysparse_hpc.ops` (fixed-value SpMM and SDDMM) and to the CUDA-core CSR kernel with per-edge
+values; the attention softmax on the GPU is written with torch operations (`torch_edge_softmax`),
+which torch differentiates itself.
+"""
+import sys
+
+import numpy as np
+
+from .. import ops
+from ..kernels.cpu import edge_softmax as _softmax_kernels
+from . import _graph
+
+__all__ = ["on_cpu", "spmm_fixed", "spmm_values", "sddmm_values", "torch_edge_softmax",
+           "edge_rows"]
+
+
+def _torch():
+    return sys.modules["torch"]
+
+
+def on_cpu(tensor):
+    return tensor.device.type == "cpu"
+
+
+def host(tensor):
+    """A contiguous NumPy view of a CPU tensor (a copy only when it is strided)."""
+    return np.ascontiguousarray(tensor.detach().numpy())
+
+
+def spmm_fixed(adj, x):
+    """``adj @ x`` with adj's own values, in x's dtype."""
+    adj = _graph.with_dtype(adj, _numpy_dtype(x))
+    if on_cpu(x):
+        return ops.spmm(adj, x.detach())
+    return ops.spmm(adj, x.detach().contiguous(), backend="cuda")
+
+
+def spmm_values(csr, values, x):
+    """``A @ x`` for A = ``csr``'s pattern holding ``values`` ((nnz,) with 2-D x, (nnz, heads)
+    with x of shape (n, heads, F))."""
+    if on_cpu(x):
+        return _torch().from_numpy(ops.pattern_spmm(csr, host(values), host(x)))
+    from .._cuda_backend import pattern_spmm_cuda
+    return pattern_spmm_cuda(csr, values.detach(), x.detach())
+
+
+def sddmm_values(csr, x, y):
+    """``dot(x[i], y[j])`` for every stored (i, j) of ``csr``: (nnz,) or (nnz, heads)."""
+    csr = _graph.with_dtype(csr, _numpy_dtype(x))  # only the pattern is read; keep x's dtype
+    if on_cpu(x):
+        result = ops.sddmm(csr, host(x), host(y))
+        return _torch().from_numpy(result if x.ndim == 3 else result.data)
+    x, y = x.detach().contiguous(), y.detach().contiguous()
+    if x.ndim == 2:
+        return ops.sddmm(csr, x, y, backend="cuda")
+    heads = [ops.sddmm(csr, x[:, h].contiguous(), y[:, h].contiguous(), backend="cuda")
+             for h in range(x.shape[1])]
+    return _torch().stack(heads, dim=1)
+
+
+def edge_rows(csr, device):
+    """The row of every stored entry as a torch index tensor on ``device`` (made once)."""
+    def build():
+        rows = np.repeat(np.arange(csr.shape[0], dtype=np.int64), np.diff(csr.indptr))
+        return _torch().from_numpy(rows)
+    rows = _graph.cached_on(csr, "edge_rows", build)
+    if str(device) == "cpu":
+        return rows
+    return _graph.cached_on(csr, ("edge_rows", str(device)), lambda: rows.to(device))
+
+
+def edge_cols(csr, device):
+    """The column of every stored entry as a torch int64 index tensor on ``device``."""
+    return _graph.cached_on(csr, ("edge_cols", str(device)), lambda: _torch().from_numpy(
+        csr.indices.astype(np.int64)).to(device))
+
+
+def torch_edge_softmax(csr, scores):
+    """Softmax over each row's entries written with torch scatter operations (any device,
+    differentiated by torch). ``scores`` is (nnz, heads)."""
+    torch = _torch()
+    rows = edge_rows(csr, scores.device)
+    index = rows[:, None].expand_as(scores)
+    shape = (csr.shape[0], scores.shape[1])
+    peak = torch.full(shape, -torch.inf, dtype=scores.dtype, device=scores.device)
+    peak = peak.scatter_reduce(0, index, scores.detach(), "amax")
+    exp = (scores - peak[rows]).exp()
+    total = torch.zeros(shape, dtype=scores.dtype, device=scores.device).index_add(0, rows, exp)
+    return exp / total[rows]
+
+
+def softmax_rows(csr, scores):
+    """Row softmax of (nnz, heads) scores on the CPU: the probabilities as a tensor."""
+    alpha = np.empty(scores.shape, dtype=_numpy_dtype(scores))
+    _softmax_kernels.softmax_rows(csr.indptr, host(scores), alpha)
+    return _torch().from_numpy(alpha)
+
+
+def softmax_backward(csr, alpha, grad_alpha):
+    grad_scores = np.empty(alpha.shape, dtype=_numpy_dtype(alpha))
+    _softmax_kernels.softmax_backward_rows(csr.indptr, host(alpha), host(grad_alpha),
+                                           grad_scores)
+    return _torch().from_numpy(grad_scores)
+
+
+def gat_softmax(csr, s_dst, s_src, negative_slope):
+    """GAT's attention on the CPU: probabilities (tensor) and the LeakyReLU sign (NumPy)."""
+    dtype = _numpy_dtype(s_dst)
+    alpha = np.empty((csr.nnz, s_dst.shape[1]), dtype=dtype)
+    positive = np.empty(alpha.shape, dtype=np.bool_)
+    _softmax_kernels.gat_softmax_rows(csr.indptr, csr.indices, host(s_dst), host(s_src),
+                                      dtype.type(negative_slope), alpha, positive)
+    return _torch().from_numpy(alpha), positive
+
+
+def gat_softmax_backward(csr, alpha, positive, grad_alpha, negative_slope):
+    """Gradients of ``s_dst`` and ``s_src`` from that of the probabilities."""
+    dtype = _numpy_dtype(alpha)
+    n_heads = alpha.shape[1]
+    grad_z = np.empty(alpha.shape, dtype=dtype)
+    grad_s_dst = np.empty((csr.shape[0], n_heads), dtype=dtype)
+    _softmax_kernels.gat_softmax_backward_rows(csr.indptr, host(alpha), host(grad_alpha),
+                                               positive, dtype.type(negative_slope), grad_z,
+                                               grad_s_dst)
+    transposed = _graph.transpose(csr)
+    grad_s_src = np.empty((csr.shape[1], n_heads), dtype=dtype)
+    _softmax_kernels.column_sums(transposed.matrix.indptr, transposed.order, grad_z, grad_s_src)
+    torch = _torch()
+    return torch.from_numpy(grad_s_dst), torch.from_numpy(grad_s_src)
+
+
+def _numpy_dtype(tensor):
+    return np.dtype(str(tensor.dtype).replace("torch.", ""))
+
+
+def dropout_threshold(p):
+    """The uint64 a hash must reach for its element to be kept with probability ``1 - p``."""
+    return np.uint64(min(int(p * 2.0 ** 64), 2 ** 64 - 1))
+
+
+def dropout(x, p, seed):
+    """``x`` with elements dropped with probability ``p`` and the rest scaled by 1/(1-p)."""
+    from ..kernels.cpu import dropout as _dropout_kernels
+    dtype = _numpy_dtype(x)
+    source = host(x)
+    out = np.empty_like(source)
+    _dropout_kernels.dropout(source.reshape(-1), out.reshape(-1), np.uint64(seed),
+                             dropout_threshold(p), dtype.type(1.0 / (1.0 - p)))
+    return _torch().from_numpy(out)

@@ -1,0 +1,31 @@
+"""Input checks the layers share."""
+import warnings
+
+import torch
+
+__all__ = ["check_features", "warn_once_if_nan"]
+
+
+def check_features(x, in_channels=None):
+    """``x`` must be a 2-D float32/float64 tensor with ``in_channels`` columns (when given)."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    if x.dtype not in (torch.float32, torch.float64):
+        raise TypeError(f"x must be float32 or float64, got {x.dtype}")
+    if x.ndim != 2:
+        raise ValueError(f"x must be 2-D (nodes, features), got shape {tuple(x.shape)}")
+    if in_channels is not None and x.shape[1] != in_channels:
+        raise ValueError(f"x has {x.shape[1]} features, the layer expects {in_channels}")
+
+
+def warn_once_if_nan(layer, out):
+    """Warn (once per layer) when the layer's output holds NaN: it propagates, as in torch, but
+    silently wrong accuracy is worse than a warning. The output is checked, not the input:
+    it is narrower, and NaN in the features always reaches it."""
+    if getattr(layer, "_warned_nan", False):
+        return
+    if bool(torch.isnan(out.detach()).any()):
+        layer._warned_nan = True
+        warnings.warn(f"{type(layer).__name__} produced NaN: the input features (or the "
+                      "weights) hold NaN, and it propagates to every node that reads them",
+                      RuntimeWarning, stacklevel=3)

@@ -1,0 +1,201 @@
+"""Graphs as the GNN layers see them: validated, converted once, with the transpose kept.
+
+Everything built from an adjacency (its canonical CSR pattern, the transpose the backward pass
+multiplies by, a copy in another dtype) is cached on the adjacency object itself, so a training
+loop that passes the same graph every epoch builds each piece once. Sparse arrays are treated as
+immutable here, as the kernels' caches already do.
+"""
+import sys
+import weakref
+
+import numpy as np
+
+from .._base import sparray
+from .._blocked import blocked_array
+from .._csr import csr_array
+from .._cy import convert as _convert
+
+__all__ = ["EdgeIndexCache", "as_graph", "cached_on", "check_graph_for", "pattern", "transpose",
+           "with_dtype"]
+
+
+def cached_on(owner, key, build):
+    """``build()`` once per ``key``, kept on ``owner`` (a sparse array)."""
+    cache = owner.__dict__.setdefault("_nn_cache", {})
+    if key not in cache:
+        cache[key] = build()
+    return cache[key]
+
+
+def pattern(adj):
+    """The canonical CSR form of ``adj`` (sorted, no duplicates): per-edge values, attention
+    scores and SDDMM results are aligned with its storage order."""
+    def build():
+        csr = adj.tocsr()
+        return csr if csr.has_canonical_format else csr.canonical()
+    if isinstance(adj, csr_array) and adj.has_canonical_format:
+        return adj
+    return cached_on(adj, "pattern", build)
+
+
+def with_dtype(adj, dtype):
+    """``adj`` with values in ``dtype`` (a NumPy float dtype); the cast is made once."""
+    dtype = np.dtype(dtype)
+    if adj.dtype == dtype:
+        return adj
+    return cached_on(adj, ("astype", dtype.name), lambda: adj.astype(dtype))
+
+
+class Transpose:
+    """The transpose of a canonical CSR pattern and where its entries come from.
+
+    Attributes
+    ----------
+    matrix : csr_array
+        ``A.T`` with A's values (A itself when A is symmetric, values included).
+    order : numpy.ndarray of int64
+        ``matrix`` stores A's entry ``order[q]`` at position q, so per-edge values ``v``
+        (aligned with A) become ``v[order]`` for the transpose.
+    symmetric : bool
+    """
+
+    def __init__(self, matrix, order, symmetric):
+        self.matrix, self.order, self.symmetric = matrix, order, symmetric
+        self._torch_order = {}
+
+    def torch_order(self, device):
+        """``order`` as a torch index tensor on ``device`` (made once per device)."""
+        key = str(device)
+        if key not in self._torch_order:
+            self._torch_order[key] = sys.modules["torch"].from_numpy(self.order).to(device)
+        return self._torch_order[key]
+
+
+def transpose(adj):
+    """The `Transpose` of ``pattern(adj)``, built once and kept on ``adj``."""
+    csr = pattern(adj)
+
+    def build():
+        # The counting-sort transpose moves values without arithmetic, so entry numbers sent
+        # through it as float64 (exact below 2**53) come back as the permutation.
+        positions = np.arange(csr.nnz, dtype=np.float64)
+        indptr, indices, moved = _convert.csr_transpose(csr.shape[1], csr.indptr, csr.indices,
+                                                        positions)
+        order = moved.astype(np.int64)
+        symmetric = (csr.shape[0] == csr.shape[1] and np.array_equal(indptr, csr.indptr)
+                     and np.array_equal(indices, csr.indices)
+                     and np.array_equal(csr.data[order], csr.data))
+        if symmetric:
+            return Transpose(csr, order, True)
+        matrix = csr_array.__new__(csr_array)
+        matrix._set_arrays(csr.data[order], indices, indptr, (csr.shape[1], csr.shape[0]), True)
+        return Transpose(matrix, order, False)
+    return cached_on(csr, "transpose", build)
+
+
+def transposed_like(adj):
+    """``adj.T`` in ``adj``'s own format (a blocked ``adj`` gets a blocked transpose)."""
+    def build():
+        matrix = transpose(adj).matrix
+        if isinstance(adj, blocked_array):
+            return matrix.to_blocked(adj.window, adj.block_width)
+        return matrix
+    if isinstance(adj, blocked_array):
+        return cached_on(adj, "transposed_like", build)
+    return build()
+
+
+def _torch():
+    return sys.modules["torch"]
+
+
+def _from_edge_index(edge_index, num_nodes):
+    """A CSR adjacency with ``A[i, j] = 1`` for every edge ``j -> i`` (PyG's source-to-target
+    flow: ``edge_index[0]`` holds sources, ``edge_index[1]`` targets). Repeated edges add up."""
+    torch = _torch()
+    if edge_index.dtype not in (torch.int64, torch.int32):
+        raise TypeError(f"edge_index must hold int64 or int32 node ids, got {edge_index.dtype}")
+    if edge_index.ndim != 2 or edge_index.shape[0] != 2:
+        raise ValueError(f"edge_index must have shape [2, E], got {list(edge_index.shape)}")
+    if num_nodes is None:
+        raise ValueError("an edge_index needs num_nodes (the number of rows of x)")
+    ids = edge_index.detach().cpu().numpy()
+    if ids.size:
+        low, high = int(ids.min()), int(ids.max())
+        if low < 0:
+            raise ValueError(f"edge_index holds a negative node id ({low})")
+        if high >= num_nodes:
+            raise ValueError(f"edge_index holds node id {high}, out of range for "
+                             f"num_nodes={num_nodes}")
+    sources, targets = ids[0], ids[1]
+    values = np.ones(sources.size, dtype=np.float32)
+    return csr_array((values, (targets, sources)), shape=(num_nodes, num_nodes)).canonical()
+
+
+class EdgeIndexCache:
+    """Remembers the CSR adjacency built from the last ``edge_index`` tensor seen.
+
+    The tensor is held weakly and its version counter recorded, so modifying it in place or
+    passing another tensor rebuilds the adjacency, and nothing keeps the tensor alive.
+    """
+
+    def __init__(self):
+        self._key = None
+        self._adj = None
+
+    def get(self, edge_index, num_nodes):
+        key = (edge_index._version, num_nodes, tuple(edge_index.shape))
+        if self._key is not None and self._key[0]() is edge_index and self._key[1:] == key:
+            return self._adj
+        adj = _from_edge_index(edge_index, num_nodes)
+        self._key = (weakref.ref(edge_index),) + key
+        self._adj = adj
+        return adj
+
+
+def as_graph(adj, num_nodes=None, edge_cache=None, default_num_nodes=None):
+    """A pysparse_hpc sparse array for ``adj``: a sparse array is returned as it is; a torch
+    ``[2, E]`` edge_index is converted (through ``edge_cache`` when given, so once) with
+    ``num_nodes`` nodes, else ``default_num_nodes`` (a layer's number of input rows)."""
+    if isinstance(adj, sparray):
+        if num_nodes is not None and adj.shape[0] != num_nodes:
+            raise ValueError(f"adj has {adj.shape[0]} rows but num_nodes={num_nodes}")
+        return adj
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(adj, torch.Tensor):
+        num_nodes = default_num_nodes if num_nodes is None else num_nodes
+        if edge_cache is not None:
+            return edge_cache.get(adj, num_nodes)
+        return _from_edge_index(adj, num_nodes)
+    hint = " (wrap it with pysparse_hpc.csr_array)" if hasattr(adj, "tocsr") else ""
+    raise TypeError("adj must be a pysparse_hpc sparse array or a [2, E] edge_index tensor, got "
+                    f"{type(adj).__name__}{hint}")
+
+
+def check_graph_for(adj, x, name="x"):
+    """A layer's adjacency must be square and have one row per row of ``x``."""
+    if adj.shape[0] != adj.shape[1]:
+        raise ValueError(f"adj must be square (nodes x nodes), got shape {adj.shape}")
+    if x.shape[0] != adj.shape[0]:
+        raise ValueError(f"adj has {adj.shape[0]} nodes but {name} has {x.shape[0]} rows")
+
+
+def with_self_loops(adj):
+    """``pattern(adj)`` with a stored diagonal: existing diagonal entries keep their values,
+    missing ones are added with value 1 (what attention layers need: every node attends to
+    itself). Built once and kept on ``adj``."""
+    csr = pattern(adj)
+
+    def build():
+        n = csr.shape[0]
+        rows = np.repeat(np.arange(n, dtype=np.int64), np.diff(csr.indptr))
+        has_loop = np.zeros(n, dtype=bool)
+        has_loop[rows[rows == csr.indices]] = True
+        missing = np.flatnonzero(~has_loop)
+        if missing.size == 0:
+            return csr
+        data = np.concatenate([csr.data, np.ones(missing.size, dtype=csr.dtype)])
+        return csr_array((data, (np.concatenate([rows, missing]),
+                                 np.concatenate([csr.indices.astype(np.int64), missing]))),
+                         shape=csr.shape).canonical()
+    return cached_on(csr, "with_self_loops", build)

@@ -1,0 +1,340 @@
+"""Sparse operations on torch tensors with autograd: SpMM, SDDMM and attention softmax.
+
+The adjacency is a pysparse_hpc sparse array (CSR, ME-BCRS or blocked). Per-edge tensors
+(``values``, SDDMM results, attention scores and probabilities) are aligned with the storage
+order of its canonical CSR form, ``pattern(adj)``: row by row, columns ascending, duplicates
+summed. What the backward passes need from the graph (the transpose, and where each of its
+entries comes from) is built on first use and kept on the adjacency.
+
+Gradients (gnn.md's formulas): for ``Y = A @ X``, ``dX = A^T @ dY`` and, for per-edge values
+that require grad, ``dA_ij = <dY_i, X_j>`` (an SDDMM); for ``s = SDDMM(A; X, Y)``,
+``dX = S @ Y`` and ``dY = S^T @ X`` with S holding ``ds`` on A's pattern.
+"""
+import torch
+
+from .._base import sparray
+from . import _backend, _graph
+from ._graph import pattern
+
+__all__ = ["spmm", "sddmm", "edge_softmax", "gat_attention", "dropout", "pattern", "GAT_KEEP"]
+
+#: What `gat_attention` keeps for the backward pass: the probabilities and the LeakyReLU sign
+#: mask (nothing recomputed), or only its inputs (the softmax recomputed in backward).
+GAT_KEEP = ("alpha", "scores")
+
+_FLOAT_DTYPES = (torch.float32, torch.float64)
+
+
+def _check_adj(adj):
+    if not isinstance(adj, sparray):
+        hint = " (wrap it with pysparse_hpc.csr_array)" if hasattr(adj, "tocsr") else ""
+        raise TypeError(f"adj must be a pysparse_hpc sparse array, got {type(adj).__name__}{hint}")
+
+
+def _check_tensor(t, name, ndims=(2,)):
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in _FLOAT_DTYPES:
+        raise TypeError(f"{name} must be float32 or float64, got {t.dtype}")
+    if t.layout != torch.strided:
+        raise TypeError(f"{name} must be a dense tensor, got layout {t.layout}")
+    if t.ndim not in ndims:
+        expected = " or ".join(f"{n}-D" for n in ndims)
+        raise ValueError(f"{name} must be {expected}, got shape {tuple(t.shape)}")
+
+
+def _check_same(reference, name_ref, other, name):
+    if other.dtype != reference.dtype:
+        raise TypeError(f"{name} has dtype {other.dtype} but {name_ref} has {reference.dtype}")
+    if other.device != reference.device:
+        raise ValueError(f"{name} is on {other.device} but {name_ref} is on {reference.device}")
+
+
+def _check_edge_tensor(values, name, csr, heads=None):
+    expected = (csr.nnz,) if heads is None else (csr.nnz, heads)
+    if tuple(values.shape) != expected:
+        raise ValueError(f"{name} must have shape {expected} (one entry per stored edge of the "
+                         f"canonical pattern{'' if heads is None else ', per head'}), got "
+                         f"{tuple(values.shape)}")
+
+
+class _SpMMFixed(torch.autograd.Function):
+    """``Y = A @ X`` with A's own (constant) values."""
+
+    @staticmethod
+    def forward(ctx, x, adj):
+        ctx.adj = adj
+        return _backend.spmm_fixed(adj, x)
+
+    @staticmethod
+    def backward(ctx, grad_y):
+        if not ctx.needs_input_grad[0]:
+            return None, None
+        return _backend.spmm_fixed(_graph.transposed_like(ctx.adj), grad_y), None
+
+
+class _SpMMValues(torch.autograd.Function):
+    """``Y = A @ X`` with per-edge ``values`` (nnz,) or (nnz, heads) on A's pattern."""
+
+    @staticmethod
+    def forward(ctx, values, x, csr):
+        ctx.csr = csr
+        ctx.save_for_backward(values, x)
+        return _backend.spmm_values(csr, values, x)
+
+    @staticmethod
+    def backward(ctx, grad_y):
+        values, x = ctx.saved_tensors
+        grad_values = grad_x = None
+        if ctx.needs_input_grad[1]:
+            transposed = _graph.transpose(ctx.csr)
+            order = transposed.torch_order(values.device)
+            grad_x = _backend.spmm_values(transposed.matrix, values.detach()[order], grad_y)
+        if ctx.needs_input_grad[0]:
+            grad_values = _backend.sddmm_values(ctx.csr, grad_y, x)
+        return grad_values, grad_x, None
+
+
+class _SDDMM(torch.autograd.Function):
+    """``s_ij = <X_i, Y_j>`` on A's pattern."""
+
+    @staticmethod
+    def forward(ctx, x, y, csr):
+        ctx.csr = csr
+        ctx.save_for_backward(x, y)
+        return _backend.sddmm_values(csr, x, y)
+
+    @staticmethod
+    def backward(ctx, grad_s):
+        x, y = ctx.saved_tensors
+        grad_x = grad_y = None
+        if ctx.needs_input_grad[0]:
+            grad_x = _backend.spmm_values(ctx.csr, grad_s, y)
+        if ctx.needs_input_grad[1]:
+            transposed = _graph.transpose(ctx.csr)
+            grad_y = _backend.spmm_values(transposed.matrix,
+                                          grad_s[transposed.torch_order(grad_s.device)], x)
+        return grad_x, grad_y, None
+
+
+class _EdgeSoftmax(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, scores, csr):
+        ctx.csr = csr
+        alpha = _backend.softmax_rows(csr, scores)
+        ctx.save_for_backward(alpha)
+        return alpha
+
+    @staticmethod
+    def backward(ctx, grad_alpha):
+        alpha, = ctx.saved_tensors
+        return _backend.softmax_backward(ctx.csr, alpha, grad_alpha), None
+
+
+class _GATAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, s_dst, s_src, csr, negative_slope, keep):
+        ctx.csr, ctx.negative_slope, ctx.keep = csr, negative_slope, keep
+        alpha, positive = _backend.gat_softmax(csr, s_dst, s_src, negative_slope)
+        if keep == "alpha":
+            ctx.positive = positive
+            ctx.save_for_backward(alpha)
+        else:  # recompute both in backward from the (n, heads) node scores
+            ctx.save_for_backward(s_dst, s_src)
+        return alpha
+
+    @staticmethod
+    def backward(ctx, grad_alpha):
+        if ctx.keep == "alpha":
+            alpha, = ctx.saved_tensors
+            positive = ctx.positive
+        else:
+            s_dst, s_src = ctx.saved_tensors
+            alpha, positive = _backend.gat_softmax(ctx.csr, s_dst, s_src, ctx.negative_slope)
+        grad_s_dst, grad_s_src = _backend.gat_softmax_backward(ctx.csr, alpha, positive,
+                                                               grad_alpha, ctx.negative_slope)
+        return grad_s_dst, grad_s_src, None, None, None
+
+
+class _Dropout(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, p):
+        # The seed comes from torch's generator, so torch.manual_seed makes runs repeatable.
+        ctx.p, ctx.seed = p, int(torch.randint(0, 2 ** 62, (1,)))
+        return _backend.dropout(x, p, ctx.seed)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        return _backend.dropout(grad_out, ctx.p, ctx.seed), None
+
+
+def dropout(x, p=0.5, training=True):
+    """``torch.nn.functional.dropout`` with a faster CPU kernel that stores no mask.
+
+    Each element is zeroed with probability ``p`` and the rest scaled by ``1 / (1 - p)``, as in
+    torch; the mask is hashed from a seed drawn from torch's generator and the element's index,
+    so ``torch.manual_seed`` makes it repeatable, and backward recomputes it. Tensors on other
+    devices use torch's dropout.
+
+    Parameters
+    ----------
+    x : torch.Tensor
+    p : float
+        In [0, 1).
+    training : bool
+        False returns ``x`` unchanged.
+    """
+    if not 0.0 <= p < 1.0:
+        raise ValueError(f"dropout probability must be in [0, 1), got {p!r}")
+    if not training or p == 0.0:
+        return x
+    if not _backend.on_cpu(x) or x.dtype not in _FLOAT_DTYPES:
+        return torch.nn.functional.dropout(x, p, training=True)
+    return _Dropout.apply(x, float(p))
+
+
+def spmm(adj, x, values=None):
+    """Sparse times dense with autograd: ``adj @ x``.
+
+    Parameters
+    ----------
+    adj : csr_array, mebcrs_array or blocked_array, shape (M, K)
+        The sparse operand. Without ``values`` its own values are used (constants) and the
+        product runs on adj's format (a blocked ``adj`` runs the blocked kernel, forward and
+        backward). With ``values`` only its pattern is read.
+    x : torch.Tensor, shape (K, F), or (K, heads, F) with 2-D ``values``
+        float32 or float64, on the CPU or a CUDA device.
+    values : torch.Tensor, shape (nnz,) or (nnz, heads), optional
+        Per-edge values aligned with ``pattern(adj)`` (e.g. attention probabilities), same
+        dtype and device as ``x``. Gradients flow into them when they require grad.
+
+    Returns
+    -------
+    torch.Tensor, shape (M, F) or (M, heads, F)
+
+    Examples
+    --------
+    >>> import torch, pysparse_hpc as sph
+    >>> from pysparse_hpc.nn import functional as F
+    >>> A = sph.csr_array([[0.0, 1.0], [1.0, 1.0]])
+    >>> x = torch.ones(2, 3, dtype=torch.float64, requires_grad=True)
+    >>> F.spmm(A, x).sum().backward()
+    >>> x.grad[:, 0]
+    tensor([1., 2.], dtype=torch.float64)
+    """
+    _check_adj(adj)
+    if values is None:
+        _check_tensor(x, "x")
+        if x.shape[0] != adj.shape[1]:
+            raise ValueError(f"dimension mismatch: adj has shape {adj.shape} but x has "
+                             f"{x.shape[0]} rows; expected {adj.shape[1]}")
+        return _SpMMFixed.apply(x, adj)
+    _check_tensor(values, "values", ndims=(1, 2))
+    _check_tensor(x, "x", ndims=(values.ndim + 1,))
+    _check_same(x, "x", values, "values")
+    csr = pattern(adj)
+    _check_edge_tensor(values, "values", csr, None if values.ndim == 1 else x.shape[1])
+    if x.shape[0] != adj.shape[1]:
+        raise ValueError(f"dimension mismatch: adj has shape {adj.shape} but x has "
+                         f"{x.shape[0]} rows; expected {adj.shape[1]}")
+    return _SpMMValues.apply(values, x, csr)
+
+
+def sddmm(adj, x, y):
+    """Sampled dense-dense product with autograd: ``<x[i], y[j]>`` at adj's stored entries.
+
+    Parameters
+    ----------
+    adj : csr_array, mebcrs_array or blocked_array, shape (M, K)
+        Only the pattern is read.
+    x : torch.Tensor, shape (M, F) or (M, heads, F)
+    y : torch.Tensor, shape (K, F) or (K, heads, F)
+        Same dtype, device and number of dimensions as ``x``.
+
+    Returns
+    -------
+    torch.Tensor, shape (nnz,) or (nnz, heads)
+        Aligned with ``pattern(adj)``.
+    """
+    _check_adj(adj)
+    _check_tensor(x, "x", ndims=(2, 3))
+    _check_tensor(y, "y", ndims=(x.ndim,))
+    _check_same(x, "x", y, "y")
+    if x.shape[0] != adj.shape[0] or y.shape[0] != adj.shape[1]:
+        raise ValueError(f"dimension mismatch: adj has shape {adj.shape}, so x needs "
+                         f"{adj.shape[0]} rows and y {adj.shape[1]}; got {x.shape[0]} and "
+                         f"{y.shape[0]}")
+    if x.shape[1:] != y.shape[1:]:
+        raise ValueError(f"x and y differ past the first dimension: {tuple(x.shape[1:])} and "
+                         f"{tuple(y.shape[1:])}")
+    return _SDDMM.apply(x, y, pattern(adj))
+
+
+def edge_softmax(adj, scores):
+    """Softmax over each row's stored entries, with autograd.
+
+    Parameters
+    ----------
+    adj : sparse array
+        Only the pattern is read.
+    scores : torch.Tensor, shape (nnz,) or (nnz, heads)
+        Aligned with ``pattern(adj)``.
+
+    Returns
+    -------
+    torch.Tensor
+        Same shape: for each row i (and head), the entries of row i sum to 1. A row whose
+        scores are all ``-inf`` spreads evenly on the CPU.
+    """
+    _check_adj(adj)
+    _check_tensor(scores, "scores", ndims=(1, 2))
+    csr = pattern(adj)
+    _check_edge_tensor(scores, "scores", csr, None if scores.ndim == 1 else scores.shape[1])
+    two_d = scores if scores.ndim == 2 else scores[:, None]
+    if _backend.on_cpu(scores):
+        alpha = _EdgeSoftmax.apply(two_d, csr)
+    else:
+        alpha = _backend.torch_edge_softmax(csr, two_d)
+    return alpha if scores.ndim == 2 else alpha[:, 0]
+
+
+def gat_attention(adj, s_dst, s_src, negative_slope=0.2, keep="alpha"):
+    """GAT's attention probabilities: ``softmax_j LeakyReLU(s_dst[i] + s_src[j])`` per row i.
+
+    One fused pass per row: the per-edge scores are never stored, and the backward pass gets
+    the gradients of both node-score tensors.
+
+    Parameters
+    ----------
+    adj : sparse array, shape (n, n)
+        Only the pattern is read.
+    s_dst, s_src : torch.Tensor, shape (n, heads)
+        Per-node scores of the target (row) and source (column) ends of each edge.
+    negative_slope : float
+    keep : {"alpha", "scores"}
+        What the forward keeps for backward: the probabilities and the LeakyReLU sign mask, or
+        only the node scores (the softmax is recomputed; O(nnz * heads) less memory).
+
+    Returns
+    -------
+    torch.Tensor, shape (nnz, heads)
+        Aligned with ``pattern(adj)``.
+    """
+    _check_adj(adj)
+    if keep not in GAT_KEEP:
+        raise ValueError(f"keep must be one of {GAT_KEEP}, got {keep!r}")
+    _check_tensor(s_dst, "s_dst")
+    _check_tensor(s_src, "s_src")
+    _check_same(s_dst, "s_dst", s_src, "s_src")
+    if adj.shape[0] != adj.shape[1]:
+        raise ValueError(f"adj must be square, got shape {adj.shape}")
+    if s_dst.shape != s_src.shape or s_dst.shape[0] != adj.shape[0]:
+        raise ValueError(f"s_dst and s_src must both have shape ({adj.shape[0]}, heads), got "
+                         f"{tuple(s_dst.shape)} and {tuple(s_src.shape)}")
+    csr = pattern(adj)
+    if _backend.on_cpu(s_dst):
+        return _GATAttention.apply(s_dst, s_src, csr, float(negative_slope), keep)
+    rows = _backend.edge_rows(csr, s_dst.device)
+    cols = _backend.edge_cols(csr, s_dst.device)
+    scores = torch.nn.functional.leaky_relu(s_dst[rows] + s_src[cols], negative_slope)
+    return _backend.torch_edge_softmax(csr, scores)

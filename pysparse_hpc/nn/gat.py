@@ -1,0 +1,134 @@
+"""Graph attention layer (Velickovic et al.) with a choice of what the forward pass keeps.
+
+``H = X W`` (heads x F'), node scores ``s_src = H a_src`` and ``s_dst = H a_dst``, attention
+``alpha_ij = softmax_j LeakyReLU(s_dst[i] + s_src[j])`` over the edges into i (self-loops
+included), ``Y_i = sum_j alpha_ij H_j`` per head, then heads concatenated or averaged. The
+attention is one fused pass (`functional.gat_attention`), the aggregation a multi-head SpMM
+whose backward is an SDDMM for the attention and an SpMM with the cached transpose for H.
+"""
+import torch
+from torch.utils.checkpoint import checkpoint
+
+from . import functional
+from ._checks import check_features, warn_once_if_nan
+from ._graph import EdgeIndexCache, as_graph, check_graph_for, with_self_loops
+from .gcn import glorot_
+
+__all__ = ["GATConv", "GAT_CACHES"]
+
+#: The values of ``GATConv(cache=...)``, from least to most kept by the forward pass.
+GAT_CACHES = ("auto", "none", "H", "scores", "alpha")
+
+# "auto" keeps the probabilities unless they (nnz x heads values, with the sign mask) would
+# pass this many entries, then only the node scores.
+_AUTO_ALPHA_LIMIT = 1 << 27
+
+
+class GATConv(torch.nn.Module):
+    """Multi-head graph attention on pysparse_hpc kernels.
+
+    Parameters
+    ----------
+    in_channels, out_channels : int
+        ``out_channels`` per head.
+    heads : int
+    concat : bool
+        Concatenate the heads (output ``heads * out_channels`` wide) or average them.
+    dropout : float
+        Dropout on the attention probabilities during training.
+    negative_slope : float
+        Of the LeakyReLU on the edge scores.
+    cache : {"auto", "none", "H", "scores", "alpha"}
+        What the forward pass keeps for backward:
+        "none" only X (H, the scores and the attention are recomputed in backward);
+        "H" also H = X W; "scores" also the node scores (the softmax is recomputed);
+        "alpha" also the probabilities and the LeakyReLU sign mask (nothing recomputed).
+        "auto" is "alpha" unless that is over 2**27 edge-head entries, then "scores".
+        Results are identical whatever is kept; memory and time differ.
+    add_self_loops : bool
+        Attend to the node itself too (the diagonal is added to the pattern where missing).
+    bias : bool
+
+    Examples
+    --------
+    >>> import torch, pysparse_hpc as sph
+    >>> cora = sph.datasets.load("cora")
+    >>> conv = sph.nn.GATConv(cora.x.shape[1], 8, heads=8)
+    >>> conv(torch.from_numpy(cora.x), cora.adj).shape
+    torch.Size([2708, 64])
+    """
+
+    def __init__(self, in_channels, out_channels, heads=1, concat=True, dropout=0.0,
+                 negative_slope=0.2, cache="auto", add_self_loops=True, bias=True):
+        super().__init__()
+        if cache not in GAT_CACHES:
+            raise ValueError(f"cache must be one of {GAT_CACHES}, got {cache!r}")
+        for name, value in (("in_channels", in_channels), ("out_channels", out_channels),
+                            ("heads", heads)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {dropout!r}")
+        self.in_channels, self.out_channels, self.heads = in_channels, out_channels, heads
+        self.concat, self.dropout, self.negative_slope = concat, float(dropout), negative_slope
+        self.cache, self.add_self_loops = cache, add_self_loops
+        self.weight = torch.nn.Parameter(torch.empty(in_channels, heads * out_channels))
+        self.att_src = torch.nn.Parameter(torch.empty(heads, out_channels))
+        self.att_dst = torch.nn.Parameter(torch.empty(heads, out_channels))
+        width = heads * out_channels if concat else out_channels
+        self.bias = torch.nn.Parameter(torch.empty(width)) if bias else None
+        self._edge_cache = EdgeIndexCache()
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        glorot_(self.weight)
+        glorot_(self.att_src)
+        glorot_(self.att_dst)
+        if self.bias is not None:
+            torch.nn.init.zeros_(self.bias)
+
+    def resolved_cache(self, graph):
+        """The cache mode used on ``graph`` ("auto" resolved)."""
+        if self.cache != "auto":
+            return self.cache
+        return "alpha" if graph.nnz * self.heads <= _AUTO_ALPHA_LIMIT else "scores"
+
+    def _attend(self, graph, h, keep):
+        """Attention and aggregation from H (n, heads, F'): (n, heads, F')."""
+        s_src = (h * self.att_src.to(h.dtype)).sum(-1)
+        s_dst = (h * self.att_dst.to(h.dtype)).sum(-1)
+        alpha = functional.gat_attention(graph, s_dst, s_src, self.negative_slope, keep=keep)
+        if self.training and self.dropout > 0:
+            alpha = functional.dropout(alpha, self.dropout)
+        return functional.spmm(graph, h, values=alpha)
+
+    def _transform(self, x):
+        return (x @ self.weight.to(x.dtype)).view(-1, self.heads, self.out_channels)
+
+    def forward(self, x, adj, num_nodes=None):
+        """Apply the layer to ``x`` (n, in_channels) on ``adj`` (a sparse array, or an edge_index
+        with ``num_nodes``, default ``x.shape[0]``)."""
+        check_features(x, self.in_channels)
+        graph = as_graph(adj, num_nodes, self._edge_cache, default_num_nodes=x.shape[0])
+        check_graph_for(graph, x)
+        graph = with_self_loops(graph) if self.add_self_loops else functional.pattern(graph)
+        cache = self.resolved_cache(graph)
+        recompute = torch.is_grad_enabled() and cache in ("none", "H")
+        if recompute and cache == "none":
+            out = checkpoint(lambda x: self._attend(graph, self._transform(x), "scores"), x,
+                             use_reentrant=False)
+        elif recompute:
+            out = checkpoint(lambda h: self._attend(graph, h, "scores"), self._transform(x),
+                             use_reentrant=False)
+        else:
+            out = self._attend(graph, self._transform(x), "alpha" if cache == "alpha"
+                               else "scores")
+        out = out.reshape(x.shape[0], -1) if self.concat else out.mean(dim=1)
+        if self.bias is not None:
+            out = out + self.bias.to(x.dtype)
+        warn_once_if_nan(self, out)
+        return out
+
+    def extra_repr(self):
+        return (f"{self.in_channels}, {self.out_channels}, heads={self.heads}, "
+                f"concat={self.concat}, dropout={self.dropout}, cache={self.cache!r}")

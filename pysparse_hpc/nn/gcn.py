@@ -1,0 +1,197 @@
+"""GCN layer (Kipf and Welling) with cached operator reordering.
+
+``Y = Â X W + b`` can run as ``Â (X W)`` (transform first: the SpMM is F_out wide) or
+``(Â X) W`` (propagate first: F_in wide, and ``Â X`` is kept for the weight gradient, so the
+backward pass needs no SpMM for it). Per training step the SpMM width is what costs, which gives
+the rule of Bazinska et al. (2023), `choose_order`. On top of it, when a layer sees the same
+unchanged input (a first layer fed the raw features, or evaluation passes) with the same graph,
+``Â X`` is computed once and reused: the layer is then a dense product, with no SpMM at all.
+"""
+import math
+import weakref
+
+import torch
+
+from .._blocked import blocked_array
+from . import functional
+from ._checks import check_features, warn_once_if_nan
+from ._graph import EdgeIndexCache, as_graph, check_graph_for
+from .norm import gcn_norm
+
+__all__ = ["GCNConv", "ORDERS", "choose_order"]
+
+#: The values of ``GCNConv(order=...)``.
+ORDERS = ("auto", "transform_first", "propagate_first")
+
+
+def choose_order(in_channels, out_channels, input_requires_grad):
+    """The cheaper order of ``Â X W`` per training step, by SpMM width.
+
+    Transform first costs an SpMM of width ``out_channels`` forward and one backward (for the
+    gradient of X W). Propagate first costs one of width ``in_channels`` forward, and a second
+    backward only when X needs a gradient. So a first layer (X a constant) transforms first iff
+    ``2 * out_channels < in_channels``, an inner layer iff ``out_channels < in_channels``.
+
+    Returns
+    -------
+    {"transform_first", "propagate_first"}
+    """
+    spmms_if_propagating = 2 if input_requires_grad else 1
+    if 2 * out_channels < spmms_if_propagating * in_channels:
+        return "transform_first"
+    return "propagate_first"
+
+
+def glorot_(tensor):
+    """Glorot (Xavier) uniform initialization over the last two dimensions, in place."""
+    fan_in, fan_out = tensor.shape[-2], tensor.shape[-1]
+    bound = math.sqrt(6.0 / (fan_in + fan_out))
+    with torch.no_grad():
+        return tensor.uniform_(-bound, bound)
+
+
+class _InputMemo:
+    """``Â X`` for the last (graph, X) pair, valid while both are the same, unchanged objects."""
+
+    def __init__(self):
+        self.clear()
+
+    def clear(self):
+        self._key, self.value = None, None
+
+    @staticmethod
+    def _state(x):
+        # The version counter moves on every in-place change, so a modified X is a new input.
+        return (x._version, x.dtype, x.device, tuple(x.shape))
+
+    def seen(self, graph, x):
+        """Whether (graph, x) is the pair last remembered (with or without a value)."""
+        if self._key is None:
+            return False
+        graph_ref, x_ref, state = self._key
+        return graph_ref() is graph and x_ref() is x and state == self._state(x)
+
+    def get(self, graph, x):
+        return self.value if self.seen(graph, x) else None
+
+    def remember(self, graph, x, value=None):
+        self._key = (weakref.ref(graph), weakref.ref(x), self._state(x))
+        self.value = value
+
+
+class GCNConv(torch.nn.Module):
+    """Graph convolution ``Y = D^-1/2 (A + I) D^-1/2 X W + b`` on pysparse_hpc kernels.
+
+    Parameters
+    ----------
+    in_channels, out_channels : int
+    bias : bool
+    cached : bool
+        Normalize the first graph seen and use it for every later call, whatever graph is
+        passed (transductive training, as PyG's ``cached``). Without it the normalized graph is
+        still built once per graph object (sparse arrays are treated as immutable).
+    order : {"auto", "transform_first", "propagate_first"}
+        "auto" applies `choose_order` per call, and reuses ``Â X`` across calls when the
+        input is the same unchanged tensor that needs no gradient (then the layer runs no SpMM).
+        The other two force an order. All give the same result up to rounding.
+    normalize : bool
+        Apply `gcn_norm` (with self-loops); False uses ``adj`` as given.
+
+    Examples
+    --------
+    >>> import torch, pysparse_hpc as sph
+    >>> cora = sph.datasets.load("cora")
+    >>> conv = sph.nn.GCNConv(cora.x.shape[1], 16)
+    >>> conv(torch.from_numpy(cora.x), cora.adj).shape
+    torch.Size([2708, 16])
+    """
+
+    def __init__(self, in_channels, out_channels, bias=True, cached=False, order="auto",
+                 normalize=True):
+        super().__init__()
+        if order not in ORDERS:
+            raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
+        for name, value in (("in_channels", in_channels), ("out_channels", out_channels)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        self.in_channels, self.out_channels = in_channels, out_channels
+        self.cached, self.order, self.normalize = cached, order, normalize
+        self.weight = torch.nn.Parameter(torch.empty(in_channels, out_channels))
+        self.bias = torch.nn.Parameter(torch.empty(out_channels)) if bias else None
+        self._edge_cache = EdgeIndexCache()
+        self._normalized = None  # (weakref to the source graph, normalized graph)
+        self._propagated = _InputMemo()
+        #: The order the last forward call used (for inspection and tests).
+        self.last_order = None
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        glorot_(self.weight)
+        if self.bias is not None:
+            torch.nn.init.zeros_(self.bias)
+        self.reset_cache()
+
+    def reset_cache(self):
+        """Forget the normalized graph and the propagated input."""
+        self._normalized = None
+        self._propagated.clear()
+
+    def _normalized_graph(self, graph):
+        if self._normalized is not None and (self.cached or self._normalized[0]() is graph):
+            return self._normalized[1]
+        normalized = graph
+        if self.normalize:
+            normalized = gcn_norm(graph)
+            if isinstance(graph, blocked_array):  # keep the kernel the caller chose
+                normalized = normalized.to_blocked(graph.window, graph.block_width)
+        self._normalized = (weakref.ref(graph), normalized)
+        self._propagated.clear()
+        return normalized
+
+    def _order_for(self, x, graph):
+        if self.order != "auto":
+            return self.order
+        needs_grad = x.requires_grad and torch.is_grad_enabled()
+        if not needs_grad and self._propagated.seen(graph, x):
+            return "propagate_first"  # the same input again: Â X is (or will be) kept
+        return choose_order(self.in_channels, self.out_channels, needs_grad)
+
+    def forward(self, x, adj, num_nodes=None):
+        """Apply the layer.
+
+        Parameters
+        ----------
+        x : torch.Tensor, shape (n, in_channels)
+        adj : sparse array, shape (n, n), or torch.Tensor [2, E]
+            The graph (row i: the edges into node i), or an edge_index (source, target),
+            converted once per tensor.
+        num_nodes : int, optional
+            For an edge_index; defaults to ``x.shape[0]``.
+        """
+        check_features(x, self.in_channels)
+        graph = as_graph(adj, num_nodes, self._edge_cache, default_num_nodes=x.shape[0])
+        check_graph_for(graph, x)
+        graph = self._normalized_graph(graph)
+        order = self._order_for(x, graph)
+        self.last_order = order
+        weight = self.weight.to(x.dtype)
+        needs_grad = x.requires_grad and torch.is_grad_enabled()
+        if order == "transform_first":
+            out = functional.spmm(graph, x @ weight)
+            if not needs_grad and not self._propagated.seen(graph, x):
+                self._propagated.remember(graph, x)  # a second call with it switches order
+        else:
+            propagated = None if needs_grad else self._propagated.get(graph, x)
+            if propagated is None:
+                propagated = functional.spmm(graph, x)
+                if not needs_grad:
+                    self._propagated.remember(graph, x, propagated.detach())
+            out = propagated @ weight
+        if self.bias is not None:
+            out = out + self.bias.to(x.dtype)
+        warn_once_if_nan(self, out)
+        return out
+
+    def extra_repr(self):
+        return (f"{self.in_channels}, {self.out_channels}, order={self.order!r}, "
+                f"cached={self.cached}")

@@ -1,0 +1,108 @@
+"""Two-layer node classifiers with the published hyper-parameters (the demo, examples and the
+benchmark share them, so ours and PyG's run the same model).
+
+Dropout is `pysparse_hpc.nn.functional.dropout` unless ``fast_dropout=False``: torch's on the
+CPU costs more than both GCN layers together on Cora (a Bernoulli draw per feature), ours hashes
+the mask and stores none. The option exists so the benchmark can show what each part gains.
+"""
+import torch
+import torch.nn.functional as F
+
+from . import functional
+from .agnn import AGNNConv
+from .gat import GATConv
+from .gcn import GCNConv
+
+__all__ = ["GCN", "GAT", "AGNN", "MODELS"]
+
+
+def _dropout(fast):
+    return functional.dropout if fast else F.dropout
+
+
+class GCN(torch.nn.Module):
+    """Kipf and Welling's GCN: dropout, GCNConv, ReLU, dropout, GCNConv.
+
+    ``layer_options`` go to both `GCNConv` layers (``order=``, ``cached=``). With
+    ``input_dropout=False`` the first layer sees the same features every epoch, so
+    ``order="auto"`` propagates them once for all of training.
+    """
+
+    #: Kipf and Welling's settings for the citation graphs.
+    defaults = dict(hidden=16, dropout=0.5, lr=0.01, weight_decay=5e-4, epochs=200)
+
+    def __init__(self, in_channels, hidden, out_channels, dropout=0.5, input_dropout=True,
+                 fast_dropout=True, **layer_options):
+        super().__init__()
+        self.dropout, self.input_dropout = dropout, input_dropout
+        self._drop = _dropout(fast_dropout)
+        self.conv1 = GCNConv(in_channels, hidden, **layer_options)
+        self.conv2 = GCNConv(hidden, out_channels, **layer_options)
+
+    def forward(self, x, adj):
+        if self.input_dropout:
+            x = self._drop(x, self.dropout, self.training)
+        x = F.relu(self.conv1(x, adj))
+        x = self._drop(x, self.dropout, self.training)
+        return self.conv2(x, adj)
+
+    def param_groups(self, weight_decay):
+        """Weight decay on the first layer only, as in Kipf and Welling's code."""
+        return [dict(params=self.conv1.parameters(), weight_decay=weight_decay),
+                dict(params=self.conv2.parameters(), weight_decay=0.0)]
+
+
+class GAT(torch.nn.Module):
+    """Velickovic et al.'s GAT for Cora: 8 heads x 8 hidden, ELU, one output head, dropout 0.6
+    on the inputs and the attention."""
+
+    defaults = dict(hidden=8, heads=8, dropout=0.6, lr=0.005, weight_decay=5e-4, epochs=200)
+
+    def __init__(self, in_channels, hidden, out_channels, heads=8, dropout=0.6, fast_dropout=True,
+                 **layer_options):
+        super().__init__()
+        self.dropout = dropout
+        self._drop = _dropout(fast_dropout)
+        self.conv1 = GATConv(in_channels, hidden, heads=heads, dropout=dropout, **layer_options)
+        self.conv2 = GATConv(hidden * heads, out_channels, heads=1, concat=False,
+                             dropout=dropout, **layer_options)
+
+    def forward(self, x, adj):
+        x = self._drop(x, self.dropout, self.training)
+        x = F.elu(self.conv1(x, adj))
+        x = self._drop(x, self.dropout, self.training)
+        return self.conv2(x, adj)
+
+    def param_groups(self, weight_decay):
+        return [dict(params=self.parameters(), weight_decay=weight_decay)]
+
+
+class AGNN(torch.nn.Module):
+    """Thekumparampil et al.'s AGNN: linear, ReLU, two AGNN propagations, linear."""
+
+    defaults = dict(hidden=16, dropout=0.5, lr=0.01, weight_decay=5e-4, epochs=200)
+
+    def __init__(self, in_channels, hidden, out_channels, dropout=0.5, fast_dropout=True,
+                 **layer_options):
+        super().__init__()
+        self.dropout = dropout
+        self._drop = _dropout(fast_dropout)
+        self.lin1 = torch.nn.Linear(in_channels, hidden)
+        self.prop1 = AGNNConv(requires_grad=False, **layer_options)
+        self.prop2 = AGNNConv(requires_grad=True, **layer_options)
+        self.lin2 = torch.nn.Linear(hidden, out_channels)
+
+    def forward(self, x, adj):
+        x = self._drop(x, self.dropout, self.training)
+        x = F.relu(self.lin1(x))
+        x = self.prop1(x, adj)
+        x = self.prop2(x, adj)
+        x = self._drop(x, self.dropout, self.training)
+        return self.lin2(x)
+
+    def param_groups(self, weight_decay):
+        return [dict(params=self.parameters(), weight_decay=weight_decay)]
+
+
+#: Name -> model class, for command lines.
+MODELS = {"gcn": GCN, "gat": GAT, "agnn": AGNN}

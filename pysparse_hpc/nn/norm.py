@@ -1,0 +1,52 @@
+"""Graph normalization for GCN: ``D^-1/2 (A + I) D^-1/2``."""
+import numpy as np
+import scipy.sparse
+
+from .._csr import csr_array
+from ._graph import as_graph
+
+__all__ = ["gcn_norm"]
+
+
+def gcn_norm(adj, add_self_loops=True, num_nodes=None):
+    """Kipf and Welling's symmetric normalization ``D^-1/2 (A + I) D^-1/2``.
+
+    Parameters
+    ----------
+    adj : sparse array or torch.Tensor
+        A square pysparse_hpc sparse array, or a ``[2, E]`` edge_index (source, target) with
+        ``num_nodes``. Row i holds the edges into node i (PyG's source-to-target flow).
+    add_self_loops : bool
+        Add the identity (on top of any stored diagonal, as ``A + I`` reads).
+    num_nodes : int, optional
+        Needed with an edge_index.
+
+    Returns
+    -------
+    csr_array
+        Canonical; float32 unless ``adj`` holds float64. ``D`` is the row sums of ``A + I``;
+        rows that sum to 0 (isolated nodes without self-loops) stay zero.
+
+    Examples
+    --------
+    >>> import numpy as np, pysparse_hpc as sph
+    >>> A = sph.csr_array(np.array([[0.0, 1.0], [1.0, 0.0]]))
+    >>> sph.nn.gcn_norm(A).toarray()
+    array([[0.5, 0.5],
+           [0.5, 0.5]])
+    """
+    adj = as_graph(adj, num_nodes)
+    if adj.shape[0] != adj.shape[1]:
+        raise ValueError(f"adj must be square, got shape {adj.shape}")
+    dtype = np.float64 if adj.dtype == np.float64 else np.float32
+    matrix = adj.tocsr().to_scipy().astype(np.float64)
+    if add_self_loops:
+        matrix = matrix + scipy.sparse.eye_array(adj.shape[0], format="csr")
+    matrix = scipy.sparse.csr_array(matrix)
+    matrix.sum_duplicates()
+    degree = np.asarray(matrix.sum(axis=1)).ravel()
+    with np.errstate(divide="ignore"):
+        scale = np.where(degree > 0, 1.0 / np.sqrt(np.where(degree > 0, degree, 1.0)), 0.0)
+    rows = np.repeat(np.arange(adj.shape[0]), np.diff(matrix.indptr))
+    matrix.data *= scale[rows] * scale[matrix.indices]
+    return csr_array(matrix.astype(dtype))

@@ -1,0 +1,199 @@
+"""pysparse_hpc.nn.functional: values against dense torch references, gradients by gradcheck."""
+import numpy as np
+import pytest
+import scipy.sparse
+
+torch = pytest.importorskip("torch")
+
+import pysparse_hpc as sph  # noqa: E402
+from pysparse_hpc.nn import _graph  # noqa: E402
+from pysparse_hpc.nn import functional as F  # noqa: E402
+
+from .conftest import random_scipy  # noqa: E402
+
+
+def f64(*shape, seed=0, grad=True):
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randn(*shape, dtype=torch.float64, generator=generator).requires_grad_(grad)
+
+
+def dense_of(csr, values):
+    """The dense matrix of ``csr``'s pattern holding ``values`` ((nnz,) or (nnz, heads))."""
+    rows = np.repeat(np.arange(csr.shape[0]), np.diff(csr.indptr))
+    shape = csr.shape + tuple(values.shape[1:])
+    dense = torch.zeros(shape, dtype=values.dtype)
+    return dense.index_put((torch.from_numpy(rows), torch.from_numpy(csr.indices.astype(np.int64))),
+                           values)
+
+
+def reference_edge_softmax(csr, scores):
+    """Softmax per row through a dense matrix with -inf off the pattern."""
+    rows = torch.from_numpy(np.repeat(np.arange(csr.shape[0]), np.diff(csr.indptr)))
+    cols = torch.from_numpy(csr.indices.astype(np.int64))
+    dense = torch.full(csr.shape + tuple(scores.shape[1:]), -torch.inf, dtype=scores.dtype)
+    dense = dense.index_put((rows, cols), scores)
+    return torch.softmax(dense, dim=1)[rows, cols]
+
+
+@pytest.fixture
+def square(rng):
+    """A non-symmetric 9x9 pattern with an empty row and duplicates (made canonical by F)."""
+    matrix = random_scipy(rng, (9, 9), 0.35, duplicates=True)
+    keep = np.repeat(np.arange(9), np.diff(matrix.indptr)) != 4
+    indptr = np.concatenate([[0], np.cumsum(np.bincount(
+        np.repeat(np.arange(9), np.diff(matrix.indptr))[keep], minlength=9))])
+    return sph.csr_array((matrix.data[keep], matrix.indices[keep], indptr), shape=(9, 9))
+
+
+@pytest.fixture
+def rectangular(rng):
+    return sph.csr_array(random_scipy(rng, (7, 5), 0.4))
+
+
+def test_spmm_matches_dense_and_gradchecks(rectangular):
+    x = f64(5, 3)
+    out = F.spmm(rectangular, x)
+    torch.testing.assert_close(out, torch.from_numpy(rectangular.toarray()) @ x)
+    assert torch.autograd.gradcheck(lambda x: F.spmm(rectangular, x), (x,))
+
+
+@pytest.mark.parametrize("fmt", ["mebcrs", "blocked16"])
+def test_spmm_on_blocked_adjacency_gradchecks(square, fmt):
+    adj = square.to_mebcrs() if fmt == "mebcrs" else square.to_blocked(16)
+    x = f64(9, 4)
+    torch.testing.assert_close(F.spmm(adj, x), F.spmm(square, x))
+    assert torch.autograd.gradcheck(lambda x: F.spmm(adj, x), (x,))
+    assert isinstance(_graph.transposed_like(adj), type(adj))
+
+
+def test_spmm_float32_adjacency_with_float64_x_keeps_x_dtype(rectangular):
+    adj = rectangular.astype(np.float32)
+    x = f64(5, 2)
+    out = F.spmm(adj, x)
+    assert out.dtype == torch.float64
+    out.sum().backward()
+    assert x.grad.dtype == torch.float64
+
+
+@pytest.mark.parametrize("heads", [None, 3])
+def test_spmm_with_values_gradchecks(rectangular, heads):
+    csr = F.pattern(rectangular)
+    values = f64(csr.nnz, seed=1) if heads is None else f64(csr.nnz, heads, seed=1)
+    x = f64(5, 2) if heads is None else f64(5, heads, 2)
+    out = F.spmm(rectangular, x, values=values)
+    dense = dense_of(csr, values)
+    expected = dense @ x if heads is None else torch.einsum("ijh,jhf->ihf", dense, x)
+    torch.testing.assert_close(out, expected)
+    assert torch.autograd.gradcheck(lambda v, x: F.spmm(rectangular, x, values=v), (values, x))
+
+
+@pytest.mark.parametrize("heads", [None, 2])
+def test_sddmm_gradchecks(rectangular, heads):
+    csr = F.pattern(rectangular)
+    x = f64(7, 3) if heads is None else f64(7, heads, 3)
+    y = f64(5, 3, seed=2) if heads is None else f64(5, heads, 3, seed=2)
+    out = F.sddmm(rectangular, x, y)
+    rows = np.repeat(np.arange(7), np.diff(csr.indptr))
+    expected = (x[rows] * y[csr.indices]).sum(-1)
+    torch.testing.assert_close(out, expected)
+    assert torch.autograd.gradcheck(lambda a, b: F.sddmm(rectangular, a, b), (x, y))
+
+
+def test_sddmm_values_follow_the_canonical_pattern(square):
+    """Duplicates are summed and rows sorted before the per-edge order is fixed."""
+    assert not square.has_canonical_format
+    csr = F.pattern(square)
+    assert csr.has_canonical_format and csr.nnz < square.nnz
+    x, y = f64(9, 2, grad=False), f64(9, 2, seed=3, grad=False)
+    expected = sph.sddmm(csr, x.numpy(), y.numpy()).data
+    np.testing.assert_allclose(F.sddmm(square, x, y).numpy(), expected)
+
+
+@pytest.mark.parametrize("heads", [None, 2])
+def test_edge_softmax_matches_dense_softmax_and_gradchecks(square, heads):
+    csr = F.pattern(square)
+    scores = f64(csr.nnz, seed=4) if heads is None else f64(csr.nnz, heads, seed=4)
+    alpha = F.edge_softmax(square, scores)
+    expected = reference_edge_softmax(csr, scores)
+    torch.testing.assert_close(alpha, expected)
+    torch.testing.assert_close(alpha, _torch_softmax(csr, scores))
+    assert torch.autograd.gradcheck(lambda s: F.edge_softmax(square, s), (scores,))
+
+
+def _torch_softmax(csr, scores):
+    from pysparse_hpc.nn import _backend
+    two_d = scores if scores.ndim == 2 else scores[:, None]
+    result = _backend.torch_edge_softmax(csr, two_d)
+    return result if scores.ndim == 2 else result[:, 0]
+
+
+def test_edge_softmax_of_large_scores_does_not_overflow(square):
+    csr = F.pattern(square)
+    scores = torch.full((csr.nnz,), 1e4, dtype=torch.float32)
+    alpha = F.edge_softmax(square, scores)
+    assert torch.isfinite(alpha).all()
+    row_sums = np.add.reduceat(alpha.numpy(), csr.indptr[:-1][np.diff(csr.indptr) > 0])
+    np.testing.assert_allclose(row_sums, 1.0, rtol=1e-6)
+
+
+@pytest.mark.parametrize("keep", F.GAT_KEEP)
+def test_gat_attention_matches_reference_and_gradchecks(square, keep):
+    csr = F.pattern(square)
+    s_dst, s_src = f64(9, 3, seed=5), f64(9, 3, seed=6)
+    alpha = F.gat_attention(square, s_dst, s_src, negative_slope=0.2, keep=keep)
+    rows = torch.from_numpy(np.repeat(np.arange(9), np.diff(csr.indptr)))
+    cols = torch.from_numpy(csr.indices.astype(np.int64))
+    scores = torch.nn.functional.leaky_relu(s_dst[rows] + s_src[cols], 0.2)
+    torch.testing.assert_close(alpha, reference_edge_softmax(csr, scores))
+    assert torch.autograd.gradcheck(
+        lambda a, b: F.gat_attention(square, a, b, negative_slope=0.2, keep=keep), (s_dst, s_src))
+
+
+def test_transpose_is_built_once_and_reused_for_symmetric_graphs(rng):
+    upper = scipy.sparse.triu(random_scipy(rng, (12, 12), 0.3), k=1)
+    adj = sph.csr_array((upper + upper.T).tocsr())
+    first = _graph.transpose(adj)
+    assert first is _graph.transpose(adj)
+    assert first.symmetric and first.matrix is F.pattern(adj)
+    directed = sph.csr_array(upper.tocsr())
+    transposed = _graph.transpose(directed)
+    assert not transposed.symmetric
+    np.testing.assert_array_equal(transposed.matrix.toarray(), directed.toarray().T)
+    np.testing.assert_array_equal(transposed.matrix.data, directed.data[transposed.order])
+
+
+def test_dropout_statistics_repeatability_and_gradient():
+    x = torch.ones(200, 500)
+    torch.manual_seed(7)
+    first = F.dropout(x, 0.3)
+    torch.manual_seed(7)
+    assert torch.equal(first, F.dropout(x, 0.3))
+    kept = first != 0
+    assert abs(float(kept.float().mean()) - 0.7) < 0.01
+    torch.testing.assert_close(first[kept], torch.full_like(first[kept], 1 / 0.7))
+    assert not torch.equal(first, F.dropout(x, 0.3))  # a fresh mask per call
+    leaf = torch.rand(30, 40, dtype=torch.float64, requires_grad=True)
+    out = F.dropout(leaf, 0.5)
+    out.backward(torch.ones_like(out))
+    torch.testing.assert_close(leaf.grad, (out != 0).double() * 2.0)
+    assert F.dropout(x, 0.5, training=False) is x
+
+
+@pytest.mark.parametrize("call, error, message", [
+    (lambda A, x: F.spmm(A.to_scipy(), x), TypeError, "wrap it with pysparse_hpc.csr_array"),
+    (lambda A, x: F.spmm(A, x.numpy()), TypeError, "must be a torch.Tensor"),
+    (lambda A, x: F.spmm(A, x.long()), TypeError, "float32 or float64"),
+    (lambda A, x: F.spmm(A, x[:4]), ValueError, "dimension mismatch"),
+    (lambda A, x: F.spmm(A, x, values=torch.ones(3, dtype=x.dtype)), ValueError,
+     "one entry per stored edge"),
+    (lambda A, x: F.spmm(A, x, values=torch.ones(F.pattern(A).nnz)), TypeError, "dtype"),
+    (lambda A, x: F.sddmm(A, x, x), ValueError, "dimension mismatch"),
+    (lambda A, x: F.edge_softmax(A, torch.ones(2, 2, 2)), ValueError, "1-D or 2-D"),
+    (lambda A, x: F.dropout(x, 1.0), ValueError, "[0, 1)"),
+    (lambda A, x: F.gat_attention(A, x, x, keep="everything"), ValueError, "keep must be"),
+])
+def test_bad_input_is_rejected_clearly(rectangular, call, error, message):
+    x = f64(5, 2, grad=False)
+    with pytest.raises(error, match=message.replace("(", r"\(").replace(")", r"\)")
+                       .replace("[", r"\[")):
+        call(rectangular, x)

@@ -1,0 +1,328 @@
+"""GNN layers: dense references, PyG on the same weights, every order / cache alike, bad input,
+and accuracy on Cora."""
+import warnings
+
+import numpy as np
+import pytest
+import scipy.sparse
+
+torch = pytest.importorskip("torch")
+
+import pysparse_hpc as sph  # noqa: E402
+from pysparse_hpc import nn  # noqa: E402
+from pysparse_hpc.nn import functional as F  # noqa: E402
+from pysparse_hpc.nn import models, train  # noqa: E402
+
+from .conftest import random_scipy  # noqa: E402
+
+
+@pytest.fixture
+def graph(rng):
+    """A directed 14-node graph with an isolated node and a self-loop."""
+    matrix = random_scipy(rng, (14, 14), 0.25).tolil()
+    matrix[5, :] = 0
+    matrix[:, 5] = 0
+    matrix[2, 2] = 1.5
+    matrix = matrix.tocsr()
+    matrix.data = np.abs(matrix.data) + 0.1
+    return sph.csr_array(matrix)
+
+
+def edge_index_of(adj):
+    coo = adj.to_scipy().tocoo()
+    return torch.from_numpy(np.vstack([coo.col, coo.row]).astype(np.int64))
+
+
+def features(n, width, seed=0, dtype=torch.float64, grad=False):
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randn(n, width, dtype=dtype, generator=generator).requires_grad_(grad)
+
+
+def dense_gcn_norm(adj):
+    A = adj.toarray() + np.eye(adj.shape[0])
+    degree = A.sum(axis=1)
+    scale = np.where(degree > 0, degree ** -0.5, 0.0)
+    return scale[:, None] * A * scale[None, :]
+
+
+def dense_attention_reference(adj, h, att_src, att_dst, slope):
+    """GAT on a dense mask (self-loops added): (n, heads, F')."""
+    mask = torch.from_numpy((adj.toarray() != 0) | np.eye(adj.shape[0], dtype=bool))
+    s_src = (h * att_src).sum(-1)
+    s_dst = (h * att_dst).sum(-1)
+    scores = torch.nn.functional.leaky_relu(s_dst[:, None, :] + s_src[None, :, :], slope)
+    scores = scores.masked_fill(~mask[:, :, None], -torch.inf)
+    alpha = torch.softmax(scores, dim=1)
+    return torch.einsum("ijh,jhf->ihf", alpha, h)
+
+
+# -- gcn_norm ---------------------------------------------------------------------------------
+
+def test_gcn_norm_matches_the_dense_formula(graph):
+    np.testing.assert_allclose(nn.gcn_norm(graph.astype(np.float64)).toarray(),
+                               dense_gcn_norm(graph), rtol=1e-12)
+    assert nn.gcn_norm(graph.astype(np.float32)).dtype == np.float32
+
+
+def test_gcn_norm_from_edge_index_and_without_self_loops(graph):
+    from_edges = nn.gcn_norm(edge_index_of(graph), num_nodes=14)
+    pattern_only = sph.csr_array((np.ones(graph.nnz), graph.indices, graph.indptr),
+                                 shape=graph.shape)
+    np.testing.assert_allclose(from_edges.toarray(), dense_gcn_norm(pattern_only), rtol=1e-6)
+    no_loops = nn.gcn_norm(graph.astype(np.float64), add_self_loops=False).toarray()
+    A = graph.toarray()
+    scale = np.where(A.sum(1) > 0, A.sum(1), 1) ** -0.5 * (A.sum(1) > 0)
+    np.testing.assert_allclose(no_loops, scale[:, None] * A * scale[None, :])
+
+
+# -- GCNConv ----------------------------------------------------------------------------------
+
+def test_choose_order_rule():
+    assert nn.choose_order(1433, 16, input_requires_grad=False) == "transform_first"
+    assert nn.choose_order(20, 16, input_requires_grad=False) == "propagate_first"
+    assert nn.choose_order(20, 16, input_requires_grad=True) == "transform_first"
+    assert nn.choose_order(16, 20, input_requires_grad=True) == "propagate_first"
+
+
+@pytest.mark.parametrize("in_channels, out_channels", [(6, 3), (3, 6)])
+def test_gcnconv_orders_agree_with_dense_reference(graph, in_channels, out_channels):
+    torch.manual_seed(0)
+    reference = None
+    for order in nn.ORDERS:
+        conv = nn.GCNConv(in_channels, out_channels, order=order).double()
+        conv.load_state_dict(reference[1] if reference else conv.state_dict())
+        x = features(14, in_channels, grad=True)
+        out = conv(x, graph)
+        out.square().sum().backward()
+        expected = torch.from_numpy(dense_gcn_norm(graph.astype(np.float32).astype(np.float64))
+                                    ) @ x.detach() @ conv.weight.detach() + conv.bias.detach()
+        torch.testing.assert_close(out, expected, rtol=1e-6, atol=1e-6)
+        grads = (x.grad, conv.weight.grad, conv.bias.grad)
+        if reference is None:
+            reference = (grads, conv.state_dict())
+        else:
+            for got, want in zip(grads, reference[0]):
+                torch.testing.assert_close(got, want)
+
+
+def test_gcnconv_gradcheck(graph):
+    conv = nn.GCNConv(4, 3).double()
+    x = features(14, 4, grad=True)
+    for order in ("transform_first", "propagate_first"):
+        conv.order = order
+        assert torch.autograd.gradcheck(lambda x, w: torch.nn.functional.linear(
+            conv(x, graph), w), (x, torch.eye(3, dtype=torch.float64, requires_grad=True)))
+
+
+def test_gcnconv_auto_follows_the_rule_and_reuses_the_propagated_input(graph, monkeypatch):
+    conv = nn.GCNConv(40, 4).double()          # a first layer: 2 * 4 < 40, transform first
+    x = features(14, 40)
+    first = conv(x, graph)
+    assert conv.last_order == "transform_first"
+    second = conv(x, graph)                     # the same unchanged input: (Â X) W, Â X kept
+    assert conv.last_order == "propagate_first"
+    torch.testing.assert_close(first, second)
+    calls = []
+    monkeypatch.setattr(F, "spmm", lambda *a, **k: calls.append(1) or pytest.fail("SpMM ran"))
+    third = conv(x, graph)                      # no SpMM at all
+    torch.testing.assert_close(third, first)
+    monkeypatch.undo()
+    with torch.no_grad():
+        x.mul_(2.0)                             # modified in place: recomputed
+    torch.testing.assert_close(conv(x, graph), 2 * (first - conv.bias) + conv.bias)
+    inner = nn.GCNConv(16, 4)                   # an input that needs a gradient: width rule
+    inner(features(14, 16, dtype=torch.float32, grad=True), graph)
+    assert inner.last_order == "transform_first"
+
+
+@pytest.mark.parametrize("fmt", ["edge_index", "mebcrs", "blocked16"])
+def test_gcnconv_accepts_every_graph_form(graph, fmt):
+    torch.manual_seed(1)
+    conv = nn.GCNConv(5, 3).double()
+    x = features(14, 5)
+    pattern_only = sph.csr_array((np.ones(graph.nnz, np.float32), graph.indices, graph.indptr),
+                                 shape=graph.shape)
+    if fmt == "edge_index":
+        adj = edge_index_of(graph)
+        torch.testing.assert_close(conv(x, adj), conv(x, pattern_only))
+        cached = conv._edge_cache.get(adj, 14)
+        assert conv._edge_cache.get(adj, 14) is cached      # converted once
+    else:
+        adj = graph.to_mebcrs() if fmt == "mebcrs" else graph.to_blocked(16)
+        out = conv(x, adj)
+        assert isinstance(conv._normalized[1], type(adj))   # normalized in adj's format
+        torch.testing.assert_close(out, conv(x, graph))
+
+
+def test_gcnconv_cached_keeps_the_first_graph(graph, rng):
+    conv = nn.GCNConv(3, 2, cached=True).double()
+    x = features(14, 3)
+    first = conv(x, graph)
+    other = sph.csr_array(random_scipy(rng, (14, 14), 0.5))
+    torch.testing.assert_close(conv(x, other), first)
+    conv.reset_cache()
+    assert not torch.allclose(conv(x, other), first)
+
+
+def test_gcnconv_matches_pyg_on_the_same_weights(graph):
+    pyg = pytest.importorskip("torch_geometric.nn")
+    ours = nn.GCNConv(6, 4).double()
+    theirs = pyg.GCNConv(6, 4).double()
+    with torch.no_grad():
+        theirs.lin.weight.copy_(ours.weight.T)
+        theirs.bias.copy_(torch.randn(4))
+        ours.bias.copy_(theirs.bias)
+    # PyG adds self-loops only where missing; compare on a graph without any.
+    without_loops = graph.to_scipy().tolil()
+    without_loops.setdiag(0)
+    without_loops = scipy.sparse.csr_array(without_loops)
+    without_loops.eliminate_zeros()
+    ones = sph.csr_array((np.ones(without_loops.nnz), without_loops.indices,
+                          without_loops.indptr), shape=without_loops.shape)
+    x = features(14, 6)
+    torch.testing.assert_close(ours(x, ones), theirs(x, edge_index_of(ones)))
+
+
+# -- GATConv ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("concat", [True, False])
+def test_gatconv_matches_dense_reference(graph, concat):
+    torch.manual_seed(2)
+    conv = nn.GATConv(5, 3, heads=2, concat=concat, negative_slope=0.2).double()
+    x = features(14, 5)
+    h = (x @ conv.weight).view(14, 2, 3)
+    expected = dense_attention_reference(graph, h, conv.att_src, conv.att_dst, 0.2)
+    expected = expected.reshape(14, 6) if concat else expected.mean(1)
+    torch.testing.assert_close(conv(x, graph), expected + conv.bias)
+
+
+def test_gatconv_caches_agree_in_values_and_gradients(graph):
+    results = []
+    for cache in nn.GAT_CACHES:
+        torch.manual_seed(3)
+        conv = nn.GATConv(5, 3, heads=2, dropout=0.3, cache=cache).double()
+        x = features(14, 5, grad=True)
+        torch.manual_seed(4)                     # the same attention dropout for every mode
+        out = conv(x, graph)
+        out.square().sum().backward()
+        results.append((out, x.grad, conv.weight.grad, conv.att_src.grad, conv.att_dst.grad))
+    for other in results[1:]:
+        for got, want in zip(other, results[0]):
+            torch.testing.assert_close(got, want)
+
+
+def test_gatconv_gradcheck(graph):
+    conv = nn.GATConv(4, 2, heads=2).double()
+    x = features(14, 4, grad=True)
+    assert torch.autograd.gradcheck(lambda x, a: conv(x, graph) * a.sum(),
+                                    (x, torch.ones(1, dtype=torch.float64, requires_grad=True)))
+
+
+def test_gatconv_matches_pyg_on_the_same_weights(graph):
+    pyg = pytest.importorskip("torch_geometric.nn")
+    ours = nn.GATConv(5, 3, heads=2).double()
+    theirs = pyg.GATConv(5, 3, heads=2).double()
+    with torch.no_grad():
+        theirs.lin.weight.copy_(ours.weight.T)
+        theirs.att_src.copy_(ours.att_src[None])
+        theirs.att_dst.copy_(ours.att_dst[None])
+        theirs.bias.zero_()
+    x = features(14, 5)
+    # PyG removes and re-adds self-loops; ours keeps the stored one: compare on the pattern.
+    torch.testing.assert_close(ours(x, graph), theirs(x, edge_index_of(graph)))
+    torch.testing.assert_close(ours(x, edge_index_of(graph)), theirs(x, edge_index_of(graph)))
+
+
+# -- AGNNConv ---------------------------------------------------------------------------------
+
+def test_agnnconv_matches_dense_reference_and_pyg(graph):
+    conv = nn.AGNNConv().double()
+    with torch.no_grad():
+        conv.beta.fill_(1.7)
+    x = features(14, 4)
+    unit = torch.nn.functional.normalize(x, dim=1)
+    mask = torch.from_numpy((graph.toarray() != 0) | np.eye(14, dtype=bool))
+    scores = (1.7 * unit @ unit.T).masked_fill(~mask, -torch.inf)
+    torch.testing.assert_close(conv(x, graph), torch.softmax(scores, dim=1) @ x)
+    pyg = pytest.importorskip("torch_geometric.nn")
+    theirs = pyg.AGNNConv().double()
+    with torch.no_grad():
+        theirs.beta.fill_(1.7)
+    torch.testing.assert_close(conv(x, graph), theirs(x, edge_index_of(graph)))
+
+
+def test_agnnconv_gradcheck_and_fixed_beta(graph):
+    conv = nn.AGNNConv().double()
+    x = features(14, 3, grad=True)
+    assert torch.autograd.gradcheck(lambda x: conv(x, graph), (x,))
+    assert not any(p.requires_grad for p in nn.AGNNConv(requires_grad=False).parameters())
+
+
+# -- bad input --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("layer", [lambda: nn.GCNConv(3, 2), lambda: nn.GATConv(3, 2),
+                                   lambda: nn.AGNNConv()])
+@pytest.mark.parametrize("make, error, message", [
+    (lambda g, x: (x, sph.csr_array(np.ones((14, 13)))), ValueError, "square"),
+    (lambda g, x: (x[:10], g), ValueError, "has 14 nodes but x has 10 rows"),
+    (lambda g, x: (x.long(), g), TypeError, "float32 or float64"),
+    (lambda g, x: (x[0], g), ValueError, "2-D"),
+    (lambda g, x: (x, torch.tensor([[0, 1], [2, 14]])), ValueError, "out of range"),
+    (lambda g, x: (x, torch.tensor([[0, -1], [2, 3]])), ValueError, "negative"),
+    (lambda g, x: (x, torch.tensor([[0.0, 1.0], [2.0, 3.0]])), TypeError, "int64 or int32"),
+    (lambda g, x: (x, torch.tensor([0, 1, 2])), ValueError, r"shape \[2, E\]"),
+    (lambda g, x: (x, g.to_scipy()), TypeError, "wrap it with pysparse_hpc.csr_array"),
+])
+def test_layers_reject_bad_input_clearly(graph, layer, make, error, message):
+    x, adj = make(graph, features(14, 3, dtype=torch.float32))
+    with pytest.raises(error, match=message):
+        layer()(x, adj)
+
+
+def test_layer_options_are_validated():
+    with pytest.raises(ValueError, match="order must be one of"):
+        nn.GCNConv(3, 2, order="fastest")
+    with pytest.raises(ValueError, match="cache must be one of"):
+        nn.GATConv(3, 2, cache="all")
+    with pytest.raises(ValueError, match="positive int"):
+        nn.GCNConv(0, 2)
+    with pytest.raises(ValueError, match="dropout"):
+        nn.GATConv(3, 2, dropout=1.0)
+
+
+@pytest.mark.parametrize("layer", [nn.GCNConv(3, 2), nn.GATConv(3, 2), nn.AGNNConv()])
+def test_nan_features_propagate_and_warn_once(graph, layer):
+    x = features(14, 3, dtype=torch.float32)
+    x[0, 0] = torch.nan
+    with pytest.warns(RuntimeWarning, match="produced NaN"):
+        out = layer(x, graph)
+    assert torch.isnan(out).any() and not torch.isnan(out).all()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        layer(x, graph)                           # once per layer
+
+
+# -- training ---------------------------------------------------------------------------------
+
+def mean_test_accuracy(name, seeds=5):
+    data = sph.datasets.load("cora")
+    x, y, *masks = train.node_tensors(data)
+    model_class = models.MODELS[name]
+    settings = model_class.defaults
+    accuracies = []
+    for seed in range(seeds):
+        torch.manual_seed(seed)
+        extra = {"heads": settings["heads"]} if "heads" in settings else {}
+        model = model_class(x.shape[1], settings["hidden"], data.num_classes,
+                            dropout=settings["dropout"], **extra)
+        result = train.fit(model, x, data.adj, y, masks, epochs=settings["epochs"],
+                           lr=settings["lr"], weight_decay=settings["weight_decay"],
+                           progress=False)
+        accuracies.append(result.test_accuracy)
+    return float(np.mean(accuracies))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name, floor", [("gcn", 0.80), ("gat", 0.81)])
+def test_cora_accuracy_mean_of_five_seeds(name, floor):
+    assert mean_test_accuracy(name) >= floor
