@@ -9,7 +9,7 @@ import importlib.util
 import sys
 
 from .._config import get_num_threads, set_num_threads
-from . import convert, positive_int, reorder, sddmm, spmm
+from . import convert, gnn, positive_int, reorder, sddmm, spmm
 from ._data import DATA_ENV, data_dir
 
 __all__ = ["COMMANDS", "build_parser", "main"]
@@ -19,6 +19,7 @@ COMMANDS = {
     "spmm": spmm,
     "sddmm": sddmm,
     "reorder": reorder,
+    "gnn": gnn,
 }
 
 

@@ -1,0 +1,792 @@
+"""The ``gnn`` benchmark: training epochs of our GCN, GAT and AGNN against PyTorch Geometric.
+
+For every graph (Cora and CiteSeer with their features and split; PubMed's structure and a
+generated planted-community graph of over a million stored edges, both with random features
+and labels), every hidden width and every model, the time of one full-batch training epoch:
+forward, cross-entropy on the training nodes, backward and an Adam step, the median of
+``--repeat`` steps after two warm-up steps (the configurations of a case take turns, one step
+each per round, so a passing disturbance costs each of them one sample, not one of them all).
+Our models (`pysparse_hpc.nn.models`, defaults: GCN ``order="auto"``, GAT ``cache="auto"``,
+our dropout) run against PyG's models of the same architecture (``GCNConv(cached=True)``,
+``GATConv``, ``AGNNConv``, same dropout positions, torch's dropout) on an ``edge_index``,
+torch on as many threads as our kernels.
+
+Ablation rows show where the gain comes from: GCN with a forced order, with torch's dropout
+(the kernels and operator ordering alone) and without input dropout (the first layer reuses
+``Â X``); GAT with each ``cache=`` mode and with torch's dropout; AGNN with torch's dropout.
+For GAT the hidden width is that of the first layer: 8 heads of ``hidden / 8``.
+
+Each (graph, model) is checked once before timing: our model, given PyG's weights, must give
+PyG's output in evaluation mode; its output must be finite; and our GCN layer must agree with
+itself in both orders. With ``--accuracy`` both libraries' GCN and GAT are also trained on
+Cora with the models' published settings over several seeds, to show equal accuracy.
+
+The project's targets (geometric mean over graphs and hidden widths): GCN at least 1.5x and
+GAT at least 1.3x faster per epoch than PyG. AGNN has no target; its mean is reported. Cases
+where ours is slower than PyG are listed, not hidden.
+"""
+import csv
+import functools
+import gc
+import importlib.util
+import math
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+
+import numpy as np
+from tqdm import tqdm
+
+from . import geometric_mean, positive_int
+from ._data import find_matrices, load_matrix
+
+__all__ = ["GRAPHS", "HELP", "EpochResult", "GraphCase", "Variant", "add_arguments",
+           "format_table", "load_graph", "measure", "median_step_seconds", "run",
+           "training_step", "verdicts", "warm_up"]
+
+HELP = "GCN, GAT and AGNN training epochs against PyTorch Geometric, with ablations"
+
+#: Graphs in table order.
+GRAPHS = ("cora", "citeseer", "pubmed", "generated")
+#: Hidden widths measured by default (for GAT: all heads together).
+HIDDEN = (16, 64, 256)
+#: Models in table order (keys of `pysparse_hpc.nn.models.MODELS`).
+MODEL_NAMES = ("gcn", "gat", "agnn")
+#: Heads of the first GAT layer; ``hidden`` must be a multiple of it.
+GAT_HEADS = 8
+
+#: Target speedups over PyG per epoch (geometric mean over graphs and hidden widths).
+TARGETS = {"gcn": 1.5, "gat": 1.3}
+
+#: Untimed training steps before the timed ones (kernel compilation, caches, allocator).
+WARMUP_STEPS = 2
+
+#: The variant label of PyG's model, the peer of every row.
+PEER = "pyg"
+#: The variant label of our model with its defaults.
+OURS = "ours"
+
+#: PubMed: the shared structure with random features and labels.
+PUBMED_FEATURES, PUBMED_CLASSES, PUBMED_SPLIT = 500, 3, (60, 500, 1000)
+
+#: The generated graph: planted_partition arguments (100,000 nodes, expected degree 12, node
+#: ids shuffled), random features and labels.
+GENERATED = dict(n_communities=3125, community_size=32, internal_degree=8.0,
+                 external_degree=4.0, seed=1, shuffle=True)
+GENERATED_FEATURES, GENERATED_CLASSES, GENERATED_SPLIT = 128, 10, (200, 500, 1000)
+GENERATED_MIN_EDGES = 1_000_000
+
+#: Tolerance of the output checks (float32, sums in different orders).
+RTOL, ATOL = 1e-3, 1e-4
+
+INSTALL_HINT = 'pip install -e ".[bench]"'
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One of our model configurations.
+
+    Attributes
+    ----------
+    name : str
+        Label in the table (``ours`` is the model with its defaults).
+    description : str
+        What differs from the defaults, for the legend.
+    options : dict
+        Keyword arguments of the model class (``fast_dropout``, layer options).
+    """
+
+    name: str
+    description: str
+    options: dict
+
+
+#: Our configurations per model, the defaults first, then the ablations.
+VARIANTS = {
+    "gcn": (
+        Variant(OURS, "defaults: order='auto', our dropout", {}),
+        Variant("transform_first", "order forced to Â (X W)", {"order": "transform_first"}),
+        Variant("propagate_first", "order forced to (Â X) W", {"order": "propagate_first"}),
+        Variant("torch_dropout", "torch's dropout: the kernel and ordering gain alone",
+                {"fast_dropout": False}),
+        Variant("no_input_dropout", "no dropout on the input, so the first layer reuses Â X "
+                "(not PyG's model: an upper bound)", {"input_dropout": False}),
+    ),
+    "gat": (
+        Variant(OURS, "defaults: cache='auto', our dropout", {}),
+        Variant("cache=none", "backward recomputes H, the scores and the attention",
+                {"cache": "none"}),
+        Variant("cache=H", "backward recomputes the scores and the attention", {"cache": "H"}),
+        Variant("cache=scores", "backward recomputes the softmax", {"cache": "scores"}),
+        Variant("cache=alpha", "backward recomputes nothing", {"cache": "alpha"}),
+        Variant("torch_dropout", "torch's dropout on the features", {"fast_dropout": False}),
+    ),
+    "agnn": (
+        Variant(OURS, "defaults: our dropout", {}),
+        Variant("torch_dropout", "torch's dropout", {"fast_dropout": False}),
+    ),
+}
+
+
+@dataclass(frozen=True)
+class GraphCase:
+    """A graph with everything a training step needs.
+
+    Attributes
+    ----------
+    name : str
+    adj : csr_array
+        Symmetric adjacency, unit weights (what our models take).
+    x : torch.Tensor, shape (nodes, features)
+        Row-normalized features.
+    y : torch.Tensor of int64
+    train_mask, val_mask, test_mask : torch.Tensor of bool
+    num_classes : int
+    note : str
+        How the features and labels were made, empty for real ones.
+    """
+
+    name: str
+    adj: object
+    x: object
+    y: object
+    train_mask: object
+    val_mask: object
+    test_mask: object
+    num_classes: int
+    note: str = ""
+
+    @property
+    def nodes(self):
+        return self.adj.shape[0]
+
+    @property
+    def edges(self):
+        """Stored adjacency entries (each undirected edge twice, no self loops)."""
+        return self.adj.nnz
+
+    @property
+    def masks(self):
+        return self.train_mask, self.val_mask, self.test_mask
+
+
+@dataclass(frozen=True)
+class EpochResult:
+    """Seconds per training epoch of one model configuration.
+
+    Attributes
+    ----------
+    graph : str
+    nodes, edges, hidden : int
+    model : str
+        ``gcn``, ``gat`` or ``agnn``.
+    variant : str
+        ``pyg`` (the peer), ``ours`` or an ablation label.
+    seconds : float
+        Median seconds of one training step.
+    """
+
+    graph: str
+    nodes: int
+    edges: int
+    hidden: int
+    model: str
+    variant: str
+    seconds: float
+
+    @property
+    def key(self):
+        """The (graph, hidden, model) this row is compared within."""
+        return self.graph, self.hidden, self.model
+
+
+class Mismatch(RuntimeError):
+    """A model's output is wrong; the benchmark stops."""
+
+
+# --- command line --------------------------------------------------------------------------
+
+def add_arguments(parser):
+    """Options of the ``gnn`` command beyond the common ones."""
+    parser.add_argument("--graph", action="append", choices=GRAPHS, metavar="NAME",
+                        help=f"benchmark only this graph (repeatable; one of {', '.join(GRAPHS)}; "
+                             "default: all)")
+    parser.add_argument("--hidden", action="append", type=positive_int, metavar="H",
+                        help="hidden width (repeatable; for GAT all 8 heads together, so a "
+                             f"multiple of {GAT_HEADS}; default: "
+                             f"{' '.join(map(str, HIDDEN))})")
+    parser.add_argument("--model", action="append", choices=MODEL_NAMES, metavar="NAME",
+                        help=f"benchmark only this model (repeatable; one of "
+                             f"{', '.join(MODEL_NAMES)}; default: all)")
+    parser.add_argument("--accuracy", action="store_true",
+                        help="also train ours and PyG's GCN and GAT on Cora with the models' "
+                             "published settings and compare mean test accuracy")
+    parser.add_argument("--seeds", type=positive_int, default=5, metavar="N",
+                        help="seeds of the --accuracy runs (default: 5)")
+    parser.add_argument("--epochs", type=positive_int, metavar="N",
+                        help="epochs of the --accuracy runs (default: the models' own, 200)")
+
+
+def _unique(values, default):
+    """``values`` in order without repeats, or ``default`` when not given."""
+    return tuple(dict.fromkeys(values)) if values else tuple(default)
+
+
+def _selection(args, err):
+    """(graphs, hidden widths, models) to run, or None after an error message."""
+    graphs = _unique(args.graph, GRAPHS)
+    hidden = _unique(args.hidden, HIDDEN)
+    models = _unique(args.model, MODEL_NAMES)
+    if "gat" in models:
+        bad = [h for h in hidden if h % GAT_HEADS]
+        if bad:
+            print(f"error: GAT's hidden width is {GAT_HEADS} heads together, so --hidden must be "
+                  f"a multiple of {GAT_HEADS}; got {', '.join(map(str, bad))} (or leave out "
+                  "gat with --model)", file=err)
+            return None
+    return graphs, hidden, models
+
+
+def _import_libraries(err):
+    """(torch, torch_geometric.nn), or None after a message saying what to install."""
+    missing = [name for name in ("torch", "torch_geometric")
+               if importlib.util.find_spec(name) is None]
+    if missing:
+        print(f"error: the gnn benchmark needs {' and '.join(missing)} (it compares with "
+              f"PyTorch Geometric); install them with {INSTALL_HINT} (torch: the CPU build, "
+              "see the README)", file=err)
+        return None
+    import torch
+    import torch_geometric.nn
+    return torch, torch_geometric.nn
+
+
+# --- graphs --------------------------------------------------------------------------------
+
+def _random_split(rng, n, sizes):
+    """Disjoint random boolean masks of the given sizes (train, val, test)."""
+    order = rng.permutation(n)
+    masks, start = [], 0
+    for size in sizes:
+        mask = np.zeros(n, dtype=bool)
+        mask[order[start:start + size]] = True
+        masks.append(mask)
+        start += size
+    return masks
+
+
+def _random_node_data(name, adj, width, classes, split, seed, note):
+    """A `GraphCase` on ``adj`` with uniform random features (rows summing to 1) and random
+    labels and split, seeded."""
+    import torch
+
+    from ..nn.train import normalize_features
+    rng = np.random.default_rng(seed)
+    n = adj.shape[0]
+    x = normalize_features(rng.random((n, width), dtype=np.float32))
+    y = rng.integers(0, classes, n)
+    masks = _random_split(rng, n, split)
+    return GraphCase(name, adj, torch.from_numpy(x), torch.from_numpy(y),
+                     *(torch.from_numpy(m) for m in masks), classes, note)
+
+
+def load_graph(name, data_dir):
+    """The `GraphCase` of a name in `GRAPHS`.
+
+    Raises
+    ------
+    FileNotFoundError
+        PubMed's structure is not in ``data_dir``.
+    """
+    if name in ("cora", "citeseer"):
+        from .. import datasets
+        from ..nn.train import node_tensors
+        dataset = datasets.load(name)
+        return GraphCase(name, dataset.adj, *node_tensors(dataset), dataset.num_classes)
+    if name == "pubmed":
+        specs, _ = find_matrices(data_dir)
+        spec = next((s for s in specs if s.name == "pubmed"), None)
+        if spec is None:
+            raise FileNotFoundError(f"pubmed_structure.npz not found in {data_dir}")
+        adj = load_matrix(spec).astype(np.float32, copy=False)
+        note = (f"shared structure with random features ({PUBMED_FEATURES} wide) and random "
+                f"labels ({PUBMED_CLASSES} classes, random {'/'.join(map(str, PUBMED_SPLIT))} "
+                "split): only the timing is meaningful")
+        return _random_node_data(name, adj, PUBMED_FEATURES, PUBMED_CLASSES, PUBMED_SPLIT, 0,
+                                 note)
+    from ..generators import planted_partition
+    adj = planted_partition(**GENERATED)[0]
+    if adj.nnz < GENERATED_MIN_EDGES:
+        raise RuntimeError(f"the generated graph has {adj.nnz} stored edges, fewer than "
+                           f"{GENERATED_MIN_EDGES}")
+    note = (f"planted_partition({GENERATED['n_communities']} communities of "
+            f"{GENERATED['community_size']} nodes, expected degree "
+            f"{GENERATED['internal_degree']:g} inside + {GENERATED['external_degree']:g} anywhere,"
+            f" ids shuffled) with random features ({GENERATED_FEATURES} wide) and random labels "
+            f"({GENERATED_CLASSES} classes): only the timing is meaningful")
+    return _random_node_data(name, adj, GENERATED_FEATURES, GENERATED_CLASSES, GENERATED_SPLIT,
+                             1, note)
+
+
+def edge_index_of(adj):
+    """PyG's ``edge_index`` of ``adj``: row 0 the sources (our column indices), row 1 the
+    targets (our row indices), int64."""
+    import torch
+    targets = np.repeat(np.arange(adj.shape[0], dtype=np.int64), np.diff(adj.indptr))
+    sources = adj.indices.astype(np.int64)
+    return torch.from_numpy(np.stack([sources, targets]))
+
+
+# --- models --------------------------------------------------------------------------------
+
+@functools.cache
+def peer_classes():
+    """PyG's models of our architectures, by model name (built on first use: torch and PyG are
+    optional dependencies)."""
+    import torch
+    import torch.nn.functional as F
+    from torch_geometric.nn import AGNNConv, GATConv, GCNConv
+
+    class PygGCN(torch.nn.Module):
+        """Dropout, GCNConv, ReLU, dropout, GCNConv (PyG's gcn.py example)."""
+
+        def __init__(self, in_channels, hidden, out_channels, dropout=0.5):
+            super().__init__()
+            self.dropout = dropout
+            self.conv1 = GCNConv(in_channels, hidden, cached=True)
+            self.conv2 = GCNConv(hidden, out_channels, cached=True)
+
+        def forward(self, x, edge_index):
+            x = F.dropout(x, self.dropout, self.training)
+            x = F.relu(self.conv1(x, edge_index))
+            x = F.dropout(x, self.dropout, self.training)
+            return self.conv2(x, edge_index)
+
+        def param_groups(self, weight_decay):
+            return [dict(params=self.conv1.parameters(), weight_decay=weight_decay),
+                    dict(params=self.conv2.parameters(), weight_decay=0.0)]
+
+    class PygGAT(torch.nn.Module):
+        """Dropout, GATConv (heads concatenated), ELU, dropout, GATConv (one head)."""
+
+        def __init__(self, in_channels, hidden, out_channels, heads=8, dropout=0.6):
+            super().__init__()
+            self.dropout = dropout
+            self.conv1 = GATConv(in_channels, hidden, heads=heads, dropout=dropout)
+            self.conv2 = GATConv(hidden * heads, out_channels, heads=1, concat=False,
+                                 dropout=dropout)
+
+        def forward(self, x, edge_index):
+            x = F.dropout(x, self.dropout, self.training)
+            x = F.elu(self.conv1(x, edge_index))
+            x = F.dropout(x, self.dropout, self.training)
+            return self.conv2(x, edge_index)
+
+        def param_groups(self, weight_decay):
+            return [dict(params=self.parameters(), weight_decay=weight_decay)]
+
+    class PygAGNN(torch.nn.Module):
+        """Dropout, linear, ReLU, two AGNN propagations, dropout, linear."""
+
+        def __init__(self, in_channels, hidden, out_channels, dropout=0.5):
+            super().__init__()
+            self.dropout = dropout
+            self.lin1 = torch.nn.Linear(in_channels, hidden)
+            self.prop1 = AGNNConv(requires_grad=False)
+            self.prop2 = AGNNConv(requires_grad=True)
+            self.lin2 = torch.nn.Linear(hidden, out_channels)
+
+        def forward(self, x, edge_index):
+            x = F.dropout(x, self.dropout, self.training)
+            x = F.relu(self.lin1(x))
+            x = self.prop2(self.prop1(x, edge_index), edge_index)
+            x = F.dropout(x, self.dropout, self.training)
+            return self.lin2(x)
+
+        def param_groups(self, weight_decay):
+            return [dict(params=self.parameters(), weight_decay=weight_decay)]
+
+    return {"gcn": PygGCN, "gat": PygGAT, "agnn": PygAGNN}
+
+
+def _width_arguments(model, hidden):
+    """Keyword arguments giving a model of ``hidden`` total hidden width."""
+    if model == "gat":
+        return dict(hidden=hidden // GAT_HEADS, heads=GAT_HEADS)
+    return dict(hidden=hidden)
+
+
+def build_model(model, variant, in_channels, hidden, out_channels):
+    """PyG's model (``variant`` `PEER`) or ours in a configuration of `VARIANTS`."""
+    from ..nn.models import MODELS
+    widths = _width_arguments(model, hidden)
+    if variant == PEER:
+        return peer_classes()[model](in_channels, out_channels=out_channels, **widths)
+    options = next(v.options for v in VARIANTS[model] if v.name == variant)
+    return MODELS[model](in_channels, out_channels=out_channels, **widths, **options)
+
+
+def _copy_peer_weights(model, peer, ours):
+    """Give our model PyG's weights (same architecture, our layouts)."""
+    import torch
+    with torch.no_grad():
+        if model == "agnn":
+            ours.lin1.load_state_dict(peer.lin1.state_dict())
+            ours.lin2.load_state_dict(peer.lin2.state_dict())
+            ours.prop2.beta.copy_(peer.prop2.beta)
+            return
+        for mine, theirs in ((ours.conv1, peer.conv1), (ours.conv2, peer.conv2)):
+            mine.weight.copy_(theirs.lin.weight.T)
+            mine.bias.copy_(theirs.bias)
+            if model == "gat":
+                mine.att_src.copy_(theirs.att_src.reshape(mine.att_src.shape))
+                mine.att_dst.copy_(theirs.att_dst.reshape(mine.att_dst.shape))
+
+
+def _check_close(what, result, reference):
+    """Raise `Mismatch` unless ``result`` is finite and close to ``reference``."""
+    import torch
+    if not bool(torch.isfinite(result).all()):
+        raise Mismatch(f"{what}: output is not finite")
+    scale = float(reference.abs().max()) or 1.0
+    if not torch.allclose(result, reference, rtol=RTOL, atol=ATOL * scale):
+        worst = float((result - reference).abs().max())
+        raise Mismatch(f"{what}: outputs differ (max |diff| {worst:.3g}, tolerance rtol={RTOL:g}, "
+                       f"atol={ATOL * scale:.3g})")
+
+
+def check_model(case, model, hidden, edge_index):
+    """One cheap check of our model on ``case`` (evaluation mode, no gradient).
+
+    Our model given PyG's weights gives PyG's output, and is finite; for GCN, our layer gives
+    the same result in both orders.
+
+    Raises
+    ------
+    Mismatch
+    """
+    import torch
+
+    from ..nn.gcn import GCNConv
+    peer = build_model(model, PEER, case.x.shape[1], hidden, case.num_classes).eval()
+    ours = build_model(model, OURS, case.x.shape[1], hidden, case.num_classes).eval()
+    _copy_peer_weights(model, peer, ours)
+    with torch.no_grad():
+        _check_close(f"{case.name} {model} h{hidden}: ours with PyG's weights vs PyG",
+                     ours(case.x, case.adj), peer(case.x, edge_index))
+        if model == "gcn":
+            transform_first = GCNConv(case.x.shape[1], hidden, order="transform_first")
+            propagate_first = GCNConv(case.x.shape[1], hidden, order="propagate_first")
+            propagate_first.load_state_dict(transform_first.state_dict())
+            _check_close(f"{case.name} GCNConv h{hidden}: propagate_first vs transform_first",
+                         propagate_first(case.x, case.adj), transform_first(case.x, case.adj))
+
+
+# --- timing --------------------------------------------------------------------------------
+
+def training_step(network, x, graph, case, hyper):
+    """A zero-argument callable running one training step of ``network(x, graph)`` with its
+    own Adam optimizer (the model's ``param_groups``, learning rate and weight decay)."""
+    import torch
+    import torch.nn.functional as F
+
+    optimizer = torch.optim.Adam(network.param_groups(hyper["weight_decay"]), lr=hyper["lr"])
+    network.train()
+
+    def step():
+        optimizer.zero_grad()
+        loss = F.cross_entropy(network(x, graph)[case.train_mask], case.y[case.train_mask])
+        loss.backward()
+        optimizer.step()
+    return step
+
+
+def median_step_seconds(steps, repeat):
+    """Median seconds of each training step over ``repeat`` timed calls.
+
+    Every step first runs `WARMUP_STEPS` untimed calls. The timed calls are interleaved (one
+    of each step per round), so a passing disturbance on the machine costs each step one
+    sample, which the median drops, instead of all samples of one step; the garbage collector
+    is off during each timed call.
+
+    Parameters
+    ----------
+    steps : dict of str to callable
+    repeat : int
+
+    Returns
+    -------
+    dict of str to float
+    """
+    for step in steps.values():
+        for _ in range(WARMUP_STEPS):
+            step()
+    samples = {label: [] for label in steps}
+    gc_was_enabled = gc.isenabled()
+    try:
+        for _ in range(repeat):
+            for label, step in steps.items():
+                gc.disable()
+                start = time.perf_counter()
+                step()
+                samples[label].append(time.perf_counter() - start)
+                if gc_was_enabled:
+                    gc.enable()
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+    return {label: statistics.median(values) for label, values in samples.items()}
+
+
+def warm_up(case, model, hidden):
+    """Untimed training steps of our model on a graph new to it: the first steps compile or
+    load the kernels, build the graph's caches (transpose, self loops) and grow the heap, and
+    take a few steps to settle, more than each variant's own warm-up allows for."""
+    from ..nn.models import MODELS
+    network = build_model(model, OURS, case.x.shape[1], hidden, case.num_classes)
+    step = training_step(network, case.x, case.adj, case, MODELS[model].defaults)
+    for _ in range(WARMUP_STEPS + 1):
+        step()
+
+
+def measure(case, model, hidden, edge_index, repeat):
+    """PyG's model and each of our configurations on one (graph, hidden, model).
+
+    Returns
+    -------
+    list of EpochResult
+        The peer first, then `VARIANTS` order.
+    """
+    from ..nn.models import MODELS
+    hyper = MODELS[model].defaults
+    steps = {}
+    for variant in (PEER, *(v.name for v in VARIANTS[model])):
+        network = build_model(model, variant, case.x.shape[1], hidden, case.num_classes)
+        graph = edge_index if variant == PEER else case.adj
+        steps[variant] = training_step(network, case.x, graph, case, hyper)
+    seconds = median_step_seconds(steps, repeat)
+    del steps
+    gc.collect()
+    return [EpochResult(case.name, case.nodes, case.edges, hidden, model, variant, value)
+            for variant, value in seconds.items()]
+
+
+# --- accuracy ------------------------------------------------------------------------------
+
+def accuracy_comparison(seeds, epochs):
+    """Train ours and PyG's GCN and GAT on Cora with the published settings, one line each.
+
+    Returns
+    -------
+    list of str
+    """
+    import torch
+
+    from ..nn.models import MODELS
+    from ..nn.train import fit
+    cora = load_graph("cora", None)
+    edge_index = edge_index_of(cora.adj)
+    lines = []
+    runs = [(model, side) for model in ("gcn", "gat") for side in (PEER, OURS)]
+    accuracies = {}
+    with tqdm(total=len(runs) * seeds, desc="accuracy", unit="run") as progress:
+        for model, side in runs:
+            defaults = MODELS[model].defaults
+            widths = dict(hidden=defaults["hidden"])
+            if model == "gat":
+                widths["heads"] = defaults["heads"]
+            for seed in range(seeds):
+                torch.manual_seed(seed)
+                cls = peer_classes()[model] if side == PEER else MODELS[model]
+                network = cls(cora.x.shape[1], out_channels=cora.num_classes, **widths)
+                result = fit(network, cora.x, edge_index if side == PEER else cora.adj, cora.y,
+                             cora.masks, epochs=epochs or defaults["epochs"], lr=defaults["lr"],
+                             weight_decay=defaults["weight_decay"], progress=False)
+                accuracies.setdefault((model, side), []).append(result.test_accuracy)
+                progress.update()
+    for model in ("gcn", "gat"):
+        cells = []
+        for side, label in ((OURS, "ours"), (PEER, "PyG")):
+            values = np.array(accuracies[(model, side)]) * 100
+            cells.append(f"{label} {values.mean():.1f}% +- {values.std():.1f}")
+        gap = (np.mean(accuracies[(model, OURS)]) - np.mean(accuracies[(model, PEER)])) * 100
+        lines.append(f"accuracy: {model.upper()} on Cora, mean test accuracy over {seeds} seeds "
+                     f"({epochs or MODELS[model].defaults['epochs']} epochs): "
+                     f"{', '.join(cells)} (difference {gap:+.1f} points)")
+    return lines
+
+
+# --- report --------------------------------------------------------------------------------
+
+def _peer_seconds(results):
+    """{(graph, hidden, model): PyG's seconds}."""
+    return {r.key: r.seconds for r in results if r.variant == PEER}
+
+
+def speedup(result, peer_seconds):
+    """PyG's time over this row's time (above 1: faster than PyG)."""
+    return peer_seconds[result.key] / result.seconds
+
+
+def format_table(results):
+    """One line per (graph, hidden, model, variant): ms per epoch and speedup over PyG."""
+    peer = _peer_seconds(results)
+    heading = (f"{'graph':<10} {'nodes':>7} {'edges':>8} {'hidden':>6} {'model':<5} "
+               f"{'variant':<17} {'ms/epoch':>9} {'vs PyG':>7}")
+    lines = [heading, "-" * len(heading)]
+    previous = None
+    for r in results:
+        if previous is not None and r.key != previous:
+            lines.append("")
+        previous = r.key
+        lines.append(f"{r.graph:<10} {r.nodes:>7} {r.edges:>8} {r.hidden:>6} {r.model:<5} "
+                     f"{r.variant:<17} {r.seconds * 1e3:>9.2f} {speedup(r, peer):>6.2f}x")
+    return "\n".join(lines)
+
+
+def _mean_speedup(results, model, variant=OURS):
+    """(geometric mean of the speedups of ``variant`` of ``model``, number of rows)."""
+    peer = _peer_seconds(results)
+    values = [speedup(r, peer) for r in results if r.model == model and r.variant == variant]
+    return geometric_mean(values), len(values)
+
+
+def verdicts(results):
+    """Target lines, per-variant means and the cases where ours is slower than PyG."""
+    lines = []
+    models = list(dict.fromkeys(r.model for r in results))
+    for model in models:
+        mean, count = _mean_speedup(results, model)
+        scope = f"geo-mean over graphs and hidden sizes, {count} cases"
+        if model in TARGETS:
+            lines.append(f"target: {model.upper()} >= {TARGETS[model]:g}x faster than PyG per "
+                         f"epoch ({scope}): {mean:.2f}x "
+                         f"{'MET' if mean >= TARGETS[model] else 'NOT MET'}")
+        else:
+            lines.append(f"{model.upper()} (no target): {mean:.2f}x PyG's speed per epoch "
+                         f"({scope})")
+    for model in models:
+        means = [f"{variant.name} {_mean_speedup(results, model, variant.name)[0]:.2f}x"
+                 for variant in VARIANTS[model]]
+        lines.append(f"ratio: {model.upper()} variants vs PyG (geo-mean): {', '.join(means)}")
+    peer = _peer_seconds(results)
+    slower = [f"{r.graph} h{r.hidden} {r.model} ({speedup(r, peer):.2f}x)" for r in results
+              if r.variant == OURS and speedup(r, peer) < 1]
+    lines.append(f"ours (defaults) slower than PyG on: {', '.join(slower) if slower else 'none'}")
+    return lines
+
+
+def write_csv(results, path, threads):
+    """One row per (graph, hidden, model, variant)."""
+    peer = _peer_seconds(results)
+    with open(path, "w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["graph", "nodes", "edges", "hidden", "model", "variant",
+                         "ms_per_epoch", "speedup_vs_pyg", "threads"])
+        for r in results:
+            writer.writerow([r.graph, r.nodes, r.edges, r.hidden, r.model, r.variant,
+                             f"{r.seconds * 1e3:.4f}", f"{speedup(r, peer):.4f}", threads])
+
+
+def write_plot(results, path, threads, repeat):
+    """Grouped bars of our models' speedup over PyG per (graph, hidden), with the targets."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    peer = _peer_seconds(results)
+    ours = {r.key: speedup(r, peer) for r in results if r.variant == OURS}
+    groups = list(dict.fromkeys((r.graph, r.hidden) for r in results))
+    models = list(dict.fromkeys(r.model for r in results))
+    positions = np.arange(len(groups))
+    bar = 0.8 / len(models)
+    figure, axis = plt.subplots(figsize=(max(6, 0.9 * len(groups)), 4.5))
+    for k, model in enumerate(models):
+        values = [ours.get((graph, hidden, model), math.nan) for graph, hidden in groups]
+        bars = axis.bar(positions + (k - (len(models) - 1) / 2) * bar, values, bar,
+                        label=model.upper())
+        if model in TARGETS:
+            axis.axhline(TARGETS[model], color=bars.patches[0].get_facecolor(), linestyle="--",
+                         linewidth=1, label=f"{model.upper()} target {TARGETS[model]:g}x")
+    axis.axhline(1.0, color="black", linewidth=0.8)
+    axis.set_xticks(positions, [f"{graph}\nh{hidden}" for graph, hidden in groups])
+    axis.set_ylabel("speedup over PyG per epoch")
+    axis.set_title(f"Training epoch, ours vs PyTorch Geometric ({threads} threads, median of "
+                   f"{repeat})")
+    axis.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
+def _legend():
+    """Header lines explaining the variant labels."""
+    lines = [f"variant {PEER}: PyTorch Geometric's model on edge_index (torch's dropout)"]
+    for model in MODEL_NAMES:
+        lines += [f"variant {model} {v.name}: {v.description}" for v in VARIANTS[model]]
+    return lines
+
+
+def run(args, out=sys.stdout):
+    """Run the benchmark over the selected cases and report; returns the exit status."""
+    selection = _selection(args, sys.stderr)
+    if selection is None:
+        return 2
+    libraries = _import_libraries(sys.stderr)
+    if libraries is None:
+        return 2
+    torch, _ = libraries
+    torch.set_num_threads(args.threads)  # ours and PyG run on the same number of threads
+    graphs, hidden_sizes, models = selection
+    results, notes = [], []
+    with tqdm(total=len(graphs) * len(hidden_sizes) * len(models), desc="gnn",
+              unit="case") as progress:
+        for name in graphs:
+            progress.set_postfix_str(f"loading {name}")
+            try:
+                case = load_graph(name, args.data_dir)
+            except FileNotFoundError as exc:
+                progress.close()
+                print(f"error: {exc}", file=sys.stderr)
+                return 2
+            if case.note:
+                notes.append(f"{name}: {case.nodes} nodes, {case.edges} stored edges: {case.note}")
+            edge_index = edge_index_of(case.adj)
+            for model in models:
+                try:
+                    progress.set_postfix_str(f"{name} {model} check and warm-up")
+                    check_model(case, model, hidden_sizes[0], edge_index)
+                except Mismatch as exc:
+                    progress.close()
+                    print(f"error: wrong result, benchmark aborted: {exc}", file=sys.stderr)
+                    return 1
+                warm_up(case, model, hidden_sizes[0])
+                for hidden in hidden_sizes:
+                    progress.set_postfix_str(f"{name} {model} h{hidden}")
+                    results += measure(case, model, hidden, edge_index, args.repeat)
+                    progress.update()
+            del case, edge_index
+            gc.collect()
+    print(f"gnn: one full-batch training epoch (forward, cross-entropy, backward, Adam step), "
+          f"median of {args.repeat} steps taken in turns after {WARMUP_STEPS} warm-up steps; "
+          f"float32, {args.threads} threads for ours and torch; data: {args.data_dir}", file=out)
+    print("peer: PyTorch Geometric (GCNConv(cached=True), GATConv, AGNNConv) with the same "
+          "architecture and dropout positions; 'vs PyG' = PyG's time / this row's time; GAT "
+          f"hidden = {GAT_HEADS} heads x hidden/{GAT_HEADS}; outputs checked against PyG's "
+          "with the same weights", file=out)
+    for line in _legend() + notes:
+        print(line, file=out)
+    print(format_table(results), file=out)
+    for line in verdicts(results):
+        print(line, file=out)
+    if args.accuracy:
+        for line in accuracy_comparison(args.seeds, args.epochs):
+            print(line, file=out)
+    if args.csv:
+        write_csv(results, args.csv, args.threads)
+        print(f"wrote {args.csv}", file=out)
+    if args.plot:
+        write_plot(results, args.plot, args.threads, args.repeat)
+        print(f"wrote {args.plot}", file=out)
+    return 0
