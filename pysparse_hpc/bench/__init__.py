@@ -12,7 +12,7 @@ import time
 __all__ = ["best_times", "geometric_mean", "positive_int"]
 
 
-def best_times(functions, repeat, warmup=1):
+def best_times(functions, repeat, warmup=1, statistic=min):
     """Best wall time of each callable over ``repeat`` calls, after ``warmup`` untimed calls.
 
     Calls are interleaved (one call of each function per round), so drifting machine load
@@ -27,18 +27,21 @@ def best_times(functions, repeat, warmup=1):
         Timed calls of each function (at least 1).
     warmup : int, default 1
         Untimed calls of each function first (JIT compilation, caches, page faults).
+    statistic : callable, default min
+        Reduces each function's list of call times (``statistics.median`` where single calls
+        are long enough that their spread is the machine's, not the clock's).
 
     Returns
     -------
     dict of str to float
-        Seconds of the fastest call, by label.
+        Seconds of the fastest call (or ``statistic`` of the calls), by label.
     """
     if repeat < 1:
         raise ValueError(f"repeat must be at least 1, got {repeat}")
     for fn in functions.values():
         for _ in range(warmup):
             fn()
-    best = dict.fromkeys(functions, math.inf)
+    samples = {label: [] for label in functions}
     gc_was_enabled = gc.isenabled()
     try:
         for _ in range(repeat):
@@ -50,11 +53,11 @@ def best_times(functions, repeat, warmup=1):
                 del result  # freed outside the timed region
                 if gc_was_enabled:
                     gc.enable()
-                best[label] = min(best[label], elapsed)
+                samples[label].append(elapsed)
     finally:
         if gc_was_enabled:
             gc.enable()
-    return best
+    return {label: statistic(times) for label, times in samples.items()}
 
 
 def geometric_mean(values):

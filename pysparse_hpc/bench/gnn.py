@@ -32,13 +32,12 @@ import importlib.util
 import math
 import statistics
 import sys
-import time
 from dataclasses import dataclass
 
 import numpy as np
 from tqdm import tqdm
 
-from . import geometric_mean, positive_int
+from . import best_times, geometric_mean, positive_int
 from ._data import find_matrices, load_matrix
 
 __all__ = ["GRAPHS", "HELP", "EpochResult", "GraphCase", "Variant", "add_arguments",
@@ -503,12 +502,10 @@ def training_step(network, x, graph, case, hyper):
 
 
 def median_step_seconds(steps, repeat):
-    """Median seconds of each training step over ``repeat`` timed calls.
-
-    Every step first runs `WARMUP_STEPS` untimed calls. The timed calls are interleaved (one
-    of each step per round), so a passing disturbance on the machine costs each step one
-    sample, which the median drops, instead of all samples of one step; the garbage collector
-    is off during each timed call.
+    """Median seconds of each training step over ``repeat`` timed calls, after `WARMUP_STEPS`
+    untimed ones. The calls are interleaved (one of each step per round), so a passing
+    disturbance on the machine costs each step one sample, which the median drops, instead of
+    all samples of one step.
 
     Parameters
     ----------
@@ -519,24 +516,7 @@ def median_step_seconds(steps, repeat):
     -------
     dict of str to float
     """
-    for step in steps.values():
-        for _ in range(WARMUP_STEPS):
-            step()
-    samples = {label: [] for label in steps}
-    gc_was_enabled = gc.isenabled()
-    try:
-        for _ in range(repeat):
-            for label, step in steps.items():
-                gc.disable()
-                start = time.perf_counter()
-                step()
-                samples[label].append(time.perf_counter() - start)
-                if gc_was_enabled:
-                    gc.enable()
-    finally:
-        if gc_was_enabled:
-            gc.enable()
-    return {label: statistics.median(values) for label, values in samples.items()}
+    return best_times(steps, repeat, warmup=WARMUP_STEPS, statistic=statistics.median)
 
 
 def warm_up(case, model, hidden):

@@ -36,7 +36,9 @@ def spmm_fixed(adj, x):
     adj = _graph.with_dtype(adj, _numpy_dtype(x))
     if on_cpu(x):
         return ops.spmm(adj, x.detach())
-    return ops.spmm(adj, x.detach().contiguous(), backend="cuda")
+    # The CUDA-core kernel reads CSR: hand it the kept canonical form, so the device copies of
+    # its arrays are made once rather than for a fresh conversion of a blocked adj every call.
+    return ops.spmm(_graph.pattern(adj), x.detach().contiguous(), backend="cuda")
 
 
 def spmm_values(csr, values, x):

@@ -95,8 +95,9 @@ class GATConv(torch.nn.Module):
 
     def _attend(self, graph, h, keep):
         """Attention and aggregation from H (n, heads, F'): (n, heads, F')."""
-        s_src = (h * self.att_src.to(h.dtype)).sum(-1)
-        s_dst = (h * self.att_dst.to(h.dtype)).sum(-1)
+        # einsum contracts without the (n, heads, F') product temporaries (h * a).sum(-1) makes
+        s_src = torch.einsum("nhf,hf->nh", h, self.att_src.to(h.dtype))
+        s_dst = torch.einsum("nhf,hf->nh", h, self.att_dst.to(h.dtype))
         alpha = functional.gat_attention(graph, s_dst, s_src, self.negative_slope, keep=keep)
         if self.training and self.dropout > 0:
             alpha = functional.dropout(alpha, self.dropout)
