@@ -135,6 +135,26 @@ def test_gcnconv_auto_follows_the_rule_and_reuses_the_propagated_input(graph, mo
     assert inner.last_order == "transform_first"
 
 
+def test_gcnconv_keeps_the_evaluation_input_across_training_steps(graph, monkeypatch):
+    """Training steps feed fresh dropped-out features; evaluation passes in between reuse the
+    raw features, whose Â X is computed on the second pass and kept from then on."""
+    conv = nn.GCNConv(40, 4).double()
+    x = features(14, 40)
+    expected = None
+    for epoch in range(4):
+        conv(F.dropout(x, 0.5), graph).sum()      # a training step's input
+        with torch.no_grad():
+            out = conv(x, graph)
+        expected = out if expected is None else expected
+        torch.testing.assert_close(out, expected)
+        assert conv.last_order == ("transform_first" if epoch == 0 else "propagate_first")
+    kept = conv._propagated.value
+    conv(F.dropout(x, 0.5), graph)
+    with torch.no_grad():
+        conv(x, graph)
+    assert conv._propagated.value is kept
+
+
 @pytest.mark.parametrize("fmt", ["edge_index", "mebcrs", "blocked16"])
 def test_gcnconv_accepts_every_graph_form(graph, fmt):
     torch.manual_seed(1)

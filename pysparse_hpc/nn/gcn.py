@@ -51,30 +51,47 @@ def glorot_(tensor):
 
 
 class _InputMemo:
-    """``Â X`` for the last (graph, X) pair, valid while both are the same, unchanged objects."""
+    """``Â X`` for a (graph, X) pair, valid while both are the same, unchanged objects.
+
+    Inputs met once are noted as candidates (weakly, so the fresh dropped-out features of each
+    training step die with the step and do not push out the features an evaluation pass
+    reuses); a candidate met again gets its ``Â X`` computed and kept.
+    """
+
+    _MAX_CANDIDATES = 4
 
     def __init__(self):
         self.clear()
 
     def clear(self):
-        self._key, self.value = None, None
+        self._key, self.value, self._candidates = None, None, []
 
     @staticmethod
     def _state(x):
         # The version counter moves on every in-place change, so a modified X is a new input.
         return (x._version, x.dtype, x.device, tuple(x.shape))
 
-    def seen(self, graph, x):
-        """Whether (graph, x) is the pair last remembered (with or without a value)."""
-        if self._key is None:
-            return False
-        graph_ref, x_ref, state = self._key
+    def _matches(self, key, graph, x):
+        graph_ref, x_ref, state = key
         return graph_ref() is graph and x_ref() is x and state == self._state(x)
 
-    def get(self, graph, x):
-        return self.value if self.seen(graph, x) else None
+    def seen(self, graph, x):
+        """Whether (graph, x) was met before (noted, or with its ``Â X`` kept)."""
+        keys = self._candidates + ([self._key] if self._key is not None else [])
+        return any(self._matches(key, graph, x) for key in keys)
 
-    def remember(self, graph, x, value=None):
+    def get(self, graph, x):
+        if self._key is not None and self._matches(self._key, graph, x):
+            return self.value
+        return None
+
+    def note(self, graph, x):
+        """Remember (graph, x) as met once."""
+        alive = [key for key in self._candidates if key[0]() is not None and key[1]() is not None]
+        alive.append((weakref.ref(graph), weakref.ref(x), self._state(x)))
+        self._candidates = alive[-self._MAX_CANDIDATES:]
+
+    def remember(self, graph, x, value):
         self._key = (weakref.ref(graph), weakref.ref(x), self._state(x))
         self.value = value
 
@@ -179,7 +196,7 @@ class GCNConv(torch.nn.Module):
         if order == "transform_first":
             out = functional.spmm(graph, x @ weight)
             if not needs_grad and not self._propagated.seen(graph, x):
-                self._propagated.remember(graph, x)  # a second call with it switches order
+                self._propagated.note(graph, x)  # met again, it switches order
         else:
             propagated = None if needs_grad else self._propagated.get(graph, x)
             if propagated is None:
