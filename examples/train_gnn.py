@@ -50,14 +50,10 @@ def main(argv=None):
     x, y, *masks = tensors
     for name in args.model:
         model_class = models.MODELS[name]
-        settings = model_class.defaults
-        extra = {"heads": settings["heads"]} if "heads" in settings else {}
+        settings = dict(model_class.training, **({"epochs": args.epochs} if args.epochs else {}))
         torch.manual_seed(args.seed)
-        model = model_class(x.shape[1], settings["hidden"], data.num_classes,
-                            dropout=settings["dropout"], **extra)
-        result = train.fit(model, x, graph, y, masks, epochs=args.epochs or settings["epochs"],
-                           lr=settings["lr"], weight_decay=settings["weight_decay"],
-                           description=name)
+        model = model_class(x.shape[1], out_channels=data.num_classes, **model_class.architecture)
+        result = train.fit(model, x, graph, y, masks, **settings, description=name)
         print(f"{name.upper():<5} test accuracy {100 * result.test_accuracy:5.1f}% "
               f"(best validation epoch {result.best_epoch}), "
               f"{1e3 * result.seconds_per_epoch:.1f} ms per training epoch")

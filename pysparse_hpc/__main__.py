@@ -87,21 +87,19 @@ def _training_report(data, model_names, seeds, progress, out):
           f"epoch, {seeds} seed{'s' if seeds > 1 else ''}):", file=out)
     for name in model_names:
         model_class = models.MODELS[name]
-        settings = model_class.defaults
-        extra = {"heads": settings["heads"]} if "heads" in settings else {}
+        architecture = model_class.architecture
         accuracies, seconds = [], []
         for seed in range(seeds):
             torch.manual_seed(seed)
-            model = model_class(x.shape[1], settings["hidden"], data.num_classes,
-                                dropout=settings["dropout"], **extra)
-            result = train.fit(model, x, data.adj, y, masks, epochs=settings["epochs"],
-                               lr=settings["lr"], weight_decay=settings["weight_decay"],
+            model = model_class(x.shape[1], out_channels=data.num_classes, **architecture)
+            result = train.fit(model, x, data.adj, y, masks, **model_class.training,
                                progress=progress, description=f"{name} seed {seed}")
             accuracies.append(result.test_accuracy)
             seconds.append(result.seconds_per_epoch)
-        shape = (f"{settings['heads']} heads x {settings['hidden']}" if extra
-                 else f"{settings['hidden']} hidden")
-        print(f"  {name.upper():<5} {shape:<16} {settings['epochs']} epochs  test accuracy "
+        shape = (f"{architecture['heads']} heads x {architecture['hidden']}"
+                 if "heads" in architecture else f"{architecture['hidden']} hidden")
+        print(f"  {name.upper():<5} {shape:<16} {model_class.training['epochs']} epochs  "
+              "test accuracy "
               f"{100 * np.mean(accuracies):5.1f}%  ({1e3 * np.median(seconds):.1f} ms per "
               "training epoch)", file=out)
 

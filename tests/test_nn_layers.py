@@ -299,6 +299,27 @@ def test_layers_reject_bad_input_clearly(graph, layer, make, error, message):
         layer()(x, adj)
 
 
+def test_inputs_are_left_untouched(graph):
+    """Layers, gcn_norm and the functional ops read the caller's arrays and never write them."""
+    x = features(14, 3, grad=True)
+    edge_index = edge_index_of(graph)
+    before = ([a.copy() for a in (graph.data, graph.indices, graph.indptr)], x.detach().clone(),
+              edge_index.clone())
+    nn.gcn_norm(graph)
+    nn.gcn_norm(graph, add_self_loops=False)
+    for layer in (nn.GCNConv(3, 2).double(), nn.GATConv(3, 2, dropout=0.5).double(),
+                  nn.AGNNConv().double()):
+        for adj in (graph, graph.to_mebcrs(), edge_index):
+            layer(x, adj).square().sum().backward()
+    values = torch.ones(F.pattern(graph).nnz, dtype=torch.float64, requires_grad=True)
+    F.spmm(graph, x, values=values).sum().backward()
+    F.sddmm(graph, x, x).sum().backward()
+    for got, want in zip((graph.data, graph.indices, graph.indptr), before[0]):
+        np.testing.assert_array_equal(got, want)
+    assert torch.equal(x.detach(), before[1]) and torch.equal(edge_index, before[2])
+    assert torch.equal(values.detach(), torch.ones_like(values))
+
+
 def test_layer_options_are_validated():
     with pytest.raises(ValueError, match="order must be one of"):
         nn.GCNConv(3, 2, order="fastest")
@@ -328,16 +349,11 @@ def mean_test_accuracy(name, seeds=5):
     data = sph.datasets.load("cora")
     x, y, *masks = train.node_tensors(data)
     model_class = models.MODELS[name]
-    settings = model_class.defaults
     accuracies = []
     for seed in range(seeds):
         torch.manual_seed(seed)
-        extra = {"heads": settings["heads"]} if "heads" in settings else {}
-        model = model_class(x.shape[1], settings["hidden"], data.num_classes,
-                            dropout=settings["dropout"], **extra)
-        result = train.fit(model, x, data.adj, y, masks, epochs=settings["epochs"],
-                           lr=settings["lr"], weight_decay=settings["weight_decay"],
-                           progress=False)
+        model = model_class(x.shape[1], out_channels=data.num_classes, **model_class.architecture)
+        result = train.fit(model, x, data.adj, y, masks, **model_class.training, progress=False)
         accuracies.append(result.test_accuracy)
     return float(np.mean(accuracies))
 

@@ -36,7 +36,7 @@ class TrainingStep:
         torch.manual_seed(0)
         self.model = cls(self.x.shape[1], out_channels=cora.num_classes, **widths)
         self.optimizer = torch.optim.Adam(
-            self.model.param_groups(cls.defaults["weight_decay"]), lr=cls.defaults["lr"])
+            self.model.param_groups(cls.training["weight_decay"]), lr=cls.training["lr"])
         self.model.train()
         for _ in range(WARMUP_STEPS):
             self.step()

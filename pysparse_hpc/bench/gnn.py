@@ -525,7 +525,7 @@ def warm_up(case, model, hidden):
     take a few steps to settle, more than each variant's own warm-up allows for."""
     from ..nn.models import MODELS
     network = build_model(model, OURS, case.x.shape[1], hidden, case.num_classes)
-    step = training_step(network, case.x, case.adj, case, MODELS[model].defaults)
+    step = training_step(network, case.x, case.adj, case, MODELS[model].training)
     for _ in range(WARMUP_STEPS + 1):
         step()
 
@@ -539,7 +539,7 @@ def measure(case, model, hidden, edge_index, repeat):
         The peer first, then `VARIANTS` order.
     """
     from ..nn.models import MODELS
-    hyper = MODELS[model].defaults
+    hyper = MODELS[model].training
     steps = {}
     for variant in (PEER, *(v.name for v in VARIANTS[model])):
         network = build_model(model, variant, case.x.shape[1], hidden, case.num_classes)
@@ -572,17 +572,14 @@ def accuracy_comparison(seeds, epochs):
     accuracies = {}
     with tqdm(total=len(runs) * seeds, desc="accuracy", unit="run") as progress:
         for model, side in runs:
-            defaults = MODELS[model].defaults
-            widths = dict(hidden=defaults["hidden"])
-            if model == "gat":
-                widths["heads"] = defaults["heads"]
+            ours = MODELS[model]
+            settings = dict(ours.training, **({"epochs": epochs} if epochs else {}))
             for seed in range(seeds):
                 torch.manual_seed(seed)
-                cls = peer_classes()[model] if side == PEER else MODELS[model]
-                network = cls(cora.x.shape[1], out_channels=cora.num_classes, **widths)
+                cls = peer_classes()[model] if side == PEER else ours
+                network = cls(cora.x.shape[1], out_channels=cora.num_classes, **ours.architecture)
                 result = fit(network, cora.x, edge_index if side == PEER else cora.adj, cora.y,
-                             cora.masks, epochs=epochs or defaults["epochs"], lr=defaults["lr"],
-                             weight_decay=defaults["weight_decay"], progress=False)
+                             cora.masks, **settings, progress=False)
                 accuracies.setdefault((model, side), []).append(result.test_accuracy)
                 progress.update()
     for model in ("gcn", "gat"):
@@ -592,7 +589,7 @@ def accuracy_comparison(seeds, epochs):
             cells.append(f"{label} {values.mean():.1f}% +- {values.std():.1f}")
         gap = (np.mean(accuracies[(model, OURS)]) - np.mean(accuracies[(model, PEER)])) * 100
         lines.append(f"accuracy: {model.upper()} on Cora, mean test accuracy over {seeds} seeds "
-                     f"({epochs or MODELS[model].defaults['epochs']} epochs): "
+                     f"({epochs or MODELS[model].training['epochs']} epochs): "
                      f"{', '.join(cells)} (difference {gap:+.1f} points)")
     return lines
 

@@ -28,8 +28,10 @@ class GCN(torch.nn.Module):
     ``order="auto"`` propagates them once for all of training.
     """
 
-    #: Kipf and Welling's settings for the citation graphs.
-    defaults = dict(hidden=16, dropout=0.5, lr=0.01, weight_decay=5e-4, epochs=200)
+    #: Kipf and Welling's settings for the citation graphs: the model's keyword arguments
+    #: and `pysparse_hpc.nn.train.fit`'s.
+    architecture = dict(hidden=16, dropout=0.5)
+    training = dict(epochs=200, lr=0.01, weight_decay=5e-4)
 
     def __init__(self, in_channels, hidden, out_channels, dropout=0.5, input_dropout=True,
                  fast_dropout=True, **layer_options):
@@ -56,7 +58,8 @@ class GAT(torch.nn.Module):
     """Velickovic et al.'s GAT for Cora: 8 heads x 8 hidden, ELU, one output head, dropout 0.6
     on the inputs and the attention."""
 
-    defaults = dict(hidden=8, heads=8, dropout=0.6, lr=0.005, weight_decay=5e-4, epochs=200)
+    architecture = dict(hidden=8, heads=8, dropout=0.6)
+    training = dict(epochs=200, lr=0.005, weight_decay=5e-4)
 
     def __init__(self, in_channels, hidden, out_channels, heads=8, dropout=0.6, fast_dropout=True,
                  **layer_options):
@@ -80,7 +83,8 @@ class GAT(torch.nn.Module):
 class AGNN(torch.nn.Module):
     """Thekumparampil et al.'s AGNN: linear, ReLU, two AGNN propagations, linear."""
 
-    defaults = dict(hidden=16, dropout=0.5, lr=0.01, weight_decay=5e-4, epochs=200)
+    architecture = dict(hidden=16, dropout=0.5)
+    training = dict(epochs=200, lr=0.01, weight_decay=5e-4)
 
     def __init__(self, in_channels, hidden, out_channels, dropout=0.5, fast_dropout=True,
                  **layer_options):
