@@ -187,15 +187,13 @@ def with_self_loops(adj):
     csr = pattern(adj)
 
     def build():
-        n = csr.shape[0]
-        rows = np.repeat(np.arange(n, dtype=np.int64), np.diff(csr.indptr))
-        has_loop = np.zeros(n, dtype=bool)
-        has_loop[rows[rows == csr.indices]] = True
+        rows, cols, data = csr.tocoo()
+        has_loop = np.zeros(csr.shape[0], dtype=bool)
+        has_loop[rows[rows == cols]] = True
         missing = np.flatnonzero(~has_loop)
         if missing.size == 0:
             return csr
-        data = np.concatenate([csr.data, np.ones(missing.size, dtype=csr.dtype)])
-        return csr_array((data, (np.concatenate([rows, missing]),
-                                 np.concatenate([csr.indices.astype(np.int64), missing]))),
+        return csr_array((np.concatenate([data, np.ones(missing.size, dtype=csr.dtype)]),
+                          (np.concatenate([rows, missing]), np.concatenate([cols, missing]))),
                          shape=csr.shape).canonical()
     return cached_on(csr, "with_self_loops", build)

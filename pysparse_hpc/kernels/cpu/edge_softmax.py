@@ -33,6 +33,15 @@ def _normalize_row(alpha, start, stop, h):
         alpha[p, h] /= total
 
 
+@njit(inline="always", **_JIT)
+def _row_dot(alpha, grad_alpha, start, stop, h):
+    """``sum(alpha * grad_alpha)`` over one row's entries of head h: softmax's backward term."""
+    dot = 0.0
+    for p in range(start, stop):
+        dot += alpha[p, h] * grad_alpha[p, h]
+    return dot
+
+
 @njit(parallel=True, **_JIT)
 def softmax_rows(indptr, scores, alpha):
     """``alpha[p, h] = exp(scores[p, h]) / sum over row(p) of exp(scores[., h])``."""
@@ -66,9 +75,7 @@ def softmax_backward_rows(indptr, alpha, grad_alpha, grad_scores):
     for row in prange(indptr.size - 1):
         start, stop = indptr[row], indptr[row + 1]
         for h in range(n_heads):
-            dot = 0.0
-            for p in range(start, stop):
-                dot += alpha[p, h] * grad_alpha[p, h]
+            dot = _row_dot(alpha, grad_alpha, start, stop, h)
             for p in range(start, stop):
                 grad_scores[p, h] = alpha[p, h] * (grad_alpha[p, h] - dot)
 
@@ -82,9 +89,7 @@ def gat_softmax_backward_rows(indptr, alpha, grad_alpha, positive, negative_slop
     for row in prange(indptr.size - 1):
         start, stop = indptr[row], indptr[row + 1]
         for h in range(n_heads):
-            dot = 0.0
-            for p in range(start, stop):
-                dot += alpha[p, h] * grad_alpha[p, h]
+            dot = _row_dot(alpha, grad_alpha, start, stop, h)
             row_sum = 0.0
             for p in range(start, stop):
                 g = alpha[p, h] * (grad_alpha[p, h] - dot)
