@@ -14,15 +14,12 @@ The Python layer validates and symmetrizes; the ``nogil`` bodies trust their inp
 """
 import numpy as np
 
-from libc.stdlib cimport free, malloc
+from cython.parallel cimport prange, threadid
+from libc.stdint cimport INT64_MAX
+from libc.string cimport memcpy
 from libcpp.algorithm cimport sort as cpp_sort
-from libcpp.utility cimport pair
 
 include "_fused.pxi"
-
-# (degree, vertex): sorting these orders a BFS frontier by ascending degree, ties by id.
-ctypedef pair[int64_t, int64_t] degree_vertex
-
 
 def symmetric_pattern(const index_t[::1] indptr, const index_t[::1] indices,
                       const index_t[::1] t_indptr, const index_t[::1] t_indices):
@@ -108,12 +105,55 @@ def degree_order(const int64_t[::1] indptr, bint descending=True):
     return order_np
 
 
-# Starts tried per connected component: its lowest-degree vertices, and the pseudo-peripheral
-# vertex with the lowest-degree vertices of its farthest BFS level.
+# Starts tried per connected component, in this order: the two ends of a George-Liu
+# pseudo-diameter (N_FAR_STARTS lowest-degree vertices of the far end's level), then
+# N_LOW_DEGREE_STARTS of the component's lowest-degree vertices.
 cdef enum:
-    N_LOW_DEGREE_STARTS = 4
-    N_FAR_STARTS = 4
-    MAX_STARTS = N_LOW_DEGREE_STARTS + 1 + N_FAR_STARTS
+    N_FAR_STARTS = 1
+    N_LOW_DEGREE_STARTS = 8
+    MAX_STARTS = 1 + N_FAR_STARTS + N_LOW_DEGREE_STARTS
+    # A try's rank is bandwidth * START_SLOTS + its index among the starts: one integer compare
+    # orders tries by bandwidth, ties to the earlier start.
+    START_SLOTS = 16
+    # Smaller components try their starts on one thread: a parallel region would cost more.
+    PARALLEL_MIN_COMPONENT = 1024
+
+cdef extern from *:
+    """
+    /* The best rank found so far is shared by the threads trying starts: every running try
+       reads it to know when it can no longer win, and a finished try lowers it. */
+    #if defined(__GNUC__) || defined(__clang__)
+    static inline int64_t rcm_load_rank(const int64_t *rank) {
+        return __atomic_load_n(rank, __ATOMIC_RELAXED);
+    }
+    static inline int rcm_lower_rank(int64_t *rank, int64_t value) {
+        int64_t seen = __atomic_load_n(rank, __ATOMIC_RELAXED);
+        while (value < seen) {
+            if (__atomic_compare_exchange_n(rank, &seen, value, 0, __ATOMIC_ACQ_REL,
+                                            __ATOMIC_RELAXED))
+                return 1;
+        }
+        return 0;
+    }
+    #else
+    static inline int64_t rcm_load_rank(const int64_t *rank) {
+        return *(volatile const int64_t *)rank;
+    }
+    static inline int rcm_lower_rank(int64_t *rank, int64_t value) {
+        int lowered = 0;
+        #pragma omp critical(pysparse_hpc_rcm_rank)
+        {
+            if (value < *rank) {
+                *(volatile int64_t *)rank = value;
+                lowered = 1;
+            }
+        }
+        return lowered;
+    }
+    #endif
+    """
+    int64_t rcm_load_rank(const int64_t* rank) noexcept nogil
+    bint rcm_lower_rank(int64_t* rank, int64_t value) noexcept nogil
 
 
 cdef inline bint _lower_degree(const int64_t[::1] indptr, int64_t a, int64_t b) noexcept nogil:
@@ -165,27 +205,64 @@ cdef int64_t _level_structure(const int64_t[::1] indptr, const index_t[::1] indi
     return levels
 
 
+cdef int _lowest_degree_starts(const int64_t[::1] indptr, const int64_t* component,
+                               int64_t size, int64_t* scratch, int64_t* low) noexcept nogil:
+    """The component's ``N_LOW_DEGREE_STARTS`` low-degree starts into ``low``; returns how many.
+
+    When more vertices than that share the lowest degree, they are taken evenly spaced in id
+    order: neighbouring ids are often neighbouring vertices (meshes come numbered by geometry)
+    and start nearly the same order, while spread-out ones start from different parts of the
+    graph. Otherwise the lowest (degree, id). ``scratch`` holds ``size`` words.
+    """
+    cdef int64_t i, min_degree = indptr[component[0] + 1] - indptr[component[0]]
+    cdef int64_t n_min = 0
+    cdef int n_low = 0
+    for i in range(size):
+        min_degree = min(min_degree, indptr[component[i] + 1] - indptr[component[i]])
+    for i in range(size):
+        if indptr[component[i] + 1] - indptr[component[i]] == min_degree:
+            scratch[n_min] = component[i]
+            n_min += 1
+    if n_min > N_LOW_DEGREE_STARTS:
+        cpp_sort(scratch, scratch + n_min)
+        for i in range(N_LOW_DEGREE_STARTS):
+            low[i] = scratch[(i * (n_min - 1)) // (N_LOW_DEGREE_STARTS - 1)]
+        return N_LOW_DEGREE_STARTS
+    for i in range(size):
+        n_low = _keep_lowest(indptr, component[i], low, n_low, N_LOW_DEGREE_STARTS)
+    return n_low
+
+
+cdef inline int _append_new(int64_t* starts, int count, int64_t vertex) noexcept nogil:
+    cdef int i
+    for i in range(count):
+        if starts[i] == vertex:
+            return count
+    starts[count] = vertex
+    return count + 1
+
+
 cdef int _collect_starts(const int64_t[::1] indptr, const index_t[::1] indices, int64_t seed,
-                        int64_t* stamp, int64_t[::1] seen, int64_t* queue, int64_t* starts,
-                        int64_t* component_size) noexcept nogil:
+                        int64_t* stamp, int64_t[::1] seen, int64_t* queue, int64_t* scratch,
+                        int64_t* starts, int64_t* component_size) noexcept nogil:
     """Fill ``starts`` with the Cuthill-McKee starts tried for ``seed``'s component; returns how many.
 
-    First the ``N_LOW_DEGREE_STARTS`` lowest-degree vertices of the component (``seed`` is
-    one: the caller picks it lowest), then a George-Liu pseudo-peripheral vertex followed by up
-    to ``N_FAR_STARTS`` lowest-degree vertices of its farthest level (the far end of the
-    pseudo-diameter). George-Liu moves from ``seed`` to the lowest-degree vertex of the last BFS
-    level while the depth grows. ``queue`` is scratch for the searches; ``seen`` holds stamps of
-    earlier searches only, so stale marks never match.
+    In the order tried: a George-Liu pseudo-peripheral vertex, up to ``N_FAR_STARTS``
+    lowest-degree vertices of its farthest level (the far end of the pseudo-diameter), then
+    the low-degree starts of `_lowest_degree_starts`; no vertex twice. George-Liu moves from
+    ``seed`` to the lowest-degree vertex of the last BFS level while the depth grows; good
+    starts first let the later tries give up early. ``queue`` and ``scratch`` are scratch for
+    the searches; ``seen`` holds stamps of earlier searches only, so stale marks never match.
     """
     cdef int64_t levels, new_levels, last_start, n_reached, i, root = seed
-    cdef int n_low = 0, n_far
-    cdef int64_t* far = starts + N_LOW_DEGREE_STARTS + 1
+    cdef int64_t low[N_LOW_DEGREE_STARTS]
+    cdef int64_t far[N_FAR_STARTS]
+    cdef int n_low, n_far, n_starts
     stamp[0] += 1
     levels = _level_structure(indptr, indices, root, stamp[0], seen, queue, &last_start,
                               &n_reached)
     component_size[0] = n_reached
-    for i in range(n_reached):
-        n_low = _keep_lowest(indptr, queue[i], starts, n_low, N_LOW_DEGREE_STARTS)
+    n_low = _lowest_degree_starts(indptr, queue, n_reached, scratch, low)
     while True:
         n_far = 0
         for i in range(last_start, n_reached):
@@ -196,140 +273,185 @@ cdef int _collect_starts(const int64_t[::1] indptr, const index_t[::1] indices, 
         if new_levels <= levels:
             break
         root, levels = far[0], new_levels
-    starts[n_low] = root
+    starts[0] = root
+    n_starts = 1
     for i in range(n_far):
-        starts[n_low + 1 + i] = far[i]
-    return n_low + 1 + n_far
+        n_starts = _append_new(starts, n_starts, far[i])
+    for i in range(n_low):
+        n_starts = _append_new(starts, n_starts, low[i])
+    return n_starts
 
 
-cdef inline void _sort_frontier(degree_vertex* frontier, int64_t count) noexcept nogil:
-    """Ascending (degree, id); most frontiers hold a handful of vertices, so insertion sort."""
-    cdef int64_t i, j
-    cdef degree_vertex item
-    if count > 16:
-        cpp_sort(frontier, frontier + count)
-        return
-    for i in range(1, count):
-        item = frontier[i]
-        j = i
-        while j > 0 and item < frontier[j - 1]:
-            frontier[j] = frontier[j - 1]
-            j -= 1
-        frontier[j] = item
+cdef void _neighbours_by_degree(const int64_t[::1] indptr, const index_t[::1] indices,
+                                const int64_t[::1] by_degree, int64_t[::1] cursor,
+                                index_t[::1] ordered) noexcept nogil:
+    """Every neighbour list in ascending (degree, id), the order Cuthill-McKee places them in.
+
+    The pattern is symmetric, so the rows that list ``u`` are ``u``'s neighbours: visiting the
+    vertices in ``by_degree`` order and appending each to its neighbours' lists sorts every
+    list in one pass. ``cursor`` is scratch of n words.
+    """
+    cdef Py_ssize_t n = indptr.shape[0] - 1
+    cdef Py_ssize_t i
+    cdef int64_t p, u, v
+    for i in range(n):
+        cursor[i] = indptr[i]
+    for i in range(n):
+        u = by_degree[i]
+        for p in range(indptr[u], indptr[u + 1]):
+            v = indices[p]
+            ordered[cursor[v]] = <index_t>u
+            cursor[v] += 1
 
 
-cdef int64_t _cuthill_mckee(const int64_t[::1] indptr, const index_t[::1] indices,
-                            int64_t start, int64_t tail, int64_t give_up, int64_t[::1] order,
-                            uint8_t[::1] visited, degree_vertex* frontier,
-                            int64_t* bandwidth) noexcept nogil:
-    """Place ``start``'s component at ``order[tail:]`` in Cuthill-McKee order; returns the end.
+cdef int64_t _cuthill_mckee(const int64_t[::1] indptr, const index_t[::1] by_degree_indices,
+                            int64_t start, int64_t start_index, const int64_t* best_rank,
+                            int64_t* order, uint8_t* visited, int64_t* bandwidth) noexcept nogil:
+    """Place ``start``'s component at ``order[0:]`` in Cuthill-McKee order; returns how many.
 
     Breadth first from ``start``; each vertex's unvisited neighbours join in ascending degree,
-    ties by id. A vertex's earliest neighbour in this order is the one that discovered it, so
-    the bandwidth is the largest distance from a vertex to the last neighbour it places, known
-    as the search goes: once it reaches ``give_up`` the search stops, ``bandwidth[0]`` is -1
-    and the return value is the end of what was placed (still marked visited).
+    ties by id, the order in which ``by_degree_indices`` lists them. A vertex's earliest
+    neighbour in this order is the one that discovered it, so the bandwidth is the largest
+    distance from a vertex to the last neighbour it places, known as the search goes. Once the
+    try's rank (``bandwidth * START_SLOTS + start_index``) exceeds ``best_rank[0]``, which other
+    threads may lower meanwhile, it cannot win: the search stops, ``bandwidth[0]`` is -1 and
+    the count is what was placed (still marked visited).
     """
-    cdef int64_t head = tail, first, vertex, neighbour, p
-    order[tail] = start
+    cdef int64_t head = 0, tail = 1, first, vertex, neighbour, p
+    order[0] = start
     visited[start] = 1
-    tail += 1
     bandwidth[0] = 0
     while head < tail:
         vertex = order[head]
         head += 1
         first = tail
         for p in range(indptr[vertex], indptr[vertex + 1]):
-            neighbour = indices[p]
+            neighbour = by_degree_indices[p]
             if not visited[neighbour]:
                 visited[neighbour] = 1
-                frontier[tail - first].first = indptr[neighbour + 1] - indptr[neighbour]
-                frontier[tail - first].second = neighbour
+                order[tail] = neighbour
                 tail += 1
         if tail > first:
-            _sort_frontier(frontier, tail - first)
-            for p in range(first, tail):
-                order[p] = frontier[p - first].second
             bandwidth[0] = max(bandwidth[0], tail - head)
-            if bandwidth[0] >= give_up:
+            if bandwidth[0] * START_SLOTS + start_index > rcm_load_rank(best_rank):
                 bandwidth[0] = -1
                 return tail
     return tail
 
 
-cdef void _rcm(const int64_t[::1] indptr, const index_t[::1] indices, int64_t[::1] order,
-               int64_t[::1] by_degree, int64_t[::1] degree_start, int64_t[::1] seen,
-               uint8_t[::1] visited, int64_t[::1] kept, degree_vertex* frontier) noexcept nogil:
-    """Cuthill-McKee per component from the best of a few starts, then the order reversed.
+cdef void _try_starts_serially(const int64_t[::1] indptr, const index_t[::1] by_degree_indices,
+                               const int64_t* starts, int n_starts, int64_t size,
+                               int64_t* order, uint8_t* visited, int64_t* kept) noexcept nogil:
+    """The best Cuthill-McKee order among ``starts`` into ``order[:size]``, marked visited.
+
+    ``kept`` (``size`` words) holds the best finished order while later starts are tried.
+    """
+    cdef int64_t best_rank = INT64_MAX, reached = 0, width, k
+    cdef int s
+    cdef bint last_run_kept = False
+    for s in range(n_starts):
+        for k in range(reached):
+            visited[order[k]] = 0
+        reached = _cuthill_mckee(indptr, by_degree_indices, starts[s], s, &best_rank, order,
+                                 visited, &width)
+        last_run_kept = width >= 0
+        if last_run_kept:
+            best_rank = width * START_SLOTS + s
+            if s < n_starts - 1:
+                memcpy(kept, order, reached * sizeof(int64_t))
+    if not last_run_kept:
+        for k in range(reached):
+            visited[order[k]] = 0
+        memcpy(order, kept, size * sizeof(int64_t))
+        for k in range(size):
+            visited[order[k]] = 1
+
+
+cdef void _try_starts_in_parallel(const int64_t[::1] indptr, const index_t[::1] by_degree_indices,
+                                  const int64_t* starts, int n_starts, int64_t size,
+                                  int64_t* order, uint8_t* visited, int64_t[:, ::1] thread_order,
+                                  int64_t[:, ::1] thread_kept, uint8_t[:, ::1] thread_visited,
+                                  int64_t* thread_rank, int threads) noexcept nogil:
+    """`_try_starts_serially` with the starts spread over threads, each with its own buffers.
+
+    The result is the same: the winner has the smallest rank, and no try that could still
+    beat it gives up, whichever thread finishes first.
+    """
+    cdef int64_t best_rank = INT64_MAX, width, placed, rank, k
+    cdef int s, t
+    for t in range(threads):
+        thread_rank[t] = INT64_MAX
+    for s in prange(n_starts, schedule="dynamic", chunksize=1, num_threads=threads):
+        t = threadid()
+        width = 0  # assigned here so that each thread has its own
+        placed = _cuthill_mckee(indptr, by_degree_indices, starts[s], s, &best_rank,
+                                &thread_order[t, 0], &thread_visited[t, 0], &width)
+        for k in range(placed):
+            thread_visited[t, thread_order[t, k]] = 0
+        if width >= 0:
+            rank = width * START_SLOTS + s
+            if rcm_lower_rank(&best_rank, rank):
+                memcpy(&thread_kept[t, 0], &thread_order[t, 0], size * sizeof(int64_t))
+                thread_rank[t] = rank
+    for t in range(threads):
+        if thread_rank[t] == best_rank:
+            memcpy(order, &thread_kept[t, 0], size * sizeof(int64_t))
+    for k in range(size):
+        visited[order[k]] = 1
+
+
+def rcm_order(const int64_t[::1] indptr, const index_t[::1] indices, int num_threads=1):
+    """Reverse Cuthill-McKee order of a symmetric pattern (``order[new] = old``).
 
     No single start rule wins on every matrix: the bandwidth from equally plausible starts
-    varies by 1.5x on meshes. Each component tries its ``N_LOW_DEGREE_STARTS`` lowest-degree
-    vertices (the classic choice) and the George-Liu candidates of `_far_starts`, keeping the
-    smallest bandwidth (the earliest start on a tie). A try stops as soon as it can no longer
-    win, so losing starts cost a fraction of a search.
+    varies by 1.5x on meshes. Each connected component tries the starts of `_collect_starts`
+    and keeps the smallest bandwidth (the earliest start on a tie). A try stops as soon as it
+    can no longer win, so losing starts cost a fraction of a search; components of at least
+    ``PARALLEL_MIN_COMPONENT`` vertices try their starts on ``num_threads`` threads. The result
+    does not depend on the thread count.
     """
     cdef Py_ssize_t n = indptr.shape[0] - 1
-    cdef int64_t starts[MAX_STARTS]
-    cdef int64_t tail = 0, reached, size, i, k, seed, width, best_width, stamp = 0
-    cdef int n_starts, s, t
-    cdef bint tried, last_run_kept
-    _counting_sort_by_degree(indptr, False, degree_start, by_degree)
-    for i in range(n):
-        seed = by_degree[i]
-        if visited[seed]:
-            continue
-        # The component's future slots of ``order`` are scratch for the level-structure searches.
-        n_starts = _collect_starts(indptr, indices, seed, &stamp, seen, &order[tail], starts,
-                                   &size)
-        if size <= 2:
-            n_starts = 1
-        best_width = n
-        reached = tail
-        for s in range(n_starts):
-            tried = False
-            for t in range(s):
-                tried = tried or starts[t] == starts[s]
-            if tried:
-                continue
-            for k in range(tail, reached):
-                visited[order[k]] = 0
-            reached = _cuthill_mckee(indptr, indices, starts[s], tail, best_width, order,
-                                     visited, frontier, &width)
-            last_run_kept = width >= 0
-            if last_run_kept:
-                best_width = width
-                if s < n_starts - 1:
-                    for k in range(tail, reached):
-                        kept[k] = order[k]
-        if not last_run_kept:
-            for k in range(tail, reached):
-                visited[order[k]] = 0
-            for k in range(tail, tail + size):
-                order[k] = kept[k]
-                visited[kept[k]] = 1
-        tail += size
-    # Reverse Cuthill-McKee: the reversed order has the same bandwidth and less fill-in.
-    for i in range(n // 2):
-        order[i], order[n - 1 - i] = order[n - 1 - i], order[i]
-
-
-def rcm_order(const int64_t[::1] indptr, const index_t[::1] indices):
-    """Reverse Cuthill-McKee order of a symmetric pattern (``order[new] = old``)."""
-    cdef Py_ssize_t n = indptr.shape[0] - 1
-    cdef int64_t max_degree = _max_degree(indptr)
+    cdef int threads = max(1, num_threads) if n >= PARALLEL_MIN_COMPONENT else 1
+    index_dtype = np.int32 if index_t is int32_t else np.int64
     order_np = np.empty(n, dtype=np.int64)
     cdef int64_t[::1] order = order_np
     cdef int64_t[::1] by_degree = np.empty(n, dtype=np.int64)
-    cdef int64_t[::1] degree_start = np.zeros(max_degree + 2, dtype=np.int64)
+    cdef int64_t[::1] degree_start = np.zeros(_max_degree(indptr) + 2, dtype=np.int64)
+    cdef index_t[::1] by_degree_indices = np.empty(indices.shape[0], dtype=index_dtype)
     cdef int64_t[::1] seen = np.zeros(n, dtype=np.int64)
     cdef uint8_t[::1] visited = np.zeros(n, dtype=np.uint8)
     cdef int64_t[::1] kept = np.empty(n, dtype=np.int64)
-    cdef degree_vertex* frontier = <degree_vertex*>malloc(max(max_degree, 1) * sizeof(degree_vertex))
-    if frontier == NULL:
-        raise MemoryError(f"cannot allocate a BFS frontier of {max_degree} vertices")
-    try:
-        with nogil:
-            _rcm(indptr, indices, order, by_degree, degree_start, seen, visited, kept, frontier)
-    finally:
-        free(frontier)
+    shape = (threads if threads > 1 else 0, n)
+    cdef int64_t[:, ::1] thread_order = np.empty(shape, dtype=np.int64)
+    cdef int64_t[:, ::1] thread_kept = np.empty(shape, dtype=np.int64)
+    cdef uint8_t[:, ::1] thread_visited = np.zeros(shape, dtype=np.uint8)
+    cdef int64_t[::1] thread_rank = np.empty(threads, dtype=np.int64)
+    cdef int64_t starts[MAX_STARTS]
+    cdef int64_t tail = 0, size, i, seed, stamp = 0
+    cdef int n_starts
+    with nogil:
+        _counting_sort_by_degree(indptr, False, degree_start, by_degree)
+        # Sorted once for all the tries; ``kept`` is not in use yet.
+        _neighbours_by_degree(indptr, indices, by_degree, kept, by_degree_indices)
+        for i in range(n):
+            seed = by_degree[i]
+            if visited[seed]:
+                continue
+            # The component's future slots of ``order`` and ``kept`` are scratch for the start
+            # searches.
+            n_starts = _collect_starts(indptr, indices, seed, &stamp, seen, &order[tail],
+                                       &kept[tail], starts, &size)
+            if size <= 2:
+                n_starts = 1
+            if threads > 1 and size >= PARALLEL_MIN_COMPONENT and n_starts > 1:
+                _try_starts_in_parallel(indptr, by_degree_indices, starts, n_starts, size,
+                                        &order[tail], &visited[0], thread_order, thread_kept,
+                                        thread_visited, &thread_rank[0], threads)
+            else:
+                _try_starts_serially(indptr, by_degree_indices, starts, n_starts, size,
+                                     &order[tail], &visited[0], &kept[tail])
+            tail += size
+        # Reverse Cuthill-McKee: the reversed order has the same bandwidth and less fill-in.
+        for i in range(n // 2):
+            order[i], order[n - 1 - i] = order[n - 1 - i], order[i]
     return order_np

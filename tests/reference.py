@@ -96,8 +96,8 @@ def _order_bandwidth(neighbours, order):
     return max((abs(position[v] - position[u]) for v in order for u in neighbours[v]), default=0)
 
 
-def reference_rcm(neighbours, n_low=4, n_far=4):
-    """RCM with the start rule of pysparse_hpc: best of the lowest-degree and far starts."""
+def reference_rcm(neighbours, n_low=8, n_far=1):
+    """RCM with the start rule of pysparse_hpc: best of the far and lowest-degree starts."""
     key = _by_degree(neighbours)
     placed, order = set(), []
     for seed in sorted(range(len(neighbours)), key=key):
@@ -105,7 +105,12 @@ def reference_rcm(neighbours, n_low=4, n_far=4):
             continue
         levels = _bfs_levels(neighbours, seed)
         component = [v for level in levels for v in level]
-        starts = sorted(component, key=key)[:n_low]
+        lowest = min(len(neighbours[v]) for v in component)
+        tied = sorted(v for v in component if len(neighbours[v]) == lowest)
+        if len(tied) > n_low:     # spread over the ids of the lowest degree
+            low = [tied[i * (len(tied) - 1) // (n_low - 1)] for i in range(n_low)]
+        else:
+            low = sorted(component, key=key)[:n_low]
         root = seed
         while True:   # George-Liu pseudo-peripheral search
             far = sorted(levels[-1], key=key)[:n_far]
@@ -113,10 +118,10 @@ def reference_rcm(neighbours, n_low=4, n_far=4):
             if len(deeper) <= len(levels):
                 break
             root, levels = far[0], deeper
-        starts += [root] + far
+        starts = list(dict.fromkeys([root] + far + low))
         if len(component) <= 2:
-            starts = [seed]
-        candidates = [_cuthill_mckee(neighbours, s) for s in dict.fromkeys(starts)]
+            starts = starts[:1]
+        candidates = [_cuthill_mckee(neighbours, s) for s in starts]
         widths = [_order_bandwidth(neighbours, c) for c in candidates]
         order += candidates[widths.index(min(widths))]
         placed.update(component)

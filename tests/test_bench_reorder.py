@@ -26,11 +26,14 @@ def test_reorder_benchmark_cli(tmp_path):
     assert "planted-c8-i6-e1: 40 communities of 8 nodes" in out
     for line in ("target: RCM no slower than scipy's", "target: rabbit <= 1 s per 1M nnz",
                  "target: planted-c8-i6-e1: rabbit cuts 8x1 vectors",
+                 "the planted order cuts",
                  "rabbit does not speed up the ME-BCRS SpMM on:"):
         assert line in out
     rows = table.read_text().splitlines()
-    assert len(rows) == 1 + 2 * 5          # header + 2 matrices x (4 methods + scipy's RCM)
+    # header, then 4 methods + scipy's RCM per matrix, and the planted graph's planted order
+    assert len(rows) == 1 + 5 + 6
     assert rows[1].startswith("cora,graph,none,2708,10556,")
+    assert sum(",planted,planted," in row for row in rows) == 1
     assert plot.stat().st_size > 0
 
 
@@ -45,3 +48,25 @@ def test_reorder_benchmark_bad_arguments(args, message):
     result = run(["--data", str(DATA_DIR), *args])
     assert result.returncode == 2
     assert message in result.stderr
+
+
+def _rows(vectors, spmm_ms):
+    from pysparse_hpc.bench.reorder import ReorderResult
+    return {method: ReorderResult("g", "planted", method, 64, 512, 1e-3, 10, vectors[method],
+                                  vectors[method], spmm_ms.get(method, float("nan")) * 1e-3)
+            for method in vectors}
+
+
+@pytest.mark.parametrize("planted_vectors, rabbit_vectors, verdict", [
+    (50, 60, "MET (the planted order cuts 2.00x, rabbit reaches 83% of it)"),
+    (50, 90, "NOT MET (the planted order cuts 2.00x, rabbit reaches 56% of it)"),
+    (90, 95, "OUT OF REACH (weak communities; the planted order cuts 1.11x, rabbit reaches 95%"),
+    (90, 70, "MET (the planted order cuts 1.11x"),
+])
+def test_planted_verdict_measures_rabbit_against_the_planted_order(planted_vectors,
+                                                                   rabbit_vectors, verdict):
+    from pysparse_hpc.bench.reorder import _planted_verdict
+
+    rows = _rows({"none": 100, "rabbit": rabbit_vectors, "planted": planted_vectors,
+                  "scipy-rcm": 100}, {"none": 2.0, "rabbit": 1.0, "planted": 1.0})
+    assert verdict in _planted_verdict("g", rows)
