@@ -73,6 +73,14 @@ class _SpMMFixed(torch.autograd.Function):
         return _backend.spmm_fixed(_graph.transposed_like(ctx.adj), grad_y), None
 
 
+def _spmm_transposed(csr, edge_values, dense):
+    """``A^T @ dense`` where A has ``csr``'s pattern and ``edge_values`` in its entry order: the
+    backward of both products, through the transpose kept on ``csr``."""
+    transposed = _graph.transpose(csr)
+    return _backend.spmm_values(transposed.matrix,
+                                edge_values[transposed.torch_order(edge_values.device)], dense)
+
+
 class _SpMMValues(torch.autograd.Function):
     """``Y = A @ X`` with per-edge ``values`` (nnz,) or (nnz, heads) on A's pattern."""
 
@@ -87,9 +95,7 @@ class _SpMMValues(torch.autograd.Function):
         values, x = ctx.saved_tensors
         grad_values = grad_x = None
         if ctx.needs_input_grad[1]:
-            transposed = _graph.transpose(ctx.csr)
-            order = transposed.torch_order(values.device)
-            grad_x = _backend.spmm_values(transposed.matrix, values.detach()[order], grad_y)
+            grad_x = _spmm_transposed(ctx.csr, values.detach(), grad_y)
         if ctx.needs_input_grad[0]:
             grad_values = _backend.sddmm_values(ctx.csr, grad_y, x)
         return grad_values, grad_x, None
@@ -111,9 +117,7 @@ class _SDDMM(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             grad_x = _backend.spmm_values(ctx.csr, grad_s, y)
         if ctx.needs_input_grad[1]:
-            transposed = _graph.transpose(ctx.csr)
-            grad_y = _backend.spmm_values(transposed.matrix,
-                                          grad_s[transposed.torch_order(grad_s.device)], x)
+            grad_y = _spmm_transposed(ctx.csr, grad_s, x)
         return grad_x, grad_y, None
 
 
