@@ -6,11 +6,12 @@ Cython conversions and the Numba kernels. Change it at run time with `set_num_th
 ``PYSPARSE_HPC_PARALLEL_MIN_FLOPS`` (default 2**20): kernels with less work than this run on
 one thread; waking the thread pool costs tens of microseconds, more than such work takes.
 
-``PYSPARSE_HPC_SPMM_TILE`` (default 4096): output columns the CPU SpMM handles at a time. Tiles
-keep pieces of the output row and of the gathered B rows in cache for very wide B; measured on
-a 2-core machine, tiles of 64-256 columns were 1.3-2.8x slower than whole rows at widths up to
-3703 (each tile re-reads the row's indices and breaks the streaming reads of B), so the default
-only tiles beyond 4096 columns.
+``PYSPARSE_HPC_SPMM_TILE`` (default 4096): output columns the CPU SpMM handles at a time when
+B is not C-contiguous (a transposed or column-sliced B; a C-contiguous B is summed in
+register-sized chunks instead). Tiles keep pieces of the output row and of the gathered B rows
+in cache for very wide B; measured on a 2-core machine, tiles of 64-256 columns were 1.3-2.8x
+slower than whole rows at widths up to 3703 (each tile re-reads the row's indices and breaks the
+streaming reads of B), so the default only tiles beyond 4096 columns.
 
 ``PYSPARSE_HPC_CUDA_WARPS`` (default 4): warps per thread block of the tensor-core SpMM; each
 warp owns 16 output columns of a row window (FlashSparse's 4 warps x 16 columns).
@@ -56,7 +57,7 @@ _SPMM_TILE = _env_int("PYSPARSE_HPC_SPMM_TILE", 4096)
 
 
 def spmm_tile():
-    """Output columns per tile of the CPU SpMM (at least 1)."""
+    """Output columns per tile of the CPU SpMM on strided B (at least 1)."""
     return max(1, _SPMM_TILE)
 
 

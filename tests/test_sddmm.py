@@ -9,7 +9,7 @@ import pysparse_hpc as sph
 from pysparse_hpc.io import load_npz
 
 from .conftest import random_scipy
-from .test_spmm import FORMATS
+from .test_spmm import FORMATS, register_widths, tolerance, with_an_empty_row
 
 
 def reference(S, X, Y, alpha=1.0, beta=0.0):
@@ -38,6 +38,23 @@ def test_single_head(rng, fmt, width, index_dtype):
     back = result.tocsr()
     np.testing.assert_array_equal(back.indices, S.indices)            # A's pattern exactly
     np.testing.assert_allclose(back.data, reference(S, X, Y, 0.5, 2.0), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_register_chunk_edges(rng, dtype):
+    """Contiguous X and Y (X's row held in registers, chunks summed) and column-major ones
+    (the strided kernel) agree with the reference at every vector and chunk edge."""
+    S = with_an_empty_row(random_scipy(rng, (29, 41), 0.15), 2)
+    A = sph.csr_array(S, dtype=dtype)
+    for width in register_widths(dtype):
+        X = rng.standard_normal((29, width)).astype(dtype)
+        Y = rng.standard_normal((41, width)).astype(dtype)
+        expected = reference(S, X.astype(np.float64), Y.astype(np.float64))
+        rtol, atol = tolerance(dtype)
+        atol *= np.sqrt(width)   # a float32 dot of unit-scale terms drifts like sqrt(width)
+        np.testing.assert_allclose(sph.sddmm(A, X, Y).data, expected, rtol, atol)
+        strided = sph.sddmm(A, np.asfortranarray(X), np.asfortranarray(Y))
+        np.testing.assert_allclose(strided.data, expected, rtol, atol)
 
 
 @pytest.mark.parametrize("fmt", FORMATS)

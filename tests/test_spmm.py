@@ -7,6 +7,7 @@ from hypothesis import strategies as st
 
 import pysparse_hpc as sph
 from pysparse_hpc.io import load_npz
+from pysparse_hpc.kernels.cpu._registers import MAX_VECTORS, VECTOR_BYTES
 
 from .conftest import random_scipy
 
@@ -57,11 +58,45 @@ def test_float32_and_float16(rng, fmt):
     np.testing.assert_allclose(H @ B, rounded @ B, rtol=1e-5, atol=1e-5)
 
 
+def register_widths(dtype):
+    """Widths at the edges of a vector and of a register chunk of the CPU kernels for dtype."""
+    lanes = VECTOR_BYTES // np.dtype(dtype).itemsize
+    chunk = MAX_VECTORS * lanes
+    return sorted({1, lanes - 1, lanes, lanes + 1, chunk - 1, chunk, chunk + 1, 2 * chunk + 3})
+
+
+def with_an_empty_row(S, row):
+    keep = np.ones(S.shape[0])
+    keep[row] = 0
+    S = (scipy.sparse.diags(keep) @ S).tocsr()
+    S.eliminate_zeros()
+    return S
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_register_chunk_edges(rng, dtype):
+    """Contiguous B (rows summed in registers, a masked last vector) and column-major B (the
+    strided kernel) agree with scipy at every vector and chunk edge; nothing is written past
+    the end of ``out``."""
+    S = with_an_empty_row(random_scipy(rng, (40, 30), 0.2, duplicates=True), 3)
+    A = sph.csr_array(S, dtype=dtype)
+    for n in register_widths(dtype):
+        B = rng.standard_normal((30, n)).astype(dtype)
+        expected = S @ B.astype(np.float64)
+        buffer = np.full(40 * n + 64, 7.0, dtype=dtype)
+        out = buffer[:40 * n].reshape(40, n)
+        sph.spmm(A, B, out=out)
+        np.testing.assert_allclose(out, expected, *tolerance(dtype))
+        np.testing.assert_array_equal(buffer[40 * n:], 7.0)
+        np.testing.assert_allclose(A @ np.asfortranarray(B), expected, *tolerance(dtype))
+
+
 def test_column_tiles(rng, monkeypatch):
-    """Tiles narrower than B, including a ragged last tile, give the same result."""
+    """For B with strides (the strided kernel), tiles narrower than B, including a ragged last
+    tile, give the same result."""
     from pysparse_hpc import _config
     S = random_scipy(rng, (40, 30), 0.2, duplicates=True)
-    B = rng.standard_normal((30, 37))
+    B = np.asfortranarray(rng.standard_normal((30, 37)))
     for tile in (1, 8, 16, 37, 64):
         monkeypatch.setattr(_config, "_SPMM_TILE", tile)
         np.testing.assert_allclose(sph.csr_array(S) @ B, S @ B, rtol=1e-12, atol=1e-12)

@@ -1,19 +1,51 @@
 """SDDMM on the CPU: ``out[k] = dot(X[i], Y[j])`` for every stored entry k = (i, j) of A.
 
 The kernels compute the dot products only; ``alpha`` and ``beta`` are applied by the caller in
-one vectorized pass. Single-head kernels take 2-D X (M, F) and Y (K, F) and do four stored
-entries of a row at a time (four Y rows in flight, X's row reused); multi-head kernels take
-(M, heads, F) and (K, heads, F) and write (slots, heads). ``zero`` is a scalar of the compute
+one vectorized pass. Single-head kernels take 2-D X (M, F) and Y (K, F) and, when both are
+contiguous, hold a row of X in vector registers for all of the row's stored entries;
+multi-head kernels take (M, heads, F) and (K, heads, F) and write (slots, heads). ``zero`` is a scalar of the compute
 dtype, so dot products accumulate in it. Like the SpMM kernels, each has a row-range body, a
 parallel driver over nonzero-balanced parts and a serial driver.
 """
 from numba import njit, prange
+from numba.extending import overload
+
+from ._registers import MAX_VECTORS, VECTOR_BYTES, dot_row_products
 
 _JIT = dict(cache=True, nogil=True, fastmath=True)
 
 
-@njit(**_JIT)
 def _csr_rows(indptr, indices, X, Y, zero, out, start, stop):
+    """Rows ``start:stop`` of the single-head SDDMM; compiled per layout of X and Y."""
+
+
+@overload(_csr_rows, jit_options=_JIT)
+def _csr_rows_for_layout(indptr, indices, X, Y, zero, out, start, stop):
+    if X.layout == "C" and Y.layout == "C":
+        return _csr_rows_in_registers
+    return _csr_rows_strided
+
+
+def _csr_rows_in_registers(indptr, indices, X, Y, zero, out, start, stop):
+    """Contiguous X and Y: a register-sized chunk of X's row stays in registers while the Y
+    rows of the row's stored entries are dotted with it (`dot_row_products`)."""
+    n_features = X.shape[1]
+    chunk = MAX_VECTORS * (VECTOR_BYTES // X.itemsize)
+    for row in range(start, stop):
+        p_start, p_stop = indptr[row], indptr[row + 1]
+        if n_features == 0:
+            out[p_start:p_stop] = zero
+            continue
+        dot_row_products(out, X, Y, indices, row, p_start, p_stop, 0, min(chunk, n_features),
+                         False)
+        for j0 in range(chunk, n_features, chunk):
+            dot_row_products(out, X, Y, indices, row, p_start, p_stop, j0,
+                             min(chunk, n_features - j0), True)
+
+
+def _csr_rows_strided(indptr, indices, X, Y, zero, out, start, stop):
+    """X and Y with any strides: four stored entries at a time (four Y rows in flight, X's
+    row reused)."""
     n_features = X.shape[1]
     for row in range(start, stop):
         x = X[row]

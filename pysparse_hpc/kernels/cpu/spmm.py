@@ -2,11 +2,14 @@
 
 Each kernel is a body over a range of rows (or windows) and two drivers: a parallel one that
 runs the parts of a nonzero-balanced partition under ``prange`` (skewed rows spread across
-threads), and a serial one for work too small to pay for waking the thread pool. Outputs are
-accumulated in place (no per-row allocation). B may have any strides.
+threads), and a serial one for work too small to pay for waking the thread pool. There is no
+per-row allocation. B may have any strides; the CSR kernel sums contiguous rows in registers.
 """
 import numpy as np
 from numba import njit, prange
+from numba.extending import overload
+
+from ._registers import MAX_VECTORS, VECTOR_BYTES, add_row_products
 
 _JIT = dict(cache=True, nogil=True, fastmath=True)
 
@@ -51,13 +54,35 @@ def _add_row_products(out_row, indptr, indices, data, B, row):
         p += 1
 
 
-@njit(**_JIT)
 def _csr_rows(indptr, indices, data, B, out, tile, start, stop):
-    """Rows ``start:stop`` of ``out = A @ B``, ``tile`` output columns at a time.
+    """Rows ``start:stop`` of ``out = A @ B``; compiled per layout of B and out (see below)."""
 
-    B no wider than a tile (the default: up to 4096 columns) goes through whole contiguous rows;
-    wider B is cut into column tiles so pieces of the output row and of the gathered B rows stay
-    in cache. The tiles are 2-D slices, which Numba compiles as any-layout arrays, slower per
+
+@overload(_csr_rows, jit_options=_JIT)
+def _csr_rows_for_layout(indptr, indices, data, B, out, tile, start, stop):
+    if B.layout == "C" and out.layout == "C":
+        return _csr_rows_in_registers
+    return _csr_rows_strided
+
+
+def _csr_rows_in_registers(indptr, indices, data, B, out, tile, start, stop):
+    """Contiguous B and out: each output row is summed in vector registers, a register-sized
+    chunk of columns at a time (`add_row_products`), and written once."""
+    n_cols_out = B.shape[1]
+    chunk = MAX_VECTORS * (VECTOR_BYTES // B.itemsize)
+    for row in range(start, stop):
+        for j0 in range(0, n_cols_out, chunk):
+            add_row_products(out, B, indices, data, row, indptr[row], indptr[row + 1], j0,
+                             min(chunk, n_cols_out - j0))
+
+
+def _csr_rows_strided(indptr, indices, data, B, out, tile, start, stop):
+    """B with any strides (a transposed torch tensor, a column slice), ``tile`` output columns
+    at a time.
+
+    B no wider than a tile (the default: up to 4096 columns) goes through whole rows; wider B
+    is cut into column tiles so pieces of the output row and of the gathered B rows stay in
+    cache. The tiles are 2-D slices, which Numba compiles as any-layout arrays, slower per
     element; measured, whole rows won up to 3703 columns, hence the wide default.
     """
     n_cols_out = B.shape[1]
