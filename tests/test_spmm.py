@@ -91,6 +91,18 @@ def test_register_chunk_edges(rng, dtype):
         np.testing.assert_allclose(A @ np.asfortranarray(B), expected, *tolerance(dtype))
 
 
+def test_strided_values_take_the_strided_kernel(rng):
+    """Per-edge values that are a strided view (a column of a table, a torch tensor's
+    ``.numpy()``) are read through their strides, not as if contiguous."""
+    from pysparse_hpc import ops
+    S = random_scipy(rng, (30, 20), 0.2)
+    table = rng.standard_normal((S.nnz, 3))
+    B = rng.standard_normal((20, 5))
+    expected = scipy.sparse.csr_array((table[:, 1], S.indices, S.indptr), shape=S.shape) @ B
+    result = ops.pattern_spmm(sph.csr_array(S), table[:, 1], B)
+    np.testing.assert_allclose(result, expected, rtol=1e-12, atol=1e-12)
+
+
 def test_column_tiles(rng, monkeypatch):
     """For B with strides (the strided kernel), tiles narrower than B, including a ragged last
     tile, give the same result."""

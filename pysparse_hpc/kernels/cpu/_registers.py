@@ -134,8 +134,8 @@ class _Chunk:
         builder.position_at_end(done)
 
 
-def _contiguous_2d(*arrays):
-    return all(isinstance(a, types.Array) and a.ndim == 2 and a.layout == "C" for a in arrays)
+def _contiguous(ndim, *arrays):
+    return all(isinstance(a, types.Array) and a.ndim == ndim and a.layout == "C" for a in arrays)
 
 
 def _one_float_dtype(*arrays):
@@ -153,11 +153,12 @@ def add_row_products(typingctx, out, B, indices, data, row, p_start, p_stop, j0,
     """``out[row, j0:j0 + width] = sum(data[p] * B[indices[p], j0:j0 + width])`` over
     ``p_start <= p < p_stop``, for ``0 < width <= MAX_VECTORS * VECTOR_BYTES / B.itemsize``.
 
-    ``out`` and ``B`` are C-contiguous 2-D arrays of ``data``'s float dtype. The sum starts
-    from zero, so rows without entries are written as zeros.
+    ``out`` and ``B`` are C-contiguous 2-D arrays of ``data``'s float dtype, ``indices`` and
+    ``data`` contiguous 1-D arrays. The sum starts from zero, so rows without entries are
+    written as zeros.
     """
-    if not (_contiguous_2d(out, B) and isinstance(indices, types.Array)
-            and isinstance(data, types.Array) and _one_float_dtype(out, B, data)):
+    if not (_contiguous(2, out, B) and _contiguous(1, indices, data)
+            and _one_float_dtype(out, B, data)):
         return None
     signature = types.void(out, B, indices, data, row, p_start, p_stop, j0, width)
 
@@ -197,13 +198,14 @@ def dot_row_products(typingctx, out, X, Y, indices, row, p_start, p_stop, j0, wi
     """``out[p] (+)= dot(X[row, j0:j0 + width], Y[indices[p], j0:j0 + width])`` for
     ``p_start <= p < p_stop``, with ``width`` bounded as for `add_row_products`.
 
-    ``X`` and ``Y`` are C-contiguous 2-D arrays of ``out``'s float dtype. ``accumulate`` (a
-    compile-time bool) adds to ``out[p]`` instead of overwriting it, for chunks after the first.
+    ``X`` and ``Y`` are C-contiguous 2-D arrays of ``out``'s float dtype, ``out`` and
+    ``indices`` contiguous 1-D arrays. ``accumulate`` (a compile-time bool) adds to ``out[p]``
+    instead of overwriting it, for chunks after the first.
     """
     if not isinstance(accumulate, types.BooleanLiteral):
         return None
-    if not (_contiguous_2d(X, Y) and isinstance(out, types.Array) and out.ndim == 1
-            and isinstance(indices, types.Array) and _one_float_dtype(out, X, Y)):
+    if not (_contiguous(2, X, Y) and _contiguous(1, out, indices)
+            and _one_float_dtype(out, X, Y)):
         return None
     add_to_out = accumulate.literal_value
     signature = types.void(out, X, Y, indices, row, p_start, p_stop, j0, width, accumulate)

@@ -3,9 +3,9 @@
 The kernels compute the dot products only; ``alpha`` and ``beta`` are applied by the caller in
 one vectorized pass. Single-head kernels take 2-D X (M, F) and Y (K, F) and, when both are
 contiguous, hold a row of X in vector registers for all of the row's stored entries;
-multi-head kernels take (M, heads, F) and (K, heads, F) and write (slots, heads). ``zero`` is a scalar of the compute
-dtype, so dot products accumulate in it. Like the SpMM kernels, each has a row-range body, a
-parallel driver over nonzero-balanced parts and a serial driver.
+multi-head kernels take (M, heads, F) and (K, heads, F) and write (slots, heads). ``zero`` is
+a scalar of the compute dtype, so dot products accumulate in it. Like the SpMM kernels, each
+has a row-range body, a parallel driver over nonzero-balanced parts and a serial driver.
 """
 from numba import njit, prange
 from numba.extending import overload
@@ -21,7 +21,7 @@ def _csr_rows(indptr, indices, X, Y, zero, out, start, stop):
 
 @overload(_csr_rows, jit_options=_JIT)
 def _csr_rows_for_layout(indptr, indices, X, Y, zero, out, start, stop):
-    if X.layout == "C" and Y.layout == "C":
+    if all(array.layout == "C" for array in (indices, X, Y, out)):
         return _csr_rows_in_registers
     return _csr_rows_strided
 

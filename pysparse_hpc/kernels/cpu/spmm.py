@@ -60,7 +60,7 @@ def _csr_rows(indptr, indices, data, B, out, tile, start, stop):
 
 @overload(_csr_rows, jit_options=_JIT)
 def _csr_rows_for_layout(indptr, indices, data, B, out, tile, start, stop):
-    if B.layout == "C" and out.layout == "C":
+    if all(array.layout == "C" for array in (indices, data, B, out)):
         return _csr_rows_in_registers
     return _csr_rows_strided
 
