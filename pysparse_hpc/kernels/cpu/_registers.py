@@ -29,8 +29,17 @@ __all__ = ["VECTOR_BYTES", "MAX_VECTORS", "add_row_products", "dot_row_products"
 
 
 def _vector_bytes():
-    """Widest vector register of the CPU Numba compiles for (its feature string, or the host's)."""
-    features = numba.config.CPU_FEATURES or llvm_binding.get_host_cpu_features().flatten()
+    """Widest vector register of the CPU Numba compiles for: its feature string when one is
+    set, the host's otherwise, 16 bytes when neither is known (e.g. ``NUMBA_CPU_NAME=generic``
+    for portable caches), which any target can split its vectors into."""
+    features = numba.config.CPU_FEATURES
+    if not features:
+        if numba.config.CPU_NAME not in (None, "host"):
+            return 16
+        try:
+            features = llvm_binding.get_host_cpu_features().flatten()
+        except RuntimeError:   # llvmlite cannot read the features on this platform
+            return 16
     enabled = {flag[1:] for flag in features.split(",") if flag.startswith("+")}
     if "avx512f" in enabled:
         return 64
@@ -38,8 +47,9 @@ def _vector_bytes():
 
 
 VECTOR_BYTES = _vector_bytes()
-# Vectors per chunk: 8 (128 float32 columns with AVX-512) leave half of the 16 AVX2 or 32
-# AVX-512 registers for the broadcast value and the loads. 16 was no faster at N=256.
+# Vectors per chunk: 8 (128 float32 columns with AVX-512) leave at least half of the
+# registers (16 with AVX2, 32 with AVX-512) for the broadcast value and the loads; 16 vectors
+# were no faster at N=256.
 MAX_VECTORS = 8
 
 _I32 = ir.IntType(32)
