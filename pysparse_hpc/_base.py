@@ -4,6 +4,19 @@ import numpy as np
 __all__ = ["sparray", "issparse"]
 
 
+def _ops():
+    """`pysparse_hpc.ops`, which imports this module: looked up when first needed, not per call
+    (an import statement in a method costs about a microsecond on every product)."""
+    global _OPS
+    if _OPS is None:
+        from . import ops
+        _OPS = ops
+    return _OPS
+
+
+_OPS = None
+
+
 class sparray:
     """Base class of the pysparse_hpc sparse arrays (2-D only).
 
@@ -85,12 +98,11 @@ class sparray:
 
     # -- operators ------------------------------------------------------------------------
     def __matmul__(self, other):
-        from .ops import spmm
-        return spmm(self, other)
+        return _ops().spmm(self, other)
 
     def __rmatmul__(self, other):
         # (B @ A) = (A^T @ B^T)^T, so a dense-times-sparse product reuses the SpMM.
-        from .ops import spmm
+        spmm = _ops().spmm
         other_t = np.asarray(other)
         if other_t.ndim == 1:
             return spmm(self.T, other_t)

@@ -56,7 +56,10 @@ def as_dense(x, name):
     Raises TypeError for other types or dtypes (integers, complex, ...). Device data (a CUDA
     tensor, or anything with ``__cuda_array_interface__``) is reported as ``device="cuda"``.
     """
-    if is_torch_tensor(x):
+    if isinstance(x, np.ndarray):   # the common case first
+        array = np.asarray(x)
+        kind = "numpy"
+    elif is_torch_tensor(x):
         if x.is_sparse or x.layout != _torch().strided:
             raise TypeError(f"{name} must be a dense (strided) tensor, got layout {x.layout}")
         if x.requires_grad:
@@ -67,7 +70,7 @@ def as_dense(x, name):
         kind = "torch"
     elif is_device_array(x):
         return DenseOperand(None, type(x).__module__.split(".")[0], "cuda", x)
-    elif isinstance(x, np.ndarray) or isinstance(x, (list, tuple)):
+    elif isinstance(x, (list, tuple)):
         array = np.asarray(x)
         kind = "numpy"
     else:
