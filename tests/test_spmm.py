@@ -103,6 +103,26 @@ def test_strided_values_take_the_strided_kernel(rng):
     np.testing.assert_allclose(result, expected, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_multi_head_values(rng, dtype):
+    """One matrix per head sharing the pattern (``values`` (nnz, heads), B (K, heads, F)):
+    each head equals its own SpMM, with contiguous operands (registers) and strided ones."""
+    from pysparse_hpc import ops
+    S = with_an_empty_row(random_scipy(rng, (25, 20), 0.2), 4)
+    A = sph.csr_array(S, dtype=dtype)
+    heads = 3
+    for width in register_widths(dtype)[:6]:
+        values = rng.standard_normal((S.nnz, heads)).astype(dtype)
+        B = rng.standard_normal((20, heads, width)).astype(dtype)
+        expected = np.stack([
+            scipy.sparse.csr_array((values[:, h].astype(np.float64), S.indices, S.indptr),
+                                   shape=S.shape) @ B[:, h].astype(np.float64)
+            for h in range(heads)], axis=1)
+        strided_B = np.swapaxes(np.swapaxes(B, 0, 2).copy(), 0, 2)  # same values, other strides
+        for v, b in [(values, B), (np.asfortranarray(values), B), (values, strided_B)]:
+            np.testing.assert_allclose(ops.pattern_spmm(A, v, b), expected, *tolerance(dtype))
+
+
 def test_column_tiles(rng, monkeypatch):
     """For B with strides (the strided kernel), tiles narrower than B, including a ragged last
     tile, give the same result."""

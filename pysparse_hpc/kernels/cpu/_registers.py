@@ -159,25 +159,29 @@ def _row_start(builder, array, columns, row, first_column):
 
 
 @intrinsic
-def add_row_products(typingctx, out, B, indices, data, row, p_start, p_stop, j0, width):
-    """``out[row, j0:j0 + width] = sum(data[p] * B[indices[p], j0:j0 + width])`` over
-    ``p_start <= p < p_stop``, for ``0 < width <= MAX_VECTORS * VECTOR_BYTES / B.itemsize``.
+def add_row_products(typingctx, out, B, indices, data, row, p_start, p_stop, j0, width,
+                     value_step, value_offset):
+    """``out[row, j0:j0 + width] = sum(data[p * value_step + value_offset] *
+    B[indices[p], j0:j0 + width])`` over ``p_start <= p < p_stop``, for
+    ``0 < width <= MAX_VECTORS * VECTOR_BYTES / B.itemsize``.
 
     ``out`` and ``B`` are C-contiguous 2-D arrays of ``data``'s float dtype, ``indices`` and
-    ``data`` contiguous 1-D arrays. The sum starts from zero, so rows without entries are
-    written as zeros.
+    ``data`` contiguous 1-D arrays. ``value_step`` and ``value_offset`` pick one head's column
+    of per-edge values stored (nnz, heads) and flattened; 1 and 0 for a plain CSR. The sum
+    starts from zero, so rows without entries are written as zeros.
     """
     if not (_contiguous(2, out, B) and _contiguous(1, indices, data)
             and _one_float_dtype(out, B, data)):
         return None
-    signature = types.void(out, B, indices, data, row, p_start, p_stop, j0, width)
+    signature = types.void(out, B, indices, data, row, p_start, p_stop, j0, width, value_step,
+                           value_offset)
 
     def codegen(context, builder, sig, args):
         out_array, B_array, indices_array, data_array = (
             context.make_array(array_type)(context, builder, value)
             for array_type, value in zip(sig.args[:4], args[:4]))
-        row_value, start, stop, first_column, width_value = (_as_i64(builder, a)
-                                                             for a in args[4:])
+        row_value, start, stop, first_column, width_value, step, offset = (
+            _as_i64(builder, a) for a in args[4:])
         chunk = _Chunk(context, builder, sig.args[1].dtype, width_value)
         B_columns = cgutils.unpack_tuple(builder, B_array.shape, 2)[1]
         out_columns = cgutils.unpack_tuple(builder, out_array.shape, 2)[1]
@@ -188,7 +192,8 @@ def add_row_products(typingctx, out, B, indices, data, row, p_start, p_stop, j0,
             sums = [cgutils.alloca_once_value(builder, chunk.zero) for _ in range(n_vectors)]
             with cgutils.for_range_slice(builder, start, stop, ir.Constant(_I64, 1)) as (p, _):
                 column = _as_i64(builder, builder.load(builder.gep(indices_array.data, [p])))
-                value = _splat(builder, builder.load(builder.gep(data_array.data, [p])),
+                slot = builder.add(builder.mul(p, step), offset)
+                value = _splat(builder, builder.load(builder.gep(data_array.data, [slot])),
                                chunk.lanes)
                 source = _row_start(builder, B_array, B_columns, column, first_column)
                 for k in range(n_vectors):

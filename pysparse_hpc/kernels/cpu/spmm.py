@@ -73,7 +73,7 @@ def _csr_rows_in_registers(indptr, indices, data, B, out, tile, start, stop):
     for row in range(start, stop):
         for j0 in range(0, n_cols_out, chunk):
             add_row_products(out, B, indices, data, row, indptr[row], indptr[row + 1], j0,
-                             min(chunk, n_cols_out - j0))
+                             min(chunk, n_cols_out - j0), 1, 0)
 
 
 def _csr_rows_strided(indptr, indices, data, B, out, tile, start, stop):
@@ -155,10 +155,36 @@ def blocked_spmm_serial(row_window_offset, col_idx, values, vector_mask, window,
                      0, row_window_offset.size - 1)
 
 
-@njit(**_JIT)
 def _csr_rows_heads(indptr, indices, values, B, out, start, stop):
     """Rows ``start:stop`` of the multi-head product ``out[i, h] = sum_p values[p, h] B[j_p, h]``
-    (one attention matrix per head sharing A's pattern, as in multi-head GAT)."""
+    (one attention matrix per head sharing A's pattern, as in multi-head GAT); compiled per
+    layout of the operands."""
+
+
+@overload(_csr_rows_heads, jit_options=_JIT)
+def _csr_rows_heads_for_layout(indptr, indices, values, B, out, start, stop):
+    if all(array.layout == "C" for array in (indices, values, B, out)):
+        return _csr_rows_heads_in_registers
+    return _csr_rows_heads_strided
+
+
+def _csr_rows_heads_in_registers(indptr, indices, values, B, out, start, stop):
+    """Contiguous operands: per row and head, the head's output row is summed in registers
+    (B and out seen as (rows, heads * features), the head's values as a strided column)."""
+    n_heads, n_features = B.shape[1], B.shape[2]
+    B_rows = B.reshape(B.shape[0], n_heads * n_features)
+    out_rows = out.reshape(out.shape[0], n_heads * n_features)
+    flat_values = values.reshape(values.size)
+    chunk = MAX_VECTORS * (VECTOR_BYTES // B.itemsize)
+    for row in range(start, stop):
+        p_start, p_stop = indptr[row], indptr[row + 1]
+        for h in range(n_heads):
+            for f0 in range(0, n_features, chunk):
+                add_row_products(out_rows, B_rows, indices, flat_values, row, p_start, p_stop,
+                                 h * n_features + f0, min(chunk, n_features - f0), n_heads, h)
+
+
+def _csr_rows_heads_strided(indptr, indices, values, B, out, start, stop):
     n_heads, n_features = B.shape[1], B.shape[2]
     for row in range(start, stop):
         out_row = out[row]
