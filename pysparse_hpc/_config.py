@@ -4,9 +4,10 @@
 Cython conversions and the Numba kernels. Change it at run time with `set_num_threads`.
 
 ``PYSPARSE_HPC_PARALLEL_MIN_FLOPS`` (default 2**17): kernels with less work than this run on
-one thread; waking the thread pool costs about ten microseconds, more than such work takes.
-Measured on 2 cores, Cora-sized SpMMs at N=32 (about 2**19.4 flops) already gain from two
-threads, and GNN training epochs were no slower than with the earlier 2**20.
+one thread: a parallel launch costs about 2 microseconds while the pool is warm and 6-16 after
+it has slept, more than such work takes. Measured on 2 cores, a Cora-sized SpMM at N=32 (about
+2**19.4 flops) already runs 1.7x faster on two threads, and GNN training epochs were no slower
+than with the earlier 2**20.
 
 ``PYSPARSE_HPC_SPMM_TILE`` (default 4096): output columns the CPU SpMM handles at a time when
 B is not C-contiguous (a transposed or column-sliced B; a C-contiguous B is summed in
