@@ -66,6 +66,7 @@ def register_widths(dtype):
 
 
 def with_an_empty_row(S, row):
+    """``S`` (scipy CSR) with no stored entry left in ``row``."""
     keep = np.ones(S.shape[0])
     keep[row] = 0
     S = (scipy.sparse.diags(keep) @ S).tocsr()
