@@ -54,10 +54,7 @@ def _launch(parallel_kernel, serial_kernel, owner, offsets, flops, *args):
     """Run a kernel over the rows (windows) of ``offsets``: in parallel over a nonzero-balanced
     partition, or serially when one thread suffices or the work is too small to share."""
     # The flop test first: it is cheap, and small products are where call overhead shows.
-    if flops < parallel_min_flops():
-        serial_kernel(*args, _NO_PARTS)
-        return
-    threads = get_num_threads()
+    threads = 1 if flops < parallel_min_flops() else get_num_threads()
     if threads == 1:
         serial_kernel(*args, _NO_PARTS)
         return

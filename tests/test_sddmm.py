@@ -124,6 +124,14 @@ def test_dtypes_and_torch(rng):
     assert half.dtype == np.float32
 
 
+def test_zero_width(rng):
+    """F = 0: every dot product is empty, so the result is ``beta * A`` on every stored entry."""
+    S = random_scipy(rng, (30, 20), 0.2)
+    A = sph.csr_array(S)
+    result = sph.sddmm(A, np.ones((30, 0)), np.ones((20, 0)), alpha=2.0, beta=0.5)
+    np.testing.assert_array_equal(result.tocsr().data, 0.5 * S.data)
+
+
 def test_empty(rng):
     for fmt in FORMATS:
         Z = FORMATS[fmt](sph.csr_array((6, 4)))

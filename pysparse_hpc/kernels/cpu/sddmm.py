@@ -30,12 +30,12 @@ def _csr_rows_in_registers(indptr, indices, X, Y, zero, out, start, stop):
     """Contiguous X and Y: a register-sized chunk of X's row stays in registers while the Y
     rows of the row's stored entries are dotted with it (`dot_row_products`)."""
     n_features = X.shape[1]
+    if n_features == 0:   # empty dot products
+        out[indptr[start]:indptr[stop]] = zero
+        return
     chunk = MAX_VECTORS * (VECTOR_BYTES // X.itemsize)
     for row in range(start, stop):
         p_start, p_stop = indptr[row], indptr[row + 1]
-        if n_features == 0:
-            out[p_start:p_stop] = zero
-            continue
         dot_row_products(out, X, Y, indices, row, p_start, p_stop, 0, min(chunk, n_features),
                          False)
         for j0 in range(chunk, n_features, chunk):
