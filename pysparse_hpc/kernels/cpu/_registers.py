@@ -6,14 +6,16 @@ the row (a store-to-load dependence of about ten cycles per entry, measured on C
 behind a run-time overlap check per group of entries. Numba has no SIMD types to hold the row
 instead, so the two intrinsics here are written as LLVM vector code:
 
-- `add_row_products` (SpMM) keeps up to `MAX_VECTORS` accumulators of `VECTOR_BYTES` each in
+- `sum_rows_products` (SpMM) keeps up to `MAX_VECTORS` accumulators of `VECTOR_BYTES` each in
   registers for a whole row of A and writes the output row once;
-- `dot_row_products` (SDDMM) keeps a row of X in registers and dots it with the Y row of every
-  stored entry of that row.
+- `dot_rows_products` (SDDMM) keeps a row of X in registers and dots it with the Y row of
+  every stored entry of that row.
 
-Rows are read with vector loads, a partial last vector with masked loads and stores (no read
-or write past the row). Each handles one register-sized chunk of columns; the callers loop over
-chunks.
+Both take a range of rows and run the row loop themselves. Rows are read with vector loads, a
+partial last vector with masked loads and stores (no read or write past the row); rows wider
+than `MAX_VECTORS` vectors are done a register-sized chunk of columns at a time. Which code
+the last chunk takes depends only on the width, so it is chosen once per call: choosing it per
+row, as a first version did, cost 15-45% on graphs of a few entries per row at N <= 32.
 
 Numba's on-disk cache keys a kernel on its own module's source: after editing this file, clear
 the kernels' ``__pycache__`` (or touch ``spmm.py`` and ``sddmm.py``) so they are compiled again.
@@ -25,7 +27,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-__all__ = ["VECTOR_BYTES", "MAX_VECTORS", "add_row_products", "dot_row_products"]
+__all__ = ["VECTOR_BYTES", "MAX_VECTORS", "sum_rows_products", "dot_rows_products"]
 
 
 def _vector_bytes():
@@ -69,8 +71,10 @@ def _splat(builder, scalar, lanes):
 
 
 class _Chunk:
-    """Vector operations over one chunk of ``width`` columns of a float dtype: full vectors,
-    then a last vector of which only the live lanes are read or written."""
+    """Vector operations on rows of a float dtype. ``width`` is the row's last, partial chunk
+    (0 to ``MAX_VECTORS`` vectors, `n_vectors`): full vectors, then a last vector of which only
+    the live lanes are read or written. Whole chunks before it use the full-vector operations.
+    """
 
     def __init__(self, context, builder, dtype, width):
         self.builder = builder
@@ -129,13 +133,14 @@ class _Chunk:
         negative_zero = ir.Constant(self.type.element, -0.0)
         return self.builder.call(self._sum, [negative_zero, vector], fastmath=("reassoc",))
 
-    def for_each_count(self, emit):
-        """Emit ``emit(n)`` once per vector count n = 1..MAX_VECTORS and run the one that
-        matches the chunk: straight-line code per count, so accumulators get fixed registers."""
+    def for_each_count(self, emit, include_zero=False):
+        """Emit ``emit(n)`` once per vector count n = 1..MAX_VECTORS (from 0 with
+        ``include_zero``) and run the one that matches the chunk: straight-line code per count,
+        so accumulators get fixed registers."""
         builder = self.builder
         done = builder.append_basic_block("chunk.done")
         switch = builder.switch(self.n_vectors, done)
-        for count in range(1, MAX_VECTORS + 1):
+        for count in range(0 if include_zero else 1, MAX_VECTORS + 1):
             block = builder.append_basic_block(f"chunk.{count}")
             switch.add_case(ir.Constant(_I64, count), block)
             builder.position_at_end(block)
@@ -159,100 +164,166 @@ def _row_start(builder, array, columns, row, first_column):
 
 
 @intrinsic
-def add_row_products(typingctx, out, B, indices, data, row, p_start, p_stop, j0, width,
-                     value_step, value_offset):
-    """``out[row, j0:j0 + width] = sum(data[p * value_step + value_offset] *
-    B[indices[p], j0:j0 + width])`` over ``p_start <= p < p_stop``, for
-    ``0 < width <= MAX_VECTORS * VECTOR_BYTES / B.itemsize``.
+def sum_rows_products(typingctx, out, B, indptr, indices, data, row_start, row_stop, n_heads):
+    """``out[i, cols] = sum(data[p * n_heads + h] * B[indices[p], cols])`` over the stored
+    entries ``indptr[i] <= p < indptr[i + 1]``, for rows ``row_start <= i < row_stop``, heads
+    ``h < n_heads`` and each head's columns ``cols = h * F:(h + 1) * F``, ``F = B.shape[1] //
+    n_heads``.
 
-    ``out`` and ``B`` are C-contiguous 2-D arrays of ``data``'s float dtype, ``indices`` and
-    ``data`` contiguous 1-D arrays. ``value_step`` and ``value_offset`` pick one head's column
-    of per-edge values stored (nnz, heads) and flattened; 1 and 0 for a plain CSR. The sum
-    starts from zero, so rows without entries are written as zeros.
+    ``out`` and ``B`` are C-contiguous 2-D arrays of ``data``'s float dtype; ``indptr``,
+    ``indices`` and ``data`` contiguous 1-D arrays, ``data`` holding ``n_heads`` values per
+    stored entry (one attention matrix per head; 1 for a plain CSR). Sums start from zero, so
+    rows without entries are written as zeros.
+
+    The row loop runs inside: the choice of code for the last, partial chunk of a head's
+    columns is made once per call, not once per row, which on graphs of a few entries per row
+    cost as much as the entries themselves.
     """
-    if not (_contiguous(2, out, B) and _contiguous(1, indices, data)
+    if not (_contiguous(2, out, B) and _contiguous(1, indptr, indices, data)
             and _one_float_dtype(out, B, data)):
         return None
-    signature = types.void(out, B, indices, data, row, p_start, p_stop, j0, width, value_step,
-                           value_offset)
+    signature = types.void(out, B, indptr, indices, data, row_start, row_stop, n_heads)
 
     def codegen(context, builder, sig, args):
-        out_array, B_array, indices_array, data_array = (
+        out_array, B_array, indptr_array, indices_array, data_array = (
             context.make_array(array_type)(context, builder, value)
-            for array_type, value in zip(sig.args[:4], args[:4]))
-        row_value, start, stop, first_column, width_value, step, offset = (
-            _as_i64(builder, a) for a in args[4:])
-        chunk = _Chunk(context, builder, sig.args[1].dtype, width_value)
+            for array_type, value in zip(sig.args[:5], args[:5]))
+        first_row, last_row, heads = (_as_i64(builder, a) for a in args[5:])
+        one = ir.Constant(_I64, 1)
         B_columns = cgutils.unpack_tuple(builder, B_array.shape, 2)[1]
         out_columns = cgutils.unpack_tuple(builder, out_array.shape, 2)[1]
-        out_start = _row_start(builder, out_array, out_columns, row_value, first_column)
+        zero_heads = builder.icmp_signed("==", heads, ir.Constant(_I64, 0))
+        # No heads, no columns to write; the select only keeps the division defined.
+        head_width = builder.udiv(B_columns, builder.select(zero_heads, one, heads))
+        lanes = VECTOR_BYTES // context.get_abi_sizeof(context.get_value_type(sig.args[1].dtype))
+        chunk_columns = ir.Constant(_I64, MAX_VECTORS * lanes)
+        n_full_chunks = builder.udiv(head_width, chunk_columns)
+        tail_columns = builder.sub(head_width, builder.mul(n_full_chunks, chunk_columns))
+        chunk = _Chunk(context, builder, sig.args[1].dtype, tail_columns)
 
-        def emit(n_vectors):
-            # Allocas go to the entry block; LLVM promotes them to registers (SROA).
-            sums = [cgutils.alloca_once_value(builder, chunk.zero) for _ in range(n_vectors)]
-            with cgutils.for_range_slice(builder, start, stop, ir.Constant(_I64, 1)) as (p, _):
+        def sum_chunk(accumulators, masked_last, row, p_start, p_stop, head, first_column):
+            """One row's sums over one chunk of columns, from zero, stored once."""
+            n_vectors = len(accumulators)
+            for accumulator in accumulators:
+                builder.store(chunk.zero, accumulator)
+            with cgutils.for_range_slice(builder, p_start, p_stop, one) as (p, _):
                 column = _as_i64(builder, builder.load(builder.gep(indices_array.data, [p])))
-                slot = builder.add(builder.mul(p, step), offset)
+                slot = builder.add(builder.mul(p, heads), head)
                 value = _splat(builder, builder.load(builder.gep(data_array.data, [slot])),
                                chunk.lanes)
                 source = _row_start(builder, B_array, B_columns, column, first_column)
-                for k in range(n_vectors):
-                    b = chunk.load(source, k, last=k == n_vectors - 1)
-                    builder.store(chunk.fma(value, b, builder.load(sums[k])), sums[k])
-            for k in range(n_vectors):
-                chunk.store(builder.load(sums[k]), out_start, k, last=k == n_vectors - 1)
+                for k, accumulator in enumerate(accumulators):
+                    last = masked_last and k == n_vectors - 1
+                    b = chunk.load(source, k, last)
+                    builder.store(chunk.fma(value, b, builder.load(accumulator)), accumulator)
+            out_start = _row_start(builder, out_array, out_columns, row, first_column)
+            for k, accumulator in enumerate(accumulators):
+                chunk.store(builder.load(accumulator), out_start, k,
+                            masked_last and k == n_vectors - 1)
 
-        chunk.for_each_count(emit)
+        def emit(tail_vectors):
+            # Allocas go to the entry block; LLVM promotes them to registers (SROA).
+            full = [cgutils.alloca_once(builder, chunk.type) for _ in range(MAX_VECTORS)]
+            tail = [cgutils.alloca_once(builder, chunk.type) for _ in range(tail_vectors)]
+            with cgutils.for_range_slice(builder, first_row, last_row, one) as (row, _):
+                p_start = _as_i64(builder, builder.load(builder.gep(indptr_array.data, [row])))
+                p_stop = _as_i64(builder, builder.load(
+                    builder.gep(indptr_array.data, [builder.add(row, one)])))
+                with cgutils.for_range_slice(builder, ir.Constant(_I64, 0), heads, one) as (h, _):
+                    head_start = builder.mul(h, head_width)
+                    with cgutils.for_range_slice(builder, ir.Constant(_I64, 0), n_full_chunks,
+                                                 one) as (c, _):
+                        sum_chunk(full, False, row, p_start, p_stop, h,
+                                  builder.add(head_start, builder.mul(c, chunk_columns)))
+                    if tail_vectors:
+                        sum_chunk(tail, True, row, p_start, p_stop, h,
+                                  builder.add(head_start,
+                                              builder.mul(n_full_chunks, chunk_columns)))
+
+        chunk.for_each_count(emit, include_zero=True)
         return context.get_dummy_value()
 
     return signature, codegen
 
 
 @intrinsic
-def dot_row_products(typingctx, out, X, Y, indices, row, p_start, p_stop, j0, width, accumulate):
-    """``out[p] (+)= dot(X[row, j0:j0 + width], Y[indices[p], j0:j0 + width])`` for
-    ``p_start <= p < p_stop``, with ``width`` bounded as for `add_row_products`.
+def dot_rows_products(typingctx, out, X, Y, indptr, indices, row_start, row_stop):
+    """``out[p] = dot(X[i], Y[indices[p]])`` for the stored entries ``indptr[i] <= p <
+    indptr[i + 1]`` of rows ``row_start <= i < row_stop``; ``X.shape[1] > 0``.
 
-    ``X`` and ``Y`` are C-contiguous 2-D arrays of ``out``'s float dtype, ``out`` and
-    ``indices`` contiguous 1-D arrays. ``accumulate`` (a compile-time bool) adds to ``out[p]``
-    instead of overwriting it, for chunks after the first.
+    ``X`` and ``Y`` are C-contiguous 2-D arrays of ``out``'s float dtype; ``out``, ``indptr``
+    and ``indices`` contiguous 1-D arrays. A register-sized chunk of X's row is loaded once per
+    row and dotted with the matching chunk of each Y row; chunks after the first add to
+    ``out[p]``. As in `sum_rows_products`, the code for the last chunk is chosen once per call.
     """
-    if not isinstance(accumulate, types.BooleanLiteral):
-        return None
-    if not (_contiguous(2, X, Y) and _contiguous(1, out, indices)
+    if not (_contiguous(2, X, Y) and _contiguous(1, out, indptr, indices)
             and _one_float_dtype(out, X, Y)):
         return None
-    add_to_out = accumulate.literal_value
-    signature = types.void(out, X, Y, indices, row, p_start, p_stop, j0, width, accumulate)
+    signature = types.void(out, X, Y, indptr, indices, row_start, row_stop)
 
     def codegen(context, builder, sig, args):
-        out_array, X_array, Y_array, indices_array = (
+        out_array, X_array, Y_array, indptr_array, indices_array = (
             context.make_array(array_type)(context, builder, value)
-            for array_type, value in zip(sig.args[:4], args[:4]))
-        row_value, start, stop, first_column, width_value = (_as_i64(builder, a)
-                                                             for a in args[4:9])
-        chunk = _Chunk(context, builder, sig.args[1].dtype, width_value)
+            for array_type, value in zip(sig.args[:5], args[:5]))
+        first_row, last_row = (_as_i64(builder, a) for a in args[5:])
+        one = ir.Constant(_I64, 1)
         X_columns = cgutils.unpack_tuple(builder, X_array.shape, 2)[1]
         Y_columns = cgutils.unpack_tuple(builder, Y_array.shape, 2)[1]
-        x_start = _row_start(builder, X_array, X_columns, row_value, first_column)
+        lanes = VECTOR_BYTES // context.get_abi_sizeof(context.get_value_type(sig.args[1].dtype))
+        chunk_columns = ir.Constant(_I64, MAX_VECTORS * lanes)
+        n_full_chunks = builder.udiv(X_columns, chunk_columns)
+        tail_columns = builder.sub(X_columns, builder.mul(n_full_chunks, chunk_columns))
+        chunk = _Chunk(context, builder, sig.args[1].dtype, tail_columns)
 
-        def emit(n_vectors):
-            x = [chunk.load(x_start, k, last=k == n_vectors - 1) for k in range(n_vectors)]
-            with cgutils.for_range_slice(builder, start, stop, ir.Constant(_I64, 1)) as (p, _):
+        def dot_chunk(n_vectors, masked_last, row, p_start, p_stop, first_column, add_to_out):
+            """One row's dot products over one chunk of columns, stored or added to out."""
+            x_start = _row_start(builder, X_array, X_columns, row, first_column)
+            x = [chunk.load(x_start, k, masked_last and k == n_vectors - 1)
+                 for k in range(n_vectors)]
+            with cgutils.for_range_slice(builder, p_start, p_stop, one) as (p, _):
                 column = _as_i64(builder, builder.load(builder.gep(indices_array.data, [p])))
                 y_start = _row_start(builder, Y_array, Y_columns, column, first_column)
                 # Masked-off lanes load as 0 in y, so they add nothing.
-                products = builder.fmul(x[0], chunk.load(y_start, 0, last=n_vectors == 1))
+                products = builder.fmul(x[0], chunk.load(y_start, 0,
+                                                         masked_last and n_vectors == 1))
                 for k in range(1, n_vectors):
-                    products = chunk.fma(x[k], chunk.load(y_start, k, last=k == n_vectors - 1),
-                                         products)
+                    y = chunk.load(y_start, k, masked_last and k == n_vectors - 1)
+                    products = chunk.fma(x[k], y, products)
                 total = chunk.sum(products)
                 slot = builder.gep(out_array.data, [p])
                 if add_to_out:
                     total = builder.fadd(builder.load(slot), total)
                 builder.store(total, slot)
 
-        chunk.for_each_count(emit)
+        def for_each_row(body):
+            with cgutils.for_range_slice(builder, first_row, last_row, one) as (row, _):
+                p_start = _as_i64(builder, builder.load(builder.gep(indptr_array.data, [row])))
+                p_stop = _as_i64(builder, builder.load(
+                    builder.gep(indptr_array.data, [builder.add(row, one)])))
+                body(row, p_start, p_stop)
+
+        def emit(tail_vectors):
+            def narrow(row, p_start, p_stop):   # fewer columns than a chunk: the usual case
+                dot_chunk(tail_vectors, True, row, p_start, p_stop, ir.Constant(_I64, 0), False)
+
+            def wide(row, p_start, p_stop):
+                dot_chunk(MAX_VECTORS, False, row, p_start, p_stop, ir.Constant(_I64, 0), False)
+                with cgutils.for_range_slice(builder, one, n_full_chunks, one) as (c, _):
+                    dot_chunk(MAX_VECTORS, False, row, p_start, p_stop,
+                              builder.mul(c, chunk_columns), True)
+                if tail_vectors:
+                    dot_chunk(tail_vectors, True, row, p_start, p_stop,
+                              builder.mul(n_full_chunks, chunk_columns), True)
+
+            no_full_chunk = builder.icmp_signed("==", n_full_chunks, ir.Constant(_I64, 0))
+            with builder.if_else(no_full_chunk) as (then, otherwise):
+                with then:
+                    if tail_vectors:
+                        for_each_row(narrow)
+                with otherwise:
+                    for_each_row(wide)
+
+        chunk.for_each_count(emit, include_zero=True)
         return context.get_dummy_value()
 
     return signature, codegen

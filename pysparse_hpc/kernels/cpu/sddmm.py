@@ -10,7 +10,7 @@ has a row-range body, a parallel driver over nonzero-balanced parts and a serial
 from numba import njit, prange
 from numba.extending import overload
 
-from ._registers import MAX_VECTORS, VECTOR_BYTES, dot_row_products
+from ._registers import dot_rows_products
 
 _JIT = dict(cache=True, nogil=True, fastmath=True)
 
@@ -21,26 +21,18 @@ def _csr_rows(indptr, indices, X, Y, zero, out, start, stop):
 
 @overload(_csr_rows, jit_options=_JIT)
 def _csr_rows_for_layout(indptr, indices, X, Y, zero, out, start, stop):
-    if all(array.layout == "C" for array in (indices, X, Y, out)):
+    if all(array.layout == "C" for array in (indptr, indices, X, Y, out)):
         return _csr_rows_in_registers
     return _csr_rows_strided
 
 
 def _csr_rows_in_registers(indptr, indices, X, Y, zero, out, start, stop):
     """Contiguous X and Y: a register-sized chunk of X's row stays in registers while the Y
-    rows of the row's stored entries are dotted with it (`dot_row_products`)."""
-    n_features = X.shape[1]
-    if n_features == 0:   # empty dot products
+    rows of the row's stored entries are dotted with it (`dot_rows_products`)."""
+    if X.shape[1] == 0:   # empty dot products
         out[indptr[start]:indptr[stop]] = zero
         return
-    chunk = MAX_VECTORS * (VECTOR_BYTES // X.itemsize)
-    for row in range(start, stop):
-        p_start, p_stop = indptr[row], indptr[row + 1]
-        dot_row_products(out, X, Y, indices, row, p_start, p_stop, 0, min(chunk, n_features),
-                         False)
-        for j0 in range(chunk, n_features, chunk):
-            dot_row_products(out, X, Y, indices, row, p_start, p_stop, j0,
-                             min(chunk, n_features - j0), True)
+    dot_rows_products(out, X, Y, indptr, indices, start, stop)
 
 
 def _csr_rows_strided(indptr, indices, X, Y, zero, out, start, stop):

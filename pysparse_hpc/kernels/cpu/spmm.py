@@ -9,7 +9,7 @@ import numpy as np
 from numba import njit, prange
 from numba.extending import overload
 
-from ._registers import MAX_VECTORS, VECTOR_BYTES, add_row_products
+from ._registers import sum_rows_products
 
 _JIT = dict(cache=True, nogil=True, fastmath=True)
 
@@ -60,20 +60,15 @@ def _csr_rows(indptr, indices, data, B, out, tile, start, stop):
 
 @overload(_csr_rows, jit_options=_JIT)
 def _csr_rows_for_layout(indptr, indices, data, B, out, tile, start, stop):
-    if all(array.layout == "C" for array in (indices, data, B, out)):
+    if all(array.layout == "C" for array in (indptr, indices, data, B, out)):
         return _csr_rows_in_registers
     return _csr_rows_strided
 
 
 def _csr_rows_in_registers(indptr, indices, data, B, out, tile, start, stop):
     """Contiguous B and out: each output row is summed in vector registers, a register-sized
-    chunk of columns at a time (`add_row_products`), and written once."""
-    n_cols_out = B.shape[1]
-    chunk = MAX_VECTORS * (VECTOR_BYTES // B.itemsize)
-    for row in range(start, stop):
-        for j0 in range(0, n_cols_out, chunk):
-            add_row_products(out, B, indices, data, row, indptr[row], indptr[row + 1], j0,
-                             min(chunk, n_cols_out - j0), 1, 0)
+    chunk of columns at a time (`sum_rows_products`), and written once."""
+    sum_rows_products(out, B, indptr, indices, data, start, stop, 1)
 
 
 def _csr_rows_strided(indptr, indices, data, B, out, tile, start, stop):
@@ -163,7 +158,7 @@ def _csr_rows_heads(indptr, indices, values, B, out, start, stop):
 
 @overload(_csr_rows_heads, jit_options=_JIT)
 def _csr_rows_heads_for_layout(indptr, indices, values, B, out, start, stop):
-    if all(array.layout == "C" for array in (indices, values, B, out)):
+    if all(array.layout == "C" for array in (indptr, indices, values, B, out)):
         return _csr_rows_heads_in_registers
     return _csr_rows_heads_strided
 
@@ -174,14 +169,8 @@ def _csr_rows_heads_in_registers(indptr, indices, values, B, out, start, stop):
     n_heads, n_features = B.shape[1], B.shape[2]
     B_rows = B.reshape(B.shape[0], n_heads * n_features)
     out_rows = out.reshape(out.shape[0], n_heads * n_features)
-    flat_values = values.reshape(values.size)
-    chunk = MAX_VECTORS * (VECTOR_BYTES // B.itemsize)
-    for row in range(start, stop):
-        p_start, p_stop = indptr[row], indptr[row + 1]
-        for h in range(n_heads):
-            for f0 in range(0, n_features, chunk):
-                add_row_products(out_rows, B_rows, indices, flat_values, row, p_start, p_stop,
-                                 h * n_features + f0, min(chunk, n_features - f0), n_heads, h)
+    sum_rows_products(out_rows, B_rows, indptr, indices, values.reshape(values.size), start,
+                      stop, n_heads)
 
 
 def _csr_rows_heads_strided(indptr, indices, values, B, out, start, stop):
