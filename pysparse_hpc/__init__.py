@@ -9,6 +9,7 @@ blocked_array  the same layout for any window height (16 for TC-GNN / DTC-SpMM)
 Functions
 ---------
 block_stats    windows, vectors, redundancy and bytes of the blocked formats
+empty_cache    release the memory kept from freed large results (also cached_bytes)
 spmm           sparse @ dense (CPU: Numba kernels)
 sddmm          sampled dense-dense product on a sparse pattern (single and multi-head)
 reorder        a permutation (Rabbit-Order-style, RCM, degree) that makes blocks denser
@@ -22,6 +23,7 @@ nn             GNN layers (GCN, GAT, AGNN) and sparse ops with PyTorch autograd 
 from . import datasets, generators, io
 from ._base import issparse, sparray
 from ._blocked import blocked_array, mebcrs_array
+from ._buffers import cached_bytes, empty_cache
 from ._config import get_num_threads, set_num_threads
 from ._csr import CooTriplets, csr_array
 from ._reorder import (bandwidth, inverse_permutation, permute, permute_columns, permute_rows,
@@ -45,9 +47,11 @@ __all__ = [
     "CooTriplets",
     "bandwidth",
     "block_stats",
+    "cached_bytes",
     "blocked_array",
     "csr_array",
     "datasets",
+    "empty_cache",
     "generators",
     "get_num_threads",
     "inverse_permutation",

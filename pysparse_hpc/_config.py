@@ -16,6 +16,11 @@ in cache for very wide B; measured on a 2-core machine, tiles of 64-256 columns 
 slower than whole rows at widths up to 3703 (each tile re-reads the row's indices and breaks the
 streaming reads of B), so the default only tiles beyond 4096 columns.
 
+``PYSPARSE_HPC_BUFFER_CACHE_MB`` (default 1024): idle memory, in MiB, kept from freed results
+of at least 32 MiB so that the next result of that size reuses it instead of fresh pages, which
+the system zeroes on first write (about as long as a memory-bound SpMM takes to fill them). 0
+turns reuse off; `pysparse_hpc.empty_cache` releases what is kept.
+
 ``PYSPARSE_HPC_CUDA_WARPS`` (default 4): warps per thread block of the tensor-core SpMM; each
 warp owns 16 output columns of a row window (FlashSparse's 4 warps x 16 columns).
 
@@ -28,8 +33,7 @@ import os
 import numba
 
 __all__ = ["get_num_threads", "set_num_threads", "parallel_min_flops", "spmm_tile",
-           "cuda_warps_per_block",
-           "cuda_split_blocks"]
+           "buffer_cache_bytes", "cuda_warps_per_block", "cuda_split_blocks"]
 
 
 def _initial_threads():
@@ -62,6 +66,14 @@ _SPMM_TILE = _env_int("PYSPARSE_HPC_SPMM_TILE", 4096)
 def spmm_tile():
     """Output columns per tile of the CPU SpMM on strided B (at least 1)."""
     return max(1, _SPMM_TILE)
+
+
+_BUFFER_CACHE_BYTES = _env_int("PYSPARSE_HPC_BUFFER_CACHE_MB", 1024) << 20
+
+
+def buffer_cache_bytes():
+    """Most bytes of idle result buffers kept for reuse (0: none)."""
+    return max(0, _BUFFER_CACHE_BYTES)
 
 
 _CUDA_WARPS = _env_int("PYSPARSE_HPC_CUDA_WARPS", 4)

@@ -9,6 +9,7 @@ import numbers
 
 import numpy as np
 
+from . import _buffers
 from ._base import sparray
 from ._blocked import blocked_array
 from ._config import get_num_threads, parallel_min_flops, spmm_tile
@@ -152,7 +153,7 @@ def spmm(A, B, *, out=None, backend="auto", precision="fp32"):
     vector = B.ndim == 1
     dtype = _compute_dtype(A.dtype, B.dtype)
     result_shape = (A.shape[0],) if vector else (A.shape[0], B.shape[1])
-    result = (np.empty(result_shape, dtype=dtype) if out is None
+    result = (_buffers.empty(result_shape, dtype) if out is None
               else _check_out(out, dense, result_shape, dtype))
     if out is not None and np.may_share_memory(result, B):
         raise ValueError("out overlaps B; the product would read rows it has already written")
@@ -243,7 +244,7 @@ def sddmm(A, X, Y, *, alpha=1.0, beta=0.0, backend="auto", precision="fp32"):
     X = X.astype(dtype, copy=False)
     Y = Y.astype(dtype, copy=False)
     slots_shape = (A.values.size if isinstance(A, blocked_array) else A.nnz,) + X.shape[1:-1]
-    result = np.empty(slots_shape, dtype=dtype)
+    result = _buffers.empty(slots_shape, dtype)
     flops = 2 * A.nnz * (X.shape[1] * X.shape[2] if multi_head else X.shape[1])
     zero = dtype.type(0)
     if isinstance(A, blocked_array):
@@ -289,7 +290,7 @@ def pattern_spmm(csr, values, B):
     dtype = np.result_type(values.dtype, B.dtype)
     values = values.astype(dtype, copy=False)
     B = B.astype(dtype, copy=False)
-    out = np.empty((csr.shape[0],) + B.shape[1:], dtype=dtype)
+    out = _buffers.empty((csr.shape[0],) + B.shape[1:], dtype)
     flops = 2 * csr.nnz * int(np.prod(B.shape[1:]))
     if values.ndim == 1:
         _launch(_cpu_spmm.csr_spmm, _cpu_spmm.csr_spmm_serial, csr, csr.indptr, flops,

@@ -1,0 +1,131 @@
+"""Result buffers: large outputs reuse the memory of results that have been freed.
+
+A fresh allocation is not free once results reach tens of megabytes. glibc serves requests
+above 32 MiB with new pages from the kernel, which zeroes each page when it is first written;
+measured on a 2-core machine with huge pages, a 117 MiB float32 result took about 15 ms to
+fault in, more than the 13 ms SpMM that fills it (luxembourg_osm at N=256). Smaller requests
+come back from glibc's heap already resident, so only large buffers are kept here.
+
+A large result is a view of a pooled buffer through a small owner object (the array's
+``base``). When the last array or tensor sharing that memory is collected, the owner's
+finalizer puts the buffer back on an idle list, and the next request of the same rounded size
+takes it instead of fresh pages. Idle buffers are capped by ``PYSPARSE_HPC_BUFFER_CACHE_MB``
+(default 1024; 0 turns reuse off); `empty_cache` hands them all back to the system.
+"""
+import threading
+import weakref
+from collections import OrderedDict
+
+import numpy as np
+
+from ._config import buffer_cache_bytes
+
+__all__ = ["cached_bytes", "empty", "empty_cache"]
+
+# Below this glibc reuses freed memory itself (its largest dynamic mmap threshold on 64 bits).
+MIN_POOLED_BYTES = 32 << 20
+# Sizes are rounded up to whole huge pages, so results of nearly equal size share buffers.
+_GRANULE = 2 << 20
+# Cache-line alignment: a row that starts on a line is written without splitting stores.
+_ALIGNMENT = 64
+
+_lock = threading.Lock()
+_idle = OrderedDict()   # id(raw) -> raw uint8 buffer, oldest first
+_idle_bytes = 0
+
+
+class _BufferOwner:
+    """The ``base`` of a pooled result: exposes the buffer to NumPy and keeps it alive."""
+
+    __slots__ = ("__array_interface__", "_raw", "__weakref__")
+
+    def __init__(self, raw, shape, dtype):
+        self._raw = raw
+        address = raw.ctypes.data
+        address += -address % _ALIGNMENT
+        self.__array_interface__ = {"shape": shape, "typestr": dtype.str, "version": 3,
+                                    "data": (address, False)}
+
+
+def _rounded(nbytes):
+    return -(-nbytes // _GRANULE) * _GRANULE
+
+
+def _take_idle(capacity):
+    global _idle_bytes
+    with _lock:
+        for key, raw in _idle.items():
+            if raw.nbytes == capacity:
+                del _idle[key]
+                _idle_bytes -= raw.nbytes
+                return raw
+    return None
+
+
+def _give_back(raw):
+    """Finalizer of an owner: keep its buffer for reuse, dropping the oldest past the cap."""
+    global _idle_bytes
+    limit = buffer_cache_bytes()
+    with _lock:
+        if raw.nbytes > limit:
+            return
+        _idle[id(raw)] = raw
+        _idle_bytes += raw.nbytes
+        while _idle_bytes > limit:
+            _, oldest = _idle.popitem(last=False)
+            _idle_bytes -= oldest.nbytes
+
+
+def empty(shape, dtype):
+    """An uninitialised C-contiguous array, like `numpy.empty`; large ones reuse freed results.
+
+    Parameters
+    ----------
+    shape : tuple of int
+    dtype : numpy.dtype
+
+    Returns
+    -------
+    numpy.ndarray
+        Owns its memory when smaller than `MIN_POOLED_BYTES` or when reuse is off; otherwise a
+        64-byte-aligned view whose buffer returns to the pool once nothing refers to it.
+    """
+    dtype = np.dtype(dtype)
+    shape = tuple(int(extent) for extent in shape)
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    if nbytes < MIN_POOLED_BYTES or buffer_cache_bytes() == 0:
+        return np.empty(shape, dtype=dtype)
+    capacity = _rounded(nbytes + _ALIGNMENT)
+    raw = _take_idle(capacity)
+    if raw is None:
+        raw = np.empty(capacity, dtype=np.uint8)
+    owner = _BufferOwner(raw, shape, dtype)
+    finalizer = weakref.finalize(owner, _give_back, raw)
+    finalizer.atexit = False   # nothing to keep at exit
+    return np.asarray(owner)
+
+
+def cached_bytes():
+    """Bytes held in idle buffers, ready for the next large result.
+
+    Examples
+    --------
+    >>> import pysparse_hpc as sph
+    >>> sph.empty_cache()
+    >>> sph.cached_bytes()
+    0
+    """
+    with _lock:
+        return _idle_bytes
+
+
+def empty_cache():
+    """Release the idle result buffers to the system (like ``torch.cuda.empty_cache``).
+
+    Results still in use are not affected; their memory is kept for reuse when they are freed,
+    up to ``PYSPARSE_HPC_BUFFER_CACHE_MB``.
+    """
+    global _idle_bytes
+    with _lock:
+        _idle.clear()
+        _idle_bytes = 0

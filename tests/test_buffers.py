@@ -1,0 +1,158 @@
+"""Large results reuse the memory of freed ones; live results never share it."""
+import gc
+
+import numpy as np
+import pytest
+import scipy.sparse
+
+import pysparse_hpc as sph
+from pysparse_hpc import _buffers, _config
+from pysparse_hpc.ops import pattern_spmm
+
+from .conftest import random_scipy
+
+SHAPE = (300, 70)
+
+
+@pytest.fixture(autouse=True)
+def _empty_pool():
+    sph.empty_cache()
+    yield
+    gc.collect()
+    sph.empty_cache()
+
+
+@pytest.fixture
+def pooled(monkeypatch):
+    """Every result, however small, goes through the pool (whose real threshold is 32 MiB)."""
+    monkeypatch.setattr(_buffers, "MIN_POOLED_BYTES", 1)
+
+
+def test_small_results_own_their_memory():
+    array = _buffers.empty(SHAPE, np.float32)
+    assert array.flags.owndata and array.shape == SHAPE and array.dtype == np.float32
+    del array
+    assert sph.cached_bytes() == 0
+
+
+def test_freed_buffer_is_reused(pooled):
+    first = _buffers.empty(SHAPE, np.float64)
+    assert first.flags.c_contiguous and first.flags.writeable
+    assert first.shape == SHAPE and first.dtype == np.float64
+    assert first.ctypes.data % 64 == 0
+    address = first.ctypes.data
+    del first
+    assert sph.cached_bytes() > 0
+    second = _buffers.empty((SHAPE[1], SHAPE[0]), np.float64)   # same size, another shape
+    assert second.ctypes.data == address
+    assert sph.cached_bytes() == 0
+
+
+def test_live_results_never_share(pooled):
+    arrays = [_buffers.empty(SHAPE, np.float32) for _ in range(3)]
+    for i, a in enumerate(arrays):
+        for b in arrays[i + 1:]:
+            assert not np.shares_memory(a, b)
+
+
+def test_a_view_keeps_the_buffer(pooled):
+    first = _buffers.empty(SHAPE, np.float32)
+    first.fill(1.0)
+    view = first[10:20]
+    del first
+    assert sph.cached_bytes() == 0      # still referred to by the view
+    second = _buffers.empty(SHAPE, np.float32)
+    assert not np.shares_memory(view, second)
+    second.fill(2.0)
+    assert np.all(view == 1.0)
+    del view
+    assert sph.cached_bytes() > 0
+
+
+def test_a_torch_tensor_keeps_the_buffer(pooled):
+    torch = pytest.importorskip("torch")
+    first = _buffers.empty(SHAPE, np.float32)
+    first.fill(1.0)
+    tensor = torch.from_numpy(first)
+    del first
+    second = _buffers.empty(SHAPE, np.float32)
+    second.fill(2.0)
+    assert torch.all(tensor == 1.0)
+    del tensor
+    assert sph.cached_bytes() > 0
+
+
+def test_idle_bytes_are_capped(pooled, monkeypatch):
+    one = _buffers.empty(SHAPE, np.float32)
+    capacity = one.base._raw.nbytes
+    monkeypatch.setattr(_config, "_BUFFER_CACHE_BYTES", 2 * capacity)
+    arrays = [one] + [_buffers.empty(SHAPE, np.float32) for _ in range(2)]
+    oldest_kept = arrays[1].base._raw
+    del one
+    arrays.clear()   # the first freed is dropped once a third arrives
+    assert sph.cached_bytes() == 2 * capacity
+    assert any(raw is oldest_kept for raw in _buffers._idle.values())
+
+
+def test_zero_limit_turns_reuse_off(pooled, monkeypatch):
+    monkeypatch.setattr(_config, "_BUFFER_CACHE_BYTES", 0)
+    array = _buffers.empty(SHAPE, np.float32)
+    assert array.flags.owndata
+    del array
+    assert sph.cached_bytes() == 0
+
+
+def test_empty_cache_releases_idle_buffers(pooled):
+    array = _buffers.empty(SHAPE, np.float32)
+    in_use = _buffers.empty(SHAPE, np.float32)
+    del array
+    assert sph.cached_bytes() > 0
+    sph.empty_cache()
+    assert sph.cached_bytes() == 0
+    in_use.fill(3.0)          # a live result is untouched by the release
+    del in_use
+    assert sph.cached_bytes() > 0
+
+
+def _poison_pool(shape, dtype):
+    """Leave an idle buffer full of NaN where the next result of ``shape`` will be placed."""
+    stale = _buffers.empty(shape, dtype)
+    stale.fill(np.nan)
+    del stale
+
+
+FORMATS = {"csr": lambda A: A, "mebcrs": lambda A: A.to_mebcrs(),
+           "blocked16": lambda A: A.to_blocked(16)}
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("layout", ["C", "F"])
+def test_spmm_overwrites_reused_memory(pooled, kernel_mode, rng, fmt, layout):
+    S = random_scipy(rng, (90, 40), 0.1).tolil()
+    S[20:45] = 0        # empty rows and whole empty windows
+    S = scipy.sparse.csr_array(S)
+    A = FORMATS[fmt](sph.csr_array(S))
+    B = np.asarray(rng.standard_normal((40, 33)), order=layout)
+    _poison_pool((90, 33), np.float64)
+    np.testing.assert_allclose(A @ B, S @ B, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_sddmm_overwrites_reused_memory(pooled, kernel_mode, rng, fmt):
+    S = random_scipy(rng, (60, 50), 0.1)
+    A = FORMATS[fmt](sph.csr_array(S))
+    X, Y = rng.standard_normal((60, 9)), rng.standard_normal((50, 9))
+    _poison_pool((A.nnz,), np.float64)
+    result = sph.sddmm(A, X, Y)
+    np.testing.assert_allclose(result.toarray(), (S.toarray() != 0) * (X @ Y.T), atol=1e-12)
+
+def test_multi_head_spmm_overwrites_reused_memory(pooled, kernel_mode, rng):
+    S = random_scipy(rng, (50, 40), 0.1)
+    A = sph.csr_array(S)
+    values = rng.standard_normal((A.nnz, 3))
+    B = rng.standard_normal((40, 3, 5))
+    _poison_pool((50, 3, 5), np.float64)
+    result = pattern_spmm(A, values, B)
+    for h in range(3):
+        head = scipy.sparse.csr_array((values[:, h], A.indices, A.indptr), shape=A.shape)
+        np.testing.assert_allclose(result[:, h], head @ B[:, h], rtol=1e-12, atol=1e-12)
