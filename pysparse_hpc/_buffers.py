@@ -14,7 +14,7 @@ takes it instead of fresh pages. Idle buffers are capped by ``PYSPARSE_HPC_BUFFE
 """
 import threading
 import weakref
-from collections import OrderedDict
+from collections import OrderedDict, deque
 
 import numpy as np
 
@@ -32,6 +32,9 @@ _ALIGNMENT = 64
 _lock = threading.Lock()
 _idle = OrderedDict()   # id(raw) -> raw uint8 buffer, oldest first
 _idle_bytes = 0
+# Buffers freed while the lock was held: by another thread, or by a garbage collection that
+# ran inside this module's own locked code. Taken into `_idle` at the next locked call.
+_returned = deque()
 
 
 class _BufferOwner:
@@ -51,9 +54,24 @@ def _rounded(nbytes):
     return -(-nbytes // _GRANULE) * _GRANULE
 
 
+def _keep_returned():
+    """Move freed buffers into the idle list, dropping the oldest past the cap (lock held)."""
+    global _idle_bytes
+    limit = buffer_cache_bytes()
+    while _returned:
+        raw = _returned.popleft()
+        if raw.nbytes <= limit:
+            _idle[id(raw)] = raw
+            _idle_bytes += raw.nbytes
+    while _idle_bytes > limit:
+        _, oldest = _idle.popitem(last=False)
+        _idle_bytes -= oldest.nbytes
+
+
 def _take_idle(capacity):
     global _idle_bytes
     with _lock:
+        _keep_returned()
         for key, raw in _idle.items():
             if raw.nbytes == capacity:
                 del _idle[key]
@@ -63,17 +81,18 @@ def _take_idle(capacity):
 
 
 def _give_back(raw):
-    """Finalizer of an owner: keep its buffer for reuse, dropping the oldest past the cap."""
-    global _idle_bytes
-    limit = buffer_cache_bytes()
-    with _lock:
-        if raw.nbytes > limit:
-            return
-        _idle[id(raw)] = raw
-        _idle_bytes += raw.nbytes
-        while _idle_bytes > limit:
-            _, oldest = _idle.popitem(last=False)
-            _idle_bytes -= oldest.nbytes
+    """Finalizer of an owner: keep its buffer for reuse.
+
+    It may run inside a garbage collection at any allocation, including one in this module's
+    locked code, so it never waits for the lock: when the lock is taken the buffer is queued
+    (an atomic append) for the next call to move in.
+    """
+    _returned.append(raw)
+    if _lock.acquire(blocking=False):
+        try:
+            _keep_returned()
+        finally:
+            _lock.release()
 
 
 def empty(shape, dtype):
@@ -91,10 +110,12 @@ def empty(shape, dtype):
         64-byte-aligned view whose buffer returns to the pool once nothing refers to it.
     """
     dtype = np.dtype(dtype)
-    shape = tuple(int(extent) for extent in shape)
-    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    nbytes = dtype.itemsize
+    for extent in shape:   # not np.prod: this runs on every call, small ones included
+        nbytes *= extent
     if nbytes < MIN_POOLED_BYTES or buffer_cache_bytes() == 0:
         return np.empty(shape, dtype=dtype)
+    shape = tuple(int(extent) for extent in shape)
     capacity = _rounded(nbytes + _ALIGNMENT)
     raw = _take_idle(capacity)
     if raw is None:
@@ -116,6 +137,7 @@ def cached_bytes():
     0
     """
     with _lock:
+        _keep_returned()
         return _idle_bytes
 
 
@@ -127,5 +149,6 @@ def empty_cache():
     """
     global _idle_bytes
     with _lock:
+        _returned.clear()
         _idle.clear()
         _idle_bytes = 0

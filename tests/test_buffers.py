@@ -82,6 +82,13 @@ def test_a_torch_tensor_keeps_the_buffer(pooled):
     assert sph.cached_bytes() > 0
 
 
+def test_a_buffer_freed_under_the_lock_is_kept(pooled):
+    array = _buffers.empty(SHAPE, np.float32)
+    with _buffers._lock:    # as when a collection runs inside the pool's own locked code
+        del array           # the finalizer must not wait for the lock
+    assert sph.cached_bytes() > 0
+
+
 def test_idle_bytes_are_capped(pooled, monkeypatch):
     one = _buffers.empty(SHAPE, np.float32)
     capacity = one.base._raw.nbytes
