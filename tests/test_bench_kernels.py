@@ -119,3 +119,18 @@ def test_kernel_benchmark_aborts_on_a_wrong_result(tmp_path, capsys):
     captured = capsys.readouterr()
     assert "benchmark aborted: rmat-s6-e4 N=4: csr vs scipy" in captured.err
     assert "geometric mean" not in captured.out
+
+
+def test_a_near_miss_never_reads_as_the_target():
+    from pysparse_hpc.bench import spmm
+    from pysparse_hpc.bench._kernels import KernelResult, verdicts
+
+    def result(scipy_over_ours):
+        seconds = {"csr": 1.0, "mebcrs": 2.0, "torch": 2.0, "scipy": scipy_over_ours}
+        return KernelResult("m", "g", (4, 4), 8, "int32", 32, 0.0, seconds)
+
+    lines = verdicts(spmm.BENCH, [result(3.996)])
+    scipy_line = next(line for line in lines if "scipy, ours on CSR" in line)
+    assert scipy_line.endswith("NOT MET (3.99x)")
+    lines = verdicts(spmm.BENCH, [result(4.004)])
+    assert next(line for line in lines if "scipy, ours on CSR" in line).endswith("MET (4.00x)")
