@@ -64,7 +64,6 @@ def test_kernel_benchmark_cli_bad_arguments(args, message):
     assert message in result.stderr
 
 
-
 def _small_matrix():
     from pysparse_hpc.generators import rmat
     return rmat(7, 4, seed=5)

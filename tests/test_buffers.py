@@ -153,6 +153,7 @@ def test_sddmm_overwrites_reused_memory(pooled, kernel_mode, rng, fmt):
     result = sph.sddmm(A, X, Y)
     np.testing.assert_allclose(result.toarray(), (S.toarray() != 0) * (X @ Y.T), atol=1e-12)
 
+
 def test_multi_head_spmm_overwrites_reused_memory(pooled, kernel_mode, rng):
     S = random_scipy(rng, (50, 40), 0.1)
     A = sph.csr_array(S)

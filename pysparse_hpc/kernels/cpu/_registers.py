@@ -149,6 +149,16 @@ class _Chunk:
         builder.position_at_end(done)
 
 
+def _chunks_of(context, builder, dtype, width):
+    """A row of ``width`` columns in register-sized chunks: (number of whole chunks, columns
+    per chunk, `_Chunk` of the partial chunk after them)."""
+    lanes = VECTOR_BYTES // context.get_abi_sizeof(context.get_value_type(dtype))
+    chunk_columns = ir.Constant(_I64, MAX_VECTORS * lanes)
+    n_full_chunks = builder.udiv(width, chunk_columns)
+    tail_columns = builder.sub(width, builder.mul(n_full_chunks, chunk_columns))
+    return n_full_chunks, chunk_columns, _Chunk(context, builder, dtype, tail_columns)
+
+
 def _contiguous(ndim, *arrays):
     return all(isinstance(a, types.Array) and a.ndim == ndim and a.layout == "C" for a in arrays)
 
@@ -195,11 +205,8 @@ def sum_rows_products(typingctx, out, B, indptr, indices, data, row_start, row_s
         zero_heads = builder.icmp_signed("==", heads, ir.Constant(_I64, 0))
         # No heads, no columns to write; the select only keeps the division defined.
         head_width = builder.udiv(B_columns, builder.select(zero_heads, one, heads))
-        lanes = VECTOR_BYTES // context.get_abi_sizeof(context.get_value_type(sig.args[1].dtype))
-        chunk_columns = ir.Constant(_I64, MAX_VECTORS * lanes)
-        n_full_chunks = builder.udiv(head_width, chunk_columns)
-        tail_columns = builder.sub(head_width, builder.mul(n_full_chunks, chunk_columns))
-        chunk = _Chunk(context, builder, sig.args[1].dtype, tail_columns)
+        n_full_chunks, chunk_columns, chunk = _chunks_of(context, builder, sig.args[1].dtype,
+                                                         head_width)
 
         def sum_chunk(accumulators, masked_last, row, p_start, p_stop, head, first_column):
             """One row's sums over one chunk of columns, from zero, stored once."""
@@ -269,11 +276,8 @@ def dot_rows_products(typingctx, out, X, Y, indptr, indices, row_start, row_stop
         one = ir.Constant(_I64, 1)
         X_columns = cgutils.unpack_tuple(builder, X_array.shape, 2)[1]
         Y_columns = cgutils.unpack_tuple(builder, Y_array.shape, 2)[1]
-        lanes = VECTOR_BYTES // context.get_abi_sizeof(context.get_value_type(sig.args[1].dtype))
-        chunk_columns = ir.Constant(_I64, MAX_VECTORS * lanes)
-        n_full_chunks = builder.udiv(X_columns, chunk_columns)
-        tail_columns = builder.sub(X_columns, builder.mul(n_full_chunks, chunk_columns))
-        chunk = _Chunk(context, builder, sig.args[1].dtype, tail_columns)
+        n_full_chunks, chunk_columns, chunk = _chunks_of(context, builder, sig.args[1].dtype,
+                                                         X_columns)
 
         def dot_chunk(n_vectors, masked_last, row, p_start, p_stop, first_column, add_to_out):
             """One row's dot products over one chunk of columns, stored or added to out."""
