@@ -133,3 +133,5 @@ def test_a_near_miss_never_reads_as_the_target():
     assert scipy_line.endswith("NOT MET (3.99x)")
     lines = verdicts(spmm.BENCH, [result(4.004)])
     assert next(line for line in lines if "scipy, ours on CSR" in line).endswith("MET (4.00x)")
+    lines = verdicts(spmm.BENCH, [result(3.596)])   # far from the target: rounded as usual
+    assert next(line for line in lines if "scipy, ours on CSR" in line).endswith("MET (3.60x)")

@@ -365,8 +365,11 @@ def verdicts(bench, results):
         for target in bench.targets:
             mean = geometric_mean(r.speedup(ours, target.peer) for r in results)
             status = "MET" if mean >= target.factor else "NOT MET"
-            # Rounded down on a miss, so that 3.996 does not read as a 4.00 that failed.
-            shown = mean if status == "MET" else math.floor(mean * 100) / 100
+            # A miss that would round up to the target is rounded down instead, so that 3.996
+            # does not read as a 4.00 that failed.
+            shown = mean
+            if status == "NOT MET" and round(mean, 2) >= target.factor:
+                shown = math.floor(mean * 100) / 100
             lines.append(f"target {bench.kernel} >= {target.factor:g}x {target.description}, "
                          f"{who} (geometric mean of {len(results)}): {status} ({shown:.2f}x)")
     return lines
