@@ -20,14 +20,17 @@ row, as a first version did, cost 15-45% on graphs of a few entries per row at N
 Numba's on-disk cache keys a kernel on its own module's source: after editing this file, clear
 the kernels' ``__pycache__`` (or touch ``spmm.py`` and ``sddmm.py``) so they are compiled again.
 """
+import inspect
+
 import llvmlite.binding as llvm_binding
 import numba
 from llvmlite import ir
 from numba import types
 from numba.core import cgutils
-from numba.extending import intrinsic
+from numba.extending import intrinsic, overload
 
-__all__ = ["VECTOR_BYTES", "MAX_VECTORS", "sum_rows_products", "dot_rows_products"]
+__all__ = ["VECTOR_BYTES", "MAX_VECTORS", "compile_per_layout", "sum_rows_products",
+           "dot_rows_products"]
 
 
 def _vector_bytes():
@@ -133,14 +136,14 @@ class _Chunk:
         negative_zero = ir.Constant(self.type.element, -0.0)
         return self.builder.call(self._sum, [negative_zero, vector], fastmath=("reassoc",))
 
-    def for_each_count(self, emit, include_zero=False):
-        """Emit ``emit(n)`` once per vector count n = 1..MAX_VECTORS (from 0 with
-        ``include_zero``) and run the one that matches the chunk: straight-line code per count,
-        so accumulators get fixed registers."""
+    def for_each_count(self, emit):
+        """Emit ``emit(n)`` once per vector count n = 0..MAX_VECTORS of the partial chunk and
+        run the one that matches: straight-line code per count, so accumulators get fixed
+        registers (0: the width is a whole number of chunks)."""
         builder = self.builder
         done = builder.append_basic_block("chunk.done")
         switch = builder.switch(self.n_vectors, done)
-        for count in range(0 if include_zero else 1, MAX_VECTORS + 1):
+        for count in range(MAX_VECTORS + 1):
             block = builder.append_basic_block(f"chunk.{count}")
             switch.add_case(ir.Constant(_I64, count), block)
             builder.position_at_end(block)
@@ -157,6 +160,20 @@ def _chunks_of(context, builder, dtype, width):
     n_full_chunks = builder.udiv(width, chunk_columns)
     tail_columns = builder.sub(width, builder.mul(n_full_chunks, chunk_columns))
     return n_full_chunks, chunk_columns, _Chunk(context, builder, dtype, tail_columns)
+
+
+def compile_per_layout(stub, in_registers, strided, jit_options):
+    """Overload ``stub`` with ``in_registers`` where every array argument is C-contiguous (what
+    the intrinsics here read) and with ``strided`` otherwise, chosen when a call is compiled.
+
+    ``stub``, ``in_registers`` and ``strided`` take the same arguments.
+    """
+    def choose(*args):
+        arrays = [a for a in args if isinstance(a, types.Array)]
+        return in_registers if all(a.layout == "C" for a in arrays) else strided
+
+    choose.__signature__ = inspect.signature(stub)   # Numba checks it against the stub's
+    overload(stub, jit_options=jit_options)(choose)
 
 
 def _contiguous(ndim, *arrays):
@@ -247,7 +264,7 @@ def sum_rows_products(typingctx, out, B, indptr, indices, data, row_start, row_s
                                   builder.add(head_start,
                                               builder.mul(n_full_chunks, chunk_columns)))
 
-        chunk.for_each_count(emit, include_zero=True)
+        chunk.for_each_count(emit)
         return context.get_dummy_value()
 
     return signature, codegen
@@ -331,7 +348,7 @@ def dot_rows_products(typingctx, out, X, Y, indptr, indices, row_start, row_stop
                 with otherwise:
                     for_each_row(wide)
 
-        chunk.for_each_count(emit, include_zero=True)
+        chunk.for_each_count(emit)
         return context.get_dummy_value()
 
     return signature, codegen

@@ -8,22 +8,14 @@ a scalar of the compute dtype, so dot products accumulate in it. Like the SpMM k
 has a row-range body, a parallel driver over nonzero-balanced parts and a serial driver.
 """
 from numba import njit, prange
-from numba.extending import overload
 
-from ._registers import dot_rows_products
+from ._registers import compile_per_layout, dot_rows_products
 
 _JIT = dict(cache=True, nogil=True, fastmath=True)
 
 
 def _csr_rows(indptr, indices, X, Y, zero, out, start, stop):
-    """Rows ``start:stop`` of the single-head SDDMM; compiled per layout of X and Y."""
-
-
-@overload(_csr_rows, jit_options=_JIT)
-def _csr_rows_for_layout(indptr, indices, X, Y, zero, out, start, stop):
-    if all(array.layout == "C" for array in (indptr, indices, X, Y, out)):
-        return _csr_rows_in_registers
-    return _csr_rows_strided
+    """Rows ``start:stop`` of the single-head SDDMM; compiled per layout (`compile_per_layout`)."""
 
 
 def _csr_rows_in_registers(indptr, indices, X, Y, zero, out, start, stop):
@@ -62,6 +54,9 @@ def _csr_rows_strided(indptr, indices, X, Y, zero, out, start, stop):
                 acc += x[f] * y[f]
             out[p] = acc
             p += 1
+
+
+compile_per_layout(_csr_rows, _csr_rows_in_registers, _csr_rows_strided, _JIT)
 
 
 @njit(**_JIT)

@@ -7,9 +7,8 @@ per-row allocation. B may have any strides; the CSR kernel sums contiguous rows 
 """
 import numpy as np
 from numba import njit, prange
-from numba.extending import overload
 
-from ._registers import sum_rows_products
+from ._registers import compile_per_layout, sum_rows_products
 
 _JIT = dict(cache=True, nogil=True, fastmath=True)
 
@@ -55,14 +54,7 @@ def _add_row_products(out_row, indptr, indices, data, B, row):
 
 
 def _csr_rows(indptr, indices, data, B, out, tile, start, stop):
-    """Rows ``start:stop`` of ``out = A @ B``; compiled per layout of B and out (see below)."""
-
-
-@overload(_csr_rows, jit_options=_JIT)
-def _csr_rows_for_layout(indptr, indices, data, B, out, tile, start, stop):
-    if all(array.layout == "C" for array in (indptr, indices, data, B, out)):
-        return _csr_rows_in_registers
-    return _csr_rows_strided
+    """Rows ``start:stop`` of ``out = A @ B``; compiled per layout (`compile_per_layout`)."""
 
 
 def _csr_rows_in_registers(indptr, indices, data, B, out, tile, start, stop):
@@ -88,6 +80,9 @@ def _csr_rows_strided(indptr, indices, data, B, out, tile, start, stop):
             for j0 in range(0, n_cols_out, tile):
                 j1 = min(j0 + tile, n_cols_out)
                 _add_row_products(out[row, j0:j1], indptr, indices, data, B[:, j0:j1], row)
+
+
+compile_per_layout(_csr_rows, _csr_rows_in_registers, _csr_rows_strided, _JIT)
 
 
 @njit(parallel=True, **_JIT)
@@ -153,14 +148,7 @@ def blocked_spmm_serial(row_window_offset, col_idx, values, vector_mask, window,
 def _csr_rows_heads(indptr, indices, values, B, out, start, stop):
     """Rows ``start:stop`` of the multi-head product ``out[i, h] = sum_p values[p, h] B[j_p, h]``
     (one attention matrix per head sharing A's pattern, as in multi-head GAT); compiled per
-    layout of the operands."""
-
-
-@overload(_csr_rows_heads, jit_options=_JIT)
-def _csr_rows_heads_for_layout(indptr, indices, values, B, out, start, stop):
-    if all(array.layout == "C" for array in (indptr, indices, values, B, out)):
-        return _csr_rows_heads_in_registers
-    return _csr_rows_heads_strided
+    layout (`compile_per_layout`)."""
 
 
 def _csr_rows_heads_in_registers(indptr, indices, values, B, out, start, stop):
@@ -184,6 +172,10 @@ def _csr_rows_heads_strided(indptr, indices, values, B, out, start, stop):
                 value = values[p, h]
                 for f in range(n_features):
                     out_row[h, f] += value * source[h, f]
+
+
+compile_per_layout(_csr_rows_heads, _csr_rows_heads_in_registers, _csr_rows_heads_strided,
+                   _JIT)
 
 
 @njit(parallel=True, **_JIT)
