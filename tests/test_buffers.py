@@ -1,5 +1,8 @@
 """Large results reuse the memory of freed ones; live results never share it."""
 import gc
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -164,3 +167,27 @@ def test_multi_head_spmm_overwrites_reused_memory(pooled, kernel_mode, rng):
     for h in range(3):
         head = scipy.sparse.csr_array((values[:, h], A.indices, A.indptr), shape=A.shape)
         np.testing.assert_allclose(result[:, h], head @ B[:, h], rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("setting, expected", [
+    ("0", "0"),
+    ("37", "0"),                       # the 38 MiB buffer is over the cap: not kept
+    ("64", str(38 << 20)),             # 36 MiB and the alignment, in 2 MiB steps
+    ("ten", "must be an integer, got 'ten'"),
+])
+def test_cache_limit_from_the_environment(setting, expected):
+    """PYSPARSE_HPC_BUFFER_CACHE_MB: 0 keeps nothing, a number caps the idle MiB, anything
+    else stops the import with the variable's name (checked in a fresh interpreter)."""
+    code = ("import numpy as np, pysparse_hpc as sph\n"
+            "from pysparse_hpc import _buffers\n"
+            "result = _buffers.empty((9, 1 << 20), np.float32)  # 36 MiB: pooled\n"
+            "del result\n"
+            "print(sph.cached_bytes())\n")
+    env = dict(os.environ, PYSPARSE_HPC_BUFFER_CACHE_MB=setting)
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    if expected.isdigit():
+        assert run.returncode == 0, run.stderr
+        assert run.stdout.strip() == expected
+    else:
+        assert run.returncode != 0
+        assert f"PYSPARSE_HPC_BUFFER_CACHE_MB {expected}" in run.stderr
