@@ -2,7 +2,9 @@
 import subprocess
 import sys
 
+import numpy as np
 import pytest
+import scipy.sparse
 
 from .conftest import DATA_DIR, REPO_ROOT
 
@@ -29,6 +31,19 @@ def test_kernel_benchmark_cli(command, tmp_path):
     lines = table.read_text().splitlines()
     assert len(lines) == 2  # header + one (matrix, width) row
     assert lines[1].startswith("cora,graph,2708,2708,10556,16,")
+
+
+@requires_cora
+def test_sddmm_benchmark_bound(tmp_path):
+    table = tmp_path / "sddmm.csv"
+    result = run(["sddmm", "--data", str(DATA_DIR), "--matrix", "cora", "--no-rmat", "--n", "16",
+                  "--repeat", "1", "--bound", "--csv", str(table)])
+    assert result.returncode == 0, result.stderr
+    assert "no-sums" in result.stdout and "nosum v torch" in result.stdout
+    header, row = table.read_text().splitlines()
+    columns = dict(zip(header.split(","), row.split(",")))
+    assert float(columns["unsummed_s"]) > 0 and float(columns["spmm_s"]) > 0
+    assert float(columns["speedup_csr_vs_unsummed"]) > 0
 
 
 @requires_cora
@@ -80,6 +95,49 @@ def test_kernel_benchmark_measures(command):
     seconds = module.measure(operands, 8, 2, "small")
     assert set(seconds) == {label for label, _ in module.BENCH.contenders}
     assert all(s > 0 for s in seconds.values())
+
+
+def test_sddmm_bound_measures():
+    import torch
+
+    from pysparse_hpc.bench import sddmm
+    operands, _ = sddmm.prepare(_small_matrix(), torch, bound=True)
+    seconds = sddmm.measure(operands, 8, 1, "small")
+    assert set(seconds) == {label for label, _ in sddmm.BOUND_BENCH.contenders}
+    assert {"unsummed", "spmm"} <= set(seconds)
+    A = operands["A"]
+    X = np.ones((A.shape[0], 4), np.float32)
+    with pytest.raises(ValueError, match="C-contiguous"):
+        sddmm.unsummed_sddmm(A, np.asfortranarray(X), X[:A.shape[1]])
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_unsummed_sddmm_makes_every_product(dtype):
+    """The bound's kernel forms each entry's lane-wise products as the SDDMM does and only
+    leaves them unsummed: lane 0 of entry p's vector survives at out[p] (later entries
+    overwrite the rest), the last entry's whole vector after it."""
+    from pysparse_hpc import csr_array
+    from pysparse_hpc.kernels.cpu._registers import MAX_VECTORS, VECTOR_BYTES
+    from pysparse_hpc.kernels.cpu.sddmm import csr_sddmm_unsummed_serial
+
+    rng = np.random.default_rng(3)
+    A = csr_array(scipy.sparse.random(23, 31, density=0.2, random_state=4, format="csr"))
+    rows = np.repeat(np.arange(A.shape[0]), np.diff(A.indptr))
+    lanes = VECTOR_BYTES // np.dtype(dtype).itemsize
+    chunk = MAX_VECTORS * lanes
+    for width in (1, lanes - 1, lanes + 1, chunk, 2 * chunk + 3):
+        X = rng.standard_normal((23, width)).astype(dtype)
+        Y = rng.standard_normal((31, width)).astype(dtype)
+        out = np.full(A.nnz + lanes - 1, np.nan, dtype)
+        csr_sddmm_unsummed_serial(A.indptr, A.indices, X, Y, dtype(0), out, None)
+        # Wider rows go a chunk at a time and each chunk overwrites the last: the last remains.
+        last = (width - 1) // chunk * chunk
+        products = np.zeros((A.nnz, chunk), dtype)
+        products[:, :width - last] = X[rows, last:] * Y[A.indices, last:]
+        by_lane = products.reshape(A.nnz, -1, lanes).sum(axis=1)
+        rtol = 1e-5 if dtype == np.float32 else 1e-12
+        np.testing.assert_allclose(out[:A.nnz - 1], by_lane[:-1, 0], rtol=rtol, atol=rtol)
+        np.testing.assert_allclose(out[A.nnz - 1:], by_lane[-1], rtol=rtol, atol=rtol)
 
 
 @pytest.mark.parametrize("command, message", [("spmm", "small: mebcrs vs scipy"),

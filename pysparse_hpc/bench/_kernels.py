@@ -332,7 +332,9 @@ def format_table(bench, results):
     """Per (matrix, width): GFLOP/s of every contender and the speedups, then geometric means."""
     w = bench.width_name
     rates = "".join(f"{heading:>10}" for _, heading in bench.contenders)
-    ratios = "".join(f"{s.heading:>13}" for s in bench.speedups)
+    # A space at least between speedup headings, which may be longer than their numbers.
+    spans = [max(13, len(s.heading) + 1) for s in bench.speedups]
+    ratios = "".join(f"{s.heading:>{span}}" for s, span in zip(bench.speedups, spans))
     left = f"{'matrix':<15}{'rows':>8}{'nnz':>9}{w:>5}{'to_meb ms':>10}"
     header = f"{left}{rates}  |{ratios}"
     lines = [f"{'':<{len(left)}}{'GFLOP/s (2 nnz ' + w + ' / best time)':^{len(rates)}}  |"
@@ -344,7 +346,8 @@ def format_table(bench, results):
         convert = f"{r.convert_s * 1e3:>10.2f}" if first else f"{'':>10}"
         names = (f"{r.name:<15}{r.shape[0]:>8}{r.nnz:>9}" if first else f"{'':<32}")
         cells = "".join(f"{r.gflops(label):>10.2f}" for label, _ in bench.contenders)
-        cells += "  |" + "".join(f"{r.speedup(s.ours, s.peer):>13.2f}" for s in bench.speedups)
+        cells += "  |" + "".join(f"{r.speedup(s.ours, s.peer):>{span}.2f}"
+                                 for s, span in zip(bench.speedups, spans))
         lines.append(f"{names}{r.width:>5}{convert}{cells}")
     lines.append("-" * len(header))
     widths = sorted({r.width for r in results})
@@ -352,8 +355,8 @@ def format_table(bench, results):
     if len(widths) > 1:
         groups += [(f"  {w}={width}", [r for r in results if r.width == width]) for width in widths]
     for title, rows in groups:
-        means = "".join(f"{geometric_mean(r.speedup(s.ours, s.peer) for r in rows):>13.2f}"
-                        for s in bench.speedups)
+        means = "".join(f"{geometric_mean(r.speedup(s.ours, s.peer) for r in rows):>{span}.2f}"
+                        for s, span in zip(bench.speedups, spans))
         lines.append(f"{title:<{len(left) + len(rates)}}  |{means}")
     return "\n".join(lines)
 

@@ -8,16 +8,29 @@ int64 indices, on as many threads as ours, and plain NumPy:
 outside the timing (gathered in chunks of at most 2^26 floats, so the large graphs fit in
 memory). Every result is checked against NumPy's before anything is timed. The project's
 target, for ours on CSR: at least 3x torch.sparse.sampled_addmm (geometric mean).
+
+``--bound`` also times what bounds ours, in the same rounds: the same kernel with the
+per-entry sums left out (every load and multiply-add kept, each entry's vector of products
+stored instead of summed; its results are not checked, they are not dot products) and our
+SpMM ``A @ Y``, which reads the same Y row per stored entry. No kernel that reads the Y row
+of every stored entry in CSR order can beat the first by much; the SpMM is a second opinion on
+the same reads.
 """
+import dataclasses
+import functools
 import sys
 
 import numpy as np
 
-from ..ops import sddmm
+from .. import _buffers
+from ..kernels.cpu._registers import VECTOR_BYTES
+from ..kernels.cpu.sddmm import csr_sddmm_unsummed, csr_sddmm_unsummed_serial
+from ..ops import _launch, sddmm
 from ._kernels import (KernelBench, Speedup, Target, add_kernel_arguments, check_close,
                        conversion_seconds, run_benchmark, steady_best_times, torch_csr)
 
-__all__ = ["BENCH", "HELP", "add_arguments", "measure", "numpy_sddmm", "prepare", "run"]
+__all__ = ["BENCH", "BOUND_BENCH", "HELP", "add_arguments", "measure", "numpy_sddmm", "prepare",
+           "run", "unsummed_sddmm"]
 
 HELP = "SDDMM (float32) on CSR and ME-BCRS, against torch.sparse.sampled_addmm and NumPy"
 
@@ -41,10 +54,49 @@ BENCH = KernelBench(
     targets=(Target("torch", 3.0, "torch.sparse.sampled_addmm"),),
 )
 
+#: `BENCH` with ``--bound``: ours without the sums ("no-sums") and our SpMM on the same rows.
+BOUND_BENCH = dataclasses.replace(
+    BENCH,
+    contenders=BENCH.contenders + (("unsummed", "no-sums"), ("spmm", "our-spmm")),
+    peers_note=(BENCH.peers_note + "; bound: no-sums = ours on CSR without the per-entry sums "
+                "(same loads and FMAs, timing only), our-spmm = A @ Y (same Y row per entry)"),
+    speedups=BENCH.speedups + (Speedup("unsummed", "torch", "nosum v torch"),
+                               Speedup("spmm", "torch", "spmm v torch", plot=False),
+                               Speedup("csr", "unsummed", "csr v nosum", plot=False)),
+)
+
 
 def add_arguments(parser):
     """Options of the ``sddmm`` command beyond the common ones."""
     add_kernel_arguments(parser, "F", "widths F of the dense operands X and Y")
+    parser.add_argument("--bound", action="store_true",
+                        help="also time ours without the per-entry sums and our SpMM A @ Y, "
+                             "which read the same rows (what bounds the SDDMM)")
+
+
+def unsummed_sddmm(A, X, Y):
+    """``sddmm(A, X, Y)`` on the CPU without the per-entry sums: timing only.
+
+    The same result allocation, partition, loads and multiply-adds as the 2-D float CSR path
+    of `pysparse_hpc.sddmm` (contiguous X and Y of one dtype), but each stored entry's vector of
+    products is stored, overlapping the next entry's, instead of summed (`dot_rows_unsummed`).
+    Returns that scratch array, whose values mean nothing.
+
+    Raises
+    ------
+    ValueError
+        X and Y are not C-contiguous 2-D arrays of one float dtype with at least one column.
+    """
+    if not (X.ndim == Y.ndim == 2 and X.dtype == Y.dtype and X.dtype.kind == "f"
+            and X.flags.c_contiguous and Y.flags.c_contiguous and X.shape[1] > 0):
+        raise ValueError("unsummed_sddmm takes C-contiguous 2-D X and Y of one float dtype, "
+                         "with at least one column")
+    lanes = VECTOR_BYTES // X.itemsize
+    out = _buffers.empty((A.nnz + lanes - 1,), X.dtype)
+    flops = 2 * A.nnz * X.shape[1]
+    _launch(csr_sddmm_unsummed, csr_sddmm_unsummed_serial, A, A.indptr, flops, A.indptr,
+            A.indices, X, Y, X.dtype.type(0), out)
+    return out
 
 
 def numpy_sddmm(rows, cols, X, Y):
@@ -59,15 +111,21 @@ def numpy_sddmm(rows, cols, X, Y):
     return result
 
 
-def prepare(A, torch):
-    """Operands of one float32 matrix for every width, and the seconds of its ME-BCRS conversion."""
+def prepare(A, torch, bound=False):
+    """Operands of one float32 matrix for every width, and the seconds of its ME-BCRS conversion.
+
+    ``bound``: `measure` also times `unsummed_sddmm` and ``A @ Y`` (``--bound``).
+    """
     M, convert_s = conversion_seconds(A)
     rows = np.repeat(np.arange(A.shape[0], dtype=A.indices.dtype), np.diff(A.indptr))
-    return {"A": A, "M": M, "T": torch_csr(torch, A), "rows": rows, "torch": torch}, convert_s
+    operands = {"A": A, "M": M, "T": torch_csr(torch, A), "rows": rows, "torch": torch,
+                "bound": bound}
+    return operands, convert_s
 
 
 def measure(operands, width, repeat, what=""):
-    """Check every result against NumPy's, then best seconds by label (`steady_best_times`).
+    """Check every SDDMM result against NumPy's, then best seconds by label
+    (`steady_best_times`); with ``operands["bound"]`` also time the bound contenders.
 
     Raises
     ------
@@ -86,6 +144,9 @@ def measure(operands, width, repeat, what=""):
         "torch": lambda: torch.sparse.sampled_addmm(T, X_torch, Y_torch.T, beta=0.0, alpha=1.0),
         "numpy": lambda: numpy_sddmm(rows, cols, X, Y),
     }
+    if operands["bound"]:   # timing only: neither result is this SDDMM
+        functions["unsummed"] = lambda: unsummed_sddmm(A, X, Y)
+        functions["spmm"] = lambda: A @ Y
     reference = functions["numpy"]()
     # Each result as values in A's CSR order (A is canonical, so the orders agree).
     values = {
@@ -103,4 +164,6 @@ def measure(operands, width, repeat, what=""):
 
 def run(args, out=sys.stdout):
     """Run the benchmark over the matrices and widths and report; returns the exit status."""
-    return run_benchmark(args, BENCH, prepare, measure, out=out)
+    bench = BOUND_BENCH if args.bound else BENCH
+    return run_benchmark(args, bench, functools.partial(prepare, bound=args.bound), measure,
+                         out=out)

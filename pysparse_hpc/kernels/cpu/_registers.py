@@ -9,7 +9,8 @@ instead, so the two intrinsics here are written as LLVM vector code:
 - `sum_rows_products` (SpMM) keeps up to `MAX_VECTORS` accumulators of `VECTOR_BYTES` each in
   registers for a whole row of A and writes the output row once;
 - `dot_rows_products` (SDDMM) keeps a row of X in registers and dots it with the Y row of
-  every stored entry of that row.
+  every stored entry of that row (`dot_rows_unsummed`, the same without the sums, is only
+  for measuring what bounds it).
 
 Both take a range of rows and run the row loop themselves. Rows are read with vector loads, a
 partial last vector with masked loads and stores (no read or write past the row); rows wider
@@ -30,7 +31,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
 __all__ = ["VECTOR_BYTES", "MAX_VECTORS", "compile_per_layout", "sum_rows_products",
-           "dot_rows_products"]
+           "dot_rows_products", "dot_rows_unsummed"]
 
 
 def _vector_bytes():
@@ -270,21 +271,8 @@ def sum_rows_products(typingctx, out, B, indptr, indices, data, row_start, row_s
     return signature, codegen
 
 
-@intrinsic
-def dot_rows_products(typingctx, out, X, Y, indptr, indices, row_start, row_stop):
-    """``out[p] = dot(X[i], Y[indices[p]])`` for the stored entries ``indptr[i] <= p <
-    indptr[i + 1]`` of rows ``row_start <= i < row_stop``; ``X.shape[1] > 0``.
-
-    ``X`` and ``Y`` are C-contiguous 2-D arrays of ``out``'s float dtype; ``out``, ``indptr``
-    and ``indices`` contiguous 1-D arrays. A register-sized chunk of X's row is loaded once per
-    row and dotted with the matching chunk of each Y row; chunks after the first add to
-    ``out[p]``. As in `sum_rows_products`, the code for the last chunk is chosen once per call.
-    """
-    if not (_contiguous(2, X, Y) and _contiguous(1, out, indptr, indices)
-            and _one_float_dtype(out, X, Y)):
-        return None
-    signature = types.void(out, X, Y, indptr, indices, row_start, row_stop)
-
+def _dot_rows(summed):
+    """The codegen of `dot_rows_products` (``summed``) or of `dot_rows_unsummed`."""
     def codegen(context, builder, sig, args):
         out_array, X_array, Y_array, indptr_array, indices_array = (
             context.make_array(array_type)(context, builder, value)
@@ -314,11 +302,14 @@ def dot_rows_products(typingctx, out, X, Y, indptr, indices, row_start, row_stop
                     else:
                         chains[k % 2] = chunk.fma(x[k], y, chains[k % 2])
                 products = chains[0] if n_vectors == 1 else builder.fadd(chains[0], chains[1])
-                total = chunk.sum(products)
                 slot = builder.gep(out_array.data, [p])
-                if add_to_out:
-                    total = builder.fadd(builder.load(slot), total)
-                builder.store(total, slot)
+                if summed:
+                    total = chunk.sum(products)
+                    if add_to_out:
+                        total = builder.fadd(builder.load(slot), total)
+                    builder.store(total, slot)
+                else:
+                    chunk.store(products, slot, 0, False)
 
         def for_each_row(body):
             with cgutils.for_range_slice(builder, first_row, last_row, one) as (row, _):
@@ -351,4 +342,39 @@ def dot_rows_products(typingctx, out, X, Y, indptr, indices, row_start, row_stop
         chunk.for_each_count(emit)
         return context.get_dummy_value()
 
-    return signature, codegen
+    return codegen
+
+
+def _dot_rows_signature(out, X, Y, indptr, indices, row_start, row_stop):
+    if not (_contiguous(2, X, Y) and _contiguous(1, out, indptr, indices)
+            and _one_float_dtype(out, X, Y)):
+        return None
+    return types.void(out, X, Y, indptr, indices, row_start, row_stop)
+
+
+@intrinsic
+def dot_rows_products(typingctx, out, X, Y, indptr, indices, row_start, row_stop):
+    """``out[p] = dot(X[i], Y[indices[p]])`` for the stored entries ``indptr[i] <= p <
+    indptr[i + 1]`` of rows ``row_start <= i < row_stop``; ``X.shape[1] > 0``.
+
+    ``X`` and ``Y`` are C-contiguous 2-D arrays of ``out``'s float dtype; ``out``, ``indptr``
+    and ``indices`` contiguous 1-D arrays. A register-sized chunk of X's row is loaded once per
+    row and dotted with the matching chunk of each Y row; chunks after the first add to
+    ``out[p]``. As in `sum_rows_products`, the code for the last chunk is chosen once per call.
+    """
+    signature = _dot_rows_signature(out, X, Y, indptr, indices, row_start, row_stop)
+    return None if signature is None else (signature, _dot_rows(summed=True))
+
+
+@intrinsic
+def dot_rows_unsummed(typingctx, out, X, Y, indptr, indices, row_start, row_stop):
+    """`dot_rows_products` without the sums, for measuring what bounds it (wrong results).
+
+    Every load and multiply-add is the same, but each entry's vector of lane-wise products
+    (of its last chunk) is stored whole at ``out[p:p + lanes]`` instead of being summed, so
+    ``out`` needs ``lanes - 1`` slots past the entries and each store overwrites all but the
+    first lane of the previous entry's. The benchmark times it as the floor of a kernel that
+    reads one Y row per stored entry (``python -m pysparse_hpc.bench sddmm --bound``).
+    """
+    signature = _dot_rows_signature(out, X, Y, indptr, indices, row_start, row_stop)
+    return None if signature is None else (signature, _dot_rows(summed=False))

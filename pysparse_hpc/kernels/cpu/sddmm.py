@@ -9,7 +9,7 @@ has a row-range body, a parallel driver over nonzero-balanced parts and a serial
 """
 from numba import njit, prange
 
-from ._registers import compile_per_layout, dot_rows_products
+from ._registers import compile_per_layout, dot_rows_products, dot_rows_unsummed
 
 _JIT = dict(cache=True, nogil=True, fastmath=True)
 
@@ -89,6 +89,19 @@ def csr_sddmm_serial(indptr, indices, X, Y, zero, out, row_bounds):
         _csr_rows(indptr, indices, X, Y, zero, out, 0, indptr.size - 1)
     else:
         _csr_rows_heads(indptr, indices, X, Y, zero, out, 0, indptr.size - 1)
+
+
+@njit(parallel=True, **_JIT)
+def csr_sddmm_unsummed(indptr, indices, X, Y, zero, out, row_bounds):
+    """`csr_sddmm` without the per-entry sums, for the benchmark's bound only (wrong results,
+    see `dot_rows_unsummed`): C-contiguous 2-D X and Y, ``out`` with lanes - 1 spare slots."""
+    for part in prange(row_bounds.size - 1):
+        dot_rows_unsummed(out, X, Y, indptr, indices, row_bounds[part], row_bounds[part + 1])
+
+
+@njit(**_JIT)
+def csr_sddmm_unsummed_serial(indptr, indices, X, Y, zero, out, row_bounds):
+    dot_rows_unsummed(out, X, Y, indptr, indices, 0, indptr.size - 1)
 
 
 @njit(**_JIT)
