@@ -69,7 +69,8 @@ class sparray:
         raise NotImplementedError
 
     def toarray(self):
-        """Return a dense ``numpy.ndarray`` of shape `shape` and dtype `dtype` (duplicates summed)."""
+        """Return a dense ``numpy.ndarray`` of shape `shape` and dtype `dtype` (duplicates
+        summed)."""
         return self.tocsr().toarray()
 
     def to_scipy(self):

@@ -88,7 +88,8 @@ class blocked_array(sparray):
         if isinstance(arg, blocked_array) and index_dtype is None and (
                 arg.window, arg.block_width) == (window, block_width):
             if shape is not None and check_shape(shape) != arg.shape:
-                raise ValueError(f"shape {check_shape(shape)} does not match the input's shape {arg.shape}")
+                raise ValueError(f"shape {check_shape(shape)} does not match the input's shape "
+                                 f"{arg.shape}")
             source = arg.astype(value_dtype_for(arg.dtype, dtype), copy=copy)
             self._set_arrays(source.values, source.col_idx, source.row_window_offset,
                              source.vector_mask, source.shape, window, block_width)
@@ -178,24 +179,29 @@ class blocked_array(sparray):
         return self.col_idx
 
     def window_vectors(self, window_id):
-        """Columns and values of one window: ``(col_idx, dense)`` with dense of shape (window, n)."""
+        """Columns and values of one window: ``(col_idx, dense)``, dense of shape (window, n)."""
         window_id = _check_window_id(window_id, self.n_windows)
-        first, stop = int(self.row_window_offset[window_id]), int(self.row_window_offset[window_id + 1])
+        first = int(self.row_window_offset[window_id])
+        stop = int(self.row_window_offset[window_id + 1])
         dense = np.zeros((self.window, stop - first), dtype=self.dtype)
         for start in range(0, stop - first, self.block_width):
-            dense[:, start:start + self.block_width] = self.get_block(window_id, start // self.block_width)
+            block = self.get_block(window_id, start // self.block_width)
+            dense[:, start:start + self.block_width] = block
         return self.col_idx[first:stop], dense
 
     def get_block(self, window_id, block_id):
         """The stored block ``block_id`` of window ``window_id`` as a (window, width) view."""
         window_id = _check_window_id(window_id, self.n_windows)
-        first, stop = int(self.row_window_offset[window_id]), int(self.row_window_offset[window_id + 1])
+        first = int(self.row_window_offset[window_id])
+        stop = int(self.row_window_offset[window_id + 1])
         n_blocks = -(-(stop - first) // self.block_width)
         if not 0 <= block_id < n_blocks:
-            raise IndexError(f"block {block_id} out of range: window {window_id} has {n_blocks} blocks")
+            raise IndexError(f"block {block_id} out of range: window {window_id} has {n_blocks} "
+                             "blocks")
         start = first + block_id * self.block_width
         width = min(self.block_width, stop - start)
-        return self.values[start * self.window:(start + width) * self.window].reshape(self.window, width)
+        values = self.values[start * self.window:(start + width) * self.window]
+        return values.reshape(self.window, width)
 
     # -- validation -----------------------------------------------------------------------
     def check_format(self, full_check=False):
@@ -299,7 +305,8 @@ def _check_geometry(window, block_width):
         try:
             value = operator.index(value)
         except TypeError:
-            raise TypeError(f"{name} must be an integer, got {type(value).__name__} {value!r}") from None
+            raise TypeError(
+                f"{name} must be an integer, got {type(value).__name__} {value!r}") from None
         if value < 1:
             raise ValueError(f"{name} must be a positive integer, got {value}")
     if operator.index(window) > MAX_WINDOW:
@@ -314,7 +321,8 @@ def _check_window_id(window_id, n_windows):
 
 
 def value_positions(row_window_offset, window, block_width):
-    """``positions[v, r]``: where row ``r`` of vector ``v`` sits in ``values``, shape (n_vectors, window)."""
+    """``positions[v, r]``: where row ``r`` of vector ``v`` sits in ``values``, shape
+    (n_vectors, window)."""
     offsets = np.asarray(row_window_offset, dtype=np.int64)
     vectors_per_window = np.diff(offsets)
     vector = np.arange(offsets[-1])
@@ -355,7 +363,8 @@ def _check_blocked_arrays(values, col_idx, row_window_offset, vector_mask, shape
         )
     if values.size != col_idx.size * window:
         raise ValueError(
-            f"values has length {values.size}, expected n_vectors * window = {col_idx.size * window}"
+            f"values has length {values.size}, expected n_vectors * window = "
+            f"{col_idx.size * window}"
         )
     if vector_mask is not None and vector_mask.size != col_idx.size * _mask_bytes(window):
         raise ValueError(
@@ -369,7 +378,8 @@ def _check_blocked_arrays(values, col_idx, row_window_offset, vector_mask, shape
     if col_idx.size:
         if col_idx.min() < 0 or col_idx.max() >= n_cols:
             raise ValueError(
-                f"col_idx holds columns in [{col_idx.min()}, {col_idx.max()}], expected 0 <= col < {n_cols}"
+                f"col_idx holds columns in [{col_idx.min()}, {col_idx.max()}], expected "
+                f"0 <= col < {n_cols}"
             )
         same_window = np.repeat(np.arange(n_windows), np.diff(row_window_offset))
         ascending = np.diff(col_idx) > 0

@@ -43,7 +43,8 @@ def _initial_threads():
     try:
         threads = int(value)
     except ValueError:
-        raise ValueError(f"PYSPARSE_HPC_NUM_THREADS must be a positive integer, got {value!r}") from None
+        raise ValueError(
+            f"PYSPARSE_HPC_NUM_THREADS must be a positive integer, got {value!r}") from None
     return max(1, min(threads, numba.config.NUMBA_NUM_THREADS))
 
 

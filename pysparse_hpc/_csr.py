@@ -1,4 +1,4 @@
-"""`csr_array`: compressed sparse rows, the interchange format every other format converts through."""
+"""`csr_array`: compressed sparse rows, the format every other format converts through."""
 import operator
 from typing import NamedTuple
 
@@ -127,9 +127,11 @@ class csr_array(sparray):
 
     def _init_from_scipy(self, matrix, shape, dtype, copy, index_dtype):
         if matrix.ndim != 2:
-            raise ValueError(f"expected a 2-D sparse input, got {matrix.ndim}-D with shape {matrix.shape}")
+            raise ValueError(f"expected a 2-D sparse input, got {matrix.ndim}-D with shape "
+                             f"{matrix.shape}")
         if shape is not None and shape != tuple(matrix.shape):
-            raise ValueError(f"shape {shape} does not match the input's shape {tuple(matrix.shape)}")
+            raise ValueError(
+                f"shape {shape} does not match the input's shape {tuple(matrix.shape)}")
         value_dtype = value_dtype_for(matrix.dtype, dtype)
         csr = matrix.tocsr()  # scipy's COO -> CSR sums duplicates; CSR input is kept as is
         # scipy canonicalizes a non-canonical matrix in place whenever an operation needs it
@@ -137,7 +139,7 @@ class csr_array(sparray):
         # arrays only when they are canonical already, otherwise take a copy.
         copy = copy or not csr.has_canonical_format
         index_dtype = index_dtype or get_index_dtype((csr.indptr, csr.indices),
-                                                      maxval=max(csr.shape + (csr.nnz,)))
+                                                     maxval=max(csr.shape + (csr.nnz,)))
         self._set_arrays(
             csr.data.astype(value_dtype, copy=copy),
             csr.indices.astype(index_dtype, copy=copy),
@@ -162,7 +164,8 @@ class csr_array(sparray):
             )
         elif len(arg) == 2 and isinstance(arg[1], (tuple, list)):
             if len(arg[1]) != 2:
-                raise ValueError(f"COO input needs (data, (row, col)); got {len(arg[1])} index arrays")
+                raise ValueError(
+                    f"COO input needs (data, (row, col)); got {len(arg[1])} index arrays")
             self._init_from_coo(arg[0], arg[1][0], arg[1][1], shape, dtype, index_dtype)
         elif len(arg) == 3:
             self._init_from_raw_csr(*arg, shape=shape, dtype=dtype, copy=copy,
@@ -183,7 +186,7 @@ class csr_array(sparray):
             n_cols = int(indices.max()) + 1 if indices.size else 0
             shape = (indptr.size - 1, max(n_cols, 0))
         index_dtype = index_dtype or get_index_dtype((indices, indptr),
-                                                      maxval=max(shape + (indices.size,)))
+                                                     maxval=max(shape + (indices.size,)))
         # Validate in the caller's dtype, before a cast could wrap out-of-range values.
         _check_csr_arrays(data, indices, indptr, shape, full_check=True)
         self._set_arrays(
@@ -224,7 +227,8 @@ class csr_array(sparray):
         try:
             dense = np.asarray(arg)
         except (TypeError, ValueError) as exc:
-            raise TypeError(f"cannot convert {type(arg).__name__} to a dense array: {exc}") from None
+            raise TypeError(
+                f"cannot convert {type(arg).__name__} to a dense array: {exc}") from None
         value_dtype = value_dtype_for(dense.dtype, dtype)
         if dense.ndim != 2:
             raise ValueError(f"expected a 2-D array, got {dense.ndim}-D with shape {dense.shape}")
@@ -277,7 +281,8 @@ class csr_array(sparray):
             The O(1) checks (dtypes, lengths, ``indptr[0] == 0``, ``indptr[-1] == nnz``) always run.
         """
         _check_csr_arrays(self.data, self.indices, self.indptr, self.shape, full_check)
-        if self.indices.dtype != self.indptr.dtype or self.indices.dtype not in (np.int32, np.int64):
+        index_dtype = self.indices.dtype
+        if index_dtype != self.indptr.dtype or index_dtype not in (np.int32, np.int64):
             raise TypeError(
                 f"indices ({self.indices.dtype}) and indptr ({self.indptr.dtype}) must share one "
                 "index dtype, int32 or int64"
@@ -359,7 +364,8 @@ class csr_array(sparray):
         return dense
 
     def to_scipy(self):
-        """Return a ``scipy.sparse.csr_array`` sharing the index arrays (float16 becomes float32)."""
+        """Return a ``scipy.sparse.csr_array`` sharing the index arrays (float16 becomes
+        float32)."""
         data = self.data.astype(np.float32) if self.dtype == np.float16 else self.data
         return scipy.sparse.csr_array((data, self.indices, self.indptr), shape=self.shape)
 

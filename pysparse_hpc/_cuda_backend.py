@@ -156,8 +156,9 @@ def _mma_operand(A, precision, allow_window16=False):
             return A
         if (A.window, A.block_width) != (8, 8):
             raise ValueError(
-                f"precision={precision!r} needs ME-BCRS with 8-row windows and block_width=8, got window "
-                f"{A.window} and block_width {A.block_width}; convert with A.tocsr().to_mebcrs(8)")
+                f"precision={precision!r} needs ME-BCRS with 8-row windows and block_width=8, "
+                f"got window {A.window} and block_width {A.block_width}; convert with "
+                "A.tocsr().to_mebcrs(8)")
         return A
     return _cached(A, "mebcrs8", A.indices, lambda: A.to_mebcrs(block_width=8))
 

@@ -134,7 +134,8 @@ def _check_permutation(perm, n, name="perm"):
     lowest, highest = array.min(), array.max()
     if lowest < 0 or highest >= n:
         bad = array[(array < 0) | (array >= n)][0]
-        raise ValueError(f"{name} holds {bad}, outside [0, {n}); expected a permutation of range({n})")
+        raise ValueError(
+            f"{name} holds {bad}, outside [0, {n}); expected a permutation of range({n})")
     array = array.astype(np.int64, copy=False)
     counts = np.bincount(array, minlength=n)
     if counts.max() > 1:

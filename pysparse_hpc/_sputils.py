@@ -35,14 +35,16 @@ def check_shape(shape):
     if isinstance(shape, (str, bytes)) or not hasattr(shape, "__len__"):
         raise TypeError(f"shape must be a tuple of two integers, got {shape!r}")
     if len(shape) != 2:
-        raise ValueError(f"shape must have 2 entries (rows, cols), got {len(shape)}: {tuple(shape)!r}")
+        raise ValueError(
+            f"shape must have 2 entries (rows, cols), got {len(shape)}: {tuple(shape)!r}")
     dims = []
     for dim in shape:
         try:
             dims.append(operator.index(dim))
         except TypeError:
             raise TypeError(
-                f"shape entries must be integers, got {type(dim).__name__} {dim!r} in {tuple(shape)!r}"
+                f"shape entries must be integers, got {type(dim).__name__} {dim!r} in "
+                f"{tuple(shape)!r}"
             ) from None
     if dims[0] < 0 or dims[1] < 0:
         raise ValueError(f"shape entries must be non-negative, got {tuple(dims)!r}")

@@ -48,8 +48,10 @@ def rmat(scale, edge_factor=16, probabilities=(0.57, 0.19, 0.19, 0.05), seed=0,
     if not 1 <= int(scale) <= 40:
         raise ValueError(f"scale must be in [1, 40], got {scale}")
     probabilities = np.asarray(probabilities, dtype=np.float64)
-    if probabilities.shape != (4,) or np.any(probabilities < 0) or not np.isclose(probabilities.sum(), 1):
-        raise ValueError(f"probabilities must be 4 non-negative numbers summing to 1, got {probabilities}")
+    if (probabilities.shape != (4,) or np.any(probabilities < 0)
+            or not np.isclose(probabilities.sum(), 1)):
+        raise ValueError(
+            f"probabilities must be 4 non-negative numbers summing to 1, got {probabilities}")
     n = 1 << int(scale)
     n_edges = int(edge_factor) * n
     rng = np.random.default_rng(seed)

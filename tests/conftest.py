@@ -58,5 +58,6 @@ def kernel_mode(request, monkeypatch):
     the serial path would be exercised.
     """
     from pysparse_hpc import _config
-    monkeypatch.setattr(_config, "_PARALLEL_MIN_FLOPS", 0 if request.param == "parallel" else 1 << 62)
+    threshold = 0 if request.param == "parallel" else 1 << 62
+    monkeypatch.setattr(_config, "_PARALLEL_MIN_FLOPS", threshold)
     return request.param

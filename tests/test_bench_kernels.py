@@ -19,12 +19,17 @@ def run(args):
                           text=True, timeout=600, cwd=REPO_ROOT)
 
 
+def run_on_cora(command, table, *options, widths=("16",)):
+    """``command`` on Cora alone, one round per width, its CSV written to ``table``."""
+    return run([command, "--data", str(DATA_DIR), "--matrix", "cora", "--no-rmat", "--n",
+                *widths, "--repeat", "1", "--csv", str(table), *options])
+
+
 @requires_cora
 @pytest.mark.parametrize("command", ["spmm", "sddmm"])
 def test_kernel_benchmark_cli(command, tmp_path):
     table = tmp_path / f"{command}.csv"
-    result = run([command, "--data", str(DATA_DIR), "--matrix", "cora", "--no-rmat", "--n", "16",
-                  "--repeat", "1", "--csv", str(table)])
+    result = run_on_cora(command, table)
     assert result.returncode == 0, result.stderr
     assert "geometric mean" in result.stdout
     assert "target " in result.stdout and "MET" in result.stdout
@@ -36,8 +41,7 @@ def test_kernel_benchmark_cli(command, tmp_path):
 @requires_cora
 def test_sddmm_benchmark_bound(tmp_path):
     table = tmp_path / "sddmm.csv"
-    result = run(["sddmm", "--data", str(DATA_DIR), "--matrix", "cora", "--no-rmat", "--n", "16",
-                  "--repeat", "1", "--bound", "--csv", str(table)])
+    result = run_on_cora("sddmm", table, "--bound")
     assert result.returncode == 0, result.stderr
     assert "no-sums" in result.stdout and "nosum v torch" in result.stdout
     header, row = table.read_text().splitlines()
@@ -49,8 +53,7 @@ def test_sddmm_benchmark_bound(tmp_path):
 @requires_cora
 def test_kernel_benchmark_cli_rows_per_width(tmp_path):
     table = tmp_path / "spmm.csv"
-    result = run(["spmm", "--data", str(DATA_DIR), "--matrix", "cora", "--no-rmat", "--n", "8",
-                  "16", "--repeat", "1", "--csv", str(table)])
+    result = run_on_cora("spmm", table, widths=("8", "16"))
     assert result.returncode == 0, result.stderr
     assert len(table.read_text().splitlines()) == 3  # header + cora at N=8 and N=16
 

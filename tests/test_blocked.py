@@ -68,8 +68,8 @@ def test_compact_last_block():
 
 
 def test_explicit_zeros_survive_the_round_trip():
-    S = scipy.sparse.csr_array((np.array([2.0, 0.0, 0.0]), np.array([0, 1, 3]), np.array([0, 2, 3])),
-                               shape=(2, 4))
+    S = scipy.sparse.csr_array(
+        (np.array([2.0, 0.0, 0.0]), np.array([0, 1, 3]), np.array([0, 2, 3])), shape=(2, 4))
     M = sph.csr_array(S).to_mebcrs()
     assert M.nnz == 3
     assert_same_csr(M.tocsr(), S)
@@ -175,7 +175,8 @@ def test_transpose_astype_copy_and_reblock(rng):
     np.testing.assert_array_equal(R.toarray(), S.toarray())
     assert M.to_blocked(window=8, block_width=4) is M
     assert "mebcrs_array" in repr(M) and "window 8" in repr(M)
-    assert M.nbytes == M.values.nbytes + M.col_idx.nbytes + M.row_window_offset.nbytes + M.vector_mask.nbytes
+    assert M.nbytes == (M.values.nbytes + M.col_idx.nbytes + M.row_window_offset.nbytes
+                        + M.vector_mask.nbytes)
 
 
 @settings(max_examples=50, deadline=None)

@@ -36,7 +36,8 @@ def test_from_torch_tensor():
 
 
 def test_from_raw_csr_shares_arrays_unless_copy():
-    data, indices, indptr = np.array([1.0, 2.0]), np.array([1, 0], np.int32), np.array([0, 1, 2], np.int32)
+    data = np.array([1.0, 2.0])
+    indices, indptr = np.array([1, 0], np.int32), np.array([0, 1, 2], np.int32)
     A = sph.csr_array((data, indices, indptr), shape=(2, 3))
     assert np.shares_memory(A.data, data)
     B = sph.csr_array((data, indices, indptr), shape=(2, 3), copy=True)

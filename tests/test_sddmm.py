@@ -120,7 +120,8 @@ def test_dtypes_and_torch(rng):
                                rtol=2e-5, atol=2e-5)
     heads = sph.sddmm(A.to_mebcrs(), torch.randn(20, 2, 8), torch.randn(25, 2, 8))
     assert isinstance(heads, torch.Tensor) and heads.shape[1] == 2
-    half = sph.sddmm(A.astype(np.float16), X.numpy().astype(np.float16), Y.numpy().astype(np.float16))
+    half = sph.sddmm(A.astype(np.float16), X.numpy().astype(np.float16),
+                     Y.numpy().astype(np.float16))
     assert half.dtype == np.float32
 
 

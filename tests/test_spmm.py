@@ -202,7 +202,8 @@ def test_torch_operands_zero_copy(rng):
     B = torch.randn(18, 12)
     result = A @ B
     assert isinstance(result, torch.Tensor) and result.dtype == torch.float32
-    np.testing.assert_allclose(result.numpy(), S @ B.numpy().astype(np.float64), *tolerance(np.float32))
+    np.testing.assert_allclose(result.numpy(), S @ B.numpy().astype(np.float64),
+                               *tolerance(np.float32))
     strided = torch.randn(12, 18).T             # a non-contiguous view
     np.testing.assert_allclose((A.to_mebcrs() @ strided).numpy(), S @ strided.numpy(),
                                *tolerance(np.float32))

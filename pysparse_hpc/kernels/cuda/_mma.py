@@ -1,8 +1,9 @@
 """Tensor-core MMA from Numba: inline PTX on a real target, an exact emulation under the simulator.
 
 Kernels call ``to_tf32`` / ``pack_half2`` on their operands and ``mma_tf32_m16n8k8`` /
-``mma_f16_m16n8k8`` with one warp's fragments (float32 accumulators in both); the names are bound at import time to the PTX intrinsics or to the emulation, so one kernel
-source runs in both places.
+``mma_f16_m16n8k8`` with one warp's fragments (float32 accumulators in both); the names are
+bound at import time to the PTX intrinsics or to the emulation, so one kernel source runs in
+both places.
 
 Fragment layouts (PTX ISA, ``mma.m16n8k8`` with tf32 inputs), with ``g = lane >> 2`` and
 ``t = lane & 3``; `LAYOUT_M16N8K8_TF32` holds them as data, and the emulation rebuilds the tiles
