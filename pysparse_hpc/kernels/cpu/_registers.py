@@ -21,6 +21,7 @@ row, as a first version did, cost 15-45% on graphs of a few entries per row at N
 Numba's on-disk cache keys a kernel on its own module's source: after editing this file, clear
 the kernels' ``__pycache__`` (or touch ``spmm.py`` and ``sddmm.py``) so they are compiled again.
 """
+import contextlib
 import inspect
 
 import llvmlite.binding as llvm_binding
@@ -186,6 +187,17 @@ def _one_float_dtype(*arrays):
     return len(dtypes) == 1 and dtypes <= {types.float32, types.float64}
 
 
+@contextlib.contextmanager
+def _each_row(builder, indptr, first_row, last_row):
+    """A loop over rows ``first_row:last_row`` of a CSR row pointer ``indptr`` (an LLVM array
+    struct): the body sees ``(row, p_start, p_stop)``, the row's stored entries."""
+    one = ir.Constant(_I64, 1)
+    with cgutils.for_range_slice(builder, first_row, last_row, one) as (row, _):
+        p_start = _as_i64(builder, builder.load(builder.gep(indptr.data, [row])))
+        p_stop = _as_i64(builder, builder.load(builder.gep(indptr.data, [builder.add(row, one)])))
+        yield row, p_start, p_stop
+
+
 def _row_start(builder, array, columns, row, first_column):
     """Pointer to ``array[row, first_column]`` of a C-contiguous 2-D array."""
     return builder.gep(array.data, [builder.add(builder.mul(row, columns), first_column)])
@@ -250,10 +262,7 @@ def sum_rows_products(typingctx, out, B, indptr, indices, data, row_start, row_s
             # Allocas go to the entry block; LLVM promotes them to registers (SROA).
             full = [cgutils.alloca_once(builder, chunk.type) for _ in range(MAX_VECTORS)]
             tail = [cgutils.alloca_once(builder, chunk.type) for _ in range(tail_vectors)]
-            with cgutils.for_range_slice(builder, first_row, last_row, one) as (row, _):
-                p_start = _as_i64(builder, builder.load(builder.gep(indptr_array.data, [row])))
-                p_stop = _as_i64(builder, builder.load(
-                    builder.gep(indptr_array.data, [builder.add(row, one)])))
+            with _each_row(builder, indptr_array, first_row, last_row) as (row, p_start, p_stop):
                 with cgutils.for_range_slice(builder, ir.Constant(_I64, 0), heads, one) as (h, _):
                     head_start = builder.mul(h, head_width)
                     with cgutils.for_range_slice(builder, ir.Constant(_I64, 0), n_full_chunks,
@@ -311,33 +320,25 @@ def _dot_rows(summed):
                 else:
                     chunk.store(products, slot, 0, False)
 
-        def for_each_row(body):
-            with cgutils.for_range_slice(builder, first_row, last_row, one) as (row, _):
-                p_start = _as_i64(builder, builder.load(builder.gep(indptr_array.data, [row])))
-                p_stop = _as_i64(builder, builder.load(
-                    builder.gep(indptr_array.data, [builder.add(row, one)])))
-                body(row, p_start, p_stop)
-
         def emit(tail_vectors):
-            def narrow(row, p_start, p_stop):   # fewer columns than a chunk: the usual case
-                dot_chunk(tail_vectors, True, row, p_start, p_stop, ir.Constant(_I64, 0), False)
-
-            def wide(row, p_start, p_stop):
-                dot_chunk(MAX_VECTORS, False, row, p_start, p_stop, ir.Constant(_I64, 0), False)
-                with cgutils.for_range_slice(builder, one, n_full_chunks, one) as (c, _):
-                    dot_chunk(MAX_VECTORS, False, row, p_start, p_stop,
-                              builder.mul(c, chunk_columns), True)
-                if tail_vectors:
-                    dot_chunk(tail_vectors, True, row, p_start, p_stop,
-                              builder.mul(n_full_chunks, chunk_columns), True)
-
+            rows = (builder, indptr_array, first_row, last_row)
+            first_column = ir.Constant(_I64, 0)
             no_full_chunk = builder.icmp_signed("==", n_full_chunks, ir.Constant(_I64, 0))
             with builder.if_else(no_full_chunk) as (then, otherwise):
-                with then:
+                with then:   # fewer columns than a chunk: the usual case
                     if tail_vectors:
-                        for_each_row(narrow)
+                        with _each_row(*rows) as (row, p_start, p_stop):
+                            dot_chunk(tail_vectors, True, row, p_start, p_stop, first_column,
+                                      False)
                 with otherwise:
-                    for_each_row(wide)
+                    with _each_row(*rows) as (row, p_start, p_stop):
+                        dot_chunk(MAX_VECTORS, False, row, p_start, p_stop, first_column, False)
+                        with cgutils.for_range_slice(builder, one, n_full_chunks, one) as (c, _):
+                            dot_chunk(MAX_VECTORS, False, row, p_start, p_stop,
+                                      builder.mul(c, chunk_columns), True)
+                        if tail_vectors:
+                            dot_chunk(tail_vectors, True, row, p_start, p_stop,
+                                      builder.mul(n_full_chunks, chunk_columns), True)
 
         chunk.for_each_count(emit)
         return context.get_dummy_value()
