@@ -345,6 +345,12 @@ def _unpack_rows(vector_mask, n_vectors, window):
     return bits.astype(bool)
 
 
+def unpack_vector_mask(vector_mask, n_vectors, window):
+    """``present[v, r]``: whether row ``r`` of vector ``v`` holds a stored entry, shape
+    (n_vectors, window) (the counterpart of `value_positions`)."""
+    return _unpack_rows(vector_mask, n_vectors, window)[:, :window]
+
+
 def _check_blocked_arrays(values, col_idx, row_window_offset, vector_mask, shape, window,
                           block_width, full_check):
     n_rows, n_cols = shape

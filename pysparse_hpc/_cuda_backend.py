@@ -8,11 +8,12 @@ import sys
 
 import numpy as np
 
-from ._blocked import blocked_array
+from ._blocked import blocked_array, unpack_vector_mask, value_positions
 from ._config import cuda_split_blocks, cuda_warps_per_block
 from ._dense import is_device_array
 
-__all__ = ["PRECISIONS", "pattern_spmm_cuda", "require_gpu", "spmm_cuda", "sddmm_cuda"]
+__all__ = ["PRECISIONS", "pattern_spmm_cuda", "require_gpu", "spmm_cuda", "spmm_launcher",
+           "sddmm_cuda"]
 
 #: "fp32": CUDA-core CSR kernel; "tf32" and "fp16": tensor-core ME-BCRS kernels with tf32 or
 #: fp16 inputs, both accumulating in fp32.
@@ -35,16 +36,18 @@ def _numpy_dtype(array):
     return np.dtype(str(array.dtype).replace("torch.", ""))
 
 
-def _on_device(cuda, host_or_device, dtype, name):
-    """A device view of an operand: zero-copy for device data, a transfer for host data."""
+def _on_device(cuda, host_or_device, dtypes, name):
+    """A device view of an operand: zero-copy for device data of one of ``dtypes``, a transfer
+    (as ``dtypes[0]``) for host data."""
     if is_device_array(host_or_device):
         view = (host_or_device if not hasattr(host_or_device, "__cuda_array_interface__")
                 else cuda.as_cuda_array(host_or_device))
-        if _numpy_dtype(view) != dtype:
+        if _numpy_dtype(view) not in dtypes:
+            needed = " or ".join(str(dtype) for dtype in dtypes)
             raise TypeError(f"{name} on the device has dtype {view.dtype}; this precision needs "
-                            f"{dtype} (convert it on the device first)")
+                            f"{needed} (convert it on the device first)")
         return view
-    return cuda.to_device(np.ascontiguousarray(host_or_device, dtype=dtype))
+    return cuda.to_device(np.ascontiguousarray(host_or_device, dtype=dtypes[0]))
 
 
 def _cached(owner, key, source, build):
@@ -85,40 +88,77 @@ def spmm_cuda(A, operand, precision):
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
     cuda = require_gpu()
-    from .kernels.cuda import spmm as kernels
-
     B = operand.original if operand.device == "cuda" else operand.array
     if len(B.shape) != 2:
         raise ValueError(f"the CUDA backend takes a 2-D B, got shape {tuple(B.shape)}")
     if B.shape[0] != A.shape[1]:
         raise ValueError(f"dimension mismatch: A has shape {A.shape} but B has {B.shape[0]} "
                          f"rows; expected B.shape[0] == {A.shape[1]}")
-    if _numpy_dtype(B) not in (np.float32, np.float64):
-        raise TypeError(f"B must hold float32 or float64 values on the GPU, got {B.dtype}")
-    if precision in ("tf32", "fp16"):
-        M = _mma_operand(A, precision, allow_window16=True)
-        dtype = np.dtype(np.float32)
-        offsets, col_idx = _device_arrays(cuda, M, ("row_window_offset", "col_idx"))
-        values = _cached(M, "values_float32", M.values,
-                         lambda: cuda.to_device(M.values.astype(np.float32)))
-        device_B = _on_device(cuda, B, dtype, "B")
-        result, device_out = _result(cuda, operand, (A.shape[0], B.shape[1]), dtype)
-        kernel = "tf32-16x1" if M.window == 16 else precision
-        kernels.launch_mebcrs_spmm(_DeviceMebcrs(offsets, col_idx, values, M.shape), device_B,
-                                   device_out, cuda_warps_per_block(), kernel,
-                                   _parts(cuda, kernels, M))
-    else:
-        csr = A.tocsr()  # duplicates are fine: the kernel sums every stored entry
-        dtype = np.result_type(csr.dtype, _numpy_dtype(B), np.float32)
-        indptr, indices = _device_arrays(cuda, csr, ("indptr", "indices"))
-        device_B = _on_device(cuda, B, dtype, "B")
-        result, device_out = _result(cuda, operand, (A.shape[0], B.shape[1]), dtype)
-        kernels.launch_csr_spmm(indptr, indices, cuda.to_device(csr.data.astype(dtype)), device_B,
-                                device_out)
+    if _numpy_dtype(B) not in (np.float16, np.float32, np.float64):
+        raise TypeError(f"B must hold float16, float32 or float64 values on the GPU, got {B.dtype}")
+    dtype = (np.result_type(A.dtype, _numpy_dtype(B), np.float32) if precision == "fp32"
+             else np.dtype(np.float32))
+    launch = spmm_launcher(A, precision, dtype)
+    device_B = _on_device(cuda, B, launch.operand_dtypes, "B")
+    result, device_out = _result(cuda, operand, (A.shape[0], B.shape[1]), launch.result_dtype)
+    launch(device_B, device_out)
     if operand.device == "cuda":
         return result
     host = device_out.copy_to_host()
     return sys.modules["torch"].from_numpy(host) if operand.kind == "torch" else host
+
+
+class _SpmmLauncher:
+    """``launch(device_B, device_out)`` runs one SpMM kernel on arrays already on the device.
+
+    Attributes
+    ----------
+    operand_dtypes : tuple of numpy.dtype
+        The dtypes B may have on the device; host data is sent as the first.
+    result_dtype : numpy.dtype
+    """
+
+    def __init__(self, run, operand_dtypes, result_dtype):
+        self._run = run
+        self.operand_dtypes = operand_dtypes
+        self.result_dtype = result_dtype
+
+    def __call__(self, device_B, device_out):
+        self._run(device_B, device_out)
+
+
+def spmm_launcher(A, precision, dtype=np.float32):
+    """The kernel of ``precision`` for A, with A's arrays on the device (kernel launches only).
+
+    A's index arrays are sent once and kept with A; its values are sent on each call of this
+    function, since they may change in place. "fp32" computes in ``dtype`` (float32 or
+    float64); "tf32" and "fp16" read float32 (fp16: float16 or float32) B and give float32.
+    The benchmark builds one launcher per matrix, so its timings hold the kernels alone.
+    """
+    cuda = require_gpu()
+    from .kernels.cuda import spmm as kernels
+
+    if precision in ("tf32", "fp16"):
+        M = _mma_operand(A, precision, allow_window16=True)
+        result_dtype = np.dtype(np.float32)  # the accumulators'
+        # fp16 reads half values (host data travels as half; single device data is rounded as
+        # it is read); tf32 reads single values.
+        operand_dtypes = ((np.dtype(np.float16), result_dtype) if precision == "fp16"
+                          else (result_dtype,))
+        offsets, col_idx = _device_arrays(cuda, M, ("row_window_offset", "col_idx"))
+        values = cuda.to_device(M.values.astype(operand_dtypes[0]))
+        device_M = _DeviceMebcrs(offsets, col_idx, values, M.shape)
+        kernel = "tf32-16x1" if M.window == 16 else precision
+        warps, parts = cuda_warps_per_block(), _parts(cuda, kernels, M)
+        return _SpmmLauncher(lambda B, out: kernels.launch_mebcrs_spmm(device_M, B, out, warps,
+                                                                       kernel, parts),
+                             operand_dtypes, result_dtype)
+    dtype = np.dtype(dtype)
+    csr = A.tocsr()  # duplicates are fine: the kernel sums every stored entry
+    indptr, indices = _device_arrays(cuda, csr, ("indptr", "indices"))
+    data = cuda.to_device(csr.data.astype(dtype))
+    return _SpmmLauncher(lambda B, out: kernels.launch_csr_spmm(indptr, indices, data, B, out),
+                         (dtype,), dtype)
 
 
 def _parts(cuda, kernels, M):
@@ -160,65 +200,141 @@ def _mma_operand(A, precision, allow_window16=False):
                 f"got window {A.window} and block_width {A.block_width}; convert with "
                 "A.tocsr().to_mebcrs(8)")
         return A
-    return _cached(A, "mebcrs8", A.indices, lambda: A.to_mebcrs(block_width=8))
+
+    # The structure is converted once; the values are gathered from A's on every call, since
+    # they may have changed in place (duplicates of a non-canonical A add up).
+    def build():
+        M = A.to_mebcrs(block_width=8)
+        return M, _slot_map(M, A)
+    M, slot_of_entry = _cached(A, "mebcrs8", A.indices, build)
+    values = np.bincount(slot_of_entry, weights=A.data, minlength=M.values.size)
+    from .ops import _with_values
+    current = _with_values(M, values.astype(M.dtype))
+    # Same structure arrays, so the device copies kept for M serve this array too.
+    current.__dict__["_device_cache"] = M.__dict__.setdefault("_device_cache", {})
+    return current
 
 
 def sddmm_cuda(A, x_operand, y_operand, alpha, beta, precision):
-    """`ops.sddmm` on the GPU, single-head. Host operands give a sparse array of A's class;
-    device operands give the values as a device array of X's kind, in the storage order of the
-    array the kernel ran on (A's own; for tf32 with a CSR ``A``, that of ``A.to_mebcrs(8)``)."""
+    """`ops.sddmm` on the GPU, single- or multi-head.
+
+    Host operands give what the CPU gives: a sparse array of A's class (2-D X and Y) or an
+    array (stored slots, heads) in A's storage order. Device operands give the values as a
+    device array of X's kind, in the storage order of the array the kernel ran on: A's own, or
+    for "tf32"/"fp16" with a CSR ``A`` that of ``A.to_mebcrs(8)``, for "fp32" with a blocked
+    ``A`` that of ``A.tocsr()``.
+    """
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
-    if precision == "fp16":
-        raise NotImplementedError("precision='fp16' SDDMM (mma m16n8k16) is not available yet; "
-                                  "use 'tf32' or 'fp32'")
+    X = x_operand.original if x_operand.device == "cuda" else x_operand.array
+    Y = y_operand.original if y_operand.device == "cuda" else y_operand.array
+    _check_sddmm_shapes(A, X, Y)
     cuda = require_gpu()
     from .kernels.cuda import sddmm as kernels
 
-    X = x_operand.original if x_operand.device == "cuda" else x_operand.array
-    Y = y_operand.original if y_operand.device == "cuda" else y_operand.array
-    if len(X.shape) != 2 or len(Y.shape) != 2:
-        raise NotImplementedError("multi-head SDDMM on the CUDA backend is not available yet; "
-                                  "pass 2-D X and Y (one head at a time)")
-    if X.shape[0] != A.shape[0] or Y.shape[0] != A.shape[1]:
-        raise ValueError(
-            f"dimension mismatch: A has shape {A.shape}, so X needs {A.shape[0]} rows and Y "
-            f"{A.shape[1]}; got {X.shape[0]} and {Y.shape[0]}")
-    if X.shape[1] != Y.shape[1]:
-        raise ValueError(f"X and Y widths differ: {X.shape[1]} and {Y.shape[1]}")
-    dtype = np.dtype(np.float32) if precision == "tf32" else np.result_type(
-        A.dtype, np.float32, _numpy_dtype(X), _numpy_dtype(Y))
-    device_X = _on_device(cuda, X, dtype, "X")
-    device_Y = _on_device(cuda, Y, dtype, "Y")
-    if precision == "tf32":
-        stored = _mma_operand(A, precision)
-        offsets, col_idx, mask = _device_arrays(cuda, stored, ("row_window_offset", "col_idx",
-                                                               "vector_mask"))
-        result, device_out = _result(cuda, x_operand, (stored.values.size,), dtype)
-        widest = int(np.diff(stored.row_window_offset).max(initial=0))
-        kernels.launch_mebcrs_sddmm_tf32(_DeviceMebcrs(offsets, col_idx, None, stored.shape,
-                                                       vector_mask=mask),
-                                         device_X, device_Y, device_out, widest)
-    else:
+    if precision == "fp32":
+        dtype = np.result_type(A.dtype, np.float32, _numpy_dtype(X), _numpy_dtype(Y))
+        device_X = _on_device(cuda, X, (dtype,), "X")
+        device_Y = _on_device(cuda, Y, (dtype,), "Y")
         stored = A.tocsr()
         device_rows = _cached(stored, "entry_rows", stored.indptr, lambda: cuda.to_device(
             np.repeat(np.arange(stored.shape[0], dtype=stored.index_dtype),
                       np.diff(stored.indptr))))
         indices, = _device_arrays(cuda, stored, ("indices",))
-        result, device_out = _result(cuda, x_operand, (stored.nnz,), dtype)
+        result, device_out = _result(cuda, x_operand, (stored.nnz,) + X.shape[1:-1], dtype)
         kernels.launch_csr_sddmm(device_rows, indices, device_X, device_Y, device_out)
-    # A's values are read only for beta != 0.
-    addend = device_out if beta == 0 else cuda.to_device(
-        (stored.values if precision == "tf32" else stored.data).astype(dtype))
-    kernels.launch_scale_add(device_out, addend, dtype.type(alpha), dtype.type(beta))
-    if x_operand.device == "cuda":
+        stored_values = stored.data
+    else:
+        # fp16 reads half or single values (host data travels as half); both accumulate in fp32.
+        dtype = np.dtype(np.float32)
+        accepted = (np.dtype(np.float16), dtype) if precision == "fp16" else (dtype,)
+        device_X = _on_device(cuda, X, accepted, "X")
+        device_Y = _on_device(cuda, Y, accepted, "Y")
+        stored = _mma_operand(A, precision)
+        offsets, col_idx, mask = _device_arrays(cuda, stored, ("row_window_offset", "col_idx",
+                                                               "vector_mask"))
+        result, device_out = _result(cuda, x_operand, (stored.values.size,) + X.shape[1:-1],
+                                     dtype)
+        widest = int(np.diff(stored.row_window_offset).max(initial=0))
+        kernels.launch_mebcrs_sddmm(_DeviceMebcrs(offsets, col_idx, None, stored.shape,
+                                                  vector_mask=mask),
+                                    device_X, device_Y, device_out, widest, precision)
+        stored_values = stored.values
+    on_device = x_operand.device == "cuda"
+    # The stored values are added on the device where the result keeps the kernel's order; a
+    # host result in another order gets A's own values added after the gather (a non-canonical
+    # A's duplicates each keep their own).
+    in_kernel_order = on_device or stored is A
+    add_on_device = beta != 0 and in_kernel_order
+    addend = (cuda.to_device(stored_values.astype(dtype)) if add_on_device else device_out)
+    kernels.launch_scale_add(device_out, addend, dtype.type(alpha),
+                             dtype.type(beta) if add_on_device else dtype.type(0))
+    if on_device:
         return result
+    values = device_out.copy_to_host()
+    if not in_kernel_order:
+        values = _in_storage_order(A, stored, values)
+        if beta != 0:
+            own = _stored_values(A).astype(dtype)
+            values += dtype.type(beta) * (own[:, None] if values.ndim == 2 else own)
+    if values.ndim == 2:
+        from ._dense import wrap_like
+        return wrap_like(x_operand, values)
     from .ops import _with_values
-    result = _with_values(stored, device_out.copy_to_host())
-    # The kernel may have run on A's other form (CSR for fp32, ME-BCRS for tf32): hand back A's.
-    if isinstance(A, blocked_array) and not isinstance(result, blocked_array):
-        return result.to_blocked(A.window, A.block_width)
-    return result.tocsr() if not isinstance(A, blocked_array) else result
+    return _with_values(A, values)
+
+
+def _check_sddmm_shapes(A, X, Y):
+    if len(X.shape) != len(Y.shape) or len(X.shape) not in (2, 3):
+        raise ValueError(
+            f"X and Y must both be 2-D (n, F) or both 3-D (n, heads, F); got {len(X.shape)}-D "
+            f"and {len(Y.shape)}-D")
+    if X.shape[0] != A.shape[0] or Y.shape[0] != A.shape[1]:
+        raise ValueError(
+            f"dimension mismatch: A has shape {A.shape}, so X needs {A.shape[0]} rows and Y "
+            f"{A.shape[1]}; got {X.shape[0]} and {Y.shape[0]}")
+    if tuple(X.shape[1:]) != tuple(Y.shape[1:]):
+        what = "widths" if len(X.shape) == 2 else "(heads, width)"
+        raise ValueError(f"X and Y {what} differ: {tuple(X.shape[1:])} and {tuple(Y.shape[1:])}")
+
+
+def _stored_values(S):
+    return S.values if isinstance(S, blocked_array) else S.data
+
+
+def _storage_keys(S):
+    """``row * n_cols + col`` of every storage slot of S (-1 for a blocked array's padding)."""
+    n_cols = np.int64(S.shape[1])
+    if not isinstance(S, blocked_array):
+        rows = np.repeat(np.arange(S.shape[0], dtype=np.int64), np.diff(S.indptr))
+        return rows * n_cols + S.indices
+    offsets = S.row_window_offset.astype(np.int64)
+    positions = value_positions(offsets, S.window, S.block_width)
+    present = unpack_vector_mask(S.vector_mask, positions.shape[0], S.window)
+    window_of_vector = np.repeat(np.arange(offsets.size - 1), np.diff(offsets))
+    rows = window_of_vector[:, None] * S.window + np.arange(S.window)[None, :]
+    keys = np.full(S.values.size, -1, dtype=np.int64)
+    keys[positions[present]] = (rows * n_cols + S.col_idx.astype(np.int64)[:, None])[present]
+    return keys
+
+
+def _slot_map(source, target):
+    """For every storage slot of ``target``, the slot of ``source`` that holds the same (row,
+    column), or -1 for ``target``'s padding; ``source`` stores each position once."""
+    source_keys = _storage_keys(source)
+    order = np.argsort(source_keys, kind="stable")
+    wanted = _storage_keys(target)
+    found = order[np.searchsorted(source_keys[order], wanted).clip(max=max(order.size - 1, 0))]
+    return np.where(wanted >= 0, found, -1)
+
+
+def _in_storage_order(A, stored, values):
+    """Kernel results ``values`` in ``stored``'s slots rearranged into A's (padding gets 0)."""
+    source = stored.col_idx if isinstance(stored, blocked_array) else stored.indices
+    slot_in_stored = _cached(A, ("slots_in", id(source)), source, lambda: _slot_map(stored, A))
+    gathered = values[slot_in_stored.clip(min=0)]
+    gathered[slot_in_stored < 0] = 0
+    return gathered
 
 
 def pattern_spmm_cuda(csr, values, B):

@@ -195,11 +195,15 @@ def sddmm(A, X, Y, *, alpha=1.0, beta=0.0, backend="auto", precision="fp32"):
     alpha, beta : float
         With ``beta == 0`` A's values are not read (a NaN there does not propagate).
     backend : {"auto", "cpu", "cuda"}
-        As for `spmm`. The CUDA backend takes 2-D X and Y; with device operands it returns the
-        values (A's storage order) as a device array of X's kind.
-    precision : {"fp32", "tf32"}
-        GPU only: "fp32" runs the CUDA-core CSR kernel, "tf32" the tensor-core ME-BCRS kernel
-        (a CSR ``A`` is converted once and the result kept).
+        As for `spmm`. With device operands the CUDA backend returns the values as a device
+        array of X's kind, in the storage order of the array the kernel ran on (A's own; for
+        "tf32"/"fp16" with a CSR ``A`` that of ``A.to_mebcrs(8)``, for "fp32" with a blocked
+        ``A`` that of ``A.tocsr()``); with host operands it returns what the CPU returns.
+    precision : {"fp32", "tf32", "fp16"}
+        GPU only: "fp32" runs the CUDA-core CSR kernel in the operands' precision; "tf32"
+        (``mma.m16n8k8``) and "fp16" (``mma.m16n8k16``; half device operands are read as they
+        are) the tensor-core ME-BCRS kernel, accumulating in float32 (a CSR ``A`` is converted
+        once and the result kept).
 
     Returns
     -------

@@ -73,6 +73,9 @@ def test_kernel_benchmark_cli_small_rmat(tmp_path):
     (["sddmm", "--rmat", "18"], "SCALE:EDGE_FACTOR"),
     (["spmm", "--rmat", "10:4", "--no-rmat"], "not allowed with"),
     (["spmm", "--n", "0"], "positive integer"),
+    (["spmm", "--flush-mb", "8", "--no-rmat"], "applies to --backend cuda"),
+    (["spmm", "--backend", "cuda", "--flush-mb", "-1"], "0 or more"),
+    (["spmm", "--backend", "tpu"], "invalid choice"),
 ])
 def test_kernel_benchmark_cli_bad_arguments(args, message):
     if "unknown matrices" in message and not DATA_DIR.is_dir():
@@ -196,3 +199,30 @@ def test_a_near_miss_never_reads_as_the_target():
     assert next(line for line in lines if "scipy, ours on CSR" in line).endswith("MET (4.00x)")
     lines = verdicts(spmm.BENCH, [result(3.596)])   # far from the target: rounded as usual
     assert next(line for line in lines if "scipy, ours on CSR" in line).endswith("MET (3.60x)")
+
+
+def test_gpu_benchmark_without_a_gpu_says_so():
+    from numba import cuda
+    if cuda.is_available():
+        pytest.skip("a GPU is present")
+    result = run(["spmm", "--backend", "cuda", "--no-rmat"])
+    assert result.returncode == 2 and "needs a CUDA GPU" in result.stderr
+
+
+def test_gpu_benchmark_verdicts():
+    from pysparse_hpc.bench._kernels import KernelResult
+    from pysparse_hpc.bench.spmm_cuda import gpu_verdicts
+
+    def result(width, cusparse, tc16x1=2.0):
+        seconds = {"tf32": 1.0, "fp16": 0.5, "tc16x1": tc16x1, "csr": 3.0, "cusparse": cusparse,
+                   "cusparse16": 0.999}
+        return KernelResult("m", "g", (4, 4), 8, "int32", width, 0.0, seconds)
+
+    lines = gpu_verdicts([result(128, 1.6), result(256, 1.0)])
+    assert lines[0].endswith("(N = 128, geometric mean of 1): MET (1.60x)")
+    assert lines[1].endswith("NOT MET (1.99x)")  # 1.998 does not read as 2.00
+    assert lines[2].endswith("(all rows, geometric mean of 2): MET (2.00x)")
+    lines = gpu_verdicts([result(128, float("nan"), tc16x1=1.0)])
+    assert "NOT MEASURED" in lines[0] and lines[2].endswith("NOT MET (1.00x)")  # not faster
+    assert "NOT MEASURED" in gpu_verdicts([result(256, 2.0)])[0]  # no row at N = 128
+    assert all("not judged" in line for line in gpu_verdicts([result(128, 2.0)], simulated=True))

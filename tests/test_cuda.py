@@ -21,18 +21,12 @@ def test_kernels_under_the_simulator():
     assert " passed" in result.stdout and "skipped" not in result.stdout.splitlines()[-1]
 
 
-def _compile_ptx(cc, kernel):
-    from numba import cuda, types
-    from pysparse_hpc.kernels.cuda import spmm
+def _ptx(cc, source, signature):
+    """PTX of a kernel source for compute capability ``cc``, or a skip saying what is missing."""
+    from numba import cuda
     if cuda.compile_ptx is None:
         pytest.skip("numba.cuda.compile_ptx is unavailable (simulator enabled)")
-    f32, i32 = types.float32, types.int32
-    i64 = types.int64
-    signature = (i32[::1], i32[::1], f32[::1], i64, f32[:, ::1], f32[:, ::1], i64[::1], i64[::1],
-                 i64[::1], types.int32[::1])
     try:
-        source = (spmm._blocked16_spmm_tf32 if kernel == "tf32-16x1"
-                  else spmm.MEBCRS_SPMM_SOURCES[kernel])
         ptx, _ = cuda.compile_ptx(source, signature, cc=cc)
     except Exception as exc:  # NVRTC/NVVM wheels missing: say which
         if "NVVM" in str(exc) or "nvrtc" in str(exc).lower() or "libNVVM" in str(exc):
@@ -41,17 +35,8 @@ def _compile_ptx(cc, kernel):
     return ptx
 
 
-@pytest.mark.parametrize("cc", [(8, 0), (9, 0)])
-@pytest.mark.parametrize("kernel,mma_types,conversion", [
-    ("tf32", ".f32.tf32.tf32.f32", "cvt.rna.tf32.f32"),
-    ("fp16", ".f32.f16.f16.f32", "cvt.rn.f16x2.f32"),  # fp32 accumulators
-    ("tf32-16x1", ".f32.tf32.tf32.f32", "cvt.rna.tf32.f32"),  # the 16x1 ablation
-])
-def test_tensor_core_kernel_compiles_to_mma(cc, kernel, mma_types, conversion, tmp_path):
-    ptx = _compile_ptx(cc, kernel)
-    mma_lines = [line for line in ptx.splitlines() if "mma.sync.aligned.m16n8k8" in line]
-    assert mma_lines and all(mma_types in line for line in mma_lines)
-    assert conversion in ptx
+def _assert_no_spills(ptx, cc, tmp_path):
+    """``ptxas -v`` assembles the PTX without spilling registers (where ptxas is present)."""
     ptxas = shutil.which("ptxas")
     if ptxas is None:
         return
@@ -63,21 +48,68 @@ def test_tensor_core_kernel_compiles_to_mma(cc, kernel, mma_types, conversion, t
     assert "0 bytes spill stores" in report and "0 bytes spill loads" in report, report
 
 
+def _types():
+    from numba import types
+    return types.float32, types.float16, types.int32, types.int64, types.uint8
+
+
+def _spmm_ptx(cc, kernel, paired=False, dense="f32"):
+    from pysparse_hpc.kernels.cuda import spmm
+    f32, f16, i32, i64, _ = _types()
+    B = {"f32": f32, "f16": f16}[dense][:, ::1]
+    signature = (i32[::1], i32[::1], B.dtype[::1], i64, B, f32[:, ::1], i64[::1], i64[::1],
+                 i64[::1], i32[::1])
+    source = (spmm._blocked16_spmm_tf32 if kernel == "tf32-16x1"
+              else spmm.MEBCRS_SPMM_SOURCES[kernel, paired])
+    return _ptx(cc, source, signature)
+
+
 @pytest.mark.parametrize("cc", [(8, 0), (9, 0)])
-def test_sddmm_kernels_compile(cc):
-    from numba import cuda, types
+@pytest.mark.parametrize("kernel,paired,dense,mma_types,conversion", [
+    ("tf32", True, "f32", ".f32.tf32.tf32.f32", "cvt.rna.tf32.f32"),
+    ("tf32", False, "f32", ".f32.tf32.tf32.f32", "cvt.rna.tf32.f32"),
+    ("fp16", True, "f32", ".f32.f16.f16.f32", "cvt.rn.f16x2.f32"),  # fp32 accumulators
+    ("fp16", True, "f16", ".f32.f16.f16.f32", "cvt.rn.f16x2.f32"),  # half B and values
+    ("fp16", False, "f16", ".f32.f16.f16.f32", "cvt.rn.f16x2.f32"),
+    ("tf32-16x1", False, "f32", ".f32.tf32.tf32.f32", "cvt.rna.tf32.f32"),  # the ablation
+])
+def test_tensor_core_kernel_compiles_to_mma(cc, kernel, paired, dense, mma_types, conversion,
+                                            tmp_path):
+    ptx = _spmm_ptx(cc, kernel, paired, dense)
+    mma_lines = [line for line in ptx.splitlines() if "mma.sync.aligned.m16n8k8" in line]
+    assert mma_lines and all(mma_types in line for line in mma_lines)
+    assert conversion in ptx
+    # FlashSparse's mapping: a lane's two columns of B in one load, of C in one store.
+    pair_load = {"f32": "ld.global.v2.f32", "f16": "ld.global.v2.u16"}[dense]
+    assert (pair_load in ptx) == paired and ("st.global.v2.f32" in ptx) == paired
+    _assert_no_spills(ptx, cc, tmp_path)
+
+
+@pytest.mark.parametrize("cc", [(8, 0), (9, 0)])
+@pytest.mark.parametrize("precision,mma,dense", [
+    ("tf32", "m16n8k8.row.col.f32.tf32.tf32.f32", "f32"),
+    ("fp16", "m16n8k16.row.col.f32.f16.f16.f32", "f32"),
+    ("fp16", "m16n8k16.row.col.f32.f16.f16.f32", "f16"),  # half operands read as they are
+])
+@pytest.mark.parametrize("strided", [False, True])  # True: one head of (n, heads, F)
+def test_sddmm_tensor_core_kernels_compile(cc, precision, mma, dense, strided, tmp_path):
     from pysparse_hpc.kernels.cuda import sddmm
-    if cuda.compile_ptx is None:
-        pytest.skip("numba.cuda.compile_ptx is unavailable (simulator enabled)")
-    f32, i32, i64, u8 = types.float32, types.int32, types.int64, types.uint8
-    try:
-        ptx, _ = cuda.compile_ptx(sddmm._mebcrs_sddmm_tf32,
-                                  (i32[::1], i32[::1], u8[::1], i64, f32[:, ::1], f32[:, ::1],
-                                   f32[::1]), cc=cc)
-        cuda.compile_ptx(sddmm._csr_sddmm, (i32[::1], i32[::1], f32[:, ::1], f32[:, ::1],
-                                            f32[::1]), cc=cc)
-    except Exception as exc:
-        if "NVVM" in str(exc) or "nvrtc" in str(exc).lower():
-            pytest.skip(f"CUDA compiler libraries not installed: {exc}")
-        raise
-    assert "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32" in ptx
+    f32, f16, i32, i64, u8 = _types()
+    value = {"f32": f32, "f16": f16}[dense]
+    operand, out = (value[:, :], f32[:]) if strided else (value[:, ::1], f32[::1])
+    ptx = _ptx(cc, sddmm.MEBCRS_SDDMM_SOURCES[precision],
+               (i32[::1], i32[::1], u8[::1], i64, operand, operand, out))
+    mma_lines = [line for line in ptx.splitlines() if "mma.sync.aligned" in line]
+    assert mma_lines and all(mma in line for line in mma_lines)
+    _assert_no_spills(ptx, cc, tmp_path)
+
+
+@pytest.mark.parametrize("cc", [(8, 0), (9, 0)])
+def test_csr_kernels_keep_float32_sums_in_float32(cc):
+    """The CUDA-core kernels accumulate in the output's dtype (no float64 arithmetic)."""
+    from pysparse_hpc.kernels.cuda import sddmm, spmm
+    f32, _, i32, _, _ = _types()
+    ptx = (_ptx(cc, spmm._csr_spmm, (i32[::1], i32[::1], f32[::1], f32[:, ::1], f32[:, ::1]))
+           + _ptx(cc, sddmm._csr_sddmm, (i32[::1], i32[::1], f32[:, ::1], f32[:, ::1],
+                                         f32[::1])))
+    assert "fma.rn.f32" in ptx and ".f64" not in ptx

@@ -37,7 +37,15 @@ BENCH = KernelBench(
 
 def add_arguments(parser):
     """Options of the ``spmm`` command beyond the common ones."""
-    add_kernel_arguments(parser, "N", "widths N of the dense operand B")
+    add_kernel_arguments(parser, "N", "widths N of the dense operand B (with --backend cuda: "
+                                      "128 256)")
+    parser.add_argument("--backend", choices=("cpu", "cuda"), default="cpu",
+                        help="cpu: our Numba kernels against scipy and torch (default); cuda: "
+                             "our tensor-core kernels on a GPU against cuSPARSE (R-MAT default "
+                             "20:16:1 21:8:2), see pysparse_hpc.bench.spmm_cuda")
+    parser.add_argument("--flush-mb", type=float, metavar="MB",
+                        help="with --backend cuda: MiB overwritten before each timed run to empty "
+                             "the L2 cache (default: 8 times the L2, at least 256; 0: none)")
 
 
 def prepare(A, torch):
@@ -76,4 +84,10 @@ def measure(operands, width, repeat, what=""):
 
 def run(args, out=sys.stdout):
     """Run the benchmark over the matrices and widths and report; returns the exit status."""
+    if args.backend == "cuda":
+        from . import spmm_cuda  # imports numba.cuda: only for GPU runs
+        return spmm_cuda.run(args, out=out)
+    if args.flush_mb is not None:
+        print("error: --flush-mb applies to --backend cuda", file=sys.stderr)
+        return 2
     return run_benchmark(args, BENCH, prepare, measure, out=out)

@@ -56,12 +56,8 @@ def sddmm_values(csr, x, y):
     if on_cpu(x):
         result = ops.sddmm(csr, host(x), host(y))
         return _torch().from_numpy(result if x.ndim == 3 else result.data)
-    x, y = x.detach().contiguous(), y.detach().contiguous()
-    if x.ndim == 2:
-        return ops.sddmm(csr, x, y, backend="cuda")
-    heads = [ops.sddmm(csr, x[:, h].contiguous(), y[:, h].contiguous(), backend="cuda")
-             for h in range(x.shape[1])]
-    return _torch().stack(heads, dim=1)
+    # Device operands give the values in the kernel's order: csr's own for the CSR kernel.
+    return ops.sddmm(csr, x.detach().contiguous(), y.detach().contiguous(), backend="cuda")
 
 
 def edge_rows(csr, device):

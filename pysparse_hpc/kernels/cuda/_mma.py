@@ -1,9 +1,9 @@
 """Tensor-core MMA from Numba: inline PTX on a real target, an exact emulation under the simulator.
 
-Kernels call ``to_tf32`` / ``pack_half2`` on their operands and ``mma_tf32_m16n8k8`` /
-``mma_f16_m16n8k8`` with one warp's fragments (float32 accumulators in both); the names are
-bound at import time to the PTX intrinsics or to the emulation, so one kernel source runs in
-both places.
+Kernels call ``to_tf32`` / ``pack_half2`` on their operands and ``mma_tf32_m16n8k8``,
+``mma_f16_m16n8k8`` or ``mma_f16_m16n8k16`` with one warp's fragments (float32 accumulators in
+all three); the names are bound at import time to the PTX intrinsics or to the emulation, so one
+kernel source runs in both places.
 
 Fragment layouts (PTX ISA, ``mma.m16n8k8`` with tf32 inputs), with ``g = lane >> 2`` and
 ``t = lane & 3``; `LAYOUT_M16N8K8_TF32` holds them as data, and the emulation rebuilds the tiles
@@ -15,8 +15,9 @@ import threading
 import numpy as np
 from numba import config, cuda
 
-__all__ = ["SIMULATED", "LAYOUT_M16N8K8_TF32", "LAYOUT_M16N8K8_F16", "to_tf32", "tf32_round",
-           "mma_tf32_m16n8k8", "pack_half2", "mma_f16_m16n8k8"]
+__all__ = ["SIMULATED", "LAYOUT_M16N8K8_TF32", "LAYOUT_M16N8K8_F16", "LAYOUT_M16N8K16_F16",
+           "to_tf32", "tf32_round", "mma_tf32_m16n8k8", "pack_half2", "mma_f16_m16n8k8",
+           "mma_f16_m16n8k16"]
 
 SIMULATED = bool(config.ENABLE_CUDASIM)
 
@@ -48,6 +49,20 @@ LAYOUT_M16N8K8_F16 = {
     "a": _fragment_positions([lambda g, t: (g, 2 * t), lambda g, t: (g, 2 * t + 1),
                               lambda g, t: (g + 8, 2 * t), lambda g, t: (g + 8, 2 * t + 1)]),
     "b": _fragment_positions([lambda g, t: (2 * t, g), lambda g, t: (2 * t + 1, g)]),
+    "c": LAYOUT_M16N8K8_TF32["c"],
+}
+
+
+#: The fp16 ``mma.m16n8k16`` (the SDDMM's: 16 features per step). A: a0 = (g, 2t..2t+1),
+#: a1 = (g+8, 2t..2t+1), a2 = (g, 2t+8..2t+9), a3 = (g+8, 2t+8..2t+9); B: b0 = (2t..2t+1, g),
+#: b1 = (2t+8..2t+9, g).
+LAYOUT_M16N8K16_F16 = {
+    "a": _fragment_positions([lambda g, t: (g, 2 * t), lambda g, t: (g, 2 * t + 1),
+                              lambda g, t: (g + 8, 2 * t), lambda g, t: (g + 8, 2 * t + 1),
+                              lambda g, t: (g, 2 * t + 8), lambda g, t: (g, 2 * t + 9),
+                              lambda g, t: (g + 8, 2 * t + 8), lambda g, t: (g + 8, 2 * t + 9)]),
+    "b": _fragment_positions([lambda g, t: (2 * t, g), lambda g, t: (2 * t + 1, g),
+                              lambda g, t: (2 * t + 8, g), lambda g, t: (2 * t + 9, g)]),
     "c": LAYOUT_M16N8K8_TF32["c"],
 }
 
@@ -122,6 +137,12 @@ if not SIMULATED:
         return _mma_signature_and_codegen("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32",
                                           a_registers=2, b_registers=1)
 
+    @intrinsic
+    def mma_f16_m16n8k16(typingctx, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+        """D = A B + C on one warp: fp16 pairs (4 A, 2 B registers), float32 accumulators."""
+        return _mma_signature_and_codegen("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32",
+                                          a_registers=4, b_registers=2)
+
 else:
     # One fragment store per (block, warp): every lane writes its registers, the block meets
     # at a barrier, each lane rebuilds the tiles and takes its share of D, and a second barrier
@@ -153,7 +174,8 @@ else:
             store = _fragments.setdefault(key + (tag,), np.zeros((32, n_a + n_b + 4), np.float32))
         store[lane] = tuple(registers) + tuple(accumulators)
         cuda.syncthreads()
-        tiles = {"a": np.zeros((16, 8), np.float32), "b": np.zeros((8, 8), np.float32),
+        depth = layout["b"][..., 0].max() + 1  # the reduction extent k
+        tiles = {"a": np.zeros((16, depth), np.float32), "b": np.zeros((depth, 8), np.float32),
                  "c": np.zeros((16, 8), np.float32)}
         columns = {"a": slice(0, n_a), "b": slice(n_a, n_a + n_b), "c": slice(n_a + n_b, None)}
         for name, tile in tiles.items():
@@ -179,3 +201,10 @@ else:
         """Emulated warp MMA with the layouts of `LAYOUT_M16N8K8_F16`, fp32 accumulation."""
         return _warp_mma(LAYOUT_M16N8K8_F16, (a0[0], a0[1], a1[0], a1[1], b0[0], b0[1]),
                          (c0, c1, c2, c3), "f16")
+
+    @cuda.jit(device=True)
+    def mma_f16_m16n8k16(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+        """Emulated warp MMA with the layouts of `LAYOUT_M16N8K16_F16`, fp32 accumulation."""
+        return _warp_mma(LAYOUT_M16N8K16_F16, (a0[0], a0[1], a1[0], a1[1], a2[0], a2[1], a3[0],
+                                               a3[1], b0[0], b0[1], b1[0], b1[1]),
+                         (c0, c1, c2, c3), "f16k16")

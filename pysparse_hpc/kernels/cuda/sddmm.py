@@ -3,21 +3,25 @@
 CUDA cores (CSR): one thread per stored entry; the entry's row comes from a precomputed
 entry -> row array, so threads need no search.
 
-Tensor cores (ME-BCRS, tf32 ``mma.m16n8k8``): the products of a window's 8 rows with 16 of its
-vectors form one 16x8 tile D = Y_v X_w^T, accumulated over the feature axis 8 at a time (A
-operand: Y rows of the 16 vectors, B operand: X rows of the window). Each lane writes its four
-dot products where the vector mask says the entry is stored; the caller zeroes the output first,
-so padding slots stay 0. One warp per (window, 16 vectors).
+Tensor cores (ME-BCRS, tf32 ``mma.m16n8k8`` or fp16 ``mma.m16n8k16``, fp32 accumulation): the
+products of a window's 8 rows with 16 of its vectors form one 16x8 tile D = Y_v X_w^T,
+accumulated over the feature axis 8 (tf32) or 16 (fp16) at a time (A operand: Y rows of the 16
+vectors, B operand: X rows of the window). Each lane writes its four dot products where the
+vector mask says the entry is stored; the caller zeroes the output first, so padding slots stay
+0. One warp per (window, 16 vectors).
+
+Multi-head operands run one launch per head on strided views (``X[:, h]``), so the kernels
+stay 2-D.
 """
 import math
 
 from numba import cuda, float32
 
-from ._mma import mma_tf32_m16n8k8, to_tf32
-from .spmm import BLOCK_WIDTH, WINDOW, _zero
+from ._mma import mma_f16_m16n8k16, mma_tf32_m16n8k8, pack_half2, to_tf32
+from .spmm import BLOCK_WIDTH, WINDOW, zero_rows
 
-__all__ = ["csr_sddmm", "mebcrs_sddmm_tf32", "scale_add", "launch_csr_sddmm",
-           "launch_mebcrs_sddmm_tf32", "launch_scale_add"]
+__all__ = ["MEBCRS_SDDMM_SOURCES", "csr_sddmm", "scale_add", "launch_csr_sddmm",
+           "launch_mebcrs_sddmm", "launch_scale_add"]
 
 VECTORS_PER_WARP = 16
 
@@ -28,105 +32,154 @@ def _csr_sddmm(rows, indices, X, Y, out):
         return
     x = X[rows[p]]
     y = Y[indices[p]]
-    acc = 0.0
+    acc = out.dtype.type(0)  # a bare 0.0 would make float32 sums float64
     for f in range(X.shape[1]):
         acc += x[f] * y[f]
     out[p] = acc
 
 
-def _mebcrs_sddmm_tf32(row_window_offset, col_idx, vector_mask, n_rows, X, Y, out):
-    w = cuda.blockIdx.x
-    lane = cuda.threadIdx.x % 32
-    g = lane >> 2
-    t = lane & 3
-    first = row_window_offset[w]
-    n_vectors = row_window_offset[w + 1] - first
-    first_slot = cuda.blockIdx.y * VECTORS_PER_WARP  # the warp's 16 vectors within the window
-    if first_slot >= n_vectors:
-        return  # the whole warp leaves together, so no mma is left half-issued
-    row0 = w * WINDOW
-    n_features = X.shape[1]
-    v_lo = first_slot + g  # A rows g and g + 8: two vectors of this lane
-    v_hi = v_lo + 8
-    src_lo = col_idx[first + v_lo] if v_lo < n_vectors else -1
-    src_hi = col_idx[first + v_hi] if v_hi < n_vectors else -1
-    x_row = row0 + g  # B column g: a window row
-    c0 = float32(0.0)
-    c1 = float32(0.0)
-    c2 = float32(0.0)
-    c3 = float32(0.0)
-    for f0 in range(0, n_features, 8):
-        f_a = f0 + t
-        f_b = f0 + t + 4
-        a0 = float32(0.0)
-        a1 = float32(0.0)
-        a2 = float32(0.0)
-        a3 = float32(0.0)
-        b0 = float32(0.0)
-        b1 = float32(0.0)
-        if f_a < n_features:
-            if src_lo >= 0:
-                a0 = Y[src_lo, f_a]
-            if src_hi >= 0:
-                a1 = Y[src_hi, f_a]
-            if x_row < n_rows:
-                b0 = X[x_row, f_a]
-        if f_b < n_features:
-            if src_lo >= 0:
-                a2 = Y[src_lo, f_b]
-            if src_hi >= 0:
-                a3 = Y[src_hi, f_b]
-            if x_row < n_rows:
-                b1 = X[x_row, f_b]
-        c0, c1, c2, c3 = mma_tf32_m16n8k8(to_tf32(a0), to_tf32(a1), to_tf32(a2), to_tf32(a3),
-                                          to_tf32(b0), to_tf32(b1), c0, c1, c2, c3)
-    # d0 (v_lo, row 2t), d1 (v_lo, 2t + 1), d2 (v_hi, 2t), d3 (v_hi, 2t + 1).
-    for k in range(4):
-        slot = v_lo if k < 2 else v_hi
-        r = 2 * t + (k & 1)
-        if slot < n_vectors and vector_mask[first + slot] & (1 << r):
-            block_start = (slot // BLOCK_WIDTH) * BLOCK_WIDTH
-            width = min(BLOCK_WIDTH, n_vectors - block_start)
-            value = c0 if k == 0 else (c1 if k == 1 else (c2 if k == 2 else c3))
-            out[(first + block_start) * WINDOW + r * width + (slot - block_start)] = value
+def _make_mebcrs_sddmm(half):
+    """The tensor-core SDDMM source for fp16 (``half``: ``mma.m16n8k16``, 16 features a step)
+    or tf32 inputs (``mma.m16n8k8``, 8 features a step); ``half`` is a closure constant.
+
+    Features past X's width (the K remainder) load as 0, so any width works.
+    """
+    step = 16 if half else 8
+
+    def kernel(row_window_offset, col_idx, vector_mask, n_rows, X, Y, out):
+        w = cuda.blockIdx.x
+        lane = cuda.threadIdx.x % 32
+        g = lane >> 2
+        t = lane & 3
+        first = row_window_offset[w]
+        n_vectors = row_window_offset[w + 1] - first
+        first_slot = cuda.blockIdx.y * VECTORS_PER_WARP  # the warp's 16 vectors in the window
+        if first_slot >= n_vectors:
+            return  # the whole warp leaves together, so no mma is left half-issued
+        n_features = X.shape[1]
+        v_lo = first_slot + g  # A rows g and g + 8: two vectors of this lane
+        v_hi = v_lo + 8
+        lo = v_lo < n_vectors
+        hi = v_hi < n_vectors
+        src_lo = col_idx[first + v_lo] if lo else 0
+        src_hi = col_idx[first + v_hi] if hi else 0
+        x_row = w * WINDOW + g  # B column g: a window row
+        on = x_row < n_rows
+        zero = float32(0.0)
+        c0 = zero
+        c1 = zero
+        c2 = zero
+        c3 = zero
+        for f0 in range(0, n_features, step):
+            if half:
+                # This lane's features: f, f + 1 (registers a0, a1, b0) and f + 8, f + 9
+                # (a2, a3, b1).
+                f = f0 + 2 * t
+                in0 = f < n_features
+                in1 = f + 1 < n_features
+                in8 = f + 8 < n_features
+                in9 = f + 9 < n_features
+                c0, c1, c2, c3 = mma_f16_m16n8k16(
+                    pack_half2(Y[src_lo, f] if lo and in0 else zero,
+                               Y[src_lo, f + 1] if lo and in1 else zero),
+                    pack_half2(Y[src_hi, f] if hi and in0 else zero,
+                               Y[src_hi, f + 1] if hi and in1 else zero),
+                    pack_half2(Y[src_lo, f + 8] if lo and in8 else zero,
+                               Y[src_lo, f + 9] if lo and in9 else zero),
+                    pack_half2(Y[src_hi, f + 8] if hi and in8 else zero,
+                               Y[src_hi, f + 9] if hi and in9 else zero),
+                    pack_half2(X[x_row, f] if on and in0 else zero,
+                               X[x_row, f + 1] if on and in1 else zero),
+                    pack_half2(X[x_row, f + 8] if on and in8 else zero,
+                               X[x_row, f + 9] if on and in9 else zero),
+                    c0, c1, c2, c3)
+            else:
+                # This lane's features: f (registers a0, a1, b0) and f + 4 (a2, a3, b1).
+                f = f0 + t
+                in0 = f < n_features
+                in4 = f + 4 < n_features
+                c0, c1, c2, c3 = mma_tf32_m16n8k8(
+                    to_tf32(Y[src_lo, f] if lo and in0 else zero),
+                    to_tf32(Y[src_hi, f] if hi and in0 else zero),
+                    to_tf32(Y[src_lo, f + 4] if lo and in4 else zero),
+                    to_tf32(Y[src_hi, f + 4] if hi and in4 else zero),
+                    to_tf32(X[x_row, f] if on and in0 else zero),
+                    to_tf32(X[x_row, f + 4] if on and in4 else zero),
+                    c0, c1, c2, c3)
+        # d0 (v_lo, row 2t), d1 (v_lo, 2t + 1), d2 (v_hi, 2t), d3 (v_hi, 2t + 1).
+        for k in range(4):
+            slot = v_lo if k < 2 else v_hi
+            r = 2 * t + (k & 1)
+            if slot < n_vectors and vector_mask[first + slot] & (1 << r):
+                block_start = (slot // BLOCK_WIDTH) * BLOCK_WIDTH
+                width = min(BLOCK_WIDTH, n_vectors - block_start)
+                value = c0 if k == 0 else (c1 if k == 1 else (c2 if k == 2 else c3))
+                out[(first + block_start) * WINDOW + r * width + (slot - block_start)] = value
+    return kernel
+
+
+#: Kernel sources by precision (plain functions: `cuda.compile_ptx` takes these).
+MEBCRS_SDDMM_SOURCES = {"tf32": _make_mebcrs_sddmm(half=False),
+                        "fp16": _make_mebcrs_sddmm(half=True)}
 
 
 def _scale_add(out, addend, alpha, beta):
-    """out = alpha * out + beta * addend, elementwise (beta == 0 leaves ``addend`` unread)."""
-    k = cuda.grid(1)
-    if k < out.shape[0]:
+    """out[k, h] = alpha * out[k, h] + beta * addend[k] (beta == 0 leaves ``addend`` unread)."""
+    i = cuda.grid(1)
+    if i < out.shape[0] * out.shape[1]:
+        k = i // out.shape[1]
+        h = i - k * out.shape[1]
         if beta == 0:
-            out[k] = alpha * out[k]
+            out[k, h] = alpha * out[k, h]
         else:
-            out[k] = alpha * out[k] + beta * addend[k]
+            out[k, h] = alpha * out[k, h] + beta * addend[k]
 
 
 scale_add = cuda.jit(_scale_add)
 csr_sddmm = cuda.jit(_csr_sddmm)
-mebcrs_sddmm_tf32 = cuda.jit(_mebcrs_sddmm_tf32)
+_MMA_KERNELS = {precision: cuda.jit(source) for precision, source in MEBCRS_SDDMM_SOURCES.items()}
+
+
+def _by_head(X, Y, out):
+    """``(X, Y, out)`` per head: the operands themselves when 2-D, else strided views of head h
+    of X (n, heads, F), Y and out (slots, heads)."""
+    if len(X.shape) == 2:
+        return [(X, Y, out)]
+    return [(X[:, h], Y[:, h], out[:, h]) for h in range(X.shape[1])]
+
+
+def _as_columns(out):
+    """The contiguous result, (slots,) or (slots, heads), as a 2-D array."""
+    return out.reshape((out.shape[0], out.size // max(1, out.shape[0])))
 
 
 def launch_csr_sddmm(rows, indices, X, Y, out, threads=128):
-    """Run the CUDA-core kernel (``rows[k]`` is the row of stored entry k)."""
+    """Run the CUDA-core kernel (``rows[k]`` is the row of stored entry k); X (n, F) and Y give
+    out (nnz,), X (n, heads, F) and Y give out (nnz, heads)."""
     if out.shape[0] == 0:
         return
-    csr_sddmm[math.ceil(out.shape[0] / threads), threads](rows, indices, X, Y, out)
+    for head_X, head_Y, head_out in _by_head(X, Y, out):
+        csr_sddmm[math.ceil(out.shape[0] / threads), threads](rows, indices, head_X, head_Y,
+                                                              head_out)
 
 
-def launch_mebcrs_sddmm_tf32(A, X, Y, out, widest_window):
-    """Run the tensor-core kernel; ``out`` is the flat values layout (zeroed here first)."""
+def launch_mebcrs_sddmm(A, X, Y, out, widest_window, precision):
+    """Run the tensor-core kernel of ``precision`` ("tf32" or "fp16") on ME-BCRS ``A``; ``out``
+    is the contiguous values layout, (slots,) or (slots, heads), zeroed here first."""
     if out.shape[0] == 0:
         return
-    flat = out.reshape((out.shape[0], 1))
-    _zero[(math.ceil(out.shape[0] / 16), 1), (16, 16)](flat)
+    columns = _as_columns(out)
+    zero_rows(columns)
     n_windows = A.row_window_offset.shape[0] - 1
     grid = (n_windows, max(1, math.ceil(widest_window / VECTORS_PER_WARP)))
-    mebcrs_sddmm_tf32[grid, 32](A.row_window_offset, A.col_idx, A.vector_mask, A.shape[0], X, Y,
-                                out)
+    for head_X, head_Y, head_out in _by_head(X, Y, out):
+        _MMA_KERNELS[precision][grid, 32](A.row_window_offset, A.col_idx, A.vector_mask,
+                                          A.shape[0], head_X, head_Y, head_out)
 
 
 def launch_scale_add(out, addend, alpha, beta, threads=128):
-    """Apply ``alpha`` and ``beta`` to a result on the device."""
+    """Apply ``alpha`` and ``beta`` to a contiguous result, (slots,) or (slots, heads); the
+    stored values ``addend`` (slots,) are shared by every head."""
     if out.shape[0] == 0 or (alpha == 1.0 and beta == 0.0):
         return
-    scale_add[math.ceil(out.shape[0] / threads), threads](out, addend, alpha, beta)
+    scale_add[math.ceil(out.size / threads), threads](_as_columns(out), addend, alpha, beta)

@@ -15,6 +15,10 @@ walks the part's blocks, so all warps of a thread block issue the same number of
 instructions. A part is a window, or, for load balance on skewed graphs (FlashSparse's
 "balance" variant), a run of at most ``split`` blocks of a long window: the parts of a split
 window add their sums into a zeroed output with fp32 atomics, all other windows store directly.
+
+Thread mapping (FlashSparse's "memory-efficient" one, no shared memory): MMA rows g and g + 8
+stand for output columns 2g and 2g + 1 of the warp's 16, so each lane reads its two values of a
+B row, and writes its two results of a C row, as one paired access (`_pairs`).
 """
 import math
 
@@ -22,8 +26,9 @@ import numpy as np
 from numba import cuda, float32
 
 from ._mma import mma_f16_m16n8k8, mma_tf32_m16n8k8, pack_half2, to_tf32
+from ._pairs import load_pair, pairs_aligned, store_pair
 
-__all__ = ["MEBCRS_SPMM_SOURCES", "csr_spmm", "launch_mebcrs_spmm", "launch_csr_spmm",
+__all__ = ["MEBCRS_SPMM_SOURCES", "csr_spmm", "launch_mebcrs_spmm", "launch_csr_spmm", "zero_rows",
            "mma_parts"]
 
 #: Vectors per block (the mma reduction extent) and rows per window the tf32 kernel assumes.
@@ -31,12 +36,14 @@ BLOCK_WIDTH = 8
 WINDOW = 8
 
 
-def _make_mebcrs_spmm(half):
-    """The tensor-core SpMM source for fp16 (``half``) or tf32 inputs; ``half`` is a closure
-    constant, so each kernel compiles only its own branch.
+def _make_mebcrs_spmm(half, paired):
+    """The tensor-core SpMM source for fp16 (``half``) or tf32 inputs, with paired or single
+    accesses of B and the output; both flags are closure constants, so each kernel compiles only
+    its own branches.
 
     Both precisions load the same values per lane: reduction slots (t, t + 4) in the tf32
-    layout, (2t, 2t + 1) in the fp16 one, for output columns j_lo and j_hi and window row g.
+    layout, (2t, 2t + 1) in the fp16 one, for window row g and output columns j and j + 1
+    (MMA rows g and g + 8). ``paired`` needs an even width and pair-aligned rows (`pairs_aligned`).
     """
     def kernel(row_window_offset, col_idx, values, n_rows, B, out, part_window, part_first_block,
                part_n_blocks, part_atomic):
@@ -48,8 +55,10 @@ def _make_mebcrs_spmm(half):
         g = lane >> 2
         t = lane & 3
         n_cols_out = B.shape[1]
-        j_lo = (cuda.blockIdx.y * warps + warp) * 16 + g  # this lane's two output columns
-        j_hi = j_lo + 8
+        j_lo = (cuda.blockIdx.y * warps + warp) * 16 + 2 * g  # this lane's two output columns
+        j_hi = j_lo + 1
+        in_lo = j_lo < n_cols_out
+        in_hi = j_hi < n_cols_out
         slot0 = 2 * t if half else t
         slot1 = 2 * t + 1 if half else t + 4
         first = row_window_offset[w]
@@ -74,17 +83,23 @@ def _make_mebcrs_spmm(half):
             sparse1 = float32(0.0)
             if slot0 < width:
                 source = col_idx[first + block_start + slot0]
-                if j_lo < n_cols_out:
-                    lo0 = B[source, j_lo]
-                if j_hi < n_cols_out:
-                    hi0 = B[source, j_hi]
+                if paired and in_lo:
+                    lo0, hi0 = load_pair(B, source, j_lo)
+                elif not paired:
+                    if in_lo:
+                        lo0 = B[source, j_lo]
+                    if in_hi:
+                        hi0 = B[source, j_hi]
                 sparse0 = values[base + g * width + slot0]
             if slot1 < width:
                 source = col_idx[first + block_start + slot1]
-                if j_lo < n_cols_out:
-                    lo1 = B[source, j_lo]
-                if j_hi < n_cols_out:
-                    hi1 = B[source, j_hi]
+                if paired and in_lo:
+                    lo1, hi1 = load_pair(B, source, j_lo)
+                elif not paired:
+                    if in_lo:
+                        lo1 = B[source, j_lo]
+                    if in_hi:
+                        hi1 = B[source, j_hi]
                 sparse1 = values[base + g * width + slot1]
             if half:
                 c0, c1, c2, c3 = mma_f16_m16n8k8(pack_half2(lo0, lo1), pack_half2(hi0, hi1),
@@ -94,18 +109,25 @@ def _make_mebcrs_spmm(half):
                                                   to_tf32(hi1), to_tf32(sparse0),
                                                   to_tf32(sparse1), c0, c1, c2, c3)
         # D is a tile of C^T: d0 (j_lo, row), d1 (j_lo, row + 1), d2 (j_hi, row), d3 (j_hi,
-        # row + 1), written back transposed inside the matrix's edges.
+        # row + 1), written back transposed inside the matrix's edges: (d0, d2) and (d1, d3)
+        # are neighbours in a row of C.
         row = row0 + 2 * t
         atomic = part_atomic[part] != 0
-        for k in range(4):
-            column = j_lo if k < 2 else j_hi
-            target = row + (k & 1)
-            if column < n_cols_out and target < n_rows:
-                value = c0 if k == 0 else (c1 if k == 1 else (c2 if k == 2 else c3))
+        for k in range(2):
+            target = row + k
+            first_value = c0 if k == 0 else c1
+            second_value = c2 if k == 0 else c3
+            if target < n_rows and in_lo:
                 if atomic:
-                    cuda.atomic.add(out, (target, column), value)
+                    cuda.atomic.add(out, (target, j_lo), first_value)
+                    if in_hi:
+                        cuda.atomic.add(out, (target, j_hi), second_value)
+                elif paired:
+                    store_pair(out, target, j_lo, first_value, second_value)
                 else:
-                    out[target, column] = value
+                    out[target, j_lo] = first_value
+                    if in_hi:
+                        out[target, j_hi] = second_value
     return kernel
 
 
@@ -183,8 +205,10 @@ def mma_parts(row_window_offset, split):
     return window, first_block, n_blocks, atomic
 
 
-#: Kernel sources by precision (plain functions: `cuda.compile_ptx` takes these).
-MEBCRS_SPMM_SOURCES = {"tf32": _make_mebcrs_spmm(half=False), "fp16": _make_mebcrs_spmm(half=True)}
+#: Kernel sources by (precision, paired accesses) (plain functions: `cuda.compile_ptx` takes
+#: these).
+MEBCRS_SPMM_SOURCES = {(precision, paired): _make_mebcrs_spmm(precision == "fp16", paired)
+                       for precision in ("tf32", "fp16") for paired in (False, True)}
 
 
 def _csr_spmm(indptr, indices, data, B, out):
@@ -193,7 +217,7 @@ def _csr_spmm(indptr, indices, data, B, out):
     col = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
     if row >= out.shape[0] or col >= out.shape[1]:
         return
-    acc = 0.0
+    acc = out.dtype.type(0)  # a bare 0.0 would make float32 sums float64
     for p in range(indptr[row], indptr[row + 1]):
         acc += data[p] * B[indices[p], col]
     out[row, col] = acc
@@ -201,7 +225,7 @@ def _csr_spmm(indptr, indices, data, B, out):
 
 csr_spmm = cuda.jit(_csr_spmm)
 _MMA_KERNELS = {precision: cuda.jit(source) for precision, source in MEBCRS_SPMM_SOURCES.items()}
-_MMA_KERNELS["tf32-16x1"] = cuda.jit(_blocked16_spmm_tf32)
+_MMA_KERNELS["tf32-16x1", False] = cuda.jit(_blocked16_spmm_tf32)
 #: Output columns one warp covers, by kernel: 16 with swap-and-transpose, 8 without.
 _COLUMNS_PER_WARP = {"tf32": 16, "fp16": 16, "tf32-16x1": 8}
 
@@ -215,9 +239,16 @@ def _zero(out):
 _zero = cuda.jit(_zero)
 
 
+def zero_rows(out):
+    """Set the 2-D device array ``out`` to 0."""
+    _zero[(math.ceil(out.shape[0] / 16), math.ceil(out.shape[1] / 16)), (16, 16)](out)
+
+
 def launch_mebcrs_spmm(A, B, out, warps, precision, parts):
     """Run a tensor-core kernel on device (or simulated) arrays: ``A`` is 8x1 ME-BCRS with k = 8
-    for "tf32"/"fp16", a 16-row blocked array with k = 8 for "tf32-16x1" (the ablation).
+    for "tf32"/"fp16", a 16-row blocked array with k = 8 for "tf32-16x1" (the ablation). ``B``
+    is float32 (or float16 for "fp16"), ``out`` float32; when both have pair-aligned rows the
+    kernel reads and writes two columns per access.
 
     ``parts`` are `mma_parts` on the device with the host copy of its atomic flags last:
     ``(window, first_block, n_blocks, atomic, any_atomic)``.
@@ -227,11 +258,12 @@ def launch_mebcrs_spmm(A, B, out, warps, precision, parts):
     if window.shape[0] == 0 or n_cols == 0:
         return
     if any_atomic:  # split windows add into the output
-        _zero[(math.ceil(out.shape[0] / 16), math.ceil(n_cols / 16)), (16, 16)](out)
+        zero_rows(out)
     grid = (window.shape[0], math.ceil(n_cols / (_COLUMNS_PER_WARP[precision] * warps)))
-    _MMA_KERNELS[precision][grid, 32 * warps](A.row_window_offset, A.col_idx, A.values,
-                                              A.shape[0], B, out, window, first_block, n_blocks,
-                                              atomic)
+    paired = precision != "tf32-16x1" and pairs_aligned(B) and pairs_aligned(out)
+    kernel = _MMA_KERNELS[precision, paired]
+    kernel[grid, 32 * warps](A.row_window_offset, A.col_idx, A.values, A.shape[0], B, out, window,
+                             first_block, n_blocks, atomic)
 
 
 def launch_csr_spmm(indptr, indices, data, B, out, threads_x=32, threads_y=4):
