@@ -216,7 +216,7 @@ def _mma_operand(A, precision, allow_window16=False):
 
 
 def sddmm_cuda(A, x_operand, y_operand, alpha, beta, precision):
-    """`ops.sddmm` on the GPU, single- or multi-head.
+    """`ops.sddmm` on the GPU, single- or multi-head (shapes already checked by `ops.sddmm`).
 
     Host operands give what the CPU gives: a sparse array of A's class (2-D X and Y) or an
     array (stored slots, heads) in A's storage order. Device operands give the values as a
@@ -228,7 +228,6 @@ def sddmm_cuda(A, x_operand, y_operand, alpha, beta, precision):
         raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
     X = x_operand.original if x_operand.device == "cuda" else x_operand.array
     Y = y_operand.original if y_operand.device == "cuda" else y_operand.array
-    _check_sddmm_shapes(A, X, Y)
     cuda = require_gpu()
     from .kernels.cuda import sddmm as kernels
 
@@ -282,20 +281,6 @@ def sddmm_cuda(A, x_operand, y_operand, alpha, beta, precision):
         return wrap_like(x_operand, values)
     from .ops import _with_values
     return _with_values(A, values)
-
-
-def _check_sddmm_shapes(A, X, Y):
-    if len(X.shape) != len(Y.shape) or len(X.shape) not in (2, 3):
-        raise ValueError(
-            f"X and Y must both be 2-D (n, F) or both 3-D (n, heads, F); got {len(X.shape)}-D "
-            f"and {len(Y.shape)}-D")
-    if X.shape[0] != A.shape[0] or Y.shape[0] != A.shape[1]:
-        raise ValueError(
-            f"dimension mismatch: A has shape {A.shape}, so X needs {A.shape[0]} rows and Y "
-            f"{A.shape[1]}; got {X.shape[0]} and {Y.shape[0]}")
-    if tuple(X.shape[1:]) != tuple(Y.shape[1:]):
-        what = "widths" if len(X.shape) == 2 else "(heads, width)"
-        raise ValueError(f"X and Y {what} differ: {tuple(X.shape[1:])} and {tuple(Y.shape[1:])}")
 
 
 def _stored_values(S):

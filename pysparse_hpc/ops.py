@@ -225,24 +225,16 @@ def sddmm(A, X, Y, *, alpha=1.0, beta=0.0, backend="auto", precision="fp32"):
     alpha = _check_scalar(alpha, "alpha")
     beta = _check_scalar(beta, "beta")
     x_operand, y_operand = as_dense(X, "X"), as_dense(Y, "Y")
-    if _resolve_backend(backend, [x_operand, y_operand]) == "cuda":
+    on_gpu = _resolve_backend(backend, [x_operand, y_operand]) == "cuda"
+    X, Y = ((x_operand.original, y_operand.original) if on_gpu
+            else (x_operand.array, y_operand.array))
+    _check_sddmm_shapes(A, tuple(X.shape), tuple(Y.shape))
+    if on_gpu:
         from ._cuda_backend import sddmm_cuda
         return sddmm_cuda(A, x_operand, y_operand, alpha, beta, precision)
     if precision != "fp32":
         raise ValueError(f"precision={precision!r} applies to the CUDA backend; the CPU computes "
                          "in the operands' own precision (leave precision='fp32')")
-    X, Y = x_operand.array, y_operand.array
-    if X.ndim != Y.ndim or X.ndim not in (2, 3):
-        raise ValueError(
-            f"X and Y must both be 2-D (n, F) or both 3-D (n, heads, F); got {X.ndim}-D and "
-            f"{Y.ndim}-D")
-    if X.shape[0] != A.shape[0] or Y.shape[0] != A.shape[1]:
-        raise ValueError(
-            f"dimension mismatch: A has shape {A.shape}, so X needs {A.shape[0]} rows and Y "
-            f"{A.shape[1]}; got {X.shape[0]} and {Y.shape[0]}")
-    if X.shape[1:] != Y.shape[1:]:
-        what = "widths" if X.ndim == 2 else "(heads, width)"
-        raise ValueError(f"X and Y {what} differ: {X.shape[1:]} and {Y.shape[1:]}")
     multi_head = X.ndim == 3
     dtype = _compute_dtype(A.dtype, X.dtype, Y.dtype)
     X = X.astype(dtype, copy=False)
@@ -270,6 +262,20 @@ def sddmm(A, X, Y, *, alpha=1.0, beta=0.0, backend="auto", precision="fp32"):
     if multi_head:
         return wrap_like(x_operand, result)
     return _with_values(A, result)
+
+
+def _check_sddmm_shapes(A, x_shape, y_shape):
+    if len(x_shape) != len(y_shape) or len(x_shape) not in (2, 3):
+        raise ValueError(
+            f"X and Y must both be 2-D (n, F) or both 3-D (n, heads, F); got {len(x_shape)}-D "
+            f"and {len(y_shape)}-D")
+    if x_shape[0] != A.shape[0] or y_shape[0] != A.shape[1]:
+        raise ValueError(
+            f"dimension mismatch: A has shape {A.shape}, so X needs {A.shape[0]} rows and Y "
+            f"{A.shape[1]}; got {x_shape[0]} and {y_shape[0]}")
+    if x_shape[1:] != y_shape[1:]:
+        what = "widths" if len(x_shape) == 2 else "(heads, width)"
+        raise ValueError(f"X and Y {what} differ: {x_shape[1:]} and {y_shape[1:]}")
 
 
 def _with_values(A, values):
