@@ -115,7 +115,8 @@ class _Timer:
 
     def __init__(self, cuda, flush_bytes):
         self.cuda = cuda
-        self.simulated = _simulated()
+        from ..kernels.cuda._mma import SIMULATED
+        self.simulated = SIMULATED
         rows = flush_bytes // (4 * 16)
         self.flush_buffer = (cuda.device_array((rows, 16), dtype=np.float32) if rows else None)
 
@@ -147,11 +148,6 @@ class _Timer:
         return statistics.median(samples)
 
 
-def _simulated():
-    from numba import config
-    return bool(config.ENABLE_CUDASIM)
-
-
 def _l2_bytes(cuda):
     """The device's L2 size (64 MiB when the driver does not say)."""
     try:
@@ -161,7 +157,8 @@ def _l2_bytes(cuda):
 
 
 def _device_name(cuda):
-    if _simulated():
+    from ..kernels.cuda._mma import SIMULATED
+    if SIMULATED:
         return "CUDA simulator (times are the simulation's wall clock, not GPU figures)"
     name = cuda.get_current_device().name
     return name.decode() if isinstance(name, bytes) else str(name)

@@ -7,7 +7,9 @@ load or store of ``<2 x dtype>`` aligned to the pair; the caller must guarantee 
 (`pairs_aligned`: an even column, rows a whole number of pairs apart, an aligned base). Under the
 simulator they are two plain element accesses.
 """
-from numba import config, cuda
+from numba import cuda
+
+from ._mma import SIMULATED
 
 __all__ = ["load_pair", "store_pair", "pairs_aligned"]
 
@@ -25,7 +27,7 @@ def pairs_aligned(view):
     return address % pair == 0
 
 
-if not config.ENABLE_CUDASIM:
+if not SIMULATED:
     from llvmlite import ir
     from numba import types
     from numba.core import cgutils
