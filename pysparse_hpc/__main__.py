@@ -1,7 +1,14 @@
-"""Command line: ``python -m pysparse_hpc demo`` runs the library's main job on bundled data."""
+"""Command line: ``python -m pysparse_hpc demo`` runs the library's main job on bundled data;
+``[mpiexec -n P] python -m pysparse_hpc train`` trains a GNN on a graph distributed over P ranks.
+"""
 import argparse
+import importlib.util
+import os
+import shutil
+import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -25,9 +32,12 @@ def _time_best(fn, repeat=5):
     return best, result
 
 
-def run_demo(name="cora", out=None, models=("gcn", "gat"), seeds=5, progress=True):
+def run_demo(name="cora", out=None, models=("gcn", "gat"), seeds=5, progress=True,
+             distributed=True):
     """Load a bundled graph, convert it to the blocked formats, report their statistics and
-    cost, then train GNNs on it (``models``; none when empty) and report their accuracy."""
+    cost, then train GNNs on it (``models``; none when empty) and report their accuracy; with
+    ``distributed`` (and training on), end with the ``train`` command under ``mpiexec -n 2``
+    beside the same training in one process."""
     out = sys.stdout if out is None else out
     data = datasets.load(name)
     print(f"{data!r}", file=out)
@@ -68,7 +78,50 @@ def run_demo(name="cora", out=None, models=("gcn", "gat"), seeds=5, progress=Tru
     if models:
         print("", file=out)
         _training_report(data, models, seeds, progress, out)
+        if distributed:
+            print("", file=out)
+            _distributed_report(name, out)
     return 0
+
+
+def mpiexec_command():
+    """The ``mpiexec`` beside this Python (a virtual environment's), else on the PATH."""
+    beside = Path(sys.executable).parent / "mpiexec"
+    return str(beside) if beside.exists() else shutil.which("mpiexec")
+
+
+def _distributed_report(name, out, ranks=2):
+    """GCN trained by ``python -m pysparse_hpc train`` on ``ranks`` MPI ranks, beside the same
+    training (same seed) in this process."""
+    launcher = mpiexec_command()
+    if importlib.util.find_spec("mpi4py") is None or launcher is None:
+        print("Distributed training skipped: it needs mpi4py and mpiexec (pip install mpi4py "
+              "mpich, or the [mpi] extra)", file=out)
+        return
+    from .distributed import Communicator
+    from .distributed.training import train
+
+    command = [launcher, "-n", str(ranks), sys.executable, "-m", "pysparse_hpc", "train",
+               "--dataset", name, "--model", "gcn", "--partition", "metis", "--threads", "1",
+               "--no-progress"]
+    print(f"Distributed training: mpiexec -n {ranks} python -m pysparse_hpc train --dataset "
+          f"{name} --model gcn --partition metis --threads 1", file=out)
+    environment = dict(os.environ, PYSPARSE_HPC_NUM_THREADS="1", OMP_NUM_THREADS="1")
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=600,
+                              env=environment)
+    except subprocess.TimeoutExpired:
+        print("  the MPI run did not finish within 600 s", file=out)
+        return
+    if done.returncode != 0:
+        print(f"  the MPI run failed (exit status {done.returncode}):\n{done.stderr[-2000:]}",
+              file=out)
+        return
+    for line in done.stdout.strip().splitlines():
+        print(f"  {line}", file=out)
+    single = train(name, "gcn", "metis", comm=Communicator(None), progress=False)
+    print(f"  the same training in one process: test accuracy {100 * single.test_accuracy:.1f}%"
+          f", final training loss {single.losses[-1]:.4f}", file=out)
 
 
 def _training_report(data, model_names, seeds, progress, out):
@@ -134,6 +187,59 @@ def _kernels_report(adj, x, out):
         print(f"  {label:<14}{flops / seconds / 1e9:8.2f}{numpy_seconds / seconds:8.2f}x", file=out)
 
 
+def _format_mb(n_bytes):
+    return f"{n_bytes / 1e6:.2f} MB"
+
+
+def run_train(args, out=None):
+    """The ``train`` command: `pysparse_hpc.distributed.training.train`, reported on rank 0."""
+    out = sys.stdout if out is None else out
+    from . import set_num_threads
+    from .distributed import init
+    from .distributed.training import train
+
+    comm = init()  # under mpiexec: a rank that raises ends the job with its message
+    if args.threads is not None:
+        import torch
+        set_num_threads(args.threads)
+        torch.set_num_threads(args.threads)
+    try:
+        result = train(args.dataset, args.model, args.partition, epochs=args.epochs, lr=args.lr,
+                       weight_decay=args.weight_decay, seed=args.seed, dtype=args.dtype,
+                       random_features=args.random_features, comm=comm,
+                       progress=not args.no_progress)
+    except (FileNotFoundError, ValueError) as exc:  # raised alike on every rank
+        if comm.rank == 0:
+            print(f"python -m pysparse_hpc train: error: {exc}", file=sys.stderr)
+        return 2
+    if comm.rank == 0:
+        print(report_train(result, get_num_threads()), file=out)
+    return 0
+
+
+def report_train(result, threads):
+    """The ``train`` command's summary of a `DistributedTrainResult`."""
+    ranks = f"{result.ranks} rank{'s' if result.ranks > 1 else ''}"
+    lines = [f"{result.model.upper()} on {result.dataset}, {ranks} x {threads} "
+             f"thread{'s' if threads > 1 else ''}, {result.partition_method} partition, "
+             f"{result.epochs} epochs",
+             f"  test accuracy {100 * result.test_accuracy:.1f}% (best validation accuracy "
+             f"{100 * result.val_accuracy:.1f}% at epoch {result.best_epoch + 1}), final "
+             f"training loss {result.losses[-1]:.4f}" if result.losses else "  no epoch run",
+             f"  {1e3 * result.seconds_per_epoch:.1f} ms per training epoch (median), "
+             f"{result.seconds_total:.1f} s in all"]
+    if result.ranks > 1:
+        share = (100 * result.halo_bytes_per_epoch / result.cagnet_bytes_per_epoch
+                 if result.cagnet_bytes_per_epoch else 0.0)
+        lines += [f"  halo exchange per epoch: {_format_mb(result.halo_bytes_per_epoch)} "
+                  f"(all ranks); CAGNET-1D (all of H to every rank) would move "
+                  f"{_format_mb(result.cagnet_bytes_per_epoch)}, {share:.1f}% of it",
+                  f"  gradient and metric allreduce per epoch: "
+                  f"{_format_mb(result.allreduce_bytes_per_epoch)}"]
+        lines.append(f"  partition: {result.partition_summary}")
+    return "\n".join(lines)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m pysparse_hpc",
                                      description="pysparse_hpc command line")
@@ -146,13 +252,40 @@ def main(argv=None):
     demo.add_argument("--seeds", type=int, default=5, metavar="N",
                       help="report the mean test accuracy over N seeds (default: 5)")
     demo.add_argument("--no-progress", action="store_true", help="no progress bars")
+    demo.add_argument("--no-distributed", action="store_true",
+                      help="skip the final training run under mpiexec")
+    train = commands.add_parser(
+        "train", help="full-graph GNN training; under mpiexec -n P, on a graph split over P ranks",
+        description="Train a GNN on the whole graph. Under 'mpiexec -n P' rank 0 reads and "
+        "partitions the graph and every rank trains on its part with halo exchange; without "
+        "mpiexec it is a one-rank run.")
+    train.add_argument("--dataset", default="cora",
+                       help=f"{' | '.join(datasets.available())} | PATH.npz (default: cora)")
+    train.add_argument("--model", default="gcn", choices=("gcn", "gat", "agnn"))
+    train.add_argument("--partition", default="metis", choices=("metis", "contiguous", "random"))
+    train.add_argument("--epochs", type=int, help="default: the model's published setting")
+    train.add_argument("--lr", type=float, help="default: the model's published setting")
+    train.add_argument("--weight-decay", type=float, help="default: the model's published setting")
+    train.add_argument("--seed", type=int, default=0, help="weights and dropout (default: 0)")
+    train.add_argument("--threads", type=int, help="threads per rank (default: all cores)")
+    train.add_argument("--dtype", default="float32", choices=("float32", "float64"))
+    train.add_argument("--random-features", type=int, metavar="WIDTH",
+                       help="seeded random features of this width (graphs without features)")
+    train.add_argument("--no-progress", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
+    if args.command == "train":
+        for name in ("epochs", "threads", "random_features"):
+            value = getattr(args, name)
+            if value is not None and value < (0 if name == "epochs" else 1):
+                parser.error(f"--{name.replace('_', '-')} must be at least "
+                             f"{0 if name == 'epochs' else 1}, got {value}")
+        return run_train(args)
     if args.command == "demo":
         if args.seeds < 1:
             parser.error(f"--seeds must be at least 1, got {args.seeds}")
         models = () if args.no_train else tuple(args.model or ("gcn", "gat"))
         return run_demo(args.dataset, models=models, seeds=args.seeds,
-                        progress=not args.no_progress)
+                        progress=not args.no_progress, distributed=not args.no_distributed)
     return 2
 
 

@@ -7,7 +7,7 @@ import numpy as np
 from .._csr import csr_array
 from ..io import load_npz
 
-__all__ = ["Dataset", "available", "load"]
+__all__ = ["Dataset", "available", "load", "load_file"]
 
 _BUNDLED = ("cora", "citeseer")
 
@@ -91,10 +91,68 @@ def load(name):
     if key not in _BUNDLED:
         raise ValueError(f"unknown dataset {name!r}; available: {', '.join(_BUNDLED)}")
     with resources.as_file(resources.files(__package__) / "data" / f"{key}.npz") as path:
-        adj = load_npz(path, prefix="adj_", index_dtype=np.int32)
-        features = load_npz(path, prefix="feat_", index_dtype=np.int32)
-        with np.load(path, allow_pickle=False) as archive:
-            y = archive["labels"].astype(np.int64)
-            masks = [archive[f"{split}_mask"].astype(bool) for split in ("train", "val", "test")]
-            num_classes = int(archive["num_classes"])
-    return Dataset(key, adj, features.toarray().astype(np.float32), y, *masks, num_classes)
+        return load_file(path, name=key)
+
+
+_SPLITS = ("train", "val", "test")
+
+
+def load_file(path, random_features=None, seed=0, name=None):
+    """Load a node-classification graph from an ``.npz`` file of the bundled layout.
+
+    Keys: ``adj_indptr``, ``adj_indices``, ``adj_data``, ``adj_shape`` (the adjacency),
+    ``labels``, ``train_mask``, ``val_mask``, ``test_mask``, ``num_classes``, and the features
+    as CSR under ``feat_*`` (optional with ``random_features``).
+
+    Parameters
+    ----------
+    path : str or path-like
+    random_features : int, optional
+        Use seeded standard-normal features of this width instead of the file's (for graphs
+        shipped without features, such as PubMed's structure file, in benchmarks).
+    seed : int
+        Of the random features.
+    name : str, optional
+        Default: the file name without its extension.
+
+    Returns
+    -------
+    Dataset
+
+    Raises
+    ------
+    FileNotFoundError
+        No such file.
+    ValueError
+        The file lacks a key (named), or its arrays disagree in length.
+    """
+    import os
+    path = os.fspath(path)
+    adj = load_npz(path, prefix="adj_", index_dtype=np.int32)
+    with np.load(path, allow_pickle=False) as archive:
+        missing = [key for key in ("labels", "num_classes") + tuple(f"{s}_mask" for s in _SPLITS)
+                   if key not in archive.files]
+        if missing:
+            raise ValueError(f"{path!r} lacks {', '.join(missing)} (a node-classification "
+                             "graph file needs labels, the three masks and num_classes)")
+        has_features = "feat_indptr" in archive.files
+        y = archive["labels"].astype(np.int64)
+        masks = [archive[f"{split}_mask"].astype(bool) for split in _SPLITS]
+        num_classes = int(archive["num_classes"])
+    n = adj.shape[0]
+    if random_features is not None:
+        if isinstance(random_features, bool) or int(random_features) < 1:
+            raise ValueError(f"random_features must be a positive width, got {random_features!r}")
+        rng = np.random.default_rng(seed)
+        x = rng.standard_normal((n, int(random_features)), dtype=np.float32)
+    elif has_features:
+        x = load_npz(path, prefix="feat_", index_dtype=np.int32).toarray().astype(np.float32)
+    else:
+        raise ValueError(f"{path!r} has no features (feat_* keys); ask for random ones "
+                         "(random_features=WIDTH, --random-features WIDTH on the command line)")
+    for label, array in [("features", x), ("labels", y)] + list(zip(_SPLITS, masks)):
+        if array.shape[0] != n:
+            raise ValueError(f"{path!r}: {label} have {array.shape[0]} rows but the graph has {n}"
+                             " nodes")
+    name = os.path.splitext(os.path.basename(path))[0] if name is None else name
+    return Dataset(name, adj, x, y, *masks, num_classes)

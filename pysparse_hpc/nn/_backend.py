@@ -33,7 +33,7 @@ def host(tensor):
 
 def spmm_fixed(adj, x):
     """``adj @ x`` with adj's own values, in x's dtype."""
-    adj = _graph.with_dtype(adj, _numpy_dtype(x))
+    adj = _graph.with_dtype(adj, numpy_dtype(x))
     if on_cpu(x):
         return ops.spmm(adj, x.detach())
     # The CUDA-core kernel reads CSR: hand it the kept canonical form, so the device copies of
@@ -52,7 +52,7 @@ def spmm_values(csr, values, x):
 
 def sddmm_values(csr, x, y):
     """``dot(x[i], y[j])`` for every stored (i, j) of ``csr``: (nnz,) or (nnz, heads)."""
-    csr = _graph.with_dtype(csr, _numpy_dtype(x))  # only the pattern is read; keep x's dtype
+    csr = _graph.with_dtype(csr, numpy_dtype(x))  # only the pattern is read; keep x's dtype
     if on_cpu(x):
         result = ops.sddmm(csr, host(x), host(y))
         return _torch().from_numpy(result if x.ndim == 3 else result.data)
@@ -93,13 +93,13 @@ def torch_edge_softmax(csr, scores):
 
 def softmax_rows(csr, scores):
     """Row softmax of (nnz, heads) scores on the CPU: the probabilities as a tensor."""
-    alpha = np.empty(scores.shape, dtype=_numpy_dtype(scores))
+    alpha = np.empty(scores.shape, dtype=numpy_dtype(scores))
     _softmax_kernels.softmax_rows(csr.indptr, host(scores), alpha)
     return _torch().from_numpy(alpha)
 
 
 def softmax_backward(csr, alpha, grad_alpha):
-    grad_scores = np.empty(alpha.shape, dtype=_numpy_dtype(alpha))
+    grad_scores = np.empty(alpha.shape, dtype=numpy_dtype(alpha))
     _softmax_kernels.softmax_backward_rows(csr.indptr, host(alpha), host(grad_alpha),
                                            grad_scores)
     return _torch().from_numpy(grad_scores)
@@ -107,7 +107,7 @@ def softmax_backward(csr, alpha, grad_alpha):
 
 def gat_softmax(csr, s_dst, s_src, negative_slope):
     """GAT's attention on the CPU: probabilities (tensor) and the LeakyReLU sign (NumPy)."""
-    dtype = _numpy_dtype(s_dst)
+    dtype = numpy_dtype(s_dst)
     alpha = np.empty((csr.nnz, s_dst.shape[1]), dtype=dtype)
     positive = np.empty(alpha.shape, dtype=np.bool_)
     _softmax_kernels.gat_softmax_rows(csr.indptr, csr.indices, host(s_dst), host(s_src),
@@ -117,7 +117,7 @@ def gat_softmax(csr, s_dst, s_src, negative_slope):
 
 def gat_softmax_backward(csr, alpha, positive, grad_alpha, negative_slope):
     """Gradients of ``s_dst`` and ``s_src`` from that of the probabilities."""
-    dtype = _numpy_dtype(alpha)
+    dtype = numpy_dtype(alpha)
     n_heads = alpha.shape[1]
     grad_z = np.empty(alpha.shape, dtype=dtype)
     grad_s_dst = np.empty((csr.shape[0], n_heads), dtype=dtype)
@@ -131,7 +131,7 @@ def gat_softmax_backward(csr, alpha, positive, grad_alpha, negative_slope):
     return torch.from_numpy(grad_s_dst), torch.from_numpy(grad_s_src)
 
 
-def _numpy_dtype(tensor):
+def numpy_dtype(tensor):
     return np.dtype(str(tensor.dtype).replace("torch.", ""))
 
 
@@ -140,12 +140,21 @@ def dropout_threshold(p):
     return np.uint64(min(int(p * 2.0 ** 64), 2 ** 64 - 1))
 
 
-def dropout(x, p, seed):
-    """``x`` with elements dropped with probability ``p`` and the rest scaled by 1/(1-p)."""
+def dropout(x, p, seed, row_ids=None):
+    """``x`` with elements dropped with probability ``p`` and the rest scaled by 1/(1-p).
+
+    Element ``(r, c)`` of ``x`` viewed as rows (its first dimension) is hashed at counter
+    ``row_ids[r] * row_size + c``; without ``row_ids`` that is its flat index."""
     from ..kernels.cpu import dropout as _dropout_kernels
-    dtype = _numpy_dtype(x)
+    dtype = numpy_dtype(x)
     source = host(x)
     out = np.empty_like(source)
-    _dropout_kernels.dropout(source.reshape(-1), out.reshape(-1), np.uint64(seed),
-                             dropout_threshold(p), dtype.type(1.0 / (1.0 - p)))
+    scale = dtype.type(1.0 / (1.0 - p))
+    if row_ids is None:
+        _dropout_kernels.dropout(source.reshape(-1), out.reshape(-1), np.uint64(seed),
+                                 dropout_threshold(p), scale)
+    else:
+        shape = (source.shape[0], int(np.prod(source.shape[1:])))  # exact for empty x too
+        _dropout_kernels.dropout_rows(source.reshape(shape), out.reshape(shape), row_ids,
+                                      np.uint64(seed), dropout_threshold(p), scale)
     return _torch().from_numpy(out)

@@ -14,9 +14,10 @@ from .._base import sparray
 from .._blocked import blocked_array
 from .._csr import csr_array
 from .._cy import convert as _convert
+from ..distributed.graph import DistGraph
 
-__all__ = ["EdgeIndexCache", "as_graph", "cached_on", "check_graph_for", "pattern", "transpose",
-           "with_dtype"]
+__all__ = ["EdgeIndexCache", "as_graph", "cached_on", "check_graph_for", "edge_ids", "pattern",
+           "transpose", "with_dtype", "with_self_loops"]
 
 
 def cached_on(owner, key, build):
@@ -29,7 +30,11 @@ def cached_on(owner, key, build):
 
 def pattern(adj):
     """The canonical CSR form of ``adj`` (sorted, no duplicates): per-edge values, attention
-    scores and SDDMM results are aligned with its storage order."""
+    scores and SDDMM results are aligned with its storage order. A `DistGraph` is its own
+    pattern (its local matrix is canonical)."""
+    if isinstance(adj, DistGraph):
+        return adj
+
     def build():
         csr = adj.tocsr()
         return csr if csr.has_canonical_format else csr.canonical()
@@ -153,10 +158,29 @@ class EdgeIndexCache:
         return adj
 
 
+def edge_ids(csr):
+    """``row * n_columns + column`` of every stored entry of a canonical CSR pattern (for a
+    `DistGraph`, in global node ids): keys that name an edge whatever rank holds it. Made once
+    and kept on the pattern."""
+    def build():
+        if isinstance(csr, DistGraph):
+            local = csr.local
+            rows = np.repeat(csr.owned, np.diff(local.indptr))
+            return rows * csr.shape[1] + csr.column_ids[local.indices]
+        rows = np.repeat(np.arange(csr.shape[0], dtype=np.int64), np.diff(csr.indptr))
+        return rows * csr.shape[1] + csr.indices.astype(np.int64)
+    return cached_on(csr, "edge_ids", build)
+
+
 def as_graph(adj, num_nodes=None, edge_cache=None, default_num_nodes=None):
     """A pysparse_hpc sparse array for ``adj``: a sparse array is returned as it is; a torch
     ``[2, E]`` edge_index is converted (through ``edge_cache`` when given, so once) with
     ``num_nodes`` nodes, else ``default_num_nodes`` (a layer's number of input rows)."""
+    if isinstance(adj, DistGraph):
+        if num_nodes is not None and adj.n_local != num_nodes:
+            raise ValueError(f"rank {adj.comm.rank} owns {adj.n_local} nodes of the distributed "
+                             f"graph but num_nodes={num_nodes}")
+        return adj
     if isinstance(adj, sparray):
         if num_nodes is not None and adj.shape[0] != num_nodes:
             raise ValueError(f"adj has {adj.shape[0]} rows but num_nodes={num_nodes}")
@@ -173,7 +197,14 @@ def as_graph(adj, num_nodes=None, edge_cache=None, default_num_nodes=None):
 
 
 def check_graph_for(adj, x, name="x"):
-    """A layer's adjacency must be square and have one row per row of ``x``."""
+    """A layer's adjacency must be square and have one row per row of ``x`` (for a `DistGraph`,
+    one per owned node)."""
+    if isinstance(adj, DistGraph):
+        if x.shape[0] != adj.n_local:
+            raise ValueError(f"{name} has {x.shape[0]} rows but rank {adj.comm.rank} owns "
+                             f"{adj.n_local} nodes of the distributed graph (pass the owned rows:"
+                             " graph.local_rows(x) or graph.scatter_rows(x))")
+        return
     if adj.shape[0] != adj.shape[1]:
         raise ValueError(f"adj must be square (nodes x nodes), got shape {adj.shape}")
     if x.shape[0] != adj.shape[0]:
@@ -183,12 +214,21 @@ def check_graph_for(adj, x, name="x"):
 def with_self_loops(adj):
     """``pattern(adj)`` with a stored diagonal: existing diagonal entries keep their values,
     missing ones are added with value 1 (what attention layers need: every node attends to
-    itself). Built once and kept on ``adj``."""
-    csr = pattern(adj)
+    itself). Built once and kept on ``adj``; a `DistGraph` gets them in its local matrix (a
+    collective call)."""
+    if isinstance(adj, DistGraph):
+        return cached_on(adj, "with_self_loops", lambda: adj.with_local(
+            _with_diagonal(adj.local, adj.n_local)))
+    return _with_diagonal(pattern(adj), adj.shape[0])
+
+
+def _with_diagonal(csr, n_diagonal):
+    """``csr`` (canonical) with stored entries (i, i) for i < n_diagonal, added as 1 where
+    missing; kept on ``csr``."""
 
     def build():
         rows, cols, data = csr.tocoo()
-        has_loop = np.zeros(csr.shape[0], dtype=bool)
+        has_loop = np.zeros(n_diagonal, dtype=bool)
         has_loop[rows[rows == cols]] = True
         missing = np.flatnonzero(~has_loop)
         if missing.size == 0:

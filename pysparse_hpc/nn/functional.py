@@ -10,13 +10,16 @@ Gradients (gnn.md's formulas): for ``Y = A @ X``, ``dX = A^T @ dY`` and, for per
 that require grad, ``dA_ij = <dY_i, X_j>`` (an SDDMM); for ``s = SDDMM(A; X, Y)``,
 ``dX = S @ Y`` and ``dY = S^T @ X`` with S holding ``ds`` on A's pattern.
 """
+import numpy as np
 import torch
 
 from .._base import sparray
-from . import _backend, _graph
+from ..distributed.graph import DistGraph
+from . import _backend, _distributed, _graph
 from ._graph import pattern
 
-__all__ = ["spmm", "sddmm", "edge_softmax", "gat_attention", "dropout", "pattern", "GAT_KEEP"]
+__all__ = ["spmm", "sddmm", "edge_softmax", "gat_attention", "dropout", "pattern", "row_ids",
+           "GAT_KEEP"]
 
 #: What `gat_attention` keeps for the backward pass: the probabilities and the LeakyReLU sign
 #: mask (nothing recomputed), or only its inputs (the softmax recomputed in backward).
@@ -26,9 +29,10 @@ _FLOAT_DTYPES = (torch.float32, torch.float64)
 
 
 def _check_adj(adj):
-    if not isinstance(adj, sparray):
+    if not isinstance(adj, (sparray, DistGraph)):
         hint = " (wrap it with pysparse_hpc.csr_array)" if hasattr(adj, "tocsr") else ""
-        raise TypeError(f"adj must be a pysparse_hpc sparse array, got {type(adj).__name__}{hint}")
+        raise TypeError(f"adj must be a pysparse_hpc sparse array or DistGraph, got "
+                        f"{type(adj).__name__}{hint}")
 
 
 def _check_tensor(t, name, ndims=(2,)):
@@ -162,17 +166,17 @@ class _GATAttention(torch.autograd.Function):
 
 class _Dropout(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, p):
+    def forward(ctx, x, p, row_ids):
         # The seed comes from torch's generator, so torch.manual_seed makes runs repeatable.
-        ctx.p, ctx.seed = p, int(torch.randint(0, 2 ** 62, (1,)))
-        return _backend.dropout(x, p, ctx.seed)
+        ctx.p, ctx.row_ids, ctx.seed = p, row_ids, int(torch.randint(0, 2 ** 62, (1,)))
+        return _backend.dropout(x, p, ctx.seed, row_ids)
 
     @staticmethod
     def backward(ctx, grad_out):
-        return _backend.dropout(grad_out, ctx.p, ctx.seed), None
+        return _backend.dropout(grad_out, ctx.p, ctx.seed, ctx.row_ids), None, None
 
 
-def dropout(x, p=0.5, training=True):
+def dropout(x, p=0.5, training=True, row_ids=None):
     """``torch.nn.functional.dropout`` with a faster CPU kernel that stores no mask.
 
     Each element is zeroed with probability ``p`` and the rest scaled by ``1 / (1 - p)``, as in
@@ -187,6 +191,10 @@ def dropout(x, p=0.5, training=True):
         In [0, 1).
     training : bool
         False returns ``x`` unchanged.
+    row_ids : array of int64, shape (x.shape[0],), optional
+        A global id for every row (node or edge): the mask of a row is then hashed from its id
+        rather than its position, so the rows of a graph distributed over any number of ranks
+        get the masks the whole graph gets in one process (`row_ids` gives them).
     """
     if not 0.0 <= p < 1.0:
         raise ValueError(f"dropout probability must be in [0, 1), got {p!r}")
@@ -194,7 +202,35 @@ def dropout(x, p=0.5, training=True):
         return x
     if not _backend.on_cpu(x) or x.dtype not in _FLOAT_DTYPES:
         return torch.nn.functional.dropout(x, p, training=True)
-    return _Dropout.apply(x, float(p))
+    if row_ids is not None:
+        row_ids = np.ascontiguousarray(row_ids, dtype=np.int64)
+        if row_ids.shape != (x.shape[0],):
+            raise ValueError(f"row_ids must have shape ({x.shape[0]},), one id per row of x, "
+                             f"got {row_ids.shape}")
+    return _Dropout.apply(x, float(p), row_ids)
+
+
+def row_ids(adj, kind="node"):
+    """Global ids that key dropout masks on ``adj``'s rows, or None where positions are ids.
+
+    Parameters
+    ----------
+    adj : sparse array or DistGraph
+    kind : {"node", "edge"}
+        "node": one id per row of a node-feature tensor (a `DistGraph`'s owned node ids; None
+        for a sparse array, whose rows are the nodes). "edge": one id per stored entry of
+        ``pattern(adj)``, ``row * n + column`` in global node ids, the same on any number of
+        ranks.
+
+    Returns
+    -------
+    numpy.ndarray of int64 or None
+    """
+    if kind == "node":
+        return adj.owned if isinstance(adj, DistGraph) else None
+    if kind != "edge":
+        raise ValueError(f"kind must be 'node' or 'edge', got {kind!r}")
+    return _graph.edge_ids(pattern(adj))
 
 
 def spmm(adj, x, values=None):
@@ -227,6 +263,8 @@ def spmm(adj, x, values=None):
     tensor([1., 2.], dtype=torch.float64)
     """
     _check_adj(adj)
+    if isinstance(adj, DistGraph):
+        return _spmm_distributed(adj, x, values)
     if values is None:
         _check_tensor(x, "x")
         if x.shape[0] != adj.shape[1]:
@@ -242,6 +280,14 @@ def spmm(adj, x, values=None):
         raise ValueError(f"dimension mismatch: adj has shape {adj.shape} but x has "
                          f"{x.shape[0]} rows; expected {adj.shape[1]}")
     return _SpMMValues.apply(values, x, csr)
+
+
+def _spmm_distributed(graph, x, values):
+    _check_tensor(x, "x", ndims=(2,) if values is None else (values.ndim + 1,))
+    _distributed.check_local_rows(graph, x, "x")
+    if values is None:
+        return _distributed.spmm_fixed(graph, x)
+    return spmm(graph.local, _distributed.halo_rows(graph, x), values)
 
 
 def sddmm(adj, x, y):
@@ -264,6 +310,10 @@ def sddmm(adj, x, y):
     _check_tensor(x, "x", ndims=(2, 3))
     _check_tensor(y, "y", ndims=(x.ndim,))
     _check_same(x, "x", y, "y")
+    if isinstance(adj, DistGraph):
+        _distributed.check_local_rows(adj, x, "x")
+        _distributed.check_local_rows(adj, y, "y")
+        return sddmm(adj.local, x, _distributed.halo_rows(adj, y))
     if x.shape[0] != adj.shape[0] or y.shape[0] != adj.shape[1]:
         raise ValueError(f"dimension mismatch: adj has shape {adj.shape}, so x needs "
                          f"{adj.shape[0]} rows and y {adj.shape[1]}; got {x.shape[0]} and "
@@ -291,6 +341,8 @@ def edge_softmax(adj, scores):
         scores are all ``-inf`` spreads evenly on the CPU.
     """
     _check_adj(adj)
+    if isinstance(adj, DistGraph):  # a row's entries are all on its owner: no exchange
+        adj = adj.local
     _check_tensor(scores, "scores", ndims=(1, 2))
     csr = pattern(adj)
     _check_edge_tensor(scores, "scores", csr, None if scores.ndim == 1 else scores.shape[1])
@@ -330,12 +382,24 @@ def gat_attention(adj, s_dst, s_src, negative_slope=0.2, keep="alpha"):
     _check_tensor(s_dst, "s_dst")
     _check_tensor(s_src, "s_src")
     _check_same(s_dst, "s_dst", s_src, "s_src")
+    if isinstance(adj, DistGraph):
+        _distributed.check_local_rows(adj, s_dst, "s_dst")
+        _distributed.check_local_rows(adj, s_src, "s_src")
+        if s_dst.shape != s_src.shape:
+            raise ValueError(f"s_dst and s_src must have the same shape, got "
+                             f"{tuple(s_dst.shape)} and {tuple(s_src.shape)}")
+        return _gat_attention_csr(adj.local, s_dst, _distributed.halo_rows(adj, s_src),
+                                  negative_slope, keep)
     if adj.shape[0] != adj.shape[1]:
         raise ValueError(f"adj must be square, got shape {adj.shape}")
     if s_dst.shape != s_src.shape or s_dst.shape[0] != adj.shape[0]:
         raise ValueError(f"s_dst and s_src must both have shape ({adj.shape[0]}, heads), got "
                          f"{tuple(s_dst.shape)} and {tuple(s_src.shape)}")
-    csr = pattern(adj)
+    return _gat_attention_csr(pattern(adj), s_dst, s_src, negative_slope, keep)
+
+
+def _gat_attention_csr(csr, s_dst, s_src, negative_slope, keep):
+    """`gat_attention` on a canonical CSR pattern: s_dst per row, s_src per column."""
     if _backend.on_cpu(s_dst):
         return _GATAttention.apply(s_dst, s_src, csr, float(negative_slope), keep)
     rows = _backend.edge_rows(csr, s_dst.device)

@@ -100,7 +100,9 @@ class GATConv(torch.nn.Module):
         s_dst = torch.einsum("nhf,hf->nh", h, self.att_dst.to(h.dtype))
         alpha = functional.gat_attention(graph, s_dst, s_src, self.negative_slope, keep=keep)
         if self.training and self.dropout > 0:
-            alpha = functional.dropout(alpha, self.dropout)
+            # Masks keyed by global edge ids: the same on any number of ranks.
+            alpha = functional.dropout(alpha, self.dropout,
+                                       row_ids=functional.row_ids(graph, "edge"))
         return functional.spmm(graph, h, values=alpha)
 
     def _transform(self, x):
@@ -124,7 +126,8 @@ class GATConv(torch.nn.Module):
         else:
             out = self._attend(graph, self._transform(x), "alpha" if cache == "alpha"
                                else "scores")
-        out = out.reshape(x.shape[0], -1) if self.concat else out.mean(dim=1)
+        out = (out.reshape(x.shape[0], self.heads * self.out_channels) if self.concat
+               else out.mean(dim=1))
         if self.bias is not None:
             out = out + self.bias.to(x.dtype)
         warn_once_if_nan(self, out)

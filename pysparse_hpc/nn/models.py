@@ -4,6 +4,8 @@ benchmark share them, so ours and PyG's run the same model).
 Dropout is `pysparse_hpc.nn.functional.dropout` unless ``fast_dropout=False``: torch's on the
 CPU costs more than both GCN layers together on Cora (a Bernoulli draw per feature), ours hashes
 the mask and stores none. The option exists so the benchmark can show what each part gains.
+Ours keys the masks by global node id, so a model on a `pysparse_hpc.distributed.DistGraph`
+drops the same features whatever the number of ranks (torch's draws depend on the shapes).
 """
 import torch
 import torch.nn.functional as F
@@ -17,7 +19,11 @@ __all__ = ["GCN", "GAT", "AGNN", "MODELS"]
 
 
 def _dropout(fast):
-    return functional.dropout if fast else F.dropout
+    """``drop(x, p, training, adj)``: dropout on node features ``x`` of graph ``adj``."""
+    if not fast:
+        return lambda x, p, training, adj: F.dropout(x, p, training)
+    return lambda x, p, training, adj: functional.dropout(x, p, training,
+                                                          functional.row_ids(adj, "node"))
 
 
 class GCN(torch.nn.Module):
@@ -43,9 +49,9 @@ class GCN(torch.nn.Module):
 
     def forward(self, x, adj):
         if self.input_dropout:
-            x = self._drop(x, self.dropout, self.training)
+            x = self._drop(x, self.dropout, self.training, adj)
         x = F.relu(self.conv1(x, adj))
-        x = self._drop(x, self.dropout, self.training)
+        x = self._drop(x, self.dropout, self.training, adj)
         return self.conv2(x, adj)
 
     def param_groups(self, weight_decay):
@@ -71,9 +77,9 @@ class GAT(torch.nn.Module):
                              dropout=dropout, **layer_options)
 
     def forward(self, x, adj):
-        x = self._drop(x, self.dropout, self.training)
+        x = self._drop(x, self.dropout, self.training, adj)
         x = F.elu(self.conv1(x, adj))
-        x = self._drop(x, self.dropout, self.training)
+        x = self._drop(x, self.dropout, self.training, adj)
         return self.conv2(x, adj)
 
     def param_groups(self, weight_decay):
@@ -97,11 +103,11 @@ class AGNN(torch.nn.Module):
         self.lin2 = torch.nn.Linear(hidden, out_channels)
 
     def forward(self, x, adj):
-        x = self._drop(x, self.dropout, self.training)
+        x = self._drop(x, self.dropout, self.training, adj)
         x = F.relu(self.lin1(x))
         x = self.prop1(x, adj)
         x = self.prop2(x, adj)
-        x = self._drop(x, self.dropout, self.training)
+        x = self._drop(x, self.dropout, self.training, adj)
         return self.lin2(x)
 
     def param_groups(self, weight_decay):

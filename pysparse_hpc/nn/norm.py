@@ -3,7 +3,8 @@ import numpy as np
 import scipy.sparse
 
 from .._csr import csr_array
-from ._graph import as_graph
+from ..distributed.graph import DistGraph
+from ._graph import as_graph, cached_on
 
 __all__ = ["gcn_norm"]
 
@@ -13,9 +14,11 @@ def gcn_norm(adj, add_self_loops=True, num_nodes=None):
 
     Parameters
     ----------
-    adj : sparse array or torch.Tensor
-        A square pysparse_hpc sparse array, or a ``[2, E]`` edge_index (source, target) with
-        ``num_nodes``. Row i holds the edges into node i (PyG's source-to-target flow).
+    adj : sparse array, DistGraph or torch.Tensor
+        A square pysparse_hpc sparse array, a `DistGraph` (the degrees of halo nodes come from
+        their owners in one halo exchange; a collective call, made once per graph), or a
+        ``[2, E]`` edge_index (source, target) with ``num_nodes``. Row i holds the edges into
+        node i (PyG's source-to-target flow).
     add_self_loops : bool
         Add the identity (on top of any stored diagonal, as ``A + I`` reads).
     num_nodes : int, optional
@@ -23,7 +26,7 @@ def gcn_norm(adj, add_self_loops=True, num_nodes=None):
 
     Returns
     -------
-    csr_array
+    csr_array or DistGraph
         Canonical; float32 unless ``adj`` holds float64. ``D`` is the row sums of ``A + I``;
         rows that sum to 0 (isolated nodes without self-loops) stay zero.
 
@@ -36,6 +39,9 @@ def gcn_norm(adj, add_self_loops=True, num_nodes=None):
            [0.5, 0.5]])
     """
     adj = as_graph(adj, num_nodes)
+    if isinstance(adj, DistGraph):
+        return cached_on(adj, ("gcn_norm", add_self_loops),
+                         lambda: _gcn_norm_distributed(adj, add_self_loops))
     if adj.shape[0] != adj.shape[1]:
         raise ValueError(f"adj must be square, got shape {adj.shape}")
     dtype = np.float64 if adj.dtype == np.float64 else np.float32
@@ -50,3 +56,28 @@ def gcn_norm(adj, add_self_loops=True, num_nodes=None):
     rows = np.repeat(np.arange(adj.shape[0]), np.diff(matrix.indptr))
     matrix.data *= scale[rows] * scale[matrix.indices]
     return csr_array(matrix.astype(dtype))
+
+
+def _gcn_norm_distributed(graph, add_self_loops):
+    """`gcn_norm` of a `DistGraph`: a row's degree is known to its owner (rows are whole on
+    one rank); the halo columns' degrees travel in one halo exchange."""
+    local = graph.local
+    dtype = np.float64 if local.dtype == np.float64 else np.float32
+    rows, cols, data = local.tocoo()
+    data = data.astype(np.float64)
+    if add_self_loops:
+        diagonal = np.arange(graph.n_local)
+        rows, cols = np.concatenate([rows, diagonal]), np.concatenate([cols, diagonal])
+        data = np.concatenate([data, np.ones(graph.n_local)])
+    matrix = csr_array((data, (rows, cols)), shape=local.shape).canonical()
+    degree = np.bincount(np.repeat(np.arange(graph.n_local), np.diff(matrix.indptr)),
+                         weights=matrix.data, minlength=graph.n_local)
+    degree = np.concatenate([degree, graph.halo_exchange(np.ascontiguousarray(degree))])
+    with np.errstate(divide="ignore"):
+        scale = np.where(degree > 0, 1.0 / np.sqrt(np.where(degree > 0, degree, 1.0)), 0.0)
+    entry_rows = np.repeat(np.arange(graph.n_local), np.diff(matrix.indptr))
+    values = matrix.data * scale[entry_rows] * scale[matrix.indices]
+    normalized = csr_array((values.astype(dtype), matrix.indices, matrix.indptr),
+                           shape=local.shape)
+    normalized.has_canonical_format = True
+    return graph.with_local(normalized)

@@ -1,14 +1,21 @@
 """Full-batch node classification: train, select the epoch by validation accuracy, test.
 
-Shared by ``python -m pysparse_hpc demo``, the examples and the GNN benchmark, so every model
-(ours and PyG's) is trained and timed the same way.
+Shared by ``python -m pysparse_hpc demo``, ``train``, the examples and the GNN benchmark, so
+every model (ours and PyG's, in one process or over MPI) is trained and timed the same way.
+
+On a `pysparse_hpc.distributed.DistGraph` each rank holds its nodes' features, labels and masks;
+the loss is summed over the rank's training nodes and divided by the global number of training
+nodes, and the replicated weights' gradients are summed over the ranks (`DataParallel`), so the
+update equals the single-process one up to float rounding; accuracies are counted globally.
 """
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+
+from ..distributed.graph import DistGraph, comm_sum
 
 __all__ = ["TrainResult", "fit", "node_tensors", "normalize_features"]
 
@@ -26,6 +33,8 @@ class TrainResult:
         Median time of one training step (forward, backward, optimizer step), evaluation
         excluded.
     epochs : int
+    losses : list of float
+        The training loss of every epoch (over all ranks on a distributed graph).
     """
 
     test_accuracy: float
@@ -33,6 +42,7 @@ class TrainResult:
     best_epoch: int
     seconds_per_epoch: float
     epochs: int
+    losses: list = field(default_factory=list)
 
 
 def normalize_features(x):
@@ -51,8 +61,26 @@ def node_tensors(data, dtype=torch.float32):
     return (x, torch.from_numpy(np.asarray(data.y, dtype=np.int64)), *masks)
 
 
-def _accuracy(logits, y, mask):
-    return float((logits[mask].argmax(dim=1) == y[mask]).float().mean())
+class _Totals:
+    """Sums over the ranks of a distributed graph (plain values in one process)."""
+
+    def __init__(self, graph):
+        self.comm = None if graph is None else graph.comm
+
+    def __call__(self, *values):
+        if self.comm is None or self.comm.size == 1:
+            return values if len(values) > 1 else values[0]
+        summed = comm_sum(self.comm, np.array(values, dtype=np.float64))
+        return tuple(summed) if len(values) > 1 else summed[0]
+
+
+def _check_node_tensors(graph, x, y, masks):
+    rows = x.shape[0] if graph is None else graph.n_local
+    named = [("x", x), ("y", y)] + list(zip(("train_mask", "val_mask", "test_mask"), masks))
+    for name, tensor in named:
+        if tensor.shape[0] != rows:
+            where = "" if graph is None else f" (rank {graph.comm.rank} owns {rows} nodes)"
+            raise ValueError(f"{name} has {tensor.shape[0]} rows, expected {rows}{where}")
 
 
 def fit(model, x, adj, y, masks, *, epochs=200, lr=0.01, weight_decay=5e-4, progress=True,
@@ -65,8 +93,10 @@ def fit(model, x, adj, y, masks, *, epochs=200, lr=0.01, weight_decay=5e-4, prog
         Called as ``model(x, adj)``; a ``param_groups(weight_decay)`` method, when present,
         sets per-layer weight decay.
     x : torch.Tensor
+        Node features (on a `DistGraph`, this rank's owned rows).
     adj : object
-        Whatever the model takes as its graph.
+        Whatever the model takes as its graph. A `DistGraph` trains over its ranks (every rank
+        calls `fit` with its own rows); only rank 0 shows a progress bar.
     y : torch.Tensor of int64
     masks : (train, val, test) boolean tensors
     epochs : int
@@ -80,30 +110,51 @@ def fit(model, x, adj, y, masks, *, epochs=200, lr=0.01, weight_decay=5e-4, prog
     """
     from tqdm.auto import tqdm
 
+    graph = adj if isinstance(adj, DistGraph) else None
+    _check_node_tensors(graph, x, y, masks)
+    total = _Totals(graph)
     train_mask, val_mask, test_mask = masks
+    n_train, n_val, n_test = total(*(float(m.sum()) for m in masks))
+    if n_train == 0:
+        raise ValueError("the training mask selects no node")
+    n_val, n_test = max(n_val, 1.0), max(n_test, 1.0)  # empty splits report accuracy 0
     groups = (model.param_groups(weight_decay) if hasattr(model, "param_groups")
               else [dict(params=model.parameters(), weight_decay=weight_decay)])
     optimizer = torch.optim.Adam(groups, lr=lr)
+    trained = model
+    if graph is not None and graph.comm.size > 1:
+        from ..distributed.data_parallel import DataParallel
+        # Every rank's loss is already divided by the global count: sum, do not average.
+        trained = DataParallel(model, graph.comm, average=False)
     best = (-1.0, float("inf"), 0.0, -1)  # val accuracy, val loss, test accuracy, epoch
-    step_seconds = []
-    bar = tqdm(range(epochs), desc=description, disable=not progress, leave=False, mininterval=0.5)
+    step_seconds, losses = [], []
+    show = progress and (graph is None or graph.comm.rank == 0)
+    bar = tqdm(range(epochs), desc=description, disable=not show, leave=False, mininterval=0.5)
     for epoch in bar:
         model.train()
         start = time.perf_counter()
         optimizer.zero_grad()
-        loss = F.cross_entropy(model(x, adj)[train_mask], y[train_mask])
+        logits = trained(x, adj)
+        loss = F.cross_entropy(logits[train_mask], y[train_mask], reduction="sum") / n_train
         loss.backward()
         optimizer.step()
         step_seconds.append(time.perf_counter() - start)
+        losses.append(total(loss.item()))
         model.eval()
         with torch.no_grad():
             logits = model(x, adj)
-            val_loss = float(F.cross_entropy(logits[val_mask], y[val_mask]))
-            val_accuracy = _accuracy(logits, y, val_mask)
+            val_loss, val_correct, test_correct = total(
+                float(F.cross_entropy(logits[val_mask], y[val_mask], reduction="sum")),
+                _correct(logits, y, val_mask), _correct(logits, y, test_mask))
+            val_loss, val_accuracy = val_loss / n_val, val_correct / n_val
             if (val_accuracy, -val_loss) > (best[0], -best[1]):
-                best = (val_accuracy, val_loss, _accuracy(logits, y, test_mask), epoch)
-        bar.set_postfix(loss=f"{loss.item():.3f}", val=f"{val_accuracy:.3f}", refresh=False)
+                best = (val_accuracy, val_loss, test_correct / n_test, epoch)
+        bar.set_postfix(loss=f"{losses[-1]:.3f}", val=f"{val_accuracy:.3f}", refresh=False)
     bar.close()
     return TrainResult(test_accuracy=best[2], val_accuracy=best[0], best_epoch=best[3],
                        seconds_per_epoch=float(np.median(step_seconds)) if step_seconds
-                       else float("nan"), epochs=epochs)
+                       else float("nan"), epochs=epochs, losses=losses)
+
+
+def _correct(logits, y, mask):
+    return float((logits[mask].argmax(dim=1) == y[mask]).sum())

@@ -29,3 +29,17 @@ def dropout(x, out, seed, threshold, scale):
     """``out = x * keep * scale`` over flat C-contiguous arrays; ``keep`` from (seed, index)."""
     for i in prange(x.size):
         out[i] = x[i] * scale if _splitmix64(seed, i) >= threshold else 0
+
+
+@njit(parallel=True, **_JIT)
+def dropout_rows(x, out, row_ids, seed, threshold, scale):
+    """`dropout` over (rows, width) arrays with element (r, c) hashed at counter
+    ``row_ids[r] * width + c``: the mask of a row follows its id (a global node or edge id),
+    not its position, so the rows of one graph split over several arrays get the same masks as
+    the whole. With ``row_ids = arange(rows)`` it equals `dropout`."""
+    width = x.shape[1]
+    for r in prange(x.shape[0]):
+        base = np.uint64(row_ids[r]) * np.uint64(width)
+        for c in range(width):
+            keep = _splitmix64(seed, base + np.uint64(c)) >= threshold
+            out[r, c] = x[r, c] * scale if keep else 0

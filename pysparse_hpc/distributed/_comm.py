@@ -1,0 +1,449 @@
+"""The library's communicator: the one module that imports mpi4py.
+
+`Communicator` wraps a ``Dup()`` of ``MPI.COMM_WORLD`` (so the library's messages never match a
+user's) with buffer-protocol collectives and point-to-point calls on NumPy arrays and CPU torch
+tensors, and counts the messages and bytes each kind of traffic moves. Without mpi4py, or in a
+script started without ``mpiexec``, it is a one-rank communicator whose collectives return their
+input: every distributed code path is also the single-process one.
+
+Byte counts are the payload the library hands to MPI, per rank: a point-to-point message counts
+its buffer on both ends; a collective counts its buffer once sent and once received (what the
+MPI library moves inside it depends on its algorithm); a broadcast counts ``size - 1`` messages
+sent on the root and one received elsewhere. A one-rank communicator counts nothing.
+"""
+import os
+import sys
+import threading
+import time
+import traceback
+from collections import defaultdict
+
+import numpy as np
+
+__all__ = ["Communicator", "init", "launched_ranks"]
+
+#: Kinds of traffic `Communicator.stats` reports (any other string is accepted too).
+KINDS = ("halo", "reverse_halo", "allreduce", "broadcast", "gather", "scatter", "setup")
+
+_OPS = ("sum", "max", "min", "land", "lor", "band", "bor")
+
+# Environment variables through which launchers announce the job's size (MPICH's Hydra, Open
+# MPI, PMIx launchers, Slurm's srun), read only to name mpi4py when it is missing.
+_SIZE_VARIABLES = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "MPI_LOCALNRANKS",
+                   "SLURM_NTASKS")
+
+_WORLD = None
+_WORLD_LOCK = threading.Lock()
+
+
+def launched_ranks():
+    """The number of ranks a launcher announced in the environment (1 when none did)."""
+    for name in _SIZE_VARIABLES:
+        value = os.environ.get(name)
+        if value is not None and value.strip().isdigit():
+            return max(1, int(value))
+    return 1
+
+
+def _as_buffer(array, name="buffer"):
+    """A C-contiguous NumPy view of ``array`` (NumPy array or CPU torch tensor), no copy."""
+    if isinstance(array, np.ndarray):
+        view = array
+    elif hasattr(array, "detach") and hasattr(array, "numpy"):
+        if array.device.type != "cpu":
+            raise ValueError(f"{name} is on {array.device}; the communicator moves host memory "
+                             "(copy it to the CPU first)")
+        view = array.detach().numpy()
+    else:
+        raise TypeError(f"{name} must be a NumPy array or a CPU torch tensor, got "
+                        f"{type(array).__name__}")
+    if not view.flags.c_contiguous:
+        raise ValueError(f"{name} must be C-contiguous")
+    return view
+
+
+class _Request:
+    """A pending nonblocking call; ``wait()`` completes it (a no-op for a one-rank call) and
+    adds the time it blocked to its communicator's `Communicator.wait_seconds`."""
+
+    __slots__ = ("_request", "_comm", "_kind")
+
+    def __init__(self, request=None, comm=None, kind=None):
+        self._request, self._comm, self._kind = request, comm, kind
+
+    def wait(self):
+        if self._request is not None:
+            start = time.perf_counter()
+            self._request.Wait()
+            self._comm._waited[self._kind] += time.perf_counter() - start
+            self._request = None
+
+    @staticmethod
+    def wait_all(requests):
+        """Complete every request of ``requests`` (one MPI call)."""
+        pending = [r for r in requests if r._request is not None]
+        if pending:
+            from mpi4py import MPI
+            start = time.perf_counter()
+            MPI.Request.Waitall([r._request for r in pending])
+            pending[0]._comm._waited[pending[0]._kind] += time.perf_counter() - start
+        for r in requests:
+            r._request = None
+
+
+class Communicator:
+    """A group of ranks and the collectives the library needs on it.
+
+    Parameters
+    ----------
+    mpi_comm : mpi4py.MPI.Comm, optional
+        Used as it is (`init` passes a ``Dup()`` of ``COMM_WORLD``). None makes a one-rank
+        communicator that needs no MPI.
+
+    Attributes
+    ----------
+    rank, size : int
+    mpi : mpi4py.MPI.Comm or None
+
+    Notes
+    -----
+    Buffers are NumPy arrays or CPU torch tensors, C-contiguous; reductions work in place.
+    Methods with lower-case names (`bcast`, `allgather`, `alltoall`, `gather`, `scatter`) pickle
+    Python objects and are meant for set-up, never for per-step traffic.
+    """
+
+    def __init__(self, mpi_comm=None):
+        self.mpi = mpi_comm
+        self.rank = 0 if mpi_comm is None else mpi_comm.Get_rank()
+        self.size = 1 if mpi_comm is None else mpi_comm.Get_size()
+        self._counters = defaultdict(lambda: np.zeros(4, dtype=np.int64))
+        self._waited = defaultdict(float)
+
+    def __repr__(self):
+        backend = "no MPI" if self.mpi is None else "MPI"
+        return f"Communicator(rank={self.rank}, size={self.size}, {backend})"
+
+    # ---------------------------------------------------------------- statistics
+    def _count(self, kind, sent_messages, sent_bytes, received_messages, received_bytes):
+        self._counters[kind] += (sent_messages, sent_bytes, received_messages, received_bytes)
+
+    def stats(self):
+        """Messages and bytes moved by this rank since the last `reset_stats`, by kind.
+
+        Returns
+        -------
+        dict
+            ``{kind: {"messages_sent", "bytes_sent", "messages_received", "bytes_received"}}``
+            for every kind that moved anything (`KINDS` lists the library's).
+        """
+        names = ("messages_sent", "bytes_sent", "messages_received", "bytes_received")
+        return {kind: dict(zip(names, (int(v) for v in counts)))
+                for kind, counts in sorted(self._counters.items())}
+
+    def wait_seconds(self):
+        """Seconds this rank spent blocked waiting for nonblocking calls to complete, by kind:
+        the communication that computation did not hide."""
+        return dict(sorted(self._waited.items()))
+
+    def reset_stats(self):
+        """Zero the counters of `stats` and `wait_seconds`."""
+        self._counters.clear()
+        self._waited.clear()
+
+    # ---------------------------------------------------------------- buffer collectives
+    def _op(self, op):
+        if op not in _OPS:
+            raise ValueError(f"op must be one of {_OPS}, got {op!r}")
+        from mpi4py import MPI
+        return {"sum": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN, "land": MPI.LAND,
+                "lor": MPI.LOR, "band": MPI.BAND, "bor": MPI.BOR}[op]
+
+    def Allreduce(self, buffer, op="sum", kind="allreduce"):
+        """Reduce ``buffer`` over all ranks, in place; returns ``buffer``."""
+        view = _as_buffer(buffer)
+        if self.size > 1:
+            from mpi4py import MPI
+            self.mpi.Allreduce(MPI.IN_PLACE, view, op=self._op(op))
+            self._count(kind, 1, view.nbytes, 1, view.nbytes)
+        elif op not in _OPS:
+            raise ValueError(f"op must be one of {_OPS}, got {op!r}")
+        return buffer
+
+    def Iallreduce(self, buffer, op="sum", kind="allreduce"):
+        """Start reducing ``buffer`` in place; returns a request to ``wait()`` on."""
+        view = _as_buffer(buffer)
+        if self.size == 1:
+            if op not in _OPS:
+                raise ValueError(f"op must be one of {_OPS}, got {op!r}")
+            return _Request()
+        from mpi4py import MPI
+        request = self.mpi.Iallreduce(MPI.IN_PLACE, view, op=self._op(op))
+        self._count(kind, 1, view.nbytes, 1, view.nbytes)
+        return _Request(request, self, kind)
+
+    def Bcast(self, buffer, root=0, kind="broadcast"):
+        """Broadcast ``buffer`` from ``root`` in place; returns ``buffer``."""
+        view = _as_buffer(buffer)
+        if self.size > 1:
+            self.mpi.Bcast(view, root=root)
+            if self.rank == root:
+                self._count(kind, self.size - 1, view.nbytes * (self.size - 1), 0, 0)
+            else:
+                self._count(kind, 0, 0, 1, view.nbytes)
+        return buffer
+
+    def Isend(self, buffer, dest, tag, kind):
+        """Start sending ``buffer`` to rank ``dest``; keep the buffer alive until waited on."""
+        view = _as_buffer(buffer)
+        self._count(kind, 1, view.nbytes, 0, 0)
+        return _Request(self.mpi.Isend(view, dest=dest, tag=tag), self, kind)
+
+    def Irecv(self, buffer, source, tag, kind):
+        """Start receiving into ``buffer`` from rank ``source``."""
+        view = _as_buffer(buffer)
+        self._count(kind, 0, 0, 1, view.nbytes)
+        return _Request(self.mpi.Irecv(view, source=source, tag=tag), self, kind)
+
+    def Barrier(self):
+        if self.size > 1:
+            self.mpi.Barrier()
+
+    def _vector_layout(self, counts, total, name):
+        """``(counts, displacements)`` as int lists after checking them against a buffer of
+        ``total`` elements: one count per rank, none negative, summing to ``total``."""
+        counts = [int(c) for c in counts]
+        if len(counts) != self.size or any(c < 0 for c in counts):
+            raise ValueError(f"counts must hold {self.size} non-negative element counts, one "
+                             f"per rank, got {counts}")
+        if sum(counts) != total:
+            raise ValueError(f"{name} has {total} elements but the counts sum to "
+                             f"{sum(counts)}")
+        displacements = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(int).tolist()
+        return counts, displacements
+
+    def _vector_buffers(self, sendbuf, recvbuf, counts, gathering):
+        """Views and layout of a vector collective (``gathering``: allgatherv, else
+        reduce-scatter), checked on this rank."""
+        send = _as_buffer(sendbuf, "sendbuf").reshape(-1)
+        recv = _as_buffer(recvbuf, "recvbuf").reshape(-1)
+        if send.dtype != recv.dtype:
+            raise TypeError(f"sendbuf holds {send.dtype} but recvbuf {recv.dtype}")
+        whole, part = (recv, send) if gathering else (send, recv)
+        counts, displacements = self._vector_layout(counts, whole.size,
+                                                    "recvbuf" if gathering else "sendbuf")
+        if part.size != counts[self.rank]:
+            raise ValueError(f"{'sendbuf' if gathering else 'recvbuf'} of rank {self.rank} has "
+                             f"{part.size} elements but counts[{self.rank}] is "
+                             f"{counts[self.rank]}")
+        return send, recv, counts, displacements
+
+    def _start_allgatherv(self, sendbuf, recvbuf, counts, kind, blocking):
+        send, recv, counts, displacements = self._vector_buffers(sendbuf, recvbuf, counts, True)
+        if self.size == 1:
+            recv[:] = send
+            return _Request()
+        from mpi4py.util.dtlib import from_numpy_dtype
+        spec = [recv, counts, displacements, from_numpy_dtype(recv.dtype)]
+        own = send.nbytes
+        others = recv.nbytes - own
+        self._count(kind, self.size - 1, own * (self.size - 1), self.size - 1, others)
+        if blocking:
+            self.mpi.Allgatherv(send, spec)
+            return _Request()
+        return _Request(self.mpi.Iallgatherv(send, spec), self, kind)
+
+    def Allgatherv(self, sendbuf, recvbuf, counts, kind="allgather"):
+        """Every rank's ``sendbuf``, concatenated in rank order, into every rank's ``recvbuf``.
+
+        Parameters
+        ----------
+        sendbuf, recvbuf : ndarray or CPU tensor
+            C-contiguous, same dtype; read and written as flat arrays (``recvbuf`` holds
+            ``sum(counts)`` elements; rank q's block starts at ``sum(counts[:q])``).
+        counts : sequence of int
+            Elements each rank contributes; ``counts[rank] == sendbuf.size``.
+        kind : str
+            Traffic kind of `stats`. Counted as the payload that changes hands: this rank's
+            block sent to ``size - 1`` ranks, and the other ranks' blocks received (what
+            CAGNET's 1D algorithm moves), ``size - 1`` messages each way.
+
+        Returns
+        -------
+        recvbuf
+        """
+        self._start_allgatherv(sendbuf, recvbuf, counts, kind, blocking=True)
+        return recvbuf
+
+    def Iallgatherv(self, sendbuf, recvbuf, counts, kind="allgather"):
+        """Start `Allgatherv`; returns a request to ``wait()`` on (its blocked time counts in
+        `wait_seconds` under ``kind``). Keep both buffers alive until it is waited on."""
+        return self._start_allgatherv(sendbuf, recvbuf, counts, kind, blocking=False)
+
+    def _start_reduce_scatter(self, sendbuf, recvbuf, counts, op, kind, blocking):
+        send, recv, counts, _ = self._vector_buffers(sendbuf, recvbuf, counts, False)
+        mpi_op = self._op(op) if self.size > 1 else None
+        if self.size == 1:
+            if op not in _OPS:
+                raise ValueError(f"op must be one of {_OPS}, got {op!r}")
+            recv[:] = send
+            return _Request()
+        own = recv.nbytes
+        self._count(kind, self.size - 1, send.nbytes - own, self.size - 1,
+                    own * (self.size - 1))
+        if blocking:
+            self.mpi.Reduce_scatter(send, recv, counts, op=mpi_op)
+            return _Request()
+        return _Request(self.mpi.Ireduce_scatter(send, recv, counts, op=mpi_op), self, kind)
+
+    def Reduce_scatter(self, sendbuf, recvbuf, counts, op="sum", kind="reduce_scatter"):
+        """Reduce every rank's ``sendbuf`` element-wise and leave block q of the result on
+        rank q, in its ``recvbuf``.
+
+        Parameters
+        ----------
+        sendbuf, recvbuf : ndarray or CPU tensor
+            C-contiguous, same dtype, read and written as flat arrays: ``sendbuf`` holds
+            ``sum(counts)`` elements (rank q's block starts at ``sum(counts[:q])``),
+            ``recvbuf`` this rank's ``counts[rank]``.
+        counts : sequence of int
+            Elements of each rank's block.
+        op : {"sum", "max", "min", "land", "lor", "band", "bor"}
+        kind : str
+            Traffic kind of `stats`. Counted as the payload that changes hands: the blocks of
+            the other ranks sent, and ``size - 1`` contributions to this rank's block
+            received, ``size - 1`` messages each way.
+
+        Returns
+        -------
+        recvbuf
+        """
+        self._start_reduce_scatter(sendbuf, recvbuf, counts, op, kind, blocking=True)
+        return recvbuf
+
+    def Ireduce_scatter(self, sendbuf, recvbuf, counts, op="sum", kind="reduce_scatter"):
+        """Start `Reduce_scatter`; returns a request to ``wait()`` on (its blocked time counts
+        in `wait_seconds` under ``kind``). Keep both buffers alive until it is waited on."""
+        return self._start_reduce_scatter(sendbuf, recvbuf, counts, op, kind, blocking=False)
+
+    # ---------------------------------------------------------------- object collectives
+    def bcast(self, obj, root=0):
+        """``obj`` of ``root`` on every rank (pickled; set-up only)."""
+        return obj if self.size == 1 else self.mpi.bcast(obj, root=root)
+
+    def allgather(self, obj):
+        """The list of every rank's ``obj`` (pickled; set-up only)."""
+        return [obj] if self.size == 1 else self.mpi.allgather(obj)
+
+    def gather(self, obj, root=0):
+        """The list of every rank's ``obj`` on ``root``, None elsewhere (pickled)."""
+        return [obj] if self.size == 1 else self.mpi.gather(obj, root=root)
+
+    def scatter(self, objs, root=0):
+        """Element ``rank`` of ``root``'s list ``objs`` on each rank (pickled)."""
+        if self.size == 1:
+            return objs[0]
+        return self.mpi.scatter(objs, root=root)
+
+    def alltoall(self, objs):
+        """Element ``rank`` of every rank's list ``objs``, as a list indexed by sender."""
+        return list(objs) if self.size == 1 else self.mpi.alltoall(objs)
+
+    # ---------------------------------------------------------------- agreement and faults
+    def raise_if_any(self, error):
+        """Raise on every rank when any rank passes an exception (or None where all is well).
+
+        A check that only some ranks can make (their own rows, their own file) goes through
+        this, so every rank raises the same clear error instead of the others waiting forever
+        in the next collective. The message names the failing ranks.
+        """
+        if self.size == 1:
+            if error is not None:
+                raise error
+            return
+        reports = self.allgather(None if error is None else (type(error), str(error)))
+        failed = [(rank, report) for rank, report in enumerate(reports) if report is not None]
+        if not failed:
+            return
+        if error is not None and len(failed) == 1:
+            raise error
+        kind, message = failed[0][1]
+        ranks = ", ".join(str(rank) for rank, _ in failed)
+        raise kind(f"rank{'s' if len(failed) > 1 else ''} {ranks}: {message}")
+
+    def Abort(self, errorcode=1):
+        """End the whole job now (every rank), with exit status ``errorcode``."""
+        if self.mpi is not None:
+            self.mpi.Abort(errorcode)
+        os._exit(errorcode)
+
+
+def _install_abort_hook(comm):
+    """Make an uncaught exception on any rank end the whole job within seconds, with that
+    rank's traceback, instead of leaving the other ranks blocked in a collective forever."""
+    previous = sys.excepthook
+
+    def abort_on_exception(kind, value, tb):
+        try:
+            message = "".join(traceback.format_exception(kind, value, tb))
+            sys.stderr.write(f"pysparse_hpc: rank {comm.rank} of {comm.size} raised "
+                             f"{kind.__name__}; ending the job\n{message}")
+            sys.stderr.flush()
+            sys.stdout.flush()
+        finally:
+            if kind is KeyboardInterrupt:
+                previous(kind, value, tb)
+            comm.Abort(1)
+
+    sys.excepthook = abort_on_exception
+    threading.excepthook = lambda args: abort_on_exception(args.exc_type, args.exc_value,
+                                                           args.exc_traceback)
+
+
+def init(abort_on_exception=True):
+    """The library's communicator over every rank of the job, made once per process.
+
+    Under ``mpiexec`` it is a ``Dup()`` of ``MPI.COMM_WORLD``; in a script started without a
+    launcher it is a one-rank communicator (MPI is initialised as a singleton when mpi4py is
+    installed, and not needed when it is not), so the same script runs unchanged.
+
+    Parameters
+    ----------
+    abort_on_exception : bool
+        On jobs of several ranks, install a ``sys.excepthook`` that prints the rank and its
+        traceback and aborts the communicator, so a rank that raises ends the job (with a
+        non-zero status) instead of leaving the others waiting in a collective.
+
+    Returns
+    -------
+    Communicator
+
+    Raises
+    ------
+    ImportError
+        The job was launched with several ranks but mpi4py is not installed.
+
+    Examples
+    --------
+    >>> from pysparse_hpc import distributed
+    >>> comm = distributed.init()
+    >>> comm.rank, comm.size
+    (0, 1)
+    """
+    global _WORLD
+    with _WORLD_LOCK:
+        if _WORLD is not None:
+            return _WORLD
+        try:
+            from mpi4py import MPI
+        except ImportError:
+            ranks = launched_ranks()
+            if ranks > 1:
+                raise ImportError(f"this job was launched with {ranks} ranks but mpi4py is not "
+                                  "installed; pip install mpi4py mpich (or the [mpi] extra "
+                                  "of pysparse_hpc)") from None
+            _WORLD = Communicator(None)
+            return _WORLD
+        _WORLD = Communicator(MPI.COMM_WORLD.Dup())
+        if abort_on_exception and _WORLD.size > 1:
+            _install_abort_hook(_WORLD)
+        return _WORLD

@@ -1,0 +1,171 @@
+"""Data-parallel training: replicated parameters whose gradients are summed over the ranks.
+
+Gradients are copied into flat buckets (about ``bucket_mb`` each, parameters in reverse order of
+registration, which is roughly the order backward produces them) and each bucket's allreduce is
+started from a gradient hook as soon as it is full, so communication overlaps the rest of the
+backward pass; the last one is waited on before ``backward()`` returns. Buckets are launched in
+the same order on every rank (a bucket waits for the ones before it), as MPI requires of
+collectives. The full-graph GNN trainer uses it, and so can any data-parallel torch model.
+"""
+import contextlib
+
+import torch
+
+from ._comm import init
+
+__all__ = ["DataParallel"]
+
+
+class _Bucket:
+    __slots__ = ("params", "flat", "ready", "request")
+
+    def __init__(self, params):
+        self.params = params
+        self.flat = torch.zeros(sum(p.numel() for p in params), dtype=params[0].dtype)
+        self.ready, self.request = 0, None
+
+
+class DataParallel(torch.nn.Module):
+    """Wrap a model whose parameters are replicated on every rank; its gradients are summed
+    (or averaged) over the ranks during ``backward()``.
+
+    Parameters
+    ----------
+    module : torch.nn.Module
+        CPU parameters. The wrapper's ``forward`` calls it.
+    comm : Communicator, optional
+        Default: `pysparse_hpc.distributed.init()`.
+    bucket_mb : float
+        Gradient megabytes per allreduce (torch DDP's default, 25).
+    average : bool
+        Divide the sum by the number of ranks (each rank's loss is a mean over its own part of
+        the batch, as in DDP). False keeps the sum: the right choice when every rank's loss is
+        already normalized by the global batch (the full-graph GNN trainer).
+    broadcast_parameters : bool
+        Copy rank 0's parameters and buffers to every rank first, so replicas start equal.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from pysparse_hpc import distributed
+    >>> model = distributed.DataParallel(torch.nn.Linear(4, 2))
+    >>> model(torch.ones(3, 4)).sum().backward()   # gradients summed over the ranks
+    """
+
+    def __init__(self, module, comm=None, bucket_mb=25.0, average=True,
+                 broadcast_parameters=True):
+        super().__init__()
+        if not isinstance(module, torch.nn.Module):
+            raise TypeError(f"module must be a torch.nn.Module, got {type(module).__name__}")
+        if not bucket_mb > 0:
+            raise ValueError(f"bucket_mb must be positive, got {bucket_mb!r}")
+        self.module = module
+        self.comm = init() if comm is None else comm
+        self.average = average
+        params = [p for p in module.parameters() if p.requires_grad]
+        for p in params:
+            if p.device.type != "cpu":
+                raise ValueError(f"DataParallel reduces host memory; a parameter is on "
+                                 f"{p.device}")
+        self._buckets = self._make_buckets(params[::-1], bucket_mb * 2 ** 20)
+        self._bucket_of = {id(p): b for b in self._buckets for p in b.params}
+        self._launched = 0
+        self._in_backward = False
+        self._enabled = True
+        self._hooks = [p.register_post_accumulate_grad_hook(self._on_gradient) for p in params]
+        if broadcast_parameters:
+            self.broadcast_parameters()
+
+    @staticmethod
+    def _make_buckets(params, capacity):
+        buckets, current, size = [], [], 0
+        for p in params:
+            nbytes = p.numel() * p.element_size()
+            if current and (size + nbytes > capacity or p.dtype != current[0].dtype):
+                buckets.append(_Bucket(current))
+                current, size = [], 0
+            current.append(p)
+            size += nbytes
+        if current:
+            buckets.append(_Bucket(current))
+        return buckets
+
+    @property
+    def bucket_sizes(self):
+        """Parameters per bucket, in launch order."""
+        return [len(b.params) for b in self._buckets]
+
+    def forward(self, *args, **kwargs):
+        return self.module(*args, **kwargs)
+
+    def broadcast_parameters(self, root=0):
+        """Overwrite every rank's parameters and buffers with those of ``root``."""
+        with torch.no_grad():
+            for tensor in list(self.module.parameters()) + list(self.module.buffers()):
+                if tensor.is_contiguous():
+                    self.comm.Bcast(tensor.data, root=root)
+                else:
+                    staged = tensor.data.contiguous()
+                    self.comm.Bcast(staged, root=root)
+                    tensor.data.copy_(staged)
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        """Accumulate gradients locally (no allreduce) inside the block, as torch DDP's."""
+        self._enabled = False
+        try:
+            yield
+        finally:
+            self._enabled = True
+
+    # ---------------------------------------------------------------- hooks
+    def _on_gradient(self, param):
+        if not self._enabled:
+            return
+        if not self._in_backward:
+            self._in_backward = True
+            torch.autograd.Variable._execution_engine.queue_callback(self._finish)
+        bucket = self._bucket_of[id(param)]
+        bucket.ready += 1
+        buckets = self._buckets
+        while (self._launched < len(buckets)
+               and buckets[self._launched].ready == len(buckets[self._launched].params)):
+            self._launch(buckets[self._launched])
+            self._launched += 1
+
+    def _launch(self, bucket):
+        offset = 0
+        for p in bucket.params:
+            size = p.numel()
+            target = bucket.flat[offset:offset + size]
+            if p.grad is None:  # unused in this backward on this rank: contributes zero
+                target.zero_()
+            else:
+                target.copy_(p.grad.reshape(-1))
+            offset += size
+        bucket.request = self.comm.Iallreduce(bucket.flat)
+
+    def _finish(self):
+        """Launch the buckets whose parameters got no gradient, wait for all, write back."""
+        try:
+            while self._launched < len(self._buckets):
+                self._launch(self._buckets[self._launched])
+                self._launched += 1
+            scale = 1.0 / self.comm.size if self.average else None
+            for bucket in self._buckets:
+                bucket.request.wait()
+                if scale is not None:
+                    bucket.flat.mul_(scale)
+                offset = 0
+                for p in bucket.params:
+                    size = p.numel()
+                    reduced = bucket.flat[offset:offset + size].view_as(p)
+                    if p.grad is None:
+                        p.grad = reduced.clone()
+                    else:
+                        p.grad.copy_(reduced)
+                    offset += size
+        finally:
+            for bucket in self._buckets:
+                bucket.ready, bucket.request = 0, None
+            self._launched, self._in_backward = 0, False

@@ -1,0 +1,418 @@
+"""`DistGraph`: a square sparse matrix (a graph's adjacency) distributed by rows over ranks.
+
+Each rank keeps its owned rows as one CSR matrix over local columns (its own nodes, then its
+halo: the other ranks' nodes its rows reference, see `_plan`) and the communication plan, built
+once: which rows it receives from whom, which of its rows it sends to whom. The halo exchange
+(forward) and the reverse exchange (backward: gradients of halo rows sent back and summed at
+their owners) are nonblocking, so a product over the local columns can run while they travel.
+The `pysparse_hpc.nn` ops and layers take a `DistGraph` wherever they take a sparse array.
+"""
+import numpy as np
+
+from .._base import sparray
+from .._csr import csr_array
+from . import _plan
+from ._comm import _as_buffer, _Request, init
+from .partition import Partition
+
+__all__ = ["DistGraph", "HaloPlan"]
+
+# Tags of the library's point-to-point messages cycle through this range (the MPI standard
+# guarantees tags up to 32767). Every exchange takes the next tag, in the same order on every
+# rank, so a rank that ran its exchanges in another order would wait rather than mix messages.
+_TAG_BASE, _TAG_SPAN = 1000, 30000
+
+
+def _owner_array(partition, n, nparts_expected):
+    """The validated owner array of ``partition`` (a `Partition` or an integer array)."""
+    owner = partition.owner if isinstance(partition, Partition) else np.asarray(partition)
+    if owner.ndim != 1 or not (np.issubdtype(owner.dtype, np.integer) and owner.dtype != bool):
+        raise TypeError(f"the partition must be a Partition or a 1-D integer array of owner "
+                        f"ranks, got {owner.dtype} with shape {owner.shape}")
+    if owner.size != n:
+        raise ValueError(f"the partition has {owner.size} owners but the graph has {n} nodes")
+    nparts = partition.nparts if isinstance(partition, Partition) else nparts_expected
+    if nparts != nparts_expected:
+        raise ValueError(f"the partition is for {nparts} ranks but the communicator has "
+                         f"{nparts_expected}; partition the graph for {nparts_expected} parts")
+    if owner.size and (owner.min() < 0 or owner.max() >= nparts):
+        bad = owner.min() if owner.min() < 0 else owner.max()
+        raise ValueError(f"owner rank {bad} is out of range for {nparts} ranks")
+    return owner.astype(np.int64)
+
+
+def _square_pattern(adj):
+    """The canonical CSR form of a square sparse array (scipy input is wrapped)."""
+    if not isinstance(adj, sparray):
+        if hasattr(adj, "tocsr"):
+            adj = csr_array(adj)
+        else:
+            raise TypeError(f"adj must be a pysparse_hpc or scipy sparse array, got "
+                            f"{type(adj).__name__}")
+    if adj.shape[0] != adj.shape[1]:
+        raise ValueError(f"adj must be square (nodes x nodes), got shape {adj.shape}")
+    csr = adj.tocsr()
+    return csr if csr.has_canonical_format else csr.canonical()
+
+
+class _Pending:
+    """A started exchange: ``wait()`` completes it and returns what it received."""
+
+    __slots__ = ("_requests", "_keep", "_finish")
+
+    def __init__(self, requests, keep, finish):
+        self._requests, self._keep, self._finish = requests, keep, finish
+
+    def wait(self):
+        _Request.wait_all(self._requests)
+        self._keep = None  # the send buffers may go once the sends are complete
+        return self._finish()
+
+
+class HaloPlan:
+    """One rank's communication plan: the rows it receives and sends in a halo exchange.
+
+    Attributes
+    ----------
+    comm : Communicator
+    owned : ndarray of int64
+        Global ids of the owned rows, ascending (local row i is node ``owned[i]``).
+    halo : ndarray of int64
+        Global ids of the halo rows, grouped by owner.
+    recv_offsets : ndarray of int64, shape (nparts + 1,)
+        Halo rows from rank q are ``halo[recv_offsets[q]:recv_offsets[q + 1]]``.
+    send_index : dict of int to ndarray of int64
+        Local row ids sent to each peer that needs any, in the order the peer stores them.
+    """
+
+    def __init__(self, comm, owned, halo, recv_counts, send_index):
+        self.comm, self.owned, self.halo = comm, owned, halo
+        self.recv_offsets = np.concatenate([[0], np.cumsum(recv_counts)]).astype(np.int64)
+        self.send_index = {q: idx for q, idx in send_index.items() if idx.size}
+        self.recv_peers = [q for q in range(comm.size) if recv_counts[q]]
+        self._tag = 0
+        #: Bytes per row of every exchange made (forward and reverse), for comparisons with
+        #: schemes that move whole feature matrices.
+        self.exchanged_row_bytes = 0
+
+    @property
+    def n_local(self):
+        return self.owned.size
+
+    @property
+    def n_halo(self):
+        return self.halo.size
+
+    def _next_tag(self):
+        tag = _TAG_BASE + self._tag
+        self._tag = (self._tag + 1) % _TAG_SPAN
+        return tag
+
+    def start_exchange(self, local):
+        """Send the owned rows the peers need, receive the halo rows: a `_Pending` whose
+        ``wait()`` returns the (n_halo, ...) halo array (a new NumPy array)."""
+        local = _as_buffer(local, "local rows")
+        if local.shape[0] != self.n_local:
+            raise ValueError(f"expected the {self.n_local} owned rows of this rank, got "
+                             f"{local.shape[0]}")
+        halo = np.empty((self.n_halo,) + local.shape[1:], dtype=local.dtype)
+        self.exchanged_row_bytes += local.dtype.itemsize * int(np.prod(local.shape[1:]))
+        tag, comm = self._next_tag(), self.comm
+        offsets = self.recv_offsets
+        requests = [comm.Irecv(halo[offsets[q]:offsets[q + 1]], q, tag, "halo")
+                    for q in self.recv_peers]
+        outgoing = [local[index] for index in self.send_index.values()]
+        requests += [comm.Isend(buffer, q, tag, "halo")
+                     for q, buffer in zip(self.send_index, outgoing)]
+        return _Pending(requests, outgoing, lambda: halo)
+
+    def start_reverse_exchange(self, halo_values):
+        """Send each halo row's value back to its owner: a `_Pending` whose ``wait()``
+        returns a function ``add_into(local)`` that adds the received values into the owned
+        rows (in place; the sum over peers is taken in rank order, so it is reproducible)."""
+        halo_values = _as_buffer(halo_values, "halo rows")
+        if halo_values.shape[0] != self.n_halo:
+            raise ValueError(f"expected the {self.n_halo} halo rows of this rank, got "
+                             f"{halo_values.shape[0]}")
+        row_shape = halo_values.shape[1:]
+        self.exchanged_row_bytes += halo_values.dtype.itemsize * int(np.prod(row_shape))
+        tag, comm = self._next_tag(), self.comm
+        offsets = self.recv_offsets
+        incoming = {q: np.empty((index.size,) + row_shape, dtype=halo_values.dtype)
+                    for q, index in self.send_index.items()}
+        requests = [comm.Irecv(buffer, q, tag, "reverse_halo") for q, buffer in incoming.items()]
+        requests += [comm.Isend(halo_values[offsets[q]:offsets[q + 1]], q, tag, "reverse_halo")
+                     for q in self.recv_peers]
+
+        def add_into(local):
+            for q, buffer in incoming.items():
+                _add_rows(local, self.send_index[q], buffer)
+            return local
+        return _Pending(requests, halo_values, lambda: add_into)
+
+
+def _add_rows(target, index, rows):
+    """``target[index] += rows`` for distinct ``index`` (NumPy arrays or torch tensors)."""
+    if isinstance(target, np.ndarray):
+        target[index] += rows
+    else:
+        import torch
+        target.index_add_(0, torch.from_numpy(index), torch.from_numpy(rows))
+
+
+class DistGraph:
+    """A square sparse matrix distributed by rows: each rank holds the rows it owns.
+
+    Build it with every rank passing the same global graph and partition
+    (``DistGraph(adj, partition, comm)``), or with only the root holding them
+    (`DistGraph.scatter`), so the other ranks never hold more than their own piece.
+
+    Parameters
+    ----------
+    adj : sparse array, shape (n, n)
+        The whole graph (pysparse_hpc or scipy sparse); row i holds the edges into node i.
+        Only the root's is read by `scatter`.
+    partition : Partition or array of int, shape (n,)
+        The owner rank of every node, for ``comm.size`` ranks.
+    comm : Communicator, optional
+        Default: `pysparse_hpc.distributed.init()`.
+
+    Attributes
+    ----------
+    comm : Communicator
+    shape : (int, int)
+        The global shape (n, n).
+    nnz : int
+        Stored entries of the whole graph.
+    owned : ndarray of int64
+        Global ids of this rank's rows, ascending: local row i is node ``owned[i]``.
+    halo : ndarray of int64
+        Global ids of the halo nodes (other ranks' nodes this rank's rows reference).
+    local : csr_array, shape (n_local, n_local + n_halo)
+        The owned rows over local columns: the owned nodes, then the halo. Per-edge tensors
+        (attention, SDDMM results) on a `DistGraph` are aligned with its storage order.
+    column_ids : ndarray of int64
+        The global id of every local column (``owned`` then ``halo``).
+
+    Examples
+    --------
+    >>> import pysparse_hpc as sph
+    >>> from pysparse_hpc import distributed
+    >>> cora = sph.datasets.load("cora")
+    >>> comm = distributed.init()
+    >>> graph = distributed.DistGraph(cora.adj, distributed.partition(cora.adj, comm.size,
+    ...                               "contiguous"), comm)
+    >>> graph.n_local, graph.n_halo
+    (2708, 0)
+    """
+
+    def __init__(self, adj, partition, comm=None):
+        comm = init() if comm is None else comm
+        error, piece = None, None
+        try:
+            csr = _square_pattern(adj)
+            owner = _owner_array(partition, csr.shape[0], comm.size)
+            piece = _plan.local_pieces(csr.indptr, csr.indices, csr.data, owner, comm.size,
+                                       [comm.rank])[0]
+            fingerprint = (csr.shape[0], csr.nnz, int(owner @ np.arange(1, owner.size + 1)
+                                                      % (2 ** 61 - 1)) if owner.size else 0)
+        except Exception as exc:  # noqa: BLE001 -- re-raised on every rank below
+            error, fingerprint = exc, None
+        comm.raise_if_any(error)
+        prints = comm.allgather(fingerprint)
+        if any(p != prints[0] for p in prints):
+            comm.raise_if_any(ValueError(
+                "the ranks passed different graphs or partitions (nodes, entries, owner "
+                f"checksum by rank: {prints}); pass the same ones on every rank, or use "
+                "DistGraph.scatter"))
+        self._setup(comm, csr.shape[0], piece, owner if comm.rank == 0 else None)
+
+    @classmethod
+    def scatter(cls, adj=None, partition=None, comm=None, root=0):
+        """Build the graph from the root's copy: the root partitions the rows and sends each
+        rank its piece, so a rank holds O(n/P + nnz/P) of the graph.
+
+        Parameters
+        ----------
+        adj, partition
+            As for `DistGraph`, read on ``root`` only (pass None elsewhere).
+        comm : Communicator, optional
+        root : int
+
+        Returns
+        -------
+        DistGraph
+        """
+        comm = init() if comm is None else comm
+        error, pieces, header, owner = None, None, None, None
+        if comm.rank == root:
+            try:
+                csr = _square_pattern(adj)
+                owner = _owner_array(partition, csr.shape[0], comm.size)
+                pieces = _plan.local_pieces(csr.indptr, csr.indices, csr.data, owner,
+                                            comm.size)
+                header = csr.shape[0]
+            except Exception as exc:  # noqa: BLE001 -- re-raised on every rank below
+                error = exc
+        comm.raise_if_any(error)
+        n = comm.bcast(header, root=root)
+        piece = comm.scatter(pieces, root=root)
+        graph = cls.__new__(cls)
+        graph._setup(comm, n, piece, owner if comm.rank == root else None, root=root)
+        return graph
+
+    def _setup(self, comm, n, piece, owner_on_root, root=0):
+        needs = [piece.halo_from(q) for q in range(comm.size)]
+        wanted = comm.alltoall(needs)  # wanted[q]: the ids rank q needs from this rank
+        send_index = {q: np.searchsorted(piece.owned, ids).astype(np.int64)
+                      for q, ids in enumerate(wanted) if q != comm.rank}
+        self.plan = HaloPlan(comm, piece.owned, piece.halo, piece.recv_counts, send_index)
+        self.comm, self.shape = comm, (n, n)
+        # The rank that holds the whole owner array (the root of a scatter, else rank 0).
+        self._root, self._owner_on_root = root, owner_on_root
+        local = csr_array((piece.data, piece.indices, piece.indptr),
+                          shape=(piece.owned.size, piece.owned.size + piece.halo.size))
+        local.has_canonical_format = True
+        self._set_local(local, None)
+
+    def _set_local(self, local, nnz):
+        self.local = local
+        self.nnz = int(comm_sum(self.comm, local.nnz, "setup")) if nnz is None else nnz
+
+    def with_local(self, local, nnz=None):
+        """A `DistGraph` on the same rows and plan with another local matrix (new values, or
+        entries added among the same columns: a normalized graph, self-loops).
+
+        Collective unless ``nnz`` (the new global number of stored entries) is given: every
+        rank must call it at the same point.
+        """
+        if local.shape != self.local.shape:
+            raise ValueError(f"the local matrix must keep shape {self.local.shape}, got "
+                             f"{local.shape}")
+        graph = DistGraph.__new__(DistGraph)
+        graph.__dict__.update({k: v for k, v in self.__dict__.items() if k != "_nn_cache"})
+        graph._set_local(local, nnz)
+        return graph
+
+    # ---------------------------------------------------------------- properties
+    @property
+    def owned(self):
+        return self.plan.owned
+
+    @property
+    def halo(self):
+        return self.plan.halo
+
+    @property
+    def n_local(self):
+        """Rows this rank owns."""
+        return self.plan.n_local
+
+    @property
+    def n_halo(self):
+        """Rows this rank receives in a halo exchange."""
+        return self.plan.n_halo
+
+    @property
+    def column_ids(self):
+        return np.concatenate([self.plan.owned, self.plan.halo])
+
+    @property
+    def dtype(self):
+        return self.local.dtype
+
+    @property
+    def local_nnz(self):
+        return self.local.nnz
+
+    def __repr__(self):
+        return (f"<DistGraph {self.shape[0]}x{self.shape[1]} with {self.nnz} stored entries on "
+                f"{self.comm.size} ranks; rank {self.comm.rank}: {self.n_local} rows, "
+                f"{self.local_nnz} entries, {self.n_halo} halo rows from "
+                f"{len(self.plan.recv_peers)} peers>")
+
+    # ---------------------------------------------------------------- exchanges
+    def start_halo_exchange(self, local_rows):
+        """Start the halo exchange of ``local_rows`` (n_local, ...) (a NumPy array or CPU
+        tensor); ``.wait()`` on the result returns the (n_halo, ...) NumPy halo array."""
+        return self.plan.start_exchange(local_rows)
+
+    def halo_exchange(self, local_rows):
+        """The halo rows of ``local_rows`` (blocking `start_halo_exchange`)."""
+        return self.plan.start_exchange(local_rows).wait()
+
+    def start_reverse_exchange(self, halo_rows):
+        """Send values of the halo rows back to their owners; ``.wait()`` returns
+        ``add_into(local)``, which adds what this rank received into its owned rows."""
+        return self.plan.start_reverse_exchange(halo_rows)
+
+    # ---------------------------------------------------------------- data placement
+    def local_rows(self, array):
+        """The owned rows ``array[owned]`` of a global array (NumPy, torch, anything indexable
+        by an integer array) that every rank holds."""
+        if array.shape[0] != self.shape[0]:
+            raise ValueError(f"expected a global array with {self.shape[0]} rows, got "
+                             f"{array.shape[0]}")
+        if hasattr(array, "index_select"):  # torch
+            import torch
+            return array.index_select(0, torch.from_numpy(self.owned))
+        return array[self.owned]
+
+    def scatter_rows(self, array=None, root=None):
+        """Each rank's owned rows of ``array``, a global NumPy array held by ``root`` only
+        (default: the root the graph was scattered from, else 0)."""
+        root = self._root if root is None else root
+        comm = self.comm
+        owners = self._owners_on(root)
+        error, parts = None, None
+        if comm.rank == root:
+            try:
+                array = np.asarray(array)
+                if array.ndim == 0 or array.shape[0] != self.shape[0]:
+                    raise ValueError(f"expected a global array with {self.shape[0]} rows, got "
+                                     f"shape {array.shape}")
+                parts = [array[ids] for ids in owners]
+            except Exception as exc:  # noqa: BLE001 -- re-raised on every rank below
+                error = exc
+        comm.raise_if_any(error)
+        return comm.scatter(parts, root=root)
+
+    def gather_rows(self, local, root=0):
+        """The global array of every rank's owned rows, in node order, on ``root`` (None on
+        the other ranks). ``local`` is a NumPy array or CPU tensor of ``n_local`` rows."""
+        local = np.asarray(local.detach().numpy() if hasattr(local, "detach") else local)
+        if local.shape[0] != self.n_local:
+            raise ValueError(f"expected the {self.n_local} owned rows of this rank, got "
+                             f"{local.shape[0]}")
+        pieces = self.comm.gather((self.owned, local), root=root)
+        if pieces is None:
+            return None
+        result = np.empty((self.shape[0],) + local.shape[1:], dtype=local.dtype)
+        for ids, rows in pieces:
+            result[ids] = rows
+        return result
+
+    def _owners_on(self, root):
+        """Owned ids of every rank, on ``root`` (None elsewhere): from the owner array where
+        ``root`` holds it, else gathered (collective)."""
+        if root == self._root:
+            if self.comm.rank != root:
+                return None
+            order = np.argsort(self._owner_on_root, kind="stable")
+            bounds = np.concatenate([[0], np.cumsum(np.bincount(self._owner_on_root,
+                                                                minlength=self.comm.size))])
+            return [order[bounds[q]:bounds[q + 1]] for q in range(self.comm.size)]
+        return self.comm.gather(self.owned, root=root)
+
+    def allreduce_sum(self, value):
+        """Sum of a number (or NumPy array) over the ranks, on every rank."""
+        return comm_sum(self.comm, value)
+
+
+def comm_sum(comm, value, kind="allreduce"):
+    """Sum over the ranks of ``comm`` of a number or array (float64 or int64 arithmetic)."""
+    floating = isinstance(value, float) or (isinstance(value, np.ndarray)
+                                            and value.dtype.kind == "f")
+    array = np.array(value, dtype=np.float64 if floating else np.int64, ndmin=1)
+    comm.Allreduce(array, kind=kind)
+    return array if isinstance(value, np.ndarray) else array[0].item()

@@ -1,0 +1,187 @@
+"""Full-graph node classification over MPI: what ``python -m pysparse_hpc train`` runs.
+
+Rank 0 reads the graph, partitions it and scatters each rank its rows (a rank never holds more
+than its piece); every rank then builds the same model from the same seed and trains it with
+`pysparse_hpc.nn.train.fit`, the loop the single-process demo uses. Started without ``mpiexec``
+it is a one-rank run of the same code.
+"""
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import datasets
+from ._comm import init
+from .graph import DistGraph, comm_sum
+from .partition import PARTITION_METHODS, partition as make_partition
+
+__all__ = ["DistributedTrainResult", "train"]
+
+_DTYPES = ("float32", "float64")
+
+
+@dataclass
+class DistributedTrainResult:
+    """What `train` measured (the same on every rank).
+
+    Attributes
+    ----------
+    dataset, model, partition_method : str
+    ranks : int
+    test_accuracy, val_accuracy : float
+        At the epoch of best validation accuracy.
+    best_epoch, epochs : int
+    losses : list of float
+        Training loss of every epoch.
+    seconds_per_epoch : float
+        Median training step (slowest rank's steps are what everyone waits for).
+    seconds_total : float
+        Wall time of the whole training (evaluation included).
+    halo_bytes_per_epoch : float
+        Bytes all ranks received in halo and reverse-halo exchanges per epoch (training and
+        evaluation passes).
+    cagnet_bytes_per_epoch : float
+        What CAGNET's 1D scheme (every rank receives all of H for each product) would move for
+        the same exchanges: ``(P - 1) * n`` rows of each exchanged width.
+    allreduce_bytes_per_epoch : float
+        Gradient and metric allreduce payload, all ranks together.
+    partition_summary : str
+    """
+
+    dataset: str
+    model: str
+    partition_method: str
+    ranks: int
+    test_accuracy: float
+    val_accuracy: float
+    best_epoch: int
+    epochs: int
+    losses: list
+    seconds_per_epoch: float
+    seconds_total: float
+    halo_bytes_per_epoch: float
+    cagnet_bytes_per_epoch: float
+    allreduce_bytes_per_epoch: float
+    partition_summary: str
+
+
+def _load(dataset, random_features, seed):
+    if isinstance(dataset, datasets.Dataset):
+        return dataset
+    name = str(dataset)
+    if name.lower() in datasets.available():
+        data = datasets.load(name)
+        if random_features is not None:
+            data = datasets.Dataset(data.name, data.adj, np.random.default_rng(seed)
+                                    .standard_normal((data.num_nodes, int(random_features)),
+                                                     dtype=np.float32), data.y, data.train_mask,
+                                    data.val_mask, data.test_mask, data.num_classes)
+        return data
+    if name.endswith(".npz"):
+        return datasets.load_file(name, random_features=random_features, seed=seed)
+    raise ValueError(f"unknown dataset {name!r}: use one of {', '.join(datasets.available())} "
+                     "or the path of an .npz graph file")
+
+
+def train(dataset="cora", model="gcn", partition="metis", *, epochs=None, lr=None,
+          weight_decay=None, seed=0, dtype="float32", random_features=None, comm=None,
+          progress=True, description=None):
+    """Train a node classifier on a graph distributed over the communicator's ranks.
+
+    Every rank calls it with the same arguments.
+
+    Parameters
+    ----------
+    dataset : str or Dataset
+        A bundled dataset's name, the path of an ``.npz`` graph file
+        (`pysparse_hpc.datasets.load_file`), or a `Dataset` (read on rank 0 only).
+    model : {"gcn", "gat", "agnn"}
+        With its published architecture (`pysparse_hpc.nn.models`).
+    partition : {"metis", "contiguous", "random"} or Partition
+        How rank 0 splits the nodes (a `Partition` for ``comm.size`` parts is used as given).
+    epochs, lr, weight_decay : optional
+        Default: the model's published settings.
+    seed : int
+        Of the weights and the dropout masks: the same seed gives the same training on any
+        number of ranks, up to float rounding.
+    dtype : {"float32", "float64"}
+    random_features : int, optional
+        Replace the features with seeded random ones of this width (graphs without features).
+    comm : Communicator, optional
+    progress : bool
+        A progress bar on rank 0.
+
+    Returns
+    -------
+    DistributedTrainResult
+    """
+    import torch
+
+    from ..nn import models
+    from ..nn.train import fit, normalize_features
+
+    comm = init() if comm is None else comm
+    if model not in models.MODELS:
+        raise ValueError(f"model must be one of {tuple(models.MODELS)}, got {model!r}")
+    if dtype not in _DTYPES:
+        raise ValueError(f"dtype must be one of {_DTYPES}, got {dtype!r}")
+    if isinstance(partition, str) and partition not in PARTITION_METHODS:
+        raise ValueError(f"partition must be one of {PARTITION_METHODS} or a Partition, got "
+                         f"{partition!r}")
+    model_class = models.MODELS[model]
+    settings = dict(model_class.training)
+    overrides = dict(epochs=epochs, lr=lr, weight_decay=weight_decay)
+    settings.update({k: v for k, v in overrides.items() if v is not None})
+
+    error, data, parts = None, None, None
+    if comm.rank == 0:
+        try:
+            data = _load(dataset, random_features, seed)
+            parts = (make_partition(data.adj, comm.size, partition, seed=seed)
+                     if isinstance(partition, str) else partition)
+        except Exception as exc:  # noqa: BLE001 -- raised on every rank below
+            error = exc
+    comm.raise_if_any(error)
+    graph = DistGraph.scatter(None if data is None else data.adj, parts, comm)
+    header = None if data is None else (data.name, data.num_features, data.num_classes,
+                                        repr(parts), getattr(parts, "method", "given"))
+    name, num_features, num_classes, summary, method = comm.bcast(header)
+    torch_dtype = getattr(torch, dtype)
+
+    def owned_rows(read):
+        """This rank's rows of ``read(data)``, a node array that rank 0 holds."""
+        return torch.from_numpy(graph.scatter_rows(None if data is None else read(data)))
+
+    x = owned_rows(lambda d: normalize_features(d.x)).to(torch_dtype)
+    y = owned_rows(lambda d: d.y)
+    masks = [owned_rows(lambda d, split=split: getattr(d, f"{split}_mask"))
+             for split in ("train", "val", "test")]
+    data = None  # rank 0 keeps only its piece from here on
+
+    torch.manual_seed(seed)
+    classifier = model_class(num_features, out_channels=num_classes, **model_class.architecture)
+    if torch_dtype == torch.float64:
+        classifier = classifier.double()
+    comm.reset_stats()
+    row_bytes_before = graph.plan.exchanged_row_bytes
+    start = time.perf_counter()
+    result = fit(classifier, x, graph, y, masks, progress=progress,
+                 description=description or f"{model} on {name}, {comm.size} rank"
+                 f"{'s' if comm.size > 1 else ''}", **settings)
+    seconds_total = time.perf_counter() - start
+    stats = comm.stats()
+    received = np.array([stats.get(kind, {}).get("bytes_received", 0)
+                         for kind in ("halo", "reverse_halo", "allreduce")], dtype=np.float64)
+    received = comm_sum(comm, received)
+    row_bytes = graph.plan.exchanged_row_bytes - row_bytes_before
+    n_epochs = max(settings["epochs"], 1)
+    seconds = comm_sum(comm, np.array([result.seconds_per_epoch]))  # mean over ranks
+    return DistributedTrainResult(
+        dataset=name, model=model,
+        partition_method=method,
+        ranks=comm.size, test_accuracy=result.test_accuracy, val_accuracy=result.val_accuracy,
+        best_epoch=result.best_epoch, epochs=result.epochs, losses=result.losses,
+        seconds_per_epoch=float(seconds[0]) / comm.size, seconds_total=seconds_total,
+        halo_bytes_per_epoch=float(received[0] + received[1]) / n_epochs,
+        cagnet_bytes_per_epoch=float(row_bytes * (comm.size - 1) * graph.shape[0]) / n_epochs,
+        allreduce_bytes_per_epoch=float(received[2]) / n_epochs, partition_summary=summary)

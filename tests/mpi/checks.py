@@ -1,0 +1,243 @@
+"""Checks that run under ``mpiexec -n P`` (launched by tests/test_distributed_mpi.py).
+
+``python checks.py NAME [NAME ...]`` runs the named checks on every rank; a failed assertion
+raises, and the library's abort hook ends the whole job with a non-zero status. Rank 0 prints
+``PASSED NAME`` after each check that passed on every rank.
+"""
+import sys
+
+import numpy as np
+import torch
+
+import pysparse_hpc as sph
+from pysparse_hpc import distributed
+from pysparse_hpc.distributed import Communicator, DistGraph, partition
+from pysparse_hpc.distributed.training import train
+from pysparse_hpc.nn import functional as F
+
+comm = distributed.init()
+rank, size = comm.rank, comm.size
+ALONE = Communicator(None)  # a one-rank communicator for this process's reference runs
+
+
+def _option(name, default):
+    return sys.argv[sys.argv.index(name) + 1] if name in sys.argv else default
+
+
+def on_root_then_broadcast(compute):
+    """``compute()`` on rank 0 alone (a one-rank reference), its result on every rank."""
+    return comm.bcast(compute() if rank == 0 else None)
+
+
+def check_training():
+    """P ranks reproduce the single-process training: every model, dataset, partitioner, in
+    float32 (1e-5 relative) and float64 (1e-10), dropout on, same final accuracy."""
+    dtype = _option("--dtype", "float32")
+    tolerance = 1e-5 if dtype == "float32" else 1e-10
+    epochs = 3
+    for dataset in _option("--datasets", "cora,citeseer").split(","):
+        for model in _option("--models", "gcn,gat,agnn").split(","):
+            reference = on_root_then_broadcast(lambda: train(
+                dataset, model, "contiguous", epochs=epochs, dtype=dtype, comm=ALONE,
+                progress=False))
+            for method in ("metis", "contiguous", "random"):
+                result = train(dataset, model, method, epochs=epochs, dtype=dtype,
+                               progress=False)
+                np.testing.assert_allclose(result.losses, reference.losses, rtol=tolerance,
+                                           err_msg=f"{dataset} {model} {method} {dtype}")
+                assert result.test_accuracy == reference.test_accuracy, (
+                    dataset, model, method, result.test_accuracy, reference.test_accuracy)
+                assert result.halo_bytes_per_epoch < result.cagnet_bytes_per_epoch
+
+
+def check_plan_and_placement():
+    """Scatter and replicated construction agree; exchanges, gather and scatter move the
+    right rows; the bytes counted equal the plan's."""
+    cora = sph.datasets.load("cora")
+    parts = partition(cora.adj, size, "random", seed=3)
+    replicated = DistGraph(cora.adj, parts, comm)
+    scattered = DistGraph.scatter(cora.adj if rank == 0 else None, parts if rank == 0 else None,
+                                  comm)
+    assert np.array_equal(replicated.owned, scattered.owned)
+    assert np.array_equal(replicated.halo, scattered.halo)
+    assert np.array_equal(replicated.local.indices, scattered.local.indices)
+    assert replicated.nnz == scattered.nnz == cora.adj.nnz
+    features = np.arange(cora.adj.shape[0] * 3, dtype=np.float64).reshape(-1, 3)
+    local = scattered.scatter_rows(features if rank == 0 else None)
+    assert np.array_equal(local, features[scattered.owned])
+    comm.reset_stats()
+    halo = scattered.halo_exchange(local)
+    assert np.array_equal(halo, features[scattered.halo])
+    received = comm.stats().get("halo", {}).get("bytes_received", 0)
+    assert received == parts.halo_sizes[rank] * 3 * 8, (received, parts.halo_sizes[rank])
+    add_into = scattered.start_reverse_exchange(np.ones((scattered.n_halo, 3))).wait()
+    counts = add_into(np.zeros((scattered.n_local, 3)))
+    # Every owned row gets one per rank whose halo holds it.
+    expected = np.zeros(cora.adj.shape[0])
+    for q in range(size):
+        expected[comm.bcast(scattered.halo if rank == q else None, root=q)] += 1
+    assert np.array_equal(counts[:, 0], expected[scattered.owned])
+    gathered = scattered.gather_rows(local)
+    assert (gathered is None) == (rank != 0)
+    if rank == 0:
+        assert np.array_equal(gathered, features)
+
+
+def check_ops_match_one_process():
+    """spmm, sddmm, edge_softmax and gat_attention on a DistGraph (forward and gradients)
+    equal the single-process ops on the rows this rank owns."""
+    rng = np.random.default_rng(7)
+    n = 61
+    A = sph.csr_array(rng.random((n, n)) * (rng.random((n, n)) < 0.08))
+    owner = rng.integers(0, size, n)
+    graph = DistGraph(A, owner, comm)
+    owned = torch.from_numpy(graph.owned)
+    x = torch.from_numpy(rng.standard_normal((n, 2, 5)))
+    weights = torch.from_numpy(rng.standard_normal((n, 2, 5)))
+
+    def run(adj, rows):
+        xs = x[rows].clone().requires_grad_()
+        s_dst = xs[:, :, 0].contiguous()
+        s_src = xs[:, :, 1].contiguous()
+        alpha = F.gat_attention(adj, s_dst, s_src)
+        scores = F.sddmm(adj, xs, xs)
+        soft = F.edge_softmax(adj, scores)
+        out = F.spmm(adj, xs, values=alpha + soft) + F.spmm(adj, xs[:, 0]).unsqueeze(1)
+        (out * weights[rows]).sum().backward()
+        return out.detach(), xs.grad
+
+    out, grad = run(graph, owned)
+    whole_out, whole_grad = on_root_then_broadcast(lambda: run(A, torch.arange(n)))
+    torch.testing.assert_close(out, whole_out[owned], rtol=1e-12, atol=1e-12)
+    # Gradients of a rank's rows gather contributions from other ranks: compare globally.
+    summed = torch.zeros_like(whole_grad)
+    summed[owned] = grad
+    comm.Allreduce(summed)
+    torch.testing.assert_close(summed, whole_grad, rtol=1e-12, atol=1e-12)
+
+
+def check_edge_cases():
+    """Ranks without training nodes or halo, isolated nodes, an empty rank, more ranks than
+    components: training still reproduces one process."""
+    # Two components (nodes 0-9 and 10-19) plus isolated nodes 20-23: with P=3 one rank
+    # holds only isolated nodes (no halo, no training node).
+    rows = np.concatenate([np.arange(9), np.arange(10, 19)])
+    edges = (np.concatenate([rows, rows + 1]), np.concatenate([rows + 1, rows]))
+    A = sph.csr_array((np.ones(36, np.float32), edges), shape=(24, 24))
+    n = 24
+    rng = np.random.default_rng(0)
+    train_mask = np.zeros(n, bool)
+    train_mask[[0, 3, 12]] = True
+    val_mask = np.zeros(n, bool)
+    val_mask[[1, 11, 21]] = True
+    test_mask = ~(train_mask | val_mask)
+    data = sph.datasets.Dataset("toy", A, rng.random((n, 6), dtype=np.float32),
+                                rng.integers(0, 2, n), train_mask, val_mask, test_mask, 2)
+    layouts = {"blocks": np.minimum(np.arange(n) // 10, size - 1),
+               "empty last rank": np.minimum(np.arange(n) // 10, max(size - 2, 0)),
+               "all on rank 0": np.zeros(n, np.int64)}
+    for model in ("gcn", "gat", "agnn"):
+        reference = on_root_then_broadcast(lambda: train(data, model, "contiguous", epochs=3,
+                                                         dtype="float64", comm=ALONE,
+                                                         progress=False))
+        for name, owner in layouts.items():
+            parts = partition(A, size, "contiguous") if size == 1 else \
+                distributed.Partition.from_owner(A, owner, size)
+            result = train(data if rank == 0 else None, model, parts if rank == 0 else None,
+                           epochs=3, dtype="float64", progress=False)
+            np.testing.assert_allclose(result.losses, reference.losses, rtol=1e-10,
+                                       err_msg=f"{model} {name}")
+
+
+def check_data_parallel():
+    """A batch split over the ranks gives the full batch's summed gradient, through several
+    buckets, with a parameter unused on some ranks."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
+    extra = torch.nn.Linear(3, 3)  # used only by rank 0
+    container = torch.nn.ModuleDict({"body": model, "extra": extra}).double()
+    data = torch.randn(30, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    target = torch.randint(0, 3, (30,), generator=torch.Generator().manual_seed(2))
+
+    def loss_of(rows, use_extra):
+        out = container["body"](data[rows])
+        if use_extra:
+            out = container["extra"](out)
+        return torch.nn.functional.cross_entropy(out, target[rows], reduction="sum") / 30
+
+    wrapped = distributed.DataParallel(container, comm, bucket_mb=1e-4, average=False)
+    assert len(wrapped.bucket_sizes) > 2
+    mine = np.array_split(np.arange(30), size)[rank]
+    loss_of(mine, rank == 0).backward()
+    grads = [p.grad.clone() for p in container.parameters()]
+    with wrapped.no_sync():  # the reference runs on rank 0 alone: no allreduce there
+        reference = on_root_then_broadcast(lambda: _reference_grads(container, loss_of, size))
+    for got, expected in zip(grads, reference):
+        torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-14)
+
+
+def _reference_grads(container, loss_of, parts):
+    container.zero_grad()
+    for part, rows in enumerate(np.array_split(np.arange(30), parts)):
+        loss_of(rows, part == 0).backward()
+    grads = [p.grad.clone() for p in container.parameters()]
+    container.zero_grad()
+    return grads
+
+
+def check_bad_input_on_every_rank():
+    """Bad partitions raise the same clear error on every rank (no hang)."""
+    cora = sph.datasets.load("cora")
+    n = cora.adj.shape[0]
+    cases = [(np.zeros(n - 1, np.int64), "has 2707 owners but the graph has 2708"),
+             (np.full(n, size, np.int64), f"owner rank {size} is out of range"),
+             (partition(cora.adj, size + 1, "contiguous"),
+              f"is for {size + 1} ranks but the communicator has {size}")]
+    for bad, message in cases:
+        for build in (lambda: DistGraph(cora.adj, bad, comm),
+                      lambda: DistGraph.scatter(cora.adj if rank == 0 else None,
+                                                bad if rank == 0 else None, comm)):
+            try:
+                build()
+            except ValueError as exc:
+                assert message in str(exc), (message, str(exc))
+            else:
+                raise AssertionError(f"no error for {message}")
+    # A partition only rank 0 holds wrongly: the others raise too, naming rank 0.
+    good = partition(cora.adj, size, "contiguous")
+    try:
+        DistGraph.scatter(cora.adj if rank == 0 else None, np.zeros(3) if rank == 0 else None,
+                          comm)
+    except (TypeError, ValueError) as exc:
+        assert rank == 0 or "rank 0" in str(exc), str(exc)
+    else:
+        raise AssertionError("no error for a float partition")
+    DistGraph(cora.adj, good, comm)  # still usable afterwards
+
+
+def check_wrong_local_rows():
+    """Features with the wrong number of local rows on one rank: that rank's ValueError ends
+    the job (checked by the test: non-zero status, the message, no hang)."""
+    cora = sph.datasets.load("cora")
+    graph = DistGraph(cora.adj, partition(cora.adj, size, "contiguous"), comm)
+    rows = graph.n_local + (1 if rank == size - 1 else 0)
+    F.spmm(graph, torch.zeros(rows, 4))
+    comm.Barrier()
+
+
+def check_rank_raises():
+    """One rank raises while the others wait in a collective: the job must end."""
+    if rank == size - 1:
+        raise RuntimeError("deliberate failure on the last rank")
+    comm.Allreduce(np.zeros(1))
+
+
+CHECKS = {name[len("check_"):]: fn for name, fn in globals().items()
+          if name.startswith("check_")}
+
+if __name__ == "__main__":
+    for name in [a for a in sys.argv[1:] if a in CHECKS]:
+        CHECKS[name]()
+        comm.Barrier()
+        if rank == 0:
+            print(f"PASSED {name}", flush=True)

@@ -1,0 +1,295 @@
+"""The distributed package in one process: plans against a brute-force halo computation,
+the one-rank communicator, and every op, layer and the trainer on a one-rank `DistGraph`
+against the single-process results (the multi-rank runs are in test_distributed_mpi.py)."""
+import sys
+
+import numpy as np
+import pytest
+import scipy.sparse
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import pysparse_hpc as sph
+from pysparse_hpc import distributed
+from pysparse_hpc.distributed import Communicator, DistGraph, _comm, _plan
+from pysparse_hpc.nn import AGNNConv, GATConv, GCNConv
+from pysparse_hpc.nn import functional as F
+
+
+@st.composite
+def graphs_and_owners(draw):
+    n = draw(st.integers(0, 30))
+    nparts = draw(st.integers(1, 5))
+    density = draw(st.floats(0.0, 0.4))
+    seed = draw(st.integers(0, 2 ** 31))
+    rng = np.random.default_rng(seed)
+    dense = (rng.random((n, n)) < density) * rng.integers(1, 5, (n, n))
+    owner = rng.integers(0, nparts, n)
+    return sph.csr_array(dense.astype(np.float64)), owner, nparts
+
+
+@settings(max_examples=60, deadline=None)
+@given(graphs_and_owners())
+def test_plans_against_brute_force(case):
+    A, owner, nparts = case
+    csr = A.canonical()
+    pieces = _plan.local_pieces(csr.indptr, csr.indices, csr.data, owner, nparts)
+    sends = _plan.send_lists(pieces)
+    dense = A.toarray()
+    for piece in pieces:
+        p = piece.rank
+        owned = [i for i in range(A.shape[0]) if owner[i] == p]
+        halo = sorted({j for i in owned for j in np.flatnonzero(dense[i]) if owner[j] != p},
+                      key=lambda j: (owner[j], j))
+        assert piece.owned.tolist() == owned
+        assert piece.halo.tolist() == halo
+        assert piece.recv_counts.tolist() == [sum(owner[j] == q for j in halo)
+                                              for q in range(nparts)]
+        # The local matrix is A[owned] with columns renamed to owned-then-halo ids.
+        columns = np.concatenate([piece.owned, piece.halo]).astype(np.int64)
+        local = sph.csr_array((piece.data, piece.indices, piece.indptr),
+                              shape=(len(owned), columns.size))
+        assert local.has_canonical_format
+        rebuilt = np.zeros((len(owned), A.shape[1]))
+        rebuilt[:, columns] = local.toarray()
+        assert np.array_equal(rebuilt, dense[owned])
+        for q in range(nparts):
+            # p sends q exactly q's halo rows owned by p, in q's order.
+            assert piece.owned[sends[p][q]].tolist() == pieces[q].halo_from(p).tolist()
+
+
+def test_one_rank_communicator():
+    comm = Communicator(None)
+    assert (comm.rank, comm.size) == (0, 1)
+    buffer = np.arange(4.0)
+    assert comm.Allreduce(buffer) is buffer and buffer.tolist() == [0, 1, 2, 3]
+    comm.Iallreduce(torch.ones(3)).wait()
+    comm.Bcast(buffer)
+    assert comm.stats() == {} and comm.wait_seconds() == {}
+    assert comm.allgather(5) == [5] and comm.bcast("x") == "x" and comm.scatter([7]) == 7
+    comm.raise_if_any(None)
+    with pytest.raises(KeyError, match="lost"):
+        comm.raise_if_any(KeyError("lost"))
+    with pytest.raises(ValueError, match="op must be one of"):
+        comm.Allreduce(buffer, op="product")
+    with pytest.raises(TypeError, match="NumPy array or a CPU torch tensor"):
+        comm.Allreduce([1.0, 2.0])
+    with pytest.raises(ValueError, match="C-contiguous"):
+        comm.Allreduce(np.zeros((3, 3))[:, 0])
+
+
+def test_init_is_one_rank_without_mpiexec_and_made_once():
+    comm = distributed.init()
+    assert comm.size == 1 and comm.rank == 0
+    assert distributed.init() is comm
+
+
+def test_init_without_mpi4py(monkeypatch):
+    monkeypatch.setattr(_comm, "_WORLD", None)
+    monkeypatch.setitem(sys.modules, "mpi4py", None)
+    for name in _comm._SIZE_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    comm = distributed.init()
+    assert comm.size == 1 and comm.mpi is None
+    monkeypatch.setattr(_comm, "_WORLD", None)
+    monkeypatch.setenv("PMI_SIZE", "4")
+    assert distributed.launched_ranks() == 4
+    with pytest.raises(ImportError, match="launched with 4 ranks but mpi4py is not installed"):
+        distributed.init()
+
+
+@pytest.fixture(scope="module")
+def cora():
+    return sph.datasets.load("cora")
+
+
+@pytest.fixture(scope="module")
+def cora_graph(cora):
+    return DistGraph(cora.adj, distributed.partition(cora.adj, 1, "contiguous"),
+                     Communicator(None))
+
+
+def test_one_rank_graph_is_the_whole_graph(cora, cora_graph):
+    assert cora_graph.shape == cora.adj.shape and cora_graph.nnz == cora.adj.nnz
+    assert cora_graph.n_local == cora.adj.shape[0] and cora_graph.n_halo == 0
+    assert np.array_equal(cora_graph.local.toarray(), cora.adj.toarray())
+    x = np.arange(cora.adj.shape[0], dtype=np.float32)[:, None]
+    assert np.array_equal(cora_graph.local_rows(x), x)
+    assert np.array_equal(cora_graph.scatter_rows(x), x)
+    assert np.array_equal(cora_graph.gather_rows(x), x)
+    assert "2708 rows" in repr(cora_graph)
+    scattered = DistGraph.scatter(cora.adj, np.zeros(cora.adj.shape[0], np.int64),
+                                  Communicator(None))
+    assert np.array_equal(scattered.local.indices, cora_graph.local.indices)
+
+
+def test_bad_graph_input(cora):
+    comm = Communicator(None)
+    n = cora.adj.shape[0]
+    with pytest.raises(ValueError, match="has 2707 owners but the graph has 2708 nodes"):
+        DistGraph(cora.adj, np.zeros(n - 1, np.int64), comm)
+    with pytest.raises(ValueError, match="owner rank 1 is out of range for 1 ranks"):
+        DistGraph(cora.adj, np.ones(n, np.int64), comm)
+    with pytest.raises(ValueError, match="is for 2 ranks but the communicator has 1"):
+        DistGraph(cora.adj, distributed.partition(cora.adj, 2, "contiguous"), comm)
+    with pytest.raises(TypeError, match="1-D integer array"):
+        DistGraph(cora.adj, np.zeros(n), comm)
+    with pytest.raises(ValueError, match="square"):
+        DistGraph(sph.csr_array(np.ones((2, 3))), np.zeros(2, np.int64), comm)
+    with pytest.raises(TypeError, match="sparse array"):
+        DistGraph(np.ones((2, 2)), np.zeros(2, np.int64), comm)
+    graph = DistGraph(cora.adj, np.zeros(n, np.int64), comm)
+    with pytest.raises(ValueError, match="rank 0 owns 2708 nodes"):
+        F.spmm(graph, torch.zeros(n - 1, 3))
+    with pytest.raises(ValueError, match="expected a global array with 2708 rows"):
+        graph.scatter_rows(np.zeros(5))
+    with pytest.raises(ValueError, match="expected the 2708 owned rows"):
+        graph.gather_rows(np.zeros(5))
+
+
+def _grads_of(adj, x, run):
+    x = x.clone().requires_grad_()
+    out = run(adj, x)
+    out.backward(torch.ones_like(out))
+    return out.detach(), x.grad
+
+
+@pytest.mark.parametrize("run", [
+    lambda adj, x: F.spmm(adj, x),
+    lambda adj, x: F.spmm(adj, x, values=F.edge_softmax(adj, F.sddmm(adj, x, x))),
+    lambda adj, x: F.gat_attention(adj, x[:, :2].contiguous(), x[:, 2:4].contiguous()),
+    lambda adj, x: GCNConv(5, 3)(x, adj), lambda adj, x: GATConv(5, 2, heads=3)(x, adj),
+    lambda adj, x: AGNNConv()(x, adj)],
+    ids=["spmm", "attention-spmm", "gat_attention", "GCNConv", "GATConv", "AGNNConv"])
+def test_one_rank_distributed_ops_equal_the_single_process_ones(cora, cora_graph, run):
+    x = torch.from_numpy(np.random.default_rng(0).standard_normal((cora.adj.shape[0], 5)))
+    torch.manual_seed(0)
+    expected = _grads_of(cora.adj, x, run)
+    torch.manual_seed(0)
+    got = _grads_of(cora_graph, x, run)
+    for a, b in zip(got, expected):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+def test_distributed_ops_gradcheck():
+    rng = np.random.default_rng(1)
+    A = sph.csr_array(rng.random((7, 7)) * (rng.random((7, 7)) < 0.5))
+    graph = DistGraph(A, np.zeros(7, np.int64), Communicator(None))
+    x = torch.from_numpy(rng.standard_normal((7, 3))).requires_grad_()
+    values = torch.from_numpy(rng.standard_normal(graph.local.nnz)).requires_grad_()
+    assert torch.autograd.gradcheck(lambda x: F.spmm(graph, x), (x,))
+    assert torch.autograd.gradcheck(lambda v, x: F.spmm(graph, x, values=v), (values, x))
+    assert torch.autograd.gradcheck(lambda x: F.sddmm(graph, x, x * 2), (x,))
+
+
+def test_one_rank_training_equals_the_single_process_fit(cora):
+    from pysparse_hpc.distributed.training import train
+    from pysparse_hpc.nn import models
+    from pysparse_hpc.nn.train import fit, node_tensors
+    x, y, *masks = node_tensors(cora)
+    for name in ("gcn", "gat"):
+        torch.manual_seed(0)
+        model = models.MODELS[name](x.shape[1], out_channels=cora.num_classes,
+                                    **models.MODELS[name].architecture)
+        whole = fit(model, x, cora.adj, y, masks, epochs=4, progress=False,
+                    **{k: v for k, v in models.MODELS[name].training.items() if k != "epochs"})
+        result = train("cora", name, "contiguous", epochs=4, progress=False,
+                       comm=Communicator(None))
+        np.testing.assert_allclose(result.losses, whole.losses, rtol=1e-6)
+        assert result.test_accuracy == whole.test_accuracy
+        assert result.halo_bytes_per_epoch == 0 and result.cagnet_bytes_per_epoch == 0
+
+
+def test_row_ids_key_the_dropout_masks():
+    x = torch.ones(6, 4)
+    torch.manual_seed(3)
+    whole = F.dropout(x, 0.5)
+    torch.manual_seed(3)
+    same = F.dropout(x, 0.5, row_ids=np.arange(6))
+    assert torch.equal(whole, same)
+    torch.manual_seed(3)
+    part = F.dropout(x[[4, 1]], 0.5, row_ids=np.array([4, 1]))
+    assert torch.equal(part, whole[[4, 1]])
+    torch.manual_seed(3)
+    empty = F.dropout(torch.ones(0, 4), 0.5, row_ids=np.zeros(0, np.int64))
+    assert empty.shape == (0, 4)
+    with pytest.raises(ValueError, match="row_ids must have shape"):
+        F.dropout(x, 0.5, row_ids=np.arange(5))
+    with pytest.raises(ValueError, match="'node' or 'edge'"):
+        F.row_ids(sph.csr_array(np.eye(2)), "column")
+
+
+def test_edge_ids_are_global(cora):
+    csr = cora.adj.canonical()
+    ids = F.row_ids(csr, "edge")
+    rows = np.repeat(np.arange(csr.shape[0]), np.diff(csr.indptr))
+    assert np.array_equal(ids, rows * csr.shape[1] + csr.indices)
+    owner = np.arange(csr.shape[0]) % 3
+    pieces = _plan.local_pieces(csr.indptr, csr.indices, csr.data, owner, 3)
+    keys = []
+    for piece in pieces:
+        columns = np.concatenate([piece.owned, piece.halo])
+        keys.append(np.repeat(piece.owned, np.diff(piece.indptr)) * csr.shape[1]
+                    + columns[piece.indices])
+    assert np.array_equal(np.sort(np.concatenate(keys)), ids)
+
+
+def test_data_parallel_on_one_rank():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 2))
+    reference = [p.detach().clone() for p in model.parameters()]
+    wrapped = distributed.DataParallel(model, Communicator(None), bucket_mb=1e-4)
+    assert sum(wrapped.bucket_sizes) == 4 and len(wrapped.bucket_sizes) > 1
+    data = torch.randn(5, 4)
+    wrapped(data).sum().backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    with wrapped.no_sync():
+        model(data).sum().backward()
+    for got, expected in zip(grads, (p.grad for p in model.parameters())):
+        torch.testing.assert_close(got, expected)
+    assert all(torch.equal(a, b) for a, b in zip(reference, model.parameters()))
+    with pytest.raises(TypeError, match="torch.nn.Module"):
+        distributed.DataParallel(lambda x: x)
+    with pytest.raises(ValueError, match="bucket_mb must be positive"):
+        distributed.DataParallel(model, bucket_mb=0)
+
+
+def test_gcn_norm_of_a_distributed_graph_matches(cora, cora_graph):
+    from pysparse_hpc.nn import gcn_norm
+    np.testing.assert_allclose(gcn_norm(cora_graph).local.toarray(),
+                               gcn_norm(cora.adj).toarray(), rtol=1e-7)
+
+
+def test_load_file(tmp_path, cora):
+    path = tmp_path / "graph.npz"
+    adj = cora.adj
+    arrays = dict(adj_indptr=adj.indptr, adj_indices=adj.indices, adj_data=adj.data,
+                  adj_shape=np.array(adj.shape), labels=cora.y, train_mask=cora.train_mask,
+                  val_mask=cora.val_mask, test_mask=cora.test_mask, num_classes=7)
+    np.savez(path, **arrays)
+    with pytest.raises(ValueError, match="has no features"):
+        sph.datasets.load_file(path)
+    data = sph.datasets.load_file(path, random_features=12)
+    assert data.x.shape == (2708, 12) and data.name == "graph"
+    np.savez(path, **{k: v for k, v in arrays.items() if k != "labels"})
+    with pytest.raises(ValueError, match="lacks labels"):
+        sph.datasets.load_file(path, random_features=3)
+    with pytest.raises(FileNotFoundError):
+        sph.datasets.load_file(tmp_path / "missing.npz")
+    scipy.sparse.save_npz(tmp_path / "plain.npz", adj.to_scipy())
+    with pytest.raises(ValueError):
+        sph.datasets.load_file(tmp_path / "plain.npz", random_features=3)
+
+
+def test_train_command_without_mpiexec(capsys):
+    from pysparse_hpc.__main__ import main
+    assert main(["train", "--epochs", "3", "--no-progress", "--model", "agnn"]) == 0
+    out = capsys.readouterr().out
+    assert "AGNN on cora, 1 rank" in out and "test accuracy" in out
+    assert "CAGNET" not in out  # nothing is exchanged on one rank
+    assert main(["train", "--dataset", "nowhere", "--no-progress"]) == 2
+    assert "unknown dataset 'nowhere'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["train", "--threads", "0"])

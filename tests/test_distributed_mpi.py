@@ -1,0 +1,106 @@
+"""Distributed code under a real ``mpiexec -n 2`` and ``-n 3`` (and 4): P ranks reproduce the
+one-rank results, bad input raises on every rank, and a failing rank ends the job.
+
+Each test launches ``tests/mpi/checks.py`` (or the command line) with a timeout: a hang fails
+the test instead of stalling the suite.
+"""
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.mpi
+
+CHECKS = Path(__file__).parent / "mpi" / "checks.py"
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def mpiexec_path():
+    beside = Path(sys.executable).parent / "mpiexec"
+    return str(beside) if beside.exists() else shutil.which("mpiexec")
+
+
+requires_mpi = pytest.mark.skipif(
+    importlib.util.find_spec("mpi4py") is None or mpiexec_path() is None,
+    reason="needs mpi4py and mpiexec (pip install mpi4py mpich, or the [mpi] extra)")
+
+
+def run_mpi(ranks, *args, timeout=300):
+    """``mpiexec -n ranks python args...`` from the repository root: (status, stdout, stderr,
+    seconds). Fails the test if it has not ended after ``timeout`` seconds."""
+    env = dict(os.environ, PYSPARSE_HPC_NUM_THREADS="1", OMP_NUM_THREADS="1",
+               PYTHONUNBUFFERED="1")
+    start = time.perf_counter()
+    try:
+        done = subprocess.run([mpiexec_path(), "-n", str(ranks), sys.executable, *args],
+                              cwd=REPO_ROOT, env=env, capture_output=True, text=True,
+                              timeout=timeout)
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"mpiexec -n {ranks} {' '.join(args)} hung for {timeout} s:\n"
+                    f"{exc.stdout}\n{exc.stderr}")
+    return done.returncode, done.stdout, done.stderr, time.perf_counter() - start
+
+
+def run_checks(ranks, *names, timeout=300):
+    status, out, err, _ = run_mpi(ranks, str(CHECKS), *names, timeout=timeout)
+    assert status == 0, f"exit status {status}\n{out}\n{err[-6000:]}"
+    for name in names:
+        if not name.startswith("--") and name.isidentifier():
+            assert f"PASSED {name}" in out, out
+
+
+@requires_mpi
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_plan_ops_edge_cases_data_parallel_and_bad_input(ranks):
+    run_checks(ranks, "plan_and_placement", "ops_match_one_process", "edge_cases",
+               "data_parallel", "bad_input_on_every_rank")
+
+
+@requires_mpi
+@pytest.mark.parametrize("ranks, dtype", [(2, "float64"), (3, "float32")])
+def test_training_reproduces_one_process(ranks, dtype):
+    """GCN, GAT and AGNN on Cora and CiteSeer, every partitioner, dropout on."""
+    run_checks(ranks, "training", "--dtype", dtype, timeout=600)
+
+
+@requires_mpi
+def test_training_reproduces_one_process_on_4_ranks():
+    run_checks(4, "training", "--dtype", "float32", "--datasets", "cora", "--models",
+               "gcn,gat", timeout=600)
+
+
+@requires_mpi
+@pytest.mark.parametrize("check, message", [
+    ("rank_raises", "deliberate failure on the last rank"),
+    ("wrong_local_rows", "nodes of the distributed graph"),
+])
+def test_a_failing_rank_ends_the_job(check, message):
+    status, out, err, seconds = run_mpi(3, str(CHECKS), check, timeout=120)
+    assert status != 0
+    assert "rank 2 of 3 raised" in err, err[-3000:]
+    assert message in err, err[-3000:]
+    assert seconds < 60
+
+
+@requires_mpi
+def test_train_command_under_mpiexec():
+    status, out, err, _ = run_mpi(2, "-m", "pysparse_hpc", "train", "--epochs", "5",
+                                  "--no-progress", "--threads", "1", timeout=300)
+    assert status == 0, err[-3000:]
+    assert "GCN on cora, 2 ranks x 1 thread, metis partition, 5 epochs" in out
+    assert "test accuracy" in out and "CAGNET-1D" in out
+    assert out.count("test accuracy") == 1  # rank 0 alone reports
+
+
+@requires_mpi
+def test_train_command_reports_a_missing_file_on_every_rank():
+    status, out, err, seconds = run_mpi(2, "-m", "pysparse_hpc", "train", "--dataset",
+                                        "no/such/graph.npz", "--no-progress", timeout=120)
+    assert status == 2, (status, err[-3000:])
+    assert "no such file: 'no/such/graph.npz'" in err
+    assert "Traceback" not in err

@@ -1,0 +1,395 @@
+"""Graph partitioners: valid owners, the quality figures against brute force, edge cases, errors."""
+import sys
+
+import numpy as np
+import pytest
+import scipy.sparse
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import pysparse_hpc as sph
+from pysparse_hpc.distributed.partition import (PARTITION_METHODS, Partition, _quality,
+                                                partition)
+
+from .conftest import random_scipy
+
+METHODS = list(PARTITION_METHODS)
+
+
+@pytest.fixture(scope="module")
+def cora():
+    return sph.datasets.load("cora").adj
+
+
+def csr_from_entries(n, rows, cols):
+    """A csr_array that keeps the entries as given: duplicates, self loops, unsorted rows."""
+    rows = np.asarray(rows, dtype=np.int64)
+    cols = np.asarray(cols, dtype=np.int64)
+    by_row = np.argsort(rows, kind="stable")
+    indptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.bincount(rows, minlength=n), out=indptr[1:])
+    return sph.csr_array((np.ones(rows.size), cols[by_row], indptr), shape=(n, n))
+
+
+def brute_quality(adj, owner, nparts):
+    """Every figure of `Partition` by loops over the stored entries, with sets."""
+    indptr, indices = adj.indptr.tolist(), adj.indices.tolist()
+    owner = [int(o) for o in owner]
+    n = len(owner)
+    rows, nnz = [0] * nparts, [0] * nparts
+    halos = [set() for _ in range(nparts)]
+    senders = [set() for _ in range(nparts)]
+    cut = 0
+    for i in range(n):
+        p = owner[i]
+        rows[p] += 1
+        for k in range(indptr[i], indptr[i + 1]):
+            j = indices[k]
+            nnz[p] += 1
+            if owner[j] != p:
+                cut += 1
+                halos[p].add(j)
+                senders[p].add(owner[j])
+
+    def balance(counts):
+        mean = sum(counts) / nparts
+        return 1.0 if mean == 0 else max(counts) / mean
+
+    halo_sizes = [len(h) for h in halos]
+    return dict(owned_rows=rows, owned_nnz=nnz, halo_sizes=halo_sizes,
+                peers=[len(s) for s in senders], edge_cut=cut,
+                communication_volume=sum(halo_sizes), row_balance=balance(rows),
+                nnz_balance=balance(nnz), cagnet_volume=(nparts - 1) * n)
+
+
+def assert_matches_brute(part, adj):
+    expected = brute_quality(adj.tocsr(), part.owner, part.nparts)
+    for name in ("owned_rows", "owned_nnz", "halo_sizes", "peers"):
+        array = getattr(part, name)
+        assert array.dtype == np.int64 and array.shape == (part.nparts,), name
+        assert array.tolist() == expected[name], name
+    for name in ("edge_cut", "communication_volume", "cagnet_volume"):
+        value = getattr(part, name)
+        assert isinstance(value, int) and value == expected[name], name
+    for name in ("row_balance", "nnz_balance"):
+        assert getattr(part, name) == pytest.approx(expected[name], rel=1e-12), name
+
+
+def assert_valid_owner(part, n, nparts):
+    owner = part.owner
+    assert owner.dtype == np.int64 and owner.shape == (n,)
+    assert not owner.flags.writeable
+    if n:
+        assert owner.min() >= 0 and owner.max() < nparts
+    assert part.nparts == nparts and part.n_nodes == n
+    assert part.owned_rows.sum() == n
+    assert part.owned_nnz.sum() == part.nnz
+    assert part.communication_volume <= part.cagnet_volume
+
+
+def contiguous_weights(adj):
+    return np.diff(adj.tocsr().indptr) + 1
+
+
+# -- every method: a valid, deterministic owner ---------------------------------------------
+
+CASES = [(0, 0.0, 1), (0, 0.0, 3), (1, 0.0, 1), (1, 1.0, 4), (5, 0.0, 2), (5, 0.0, 9),
+         (7, 0.3, 7), (7, 0.3, 12), (40, 0.1, 1), (60, 0.08, 4), (300, 0.01, 6), (300, 0.0, 5)]
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("n, density, nparts", CASES)
+def test_valid_deterministic_owner(rng, method, n, density, nparts):
+    S = random_scipy(rng, (n, n), density, duplicates=True)
+    part = partition(S, nparts, method=method, seed=3)
+    assert_valid_owner(part, n, nparts)
+    assert part.method == method
+    again = partition(S, nparts, method=method, seed=3)
+    np.testing.assert_array_equal(again.owner, part.owner)
+    assert_matches_brute(part, sph.csr_array(S))
+    if nparts == 1:
+        assert not part.owner.any() and part.edge_cut == 0 and part.communication_volume == 0
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_nparts_beyond_n_leaves_empty_parts(method):
+    path = scipy.sparse.diags_array([np.ones(4), np.ones(4)], offsets=[-1, 1], shape=(5, 5))
+    part = partition(path, 8, method=method)
+    assert_valid_owner(part, 5, 8)
+    assert np.count_nonzero(part.owned_rows) <= 5
+    assert part.halo_sizes.shape == part.peers.shape == (8,)
+    for rank in range(8):
+        np.testing.assert_array_equal(part.rows_of(rank), np.flatnonzero(part.owner == rank))
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_all_formats_give_the_same_partition(rng, method):
+    S = random_scipy(rng, (90, 90), 0.05)
+    A = sph.csr_array(S)
+    expected = partition(S, 4, method=method).owner
+    inputs = [scipy.sparse.csr_matrix(S), S.tocoo(), scipy.sparse.csc_array(S), A,
+              sph.csr_array(S, index_dtype=np.int64), A.to_mebcrs(), A.to_blocked(window=16)]
+    for adj in inputs:
+        np.testing.assert_array_equal(partition(adj, 4, method=method).owner, expected)
+
+
+# -- random ---------------------------------------------------------------------------------
+
+@given(n=st.integers(0, 200), nparts=st.integers(1, 20), seed=st.integers(0, 2**40))
+@settings(max_examples=60, deadline=None)
+def test_random_is_balanced(n, nparts, seed):
+    part = partition(scipy.sparse.csr_array((n, n)), nparts, method="random", seed=seed)
+    counts = np.bincount(part.owner, minlength=nparts)
+    assert counts.max() - counts.min() <= 1
+    np.testing.assert_array_equal(
+        part.owner, np.random.default_rng(seed).permutation(np.arange(n) % nparts))
+
+
+def test_random_depends_on_the_seed(cora):
+    first = partition(cora, 4, method="random", seed=0).owner
+    assert not np.array_equal(first, partition(cora, 4, method="random", seed=1).owner)
+
+
+# -- contiguous -----------------------------------------------------------------------------
+
+@given(counts=st.lists(st.integers(0, 30) | st.sampled_from([0, 200]), max_size=40),
+       nparts=st.integers(1, 12))
+@settings(max_examples=200, deadline=None)
+def test_contiguous_blocks_are_consecutive_and_balanced(counts, nparts):
+    n = len(counts)
+    rows = np.repeat(np.arange(n), counts)
+    adj = csr_from_entries(n, rows, np.zeros(rows.size, dtype=np.int64))
+    owner = partition(adj, nparts, method="contiguous").owner
+    assert owner.shape == (n,)
+    if nparts >= n:
+        np.testing.assert_array_equal(owner, np.arange(n))
+        return
+    # Consecutive blocks, every part holding at least one row, in order.
+    assert owner[0] == 0 and owner[-1] == nparts - 1
+    assert np.all(np.diff(owner) >= 0) and np.all(np.diff(owner) <= 1)
+    # Each block weighs its share of sum(nnz + 1) to within the heaviest row.
+    weights = contiguous_weights(adj)
+    block_weights = np.bincount(owner, weights=weights, minlength=nparts)
+    assert np.all(np.abs(block_weights - weights.sum() / nparts) <= weights.max())
+
+
+def test_contiguous_balances_stored_entries(cora):
+    for nparts in (2, 4, 8):
+        part = partition(cora, nparts, method="contiguous")
+        assert part.nnz_balance < 1.1
+        assert np.all(np.diff(part.owner) >= 0)
+
+
+def test_contiguous_after_reordering_beats_random(cora):
+    perm = sph.reorder(cora, method="rabbit")
+    B = sph.permute(cora, perm)
+    ordered = partition(B, 8, method="contiguous")
+    worst = partition(cora, 8, method="random")
+    assert ordered.communication_volume < worst.communication_volume / 3
+
+
+# -- metis ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("nparts", [2, 4, 8])
+def test_metis_on_cora_cuts_far_less_than_random(cora, nparts):
+    metis = partition(cora, nparts, method="metis")
+    worst = partition(cora, nparts, method="random")
+    assert metis.communication_volume < worst.communication_volume / 3
+    assert metis.edge_cut < worst.edge_cut / 3
+    assert metis.row_balance < 1.1
+    assert np.all(metis.owned_rows > 0)
+    np.testing.assert_array_equal(partition(cora, nparts, method="metis").owner, metis.owner)
+
+
+def test_metis_finds_disjoint_cliques(rng):
+    labels = np.repeat(np.arange(4), 10)
+    dense = (labels[:, None] == labels[None, :]).astype(float)
+    np.fill_diagonal(dense, 0)
+    shuffle = rng.permutation(labels.size)
+    part = partition(scipy.sparse.csr_array(dense[shuffle][:, shuffle]), 4, method="metis")
+    assert part.edge_cut == 0 and part.communication_volume == 0
+    assert part.owned_rows.tolist() == [10, 10, 10, 10]
+
+
+def test_metis_uses_the_symmetrized_pattern_only(rng):
+    S = random_scipy(rng, (120, 120), 0.03)
+    directed = partition(S, 5, method="metis", seed=7).owner
+    np.testing.assert_array_equal(partition(S.T, 5, method="metis", seed=7).owner, directed)
+    pattern = (S != 0).astype(float)
+    symmetric = pattern + pattern.T + 3 * scipy.sparse.eye_array(120)
+    np.testing.assert_array_equal(partition(symmetric, 5, method="metis", seed=7).owner,
+                                  directed)
+
+
+def test_metis_special_cases(rng):
+    no_edges = scipy.sparse.eye_array(9, format="csr")  # self loops only: no edges for METIS
+    np.testing.assert_array_equal(partition(no_edges, 3, method="metis").owner,
+                                  partition(no_edges, 3, method="contiguous").owner)
+    S = random_scipy(rng, (6, 6), 0.5)
+    np.testing.assert_array_equal(partition(S, 6, method="metis").owner, np.arange(6))
+    np.testing.assert_array_equal(partition(S, 10, method="metis").owner, np.arange(6))
+    assert not partition(S, 1, method="metis").owner.any()
+    assert partition(scipy.sparse.csr_array((0, 0)), 4, method="metis").owner.shape == (0,)
+
+
+def test_metis_without_pymetis(monkeypatch, cora):
+    monkeypatch.setitem(sys.modules, "pymetis", None)
+    with pytest.raises(ImportError, match=r"pip install pymetis"):
+        partition(cora, 2, method="metis")
+    with pytest.raises(ModuleNotFoundError, match=r"\[mpi\] extra"):
+        partition(cora, 2)
+    assert partition(cora, 2, method="contiguous").nparts == 2  # the others need no METIS
+
+
+# -- the quality figures --------------------------------------------------------------------
+
+@st.composite
+def graphs_with_owners(draw):
+    n = draw(st.integers(0, 40))
+    nparts = draw(st.integers(1, 6))
+    if n:
+        node = st.integers(0, n - 1)
+        entries = draw(st.lists(st.tuples(node, node), max_size=draw(st.sampled_from(
+            [0, 5, 60, 400]))))
+        if draw(st.booleans()):  # a dense corner, so some graphs are nearly complete
+            k = draw(st.integers(1, n))
+            entries += [(i, j) for i in range(k) for j in range(k)]
+        owner = draw(st.lists(st.integers(0, nparts - 1), min_size=n, max_size=n))
+    else:
+        entries, owner = [], []
+    rows = [i for i, _ in entries]
+    cols = [j for _, j in entries]
+    return csr_from_entries(n, rows, cols), np.array(owner, dtype=np.int64), nparts
+
+
+@given(graphs_with_owners())
+@settings(max_examples=150, deadline=None)
+def test_quality_matches_brute_force(case):
+    adj, owner, nparts = case
+    part = Partition.from_owner(adj, owner, nparts=nparts)
+    assert_matches_brute(part, adj)
+    assert part.method == "given"
+    # The same figures through scipy input and through the private helper.
+    again = Partition.from_owner(adj.to_scipy(), owner.astype(np.int32), nparts=nparts)
+    np.testing.assert_array_equal(again.halo_sizes, part.halo_sizes)
+    quality = _quality(adj.indptr, adj.indices, owner, nparts)
+    np.testing.assert_array_equal(quality.peers, part.peers)
+    assert quality.edge_cut == part.edge_cut
+
+
+def test_quality_by_hand():
+    # 0 -> 1 -> 2 -> 3 (row i holds the edges into i), plus a self loop and a duplicate.
+    adj = csr_from_entries(4, [1, 2, 3, 3, 2], [0, 1, 2, 2, 2])
+    part = Partition.from_owner(adj, [0, 0, 1, 2])
+    assert part.edge_cut == 3  # (2, 1) and (3, 2) twice
+    assert part.halo_sizes.tolist() == [0, 1, 1]
+    assert part.peers.tolist() == [0, 1, 1]
+    assert part.owned_nnz.tolist() == [1, 2, 2]
+    assert part.communication_volume == 2 and part.cagnet_volume == 8
+    assert part.row_balance == pytest.approx(2 / (4 / 3))
+
+
+def test_from_owner_defaults_and_copies():
+    adj = scipy.sparse.csr_array(np.ones((3, 3)))
+    owner = np.array([2, 0, 2], dtype=np.uint8)
+    part = Partition.from_owner(adj, owner)
+    assert part.nparts == 3 and part.owned_rows.tolist() == [1, 0, 2]
+    owner[0] = 1
+    assert part.owner[0] == 2  # a copy, read-only
+    with pytest.raises(ValueError):
+        part.owner[0] = 1
+    assert Partition.from_owner(adj, [0, 0, 0], nparts=5).owned_rows.tolist() == [3, 0, 0, 0, 0]
+    empty = Partition.from_owner(scipy.sparse.csr_array((0, 0)), [])
+    assert empty.nparts == 1 and empty.owner.dtype == np.int64
+    assert empty.row_balance == empty.nnz_balance == 1.0
+    assert Partition(adj, [0, 1, 1], method="mine").method == "mine"
+
+
+def test_rows_of(cora):
+    part = partition(cora, 5, method="random")
+    pieces = [part.rows_of(rank) for rank in range(5)]
+    for rank, rows in enumerate(pieces):
+        assert rows.dtype == np.int64 and np.all(np.diff(rows) > 0)
+        assert np.all(part.owner[rows] == rank) and rows.size == part.owned_rows[rank]
+    np.testing.assert_array_equal(np.sort(np.concatenate(pieces)), np.arange(cora.shape[0]))
+    for bad in (-1, 5):
+        with pytest.raises(ValueError, match=f"rank {bad} is outside"):
+            part.rows_of(bad)
+    with pytest.raises(TypeError, match="rank must be an integer"):
+        part.rows_of(1.0)
+
+
+def test_repr_and_summary(cora):
+    part = partition(cora, 4, method="metis")
+    text = repr(part)
+    assert "metis" in text and "4 parts" in text and f"edge cut {part.edge_cut}" in text
+    assert f"{100 * part.communication_volume / part.cagnet_volume:.1f}% of CAGNET" in text
+    assert "\n" not in text
+    summary = part.summary()
+    assert "balance" in summary and "peers" in summary and str(part.cagnet_volume) in summary
+    assert "volume 0 rows" in repr(partition(cora, 1, method="random"))
+    assert "0 nodes" in repr(partition(scipy.sparse.csr_array((0, 0)), 2, "contiguous"))
+
+
+# -- bad input ------------------------------------------------------------------------------
+
+def test_bad_owner():
+    adj = scipy.sparse.csr_array(np.ones((7, 7)))
+    with pytest.raises(ValueError, match="partition has 5 owners but the graph has 7 nodes"):
+        Partition.from_owner(adj, np.zeros(5, dtype=np.int64))
+    with pytest.raises(ValueError, match=r"owner\[3\] is -1, outside \[0, 2\)"):
+        Partition.from_owner(adj, [0, 1, 0, -1, 0, 0, 0], nparts=2)
+    with pytest.raises(ValueError, match=r"owner\[6\] is 2, outside \[0, 2\)"):
+        Partition.from_owner(adj, [0, 1, 0, 1, 0, 0, 2], nparts=2)
+    with pytest.raises(ValueError, match=r"owner\[0\] is -3"):
+        Partition.from_owner(adj, [-3] * 7)
+    with pytest.raises(TypeError, match="owner must hold integers, got dtype float64"):
+        Partition.from_owner(adj, np.zeros(7))
+    with pytest.raises(TypeError, match="owner must hold integers, got dtype bool"):
+        Partition.from_owner(adj, np.zeros(7, dtype=bool))
+    with pytest.raises(ValueError, match="owner must be 1-D, got 2-D"):
+        Partition.from_owner(adj, np.zeros((7, 1), dtype=np.int64))
+    with pytest.raises(ValueError, match="nparts must be a positive integer, got 0"):
+        Partition.from_owner(adj, np.zeros(7, dtype=np.int64), nparts=0)
+    with pytest.raises(TypeError, match="method must be a str"):
+        Partition.from_owner(adj, np.zeros(7, dtype=np.int64), method=3)
+
+
+@pytest.mark.parametrize("nparts, message", [
+    (0, "nparts must be a positive integer, got 0"),
+    (-1, "nparts must be a positive integer, got -1"),
+    (2.5, "nparts must be an integer, got float 2.5"),
+    (True, "nparts must be an integer, got bool True"),
+    (np.True_, "nparts must be an integer, got bool"),
+    ("4", "nparts must be an integer, got str '4'"),
+])
+def test_bad_nparts(cora, nparts, message):
+    for method in METHODS:
+        with pytest.raises(ValueError, match=message):
+            partition(cora, nparts, method=method)
+
+
+def test_numpy_integer_nparts_and_seed(cora):
+    part = partition(cora, np.int32(3), method="random", seed=np.int64(4))
+    assert part.nparts == 3 and isinstance(part.nparts, int)
+    np.testing.assert_array_equal(part.owner, partition(cora, 3, "random", seed=4).owner)
+
+
+def test_bad_method_seed_and_adj(cora):
+    with pytest.raises(ValueError, match="unknown method 'kahip'; expected one of metis, "
+                                         "contiguous, random"):
+        partition(cora, 2, method="kahip")
+    with pytest.raises(ValueError, match="unknown method None"):
+        partition(cora, 2, method=None)
+    with pytest.raises(ValueError, match=r"seed must be in \[0, 2\*\*63\), got -1"):
+        partition(cora, 2, method="random", seed=-1)
+    with pytest.raises(TypeError, match="seed must be an integer, got float"):
+        partition(cora, 2, method="random", seed=1.5)
+    with pytest.raises(ValueError, match=r"square adjacency \(a graph\), got shape \(3, 4\)"):
+        partition(scipy.sparse.csr_array(np.ones((3, 4))), 2, method="contiguous")
+    with pytest.raises(ValueError, match=r"got shape \(3, 4\)"):
+        Partition.from_owner(sph.csr_array(np.ones((3, 4))), [0, 0, 0])
+    with pytest.raises(TypeError, match="adj must be a sparse array .* got numpy.ndarray"):
+        partition(np.ones((3, 3)), 2, method="random")
+    with pytest.raises(TypeError, match="got builtins.list"):
+        Partition.from_owner([[1, 0], [0, 1]], [0, 1])
