@@ -15,6 +15,19 @@ def test_demo_in_process(capsys):
     accuracy = re.search(r"GCN +16 hidden +200 epochs +test accuracy +([0-9.]+)%", out)
     assert accuracy and float(accuracy.group(1)) >= 75.0   # one seed; the mean is tested apart
     assert "ms per training epoch" in out
+    if "Distributed training skipped" not in out:
+        assert "GCN on cora, 2 ranks x 1 thread, metis partition, 200 epochs" in out
+        mpi = re.search(r"GCN on cora, 2 ranks.*\n +test accuracy ([0-9.]+)%.*final training loss "
+                        r"([0-9.]+)", out)
+        single = re.search(r"in one process: test accuracy ([0-9.]+)%, final training loss "
+                           r"([0-9.]+)", out)
+        assert mpi and single and mpi.groups() == single.groups(), out
+        assert "CAGNET-1D" in out
+
+
+def test_demo_can_skip_the_mpi_run(capsys):
+    assert run_demo("cora", models=("gcn",), seeds=1, progress=False, distributed=False) == 0
+    assert "Distributed training" not in capsys.readouterr().out
 
 
 def test_demo_command_line():

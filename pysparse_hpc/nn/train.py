@@ -111,7 +111,15 @@ def fit(model, x, adj, y, masks, *, epochs=200, lr=0.01, weight_decay=5e-4, prog
     from tqdm.auto import tqdm
 
     graph = adj if isinstance(adj, DistGraph) else None
-    _check_node_tensors(graph, x, y, masks)
+    if graph is None:
+        _check_node_tensors(graph, x, y, masks)
+    else:  # a rank's own rows: agree first, so every rank raises instead of some waiting
+        try:
+            _check_node_tensors(graph, x, y, masks)
+            error = None
+        except ValueError as exc:
+            error = exc
+        graph.comm.raise_if_any(error)
     total = _Totals(graph)
     train_mask, val_mask, test_mask = masks
     n_train, n_val, n_test = total(*(float(m.sum()) for m in masks))

@@ -215,6 +215,24 @@ def check_bad_input_on_every_rank():
     DistGraph(cora.adj, good, comm)  # still usable afterwards
 
 
+def check_fit_refuses_wrong_local_rows_on_every_rank():
+    """fit's input check is agreed over the ranks: all raise, naming the rank at fault."""
+    from pysparse_hpc.nn import models
+    from pysparse_hpc.nn.train import fit
+    cora = sph.datasets.load("cora")
+    graph = DistGraph(cora.adj, partition(cora.adj, size, "contiguous"), comm)
+    rows = graph.n_local + (1 if rank == size - 1 else 0)
+    x = torch.zeros(rows, 5)
+    y = torch.zeros(graph.n_local, dtype=torch.int64)
+    masks = [torch.ones(graph.n_local, dtype=torch.bool)] * 3
+    try:
+        fit(models.GCN(5, 4, 2), x, graph, y, masks, epochs=1, progress=False)
+    except ValueError as exc:
+        assert f"rank {size - 1}" in str(exc) and "x has" in str(exc), str(exc)
+    else:
+        raise AssertionError("fit accepted features with the wrong number of rows")
+
+
 def check_wrong_local_rows():
     """Features with the wrong number of local rows on one rank: that rank's ValueError ends
     the job (checked by the test: non-zero status, the message, no hang)."""
