@@ -207,7 +207,7 @@ def run_train(args, out=None):
         result = train(args.dataset, args.model, args.partition, epochs=args.epochs, lr=args.lr,
                        weight_decay=args.weight_decay, seed=args.seed, dtype=args.dtype,
                        random_features=args.random_features, comm=comm,
-                       progress=not args.no_progress)
+                       progress=not args.no_progress, balance=args.balance)
     except (FileNotFoundError, ValueError) as exc:  # raised alike on every rank
         if comm.rank == 0:
             print(f"python -m pysparse_hpc train: error: {exc}", file=sys.stderr)
@@ -263,6 +263,9 @@ def main(argv=None):
                        help=f"{' | '.join(datasets.available())} | PATH.npz (default: cora)")
     train.add_argument("--model", default="gcn", choices=("gcn", "gat", "agnn"))
     train.add_argument("--partition", default="metis", choices=("metis", "contiguous", "random"))
+    train.add_argument("--balance", choices=("rows", "nnz"),
+                       help="what the partition balances: nodes or stored entries (default: "
+                            "rows for metis and random, nnz for contiguous)")
     train.add_argument("--epochs", type=int, help="default: the model's published setting")
     train.add_argument("--lr", type=float, help="default: the model's published setting")
     train.add_argument("--weight-decay", type=float, help="default: the model's published setting")

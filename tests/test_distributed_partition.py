@@ -393,3 +393,21 @@ def test_bad_method_seed_and_adj(cora):
         partition(np.ones((3, 3)), 2, method="random")
     with pytest.raises(TypeError, match="got builtins.list"):
         Partition.from_owner([[1, 0], [0, 1]], [0, 1])
+
+
+def test_balance_rows_or_entries():
+    """balance="nnz" evens out stored entries on a skewed graph, "rows" node counts."""
+    from pysparse_hpc.generators import rmat
+    A = rmat(12, 8, seed=1)
+    A = A[0] if isinstance(A, tuple) else A
+    by_rows = partition(A, 4, "metis")
+    by_nnz = partition(A, 4, "metis", balance="nnz")
+    assert by_rows.row_balance < 1.05
+    assert by_nnz.nnz_balance < 1.1 < by_rows.nnz_balance
+    equal_rows = partition(A, 4, "contiguous", balance="rows")
+    assert equal_rows.owned_rows.max() - equal_rows.owned_rows.min() <= 1
+    assert partition(A, 4, "contiguous").nnz_balance < 1.1
+    with pytest.raises(ValueError, match="balance must be one of"):
+        partition(A, 4, "metis", balance="edges")
+    with pytest.raises(ValueError, match=r"\('rows',\) for method 'random'"):
+        partition(A, 4, "random", balance="nnz")

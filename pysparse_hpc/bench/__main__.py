@@ -9,7 +9,7 @@ import importlib.util
 import sys
 
 from .._config import get_num_threads, set_num_threads
-from . import convert, gnn, positive_int, reorder, sddmm, spmm
+from . import convert, distributed, gnn, positive_int, reorder, sddmm, spmm
 from ._data import DATA_ENV, data_dir
 
 __all__ = ["COMMANDS", "build_parser", "main"]
@@ -20,6 +20,7 @@ COMMANDS = {
     "sddmm": sddmm,
     "reorder": reorder,
     "gnn": gnn,
+    "distributed": distributed,
 }
 
 

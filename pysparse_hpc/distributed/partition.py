@@ -377,12 +377,19 @@ class Partition:
 
 # -- partitioners ---------------------------------------------------------------------------
 
-def _contiguous_owner(indptr, n, nparts):
-    """Consecutive blocks of rows with about equal ``sum(nnz + 1)``; no empty part when
+def _node_weights(indptr, balance):
+    """What each node weighs for ``balance``: 1 ("rows") or its stored entries + 1 ("nnz")."""
+    if balance == "rows":
+        return np.ones(indptr.size - 1, dtype=np.int64)
+    return np.diff(indptr).astype(np.int64) + 1
+
+
+def _contiguous_owner(indptr, n, nparts, balance="nnz"):
+    """Consecutive blocks of rows of about equal weight (`_node_weights`); no empty part when
     ``nparts <= n``, node ``i`` in part ``i`` otherwise."""
     if nparts >= n:
         return np.arange(n, dtype=np.int64)
-    weights = np.diff(indptr).astype(np.int64) + 1
+    weights = _node_weights(indptr, balance)
     ends = np.cumsum(weights)
     total = int(ends[-1])
     # A row belongs to the part whose share [p W / P, (p + 1) W / P) holds its midpoint;
@@ -409,7 +416,7 @@ def _import_pymetis():
     return pymetis
 
 
-def _metis_owner(indptr, indices, n, nparts, seed):
+def _metis_owner(indptr, indices, n, nparts, seed, balance="rows"):
     pymetis = _import_pymetis()
     if nparts == 1:
         return np.zeros(n, dtype=np.int64)
@@ -421,15 +428,19 @@ def _metis_owner(indptr, indices, n, nparts, seed):
     xadj, adjncy = _symmetric_graph(pattern)
     if adjncy.size == 0:
         # No edges between distinct nodes: every balanced split cuts nothing.
-        return _contiguous_owner(indptr, n, nparts)
+        return _contiguous_owner(indptr, n, nparts, balance)
     idx = pymetis.zero_copy_dtype() if hasattr(pymetis, "zero_copy_dtype") else np.int64
     xadj = np.ascontiguousarray(xadj, dtype=idx)
     adjncy = np.ascontiguousarray(adjncy, dtype=idx)
     options = pymetis.Options(seed=int(seed))
+    weights = None if balance == "rows" else np.ascontiguousarray(
+        _node_weights(indptr, balance), dtype=idx)
     if hasattr(pymetis, "CSRAdjacency"):
-        result = pymetis.part_graph(nparts, pymetis.CSRAdjacency(xadj, adjncy), options=options)
+        result = pymetis.part_graph(nparts, pymetis.CSRAdjacency(xadj, adjncy),
+                                    vweights=weights, options=options)
     else:  # pymetis before 2025.2
-        result = pymetis.part_graph(nparts, xadj=xadj, adjncy=adjncy, options=options)
+        result = pymetis.part_graph(nparts, xadj=xadj, adjncy=adjncy, vweights=weights,
+                                    options=options)
     owner = np.asarray(result[1], dtype=np.int64)
     if owner.shape != (n,) or (n and (owner.min() < 0 or owner.max() >= nparts)):
         raise RuntimeError(
@@ -438,7 +449,12 @@ def _metis_owner(indptr, indices, n, nparts, seed):
     return owner
 
 
-def partition(adj, nparts, method="metis", seed=0):
+#: What `partition` can balance, and each method's default.
+BALANCES = ("rows", "nnz")
+_DEFAULT_BALANCE = {"metis": "rows", "contiguous": "nnz", "random": "rows"}
+
+
+def partition(adj, nparts, method="metis", seed=0, balance=None):
     """Split the nodes of a graph into ``nparts`` parts, one per rank, and rate the split.
 
     Parameters
@@ -478,6 +494,13 @@ def partition(adj, nparts, method="metis", seed=0):
           benchmarks.
     seed : int, default 0
         Seed of METIS or of the random assignment, in ``[0, 2**63)``; "contiguous" ignores it.
+    balance : {"rows", "nnz"}, optional
+        What the parts hold equal amounts of: nodes ("rows", METIS's and random's default), or
+        stored entries with each node weighing its entries + 1 ("nnz", the contiguous default;
+        METIS then gets these as vertex weights). Balancing nodes evens out the dense
+        per-node work (feature transforms); balancing entries evens out the SpMMs, which is
+        what matters on skewed graphs (R-MAT, power-law degrees), where equal node counts can
+        give one part several times the entries of another. "random" balances rows only.
 
     Returns
     -------
@@ -491,7 +514,7 @@ def partition(adj, nparts, method="metis", seed=0):
         If ``adj`` is not a sparse array or matrix, or ``seed`` is not an integer.
     ValueError
         If ``adj`` is not square, ``nparts`` is not a positive integer (bools refused),
-        ``seed`` is negative or ``method`` is unknown.
+        ``seed`` is negative, or ``method`` or ``balance`` is unknown.
     ModuleNotFoundError
         If ``method="metis"`` and ``pymetis`` is not installed.
 
@@ -514,13 +537,18 @@ def partition(adj, nparts, method="metis", seed=0):
     if not isinstance(method, str) or method not in PARTITION_METHODS:
         raise ValueError(
             f"unknown method {method!r}; expected one of {', '.join(PARTITION_METHODS)}")
+    balance = _DEFAULT_BALANCE[method] if balance is None else balance
+    if balance not in BALANCES or (method == "random" and balance != "rows"):
+        allowed = ("rows",) if method == "random" else BALANCES
+        raise ValueError(f"balance must be one of {allowed} for method {method!r}, got "
+                         f"{balance!r}")
     indptr, indices, n = _as_pattern(adj)
     nparts = _check_nparts(nparts)
     seed = _check_seed(seed)
     if method == "metis":
-        owner = _metis_owner(indptr, indices, n, nparts, seed)
+        owner = _metis_owner(indptr, indices, n, nparts, seed, balance)
     elif method == "contiguous":
-        owner = _contiguous_owner(indptr, n, nparts)
+        owner = _contiguous_owner(indptr, n, nparts, balance)
     else:
         owner = np.random.default_rng(seed).permutation(np.arange(n, dtype=np.int64) % nparts)
     return Partition._from_pattern(indptr, indices, n, owner, nparts, method)

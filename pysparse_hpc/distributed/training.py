@@ -85,7 +85,7 @@ def _load(dataset, random_features, seed):
 
 def train(dataset="cora", model="gcn", partition="metis", *, epochs=None, lr=None,
           weight_decay=None, seed=0, dtype="float32", random_features=None, comm=None,
-          progress=True, description=None):
+          progress=True, description=None, balance=None):
     """Train a node classifier on a graph distributed over the communicator's ranks.
 
     Every rank calls it with the same arguments.
@@ -99,6 +99,9 @@ def train(dataset="cora", model="gcn", partition="metis", *, epochs=None, lr=Non
         With its published architecture (`pysparse_hpc.nn.models`).
     partition : {"metis", "contiguous", "random"} or Partition
         How rank 0 splits the nodes (a `Partition` for ``comm.size`` parts is used as given).
+    balance : {"rows", "nnz"}, optional
+        What the partitioner balances (`pysparse_hpc.distributed.partition`): nodes, or
+        stored entries (better on graphs with skewed degrees). Default: the method's.
     epochs, lr, weight_decay : optional
         Default: the model's published settings.
     seed : int
@@ -137,7 +140,7 @@ def train(dataset="cora", model="gcn", partition="metis", *, epochs=None, lr=Non
     if comm.rank == 0:
         try:
             data = _load(dataset, random_features, seed)
-            parts = (make_partition(data.adj, comm.size, partition, seed=seed)
+            parts = (make_partition(data.adj, comm.size, partition, seed=seed, balance=balance)
                      if isinstance(partition, str) else partition)
         except Exception as exc:  # noqa: BLE001 -- raised on every rank below
             error = exc
