@@ -1,0 +1,61 @@
+"""The module classes the makers precondition, and what they need from them.
+
+This module owns which leaf modules have a curvature (``nn.Linear``, ``nn.Conv2d`` with dilation
+1, groups 1 and zero padding, ``nn.Embedding`` with dense gradients), the refusal, with the
+reason, of the configurations that cannot be handled, and the im2col of a convolution's input.
+"""
+import torch.nn.functional as F
+from torch import nn
+
+__all__ = ["conv2d_patches", "supported_kind"]
+
+
+def conv2d_patches(module, x):
+    """im2col of the input `x` of `module` (an ``nn.Conv2d``, dilation 1, groups 1).
+
+    Returns ``n x (c_in kh kw) x L`` (``L`` output positions; an unbatched input counts as one
+    example), in the order of ``module.weight.view(c_out, -1)``'s columns.
+    """
+    if x.ndim == 3:
+        x = x.unsqueeze(0)
+    padding = module.padding
+    if isinstance(padding, str):
+        if padding == "same":
+            pads = []
+            for k in reversed(module.kernel_size):
+                pads += [(k - 1) // 2, (k - 1) - (k - 1) // 2]
+            x = F.pad(x, pads)
+        padding = 0
+    return F.unfold(x, module.kernel_size, padding=padding, stride=module.stride)
+
+
+def supported_kind(name, module):
+    """``"Linear"``, ``"Conv2d"``, ``"Embedding"`` or None; refuses what cannot be handled.
+
+    Raises ``NotImplementedError`` for an ``nn.Conv2d`` with dilation, groups or a padding
+    mode other than zeros, and for an ``nn.Embedding`` with sparse gradients.
+    """
+    if isinstance(module, nn.Conv2d):
+        problems = []
+        if tuple(module.dilation) != (1, 1):
+            problems.append(f"dilation={tuple(module.dilation)}")
+        if module.groups != 1:
+            problems.append(f"groups={module.groups}")
+        if module.padding_mode != "zeros":
+            problems.append(f"padding_mode={module.padding_mode!r}")
+        if problems:
+            raise NotImplementedError(
+                f"nn.Conv2d is supported with dilation 1, groups 1 and zero padding; module "
+                f"{name!r} has {', '.join(problems)} (add it to "
+                f"PreconditioningConfig.ignore_modules to keep its plain gradient)")
+        return "Conv2d"
+    if isinstance(module, nn.Linear):
+        return "Linear"
+    if isinstance(module, nn.Embedding):
+        if module.sparse:
+            raise NotImplementedError(
+                f"preconditioning needs dense gradients; module {name!r} is "
+                f"nn.Embedding(sparse=True) (add it to PreconditioningConfig.ignore_modules to "
+                f"keep its plain gradient)")
+        return "Embedding"
+    return None

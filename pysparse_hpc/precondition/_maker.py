@@ -1,0 +1,584 @@
+"""The preconditioned-gradient loop shared by every maker (ASDL's ``PreconditionedGradientMaker``).
+
+This module owns
+
+* `OutputPlaceholder`: what ``setup_model_call`` returns, standing for the model's output until
+  the loop runs the model; indexing (``placeholder[mask]``), attribute access and calls on it are
+  recorded and replayed on the real output;
+* the choice of the modules to precondition, and the list of the parameters left with their
+  plain gradient, each with the reason;
+* the loop itself: step counter, curvature and preconditioner schedules, the plain pass and the
+  curvature pass (forward hooks that see each module's input, tensor hooks on its output that
+  see the gradient w.r.t. it, the extra backward passes of the MC and exact Fishers), the check
+  for non-finite gradients, and the base of ``state_dict``.
+
+What a curvature *is* (Kronecker factors, diagonals) and how it preconditions belongs to the
+subclasses, which implement ``_kind_for``, ``_on_input``, ``_on_output_grad``,
+``update_curvature``, ``update_preconditioner`` and ``precondition``.
+"""
+import inspect
+import math
+import warnings
+from collections import OrderedDict
+from functools import partial
+
+import torch
+from torch import nn
+
+from ._fisher import FISHER_EMP, fisher_passes
+from .config import PreconditioningConfig, _schedules
+
+__all__ = ["OutputPlaceholder", "PreconditionedGradientMaker"]
+
+_NORM_LAYERS = tuple(getattr(nn, name) for name in (
+    "BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "SyncBatchNorm", "InstanceNorm1d",
+    "InstanceNorm2d", "InstanceNorm3d", "LayerNorm", "GroupNorm", "RMSNorm", "LocalResponseNorm")
+    if hasattr(nn, name))
+
+
+class OutputPlaceholder:
+    """Stands for the output of the model call set up by ``setup_model_call``.
+
+    Indexing (``placeholder[mask]``, ``placeholder[0]``), attribute access
+    (``placeholder.logits``) and calls (``placeholder.view(-1, 3)``) return new placeholders
+    that record the operation; ``forward_and_backward`` replays them on the real output.
+    Names starting with an underscore are not recorded (they raise ``AttributeError``), so
+    that copying and introspection see an ordinary object.
+
+    Examples
+    --------
+    >>> from pysparse_hpc.precondition import OutputPlaceholder
+    >>> import torch
+    >>> p = OutputPlaceholder()[torch.tensor([True, False, True])]
+    >>> p._resolve(torch.arange(3.0))
+    tensor([0., 2.])
+    """
+    __slots__ = ("_ops",)
+
+    def __init__(self, ops=()):
+        object.__setattr__(self, "_ops", tuple(ops))
+
+    def __getitem__(self, item):
+        return OutputPlaceholder(self._ops + (("item", item),))
+
+    def __getattr__(self, name):
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return OutputPlaceholder(self._ops + (("attr", name),))
+
+    def __call__(self, *args, **kwargs):
+        return OutputPlaceholder(self._ops + (("call", args, kwargs),))
+
+    def __setattr__(self, name, value):
+        raise AttributeError("an OutputPlaceholder records operations; it cannot be assigned to")
+
+    def __reduce__(self):
+        return (OutputPlaceholder, (self._ops,))
+
+    def __iter__(self):
+        raise TypeError("an OutputPlaceholder cannot be iterated (its length is unknown until "
+                        "the model runs); index it instead")
+
+    def __repr__(self):
+        text = "output"
+        for op in self._ops:
+            if op[0] == "item":
+                text += f"[{_short(op[1])}]"
+            elif op[0] == "attr":
+                text += f".{op[1]}"
+            else:
+                text += "(...)"
+        return f"OutputPlaceholder({text})"
+
+    def _resolve(self, output):
+        """Apply the recorded operations to `output` (placeholders in arguments as well)."""
+        value = output
+        for op in self._ops:
+            if op[0] == "item":
+                value = value[_resolve(op[1], output)]
+            elif op[0] == "attr":
+                value = getattr(value, op[1])
+            else:
+                value = value(*_resolve(op[1], output), **_resolve(op[2], output))
+        return value
+
+
+def _short(value):
+    if isinstance(value, torch.Tensor):
+        return f"<{str(value.dtype).replace('torch.', '')} tensor {tuple(value.shape)}>"
+    return repr(value)
+
+
+def _resolve(value, output):
+    """`value` with every placeholder in it (also inside lists, tuples, dicts) replayed."""
+    if isinstance(value, OutputPlaceholder):
+        return value._resolve(output)
+    if isinstance(value, (list, tuple)):
+        return type(value)(_resolve(v, output) for v in value)
+    if isinstance(value, dict):
+        return {k: _resolve(v, output) for k, v in value.items()}
+    return value
+
+
+def _first_placeholder(args, kwargs):
+    for value in (*args, *kwargs.values()):
+        if isinstance(value, OutputPlaceholder):
+            return value
+    return None
+
+
+def _all_finite(tensor, total=None):
+    """Whether `tensor` has no NaN or inf: one sum, and an exact check only if that overflows."""
+    if total is None:
+        total = float(tensor.sum())
+    return math.isfinite(total) or bool(torch.isfinite(tensor).all())
+
+
+def _accepts_reduction(loss_fn):
+    if isinstance(loss_fn, nn.Module):
+        return hasattr(loss_fn, "reduction")
+    try:
+        parameters = inspect.signature(loss_fn).parameters
+    except (TypeError, ValueError):
+        return False
+    return "reduction" in parameters or any(
+        p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
+
+
+class PreconditionedGradientMaker:
+    """Base class: ASDL's forward-backward-precondition loop over a model.
+
+    Each ``forward_and_backward()`` runs the model call and the loss call set up by
+    ``setup_model_call`` and ``setup_loss_call``, backpropagates, updates the curvature and the
+    preconditioner when their schedules say so, preconditions the ``.grad`` of every
+    preconditioned module in place and counts one step. Any torch optimizer's ``step()`` then
+    applies the preconditioned gradient.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        The model whose modules are preconditioned (hooks go on its leaf modules).
+    config : PreconditioningConfig
+    check_finite : bool, default True
+        Check every gradient for NaN and inf after each backward (one reduction per
+        parameter). A non-finite gradient skips the step: a ``RuntimeWarning``, every gradient
+        of the model zeroed (so ``opt.step()`` leaves plain SGD weights unchanged; a stateful
+        optimizer still applies its momentum: test `last_step_skipped` to skip it), no
+        curvature update and no preconditioning. False: gradients are used as they come.
+
+    Attributes
+    ----------
+    model : torch.nn.Module
+    config : PreconditioningConfig
+    state : dict
+        ``{"step": number of forward_and_backward calls so far}``.
+    last_step_skipped : bool
+        Whether the last ``forward_and_backward`` met a non-finite gradient and skipped.
+    """
+    #: Whether `data_size` must be set (the curvature is scaled by it).
+    _requires_data_size = True
+
+    def __init__(self, model, config, *, check_finite=True):
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+        if not isinstance(config, PreconditioningConfig):
+            raise TypeError(f"config must be a PreconditioningConfig, got "
+                            f"{type(config).__name__}")
+        if self._requires_data_size and config.data_size == -1:
+            raise ValueError(
+                f"{type(self).__name__} needs PreconditioningConfig.data_size (found -1, "
+                f"unset; expected the number of examples the loss sums over, e.g. the batch "
+                f"size or the number of training nodes)")
+        self.model = model
+        self.config = config
+        self.check_finite = bool(check_finite)
+        self.state = {"step": 0}
+        self.last_step_skipped = False
+        self._curvature_schedule, self._preconditioner_schedule = _schedules(config)
+        self._model_fn = None
+        self._model_args = ()
+        self._model_kwargs = {}
+        self._loss_fn = None
+        self._loss_args = ()
+        self._loss_kwargs = {}
+        self._model_output = None
+        self._loss = None
+        self._grad_weight = None
+        self._modules = OrderedDict()
+        self._unpreconditioned = OrderedDict()
+        self._select_modules()
+
+    # ------------------------------------------------------------------ modules
+    def _kind_for(self, name, module):
+        """The handler that preconditions `module`, or None when this maker does not.
+
+        Raises ``NotImplementedError`` for a supported class in a configuration it cannot
+        handle (a dilated convolution).
+        """
+        raise NotImplementedError
+
+    def _supported_names(self):
+        return "supported modules"
+
+    def _is_ignored(self, name, module, ignored_ids):
+        for entry in self.config.ignore_modules or ():
+            if isinstance(entry, type):
+                if isinstance(module, entry):
+                    return True
+            elif isinstance(entry, str):
+                if entry in name:
+                    return True
+        return id(module) in ignored_ids
+
+    def _select_modules(self):
+        ignored_ids = set()
+        for entry in self.config.ignore_modules or ():
+            if isinstance(entry, nn.Module):
+                ignored_ids.update(id(m) for m in entry.modules())
+        owners = {}
+        for name, module in self.model.named_modules():
+            for pname, param in module.named_parameters(recurse=False):
+                if param.requires_grad:
+                    owners.setdefault(id(param), []).append(name or "<model>")
+        unsupported = []
+        for name, module in self.model.named_modules():
+            params = [(pname, p) for pname, p in module.named_parameters(recurse=False)
+                      if p.requires_grad]
+            if not params:
+                continue
+            kind = None
+            if self._is_ignored(name, module, ignored_ids):
+                reason = "in config.ignore_modules"
+            elif next(module.children(), None) is not None:
+                reason = (f"held directly by {type(module).__name__}, which has submodules "
+                          f"(only leaf modules are preconditioned)")
+            else:
+                kind = self._kind_for(name, module)
+                if kind is None:
+                    if isinstance(module, _NORM_LAYERS):
+                        reason = f"normalization layer ({type(module).__name__})"
+                    else:
+                        reason = (f"{type(module).__name__} is not supported by "
+                                  f"{type(self).__name__}")
+                        unsupported.append(f"{name or '<model>'} ({type(module).__name__})")
+                elif not module.weight.requires_grad:
+                    reason = "the module's weight is frozen"
+                    kind = None
+                else:
+                    shared = sorted({o for _, p in params for o in owners[id(p)]}
+                                    - {name or "<model>"})
+                    reason = None
+                    if shared:
+                        reason = f"tied to a parameter of {', '.join(shared)}"
+                        kind = None
+                        warnings.warn(f"module {name or '<model>'!r} shares a parameter with "
+                                      f"{shared}: it keeps the plain gradient", UserWarning,
+                                      stacklevel=4)
+            if kind is None:
+                for pname, _ in params:
+                    self._unpreconditioned[f"{name}.{pname}" if name else pname] = reason
+            else:
+                self._modules[name] = (module, kind)
+        if not self._modules:
+            found = "; ".join(f"{k}: {v}" for k, v in list(self._unpreconditioned.items())[:8])
+            raise ValueError(
+                f"{type(self).__name__} found nothing to precondition in "
+                f"{type(self.model).__name__}: expected at least one {self._supported_names()} "
+                f"with a trainable weight outside ignore_modules; found "
+                f"{found or 'no trainable parameter'}")
+        if unsupported:
+            warnings.warn(f"{type(self).__name__} leaves these modules with the plain gradient "
+                          f"(unsupported type): {', '.join(unsupported)}; add them to "
+                          f"ignore_modules to silence this", UserWarning, stacklevel=4)
+
+    def preconditioned_modules(self):
+        """The modules whose gradients are preconditioned.
+
+        Returns
+        -------
+        collections.OrderedDict
+            Qualified module name (``""`` for a leaf model itself) -> module.
+        """
+        return OrderedDict((name, module) for name, (module, _) in self._modules.items())
+
+    def unpreconditioned_parameters(self):
+        """The trainable parameters that keep their plain gradient, and why.
+
+        Normalization layers, modules in ``config.ignore_modules``, module types this maker
+        does not support, parameters held directly by container modules, biases of modules
+        whose weight is frozen and parameters tied between modules.
+
+        Returns
+        -------
+        collections.OrderedDict
+            Qualified parameter name -> reason.
+        """
+        return OrderedDict(self._unpreconditioned)
+
+    # ------------------------------------------------------------------ set-up calls
+    def setup_model_call(self, model_fn, *args, **kwargs):
+        """Set up the model call of the next ``forward_and_backward``.
+
+        Parameters
+        ----------
+        model_fn : callable
+            Usually the model; called as ``model_fn(*args, **kwargs)``.
+        *args, **kwargs
+            Its arguments.
+
+        Returns
+        -------
+        OutputPlaceholder
+            Stands for the output; index it or pass it to ``setup_loss_call``.
+        """
+        if not callable(model_fn):
+            raise TypeError(f"model_fn must be callable, got {type(model_fn).__name__}")
+        self._model_fn = model_fn
+        self._model_args = args
+        self._model_kwargs = kwargs
+        return OutputPlaceholder()
+
+    def setup_loss_call(self, loss_fn, *args, **kwargs):
+        """Set up the loss call of the next ``forward_and_backward``.
+
+        Parameters
+        ----------
+        loss_fn : callable
+            A loss that accepts ``reduction=`` (``torch.nn.functional.cross_entropy``, an
+            ``nn.CrossEntropyLoss()``): curvature steps call it with ``reduction="sum"``.
+        *args, **kwargs
+            Its arguments; placeholders from ``setup_model_call`` (indexed or not, e.g.
+            ``placeholder[train_mask]``) are replaced by the real output. The first placeholder
+            is also what the MC and exact Fishers take as the logits.
+        """
+        if not callable(loss_fn):
+            raise TypeError(f"loss_fn must be callable, got {type(loss_fn).__name__}")
+        if not _accepts_reduction(loss_fn):
+            what = (f"module {type(loss_fn).__name__} without a .reduction attribute"
+                    if isinstance(loss_fn, nn.Module) else
+                    f"{getattr(loss_fn, '__name__', type(loss_fn).__name__)} without a "
+                    f"reduction parameter")
+            raise TypeError(f"loss_fn must accept reduction= (curvature steps call it with "
+                            f"reduction='sum'); found {what}")
+        if _first_placeholder(args, kwargs) is None:
+            raise ValueError("setup_loss_call got no placeholder: pass the value returned by "
+                             "setup_model_call (or an indexed form of it) as an argument")
+        self._loss_fn = loss_fn
+        self._loss_args = args
+        self._loss_kwargs = kwargs
+
+    @property
+    def model_output(self):
+        """The output of the last model call."""
+        return self._model_output
+
+    @property
+    def loss(self):
+        """The loss of the last ``forward_and_backward``."""
+        return self._loss
+
+    @property
+    def step(self):
+        """Number of ``forward_and_backward`` calls so far (``state["step"]``)."""
+        return self.state["step"]
+
+    # ------------------------------------------------------------------ schedules
+    def do_update_curvature(self, step=None):
+        """Whether `step` (default: the current one) updates the curvature."""
+        return self._curvature_schedule(self.state["step"] if step is None else step)
+
+    def do_update_preconditioner(self, step=None):
+        """Whether `step` (default: the current one) updates the preconditioner."""
+        return self._preconditioner_schedule(self.state["step"] if step is None else step)
+
+    # ------------------------------------------------------------------ the loop
+    def forward_and_backward(self):
+        """Forward, backward, update on schedule, precondition ``.grad`` in place; one step.
+
+        Returns
+        -------
+        output : object
+            The model's output.
+        loss : torch.Tensor
+            The loss. On curvature steps it is computed with ``reduction="sum"`` and divided
+            by ``config.data_size`` (as are the gradients), as in ASDL; on the other steps it
+            is the loss call as set up.
+        """
+        if self._model_fn is None or self._loss_fn is None:
+            raise RuntimeError("call setup_model_call() and setup_loss_call() before "
+                               "forward_and_backward()")
+        step = self.state["step"]
+        self.last_step_skipped = False
+        update_curvature = self.do_update_curvature(step)
+        if update_curvature:
+            output, loss = self._curvature_forward_and_backward()
+        else:
+            output, loss = self._plain_forward_and_backward()
+        if self.check_finite and not self._gradients_finite(step):
+            self.last_step_skipped = True
+            self._discard_curvature()
+        else:
+            if update_curvature:
+                self.update_curvature()
+            if self.do_update_preconditioner(step):
+                self.update_preconditioner()
+            self.precondition()
+        self.state["step"] = step + 1
+        self._model_output, self._loss = output, loss
+        return output, loss
+
+    def _call_model(self):
+        return self._model_fn(*self._model_args, **self._model_kwargs)
+
+    def _call_loss(self, output, reduction=None):
+        """The loss on `output` (with `reduction` forced when given) and the logits."""
+        args = _resolve(self._loss_args, output)
+        kwargs = _resolve(self._loss_kwargs, output)
+        logits = _first_placeholder(self._loss_args, self._loss_kwargs)._resolve(output)
+        if reduction is None:
+            return self._loss_fn(*args, **kwargs), logits
+        if isinstance(self._loss_fn, nn.Module):
+            original = self._loss_fn.reduction
+            self._loss_fn.reduction = reduction
+            try:
+                return self._loss_fn(*args, **kwargs), logits
+            finally:
+                self._loss_fn.reduction = original
+        kwargs["reduction"] = reduction
+        return self._loss_fn(*args, **kwargs), logits
+
+    def _plain_forward_and_backward(self):
+        output = self._call_model()
+        loss, _ = self._call_loss(output)
+        loss.backward()
+        return output, loss
+
+    def _curvature_forward_and_backward(self):
+        """Run the curvature pass; the subclass's `_fisher` tells which Fisher to build."""
+        raise NotImplementedError
+
+    def _fisher_forward_and_backward(self, fisher_type, loss_type, n_mc_samples=1, var=1.0,
+                                     seed=None):
+        """Forward and backward with the curvature hooks on; returns ``(output, loss)``.
+
+        Forward hooks pass each module's input to ``_on_input``; tensor hooks on its output
+        pass the gradient w.r.t. it to ``_on_output_grad`` with the weight of the current
+        backward pass. The loss is computed with ``reduction="sum"``; the training backward
+        runs on ``loss / data_size``. The empirical Fisher captures the gradients of that
+        backward (weight ``data_size**2``, undoing the division: the curvature is built from
+        the gradients of the summed loss, as in ASDL); the MC and exact Fishers capture those
+        of their own passes first (``torch.autograd.grad`` w.r.t. the weights, whose results
+        are dropped), and nothing of the training backward.
+        """
+        data_size = self.config.data_size
+        handles = []
+        try:
+            for name, (module, _) in self._modules.items():
+                handles.append(module.register_forward_hook(
+                    partial(self._forward_hook, name), with_kwargs=True))
+            if seed is not None:
+                torch.manual_seed(seed)
+            output = self._call_model()
+            loss_sum, logits = self._call_loss(output, reduction="sum")
+            if fisher_type != FISHER_EMP:
+                weights = [module.weight for module, _ in self._modules.values()]
+                for nll, weight in fisher_passes(fisher_type, loss_type, logits, n_mc_samples,
+                                                 var):
+                    self._grad_weight = weight
+                    torch.autograd.grad(nll, weights, retain_graph=True, allow_unused=True)
+                self._grad_weight = None
+            else:
+                self._grad_weight = float(data_size) ** 2
+            loss = loss_sum / data_size
+            loss.backward()
+        finally:
+            self._grad_weight = None
+            for handle in handles:
+                handle.remove()
+        return output, loss
+
+    def _forward_hook(self, name, module, args, kwargs, output):
+        x = args[0] if args else next(iter(kwargs.values()))
+        with torch.no_grad():
+            context = self._on_input(name, module, x.detach())
+        if isinstance(output, torch.Tensor) and output.requires_grad:
+            output.register_hook(partial(self._output_grad_hook, name, context))
+
+    def _output_grad_hook(self, name, context, grad):
+        if self._grad_weight is not None:
+            with torch.no_grad():
+                self._on_output_grad(name, self._modules[name][0], grad.detach(),
+                                     self._grad_weight, context)
+
+    def _on_input(self, name, module, x):
+        """Record what the curvature needs from the input `x` of one call of `module`.
+
+        Returns a context handed to ``_on_output_grad`` for the gradient of the same call.
+        """
+        raise NotImplementedError
+
+    def _on_output_grad(self, name, module, grad, weight, context):
+        """Record what the curvature needs from the gradient w.r.t. the output of one call.
+
+        `weight` is the weight of the current backward pass, `context` what ``_on_input``
+        returned for the same call.
+        """
+        raise NotImplementedError
+
+    def _discard_curvature(self):
+        """Forget what the hooks recorded in a skipped step."""
+
+    def update_curvature(self):
+        """Turn what the hooks recorded into the curvature (called on curvature steps)."""
+        raise NotImplementedError
+
+    def update_preconditioner(self):
+        """Refresh the preconditioner from the curvature (called on preconditioner steps)."""
+        raise NotImplementedError
+
+    def precondition(self):
+        """Precondition the ``.grad`` of the preconditioned modules in place."""
+        raise NotImplementedError
+
+    def _gradients_finite(self, step):
+        named = [(n, p.grad) for n, p in self.model.named_parameters() if p.grad is not None]
+        if not named:
+            return True
+        sums = torch.stack([(g._values() if g.is_sparse else g).sum() for _, g in named])
+        if bool(torch.isfinite(sums).all()):
+            return True
+        bad = [n for (n, g), total in zip(named, sums.tolist())
+               if not _all_finite(g._values() if g.is_sparse else g, total)]
+        if not bad:
+            return True
+        warnings.warn(f"step {step}: non-finite gradient in {', '.join(bad[:6])}"
+                      f"{' ...' if len(bad) > 6 else ''}; the step is skipped (no curvature "
+                      f"update, gradients zeroed)", RuntimeWarning, stacklevel=3)
+        with torch.no_grad():
+            for _, g in named:
+                g.zero_()
+        return False
+
+    # ------------------------------------------------------------------ state
+    def state_dict(self):
+        """The maker's state: ``{"step": ..., "maker": class name}`` plus the subclass's.
+
+        Tensors are references, not copies (as in ``torch.optim.Optimizer.state_dict``); the
+        makers replace them rather than change them in place, so a returned dict stays a
+        snapshot.
+        """
+        return {"step": self.state["step"], "maker": type(self).__name__}
+
+    def load_state_dict(self, state_dict):
+        """Restore a ``state_dict()`` (also ASDL's, which holds only the step)."""
+        if not isinstance(state_dict, dict):
+            raise TypeError(f"state_dict must be a dict, got {type(state_dict).__name__}")
+        if "step" not in state_dict:
+            raise ValueError(f"state_dict has no 'step'; found keys {sorted(state_dict)}")
+        maker = state_dict.get("maker", type(self).__name__)
+        if maker != type(self).__name__:
+            raise ValueError(f"state_dict is from {maker}, expected {type(self).__name__}")
+        step = state_dict["step"]
+        if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+            raise ValueError(f"state_dict['step'] must be an int >= 0, got {step!r}")
+        self.state["step"] = step

@@ -1,0 +1,220 @@
+"""What the Fisher-based makers (K-FAC, diagonal) share: arguments, the update steps, state.
+
+This module owns `NaturalGradientMaker`, the base of the makers whose curvature is a Fisher
+estimated in the curvature pass of `PreconditionedGradientMaker`: the checks of ASDL's
+arguments (Fisher type, loss type, ``scale``, ``grad_scale``, MC samples, ``var``, ``seed``),
+and an update cut into separate steps so that a distributed strategy (KAISA) can slot in
+between them:
+
+1. compute: the subclass's hooks add each module's contributions into ``_pending``;
+2. reduce: ``_reduce_factors`` (the identity in one process; an all-reduce across ranks later);
+3. accumulate: scale by ``scale / data_size``, refuse NaN/inf, replace or moving-average
+   (``_accumulate_factors``);
+4. invert: ``_invert(names, once)`` for the modules ``_inverse_owners()`` returns (all, here);
+5. precondition: ``_precondition_modules(names)`` (a broadcast of the result would follow).
+
+It also owns the state (every module's stored tensors, by name) and its checks on loading.
+"""
+import math
+import numbers
+import warnings
+
+from ._fisher import LOSS_CROSS_ENTROPY, LOSS_TYPES, FISHER_MC, canonical_fisher_type
+from ._maker import PreconditionedGradientMaker, _all_finite
+
+__all__ = ["NaturalGradientMaker"]
+
+
+def _check_real(name, value, positive=True):
+    if not isinstance(value, numbers.Real) or isinstance(value, bool):
+        raise TypeError(f"{name} must be a float, got {type(value).__name__} ({value!r})")
+    if not math.isfinite(value) or (positive and value <= 0):
+        raise ValueError(f"{name} must be a finite number{' > 0' if positive else ''}, "
+                         f"got {value}")
+
+
+class NaturalGradientMaker(PreconditionedGradientMaker):
+    """Base of the Fisher-based makers (see the module docstring); not used directly.
+
+    Parameters
+    ----------
+    model, config, fisher_type, loss_type, scale, grad_scale, n_mc_samples, var, seed,
+    check_finite
+        As documented for `KfacGradientMaker`.
+
+    Notes
+    -----
+    Subclasses implement ``_kind_for``, ``_on_input``, ``_on_output_grad`` (adding tensors to
+    the dict ``_pending[name]``), ``_complete``, ``_invert``, ``_precondition_modules`` and
+    ``_expected_shapes``.
+    """
+
+    def __init__(self, model, config, fisher_type=FISHER_MC, loss_type=LOSS_CROSS_ENTROPY,
+                 scale=1.0, grad_scale=1.0, n_mc_samples=1, var=1.0, seed=None, *,
+                 check_finite=True):
+        self.fisher_type = canonical_fisher_type(fisher_type)
+        if loss_type not in LOSS_TYPES:
+            raise ValueError(f"loss_type must be one of {LOSS_TYPES}, got {loss_type!r}")
+        _check_real("scale", scale)
+        _check_real("grad_scale", grad_scale, positive=False)
+        _check_real("var", var)
+        if not isinstance(n_mc_samples, numbers.Integral) or isinstance(n_mc_samples, bool):
+            raise TypeError(f"n_mc_samples must be an int, got {type(n_mc_samples).__name__}")
+        if n_mc_samples < 1:
+            raise ValueError(f"n_mc_samples must be >= 1, got {n_mc_samples}")
+        if seed is not None and (not isinstance(seed, numbers.Integral)
+                                 or isinstance(seed, bool)):
+            raise TypeError(f"seed must be an int or None, got {type(seed).__name__}")
+        self.loss_type = loss_type
+        self.scale = float(scale)
+        self.grad_scale = float(grad_scale)
+        self.n_mc_samples = int(n_mc_samples)
+        self.var = float(var)
+        self.seed = seed
+        self._pending = {}
+        self._warned_missing = False
+        super().__init__(model, config, check_finite=check_finite)
+        self._factors = {name: {} for name in self._modules}
+
+    def _supported_names(self):
+        return "nn.Linear, nn.Conv2d or nn.Embedding"
+
+    # ------------------------------------------------------------------ step 1: compute
+    def _curvature_forward_and_backward(self):
+        self._pending = {}
+        return self._fisher_forward_and_backward(self.fisher_type, self.loss_type,
+                                                 self.n_mc_samples, self.var, self.seed)
+
+    def _add_pending(self, name, key, contribution):
+        entry = self._pending.setdefault(name, {})
+        entry[key] = contribution if key not in entry else entry[key].add_(contribution)
+
+    def _complete(self, entry):
+        """Whether a module's pending contributions make a curvature (both factors...)."""
+        raise NotImplementedError
+
+    def _discard_curvature(self):
+        self._pending = {}
+
+    # ------------------------------------------------------------------ steps 2-4
+    def update_curvature(self):
+        """Reduce, scale, check and store this pass's curvature; invert it without EMA."""
+        pending, self._pending = self._pending, {}
+        missing = [n or "<model>" for n in self._modules
+                   if not self._complete(pending.get(n, {}))]
+        if missing and not self._warned_missing:
+            self._warned_missing = True
+            warnings.warn(f"modules {missing} saw no input or no output gradient in the "
+                          f"curvature pass (not called, or not on the loss's path); they keep "
+                          f"the plain gradient until they do", UserWarning, stacklevel=3)
+        pending = {n: v for n, v in pending.items() if self._complete(v)}
+        updated = self._accumulate_factors(self._reduce_factors(pending))
+        if not self.config.uses_ema:
+            owners = set(self._inverse_owners())
+            once = self._curvature_schedule(self.state["step"] + 1, quiet=True)
+            self._invert([n for n in updated if n in owners], once)
+
+    def _reduce_factors(self, pending):
+        """Combine the new curvature across processes (the identity in one process)."""
+        return pending
+
+    def _accumulate_factors(self, pending):
+        """Scale the new tensors and store them (replace, or moving average); the names done."""
+        config = self.config
+        coefficient = self.scale
+        if config.uses_ema:
+            coefficient *= config.ema_decay
+        coefficient /= config.data_size
+        updated = []
+        for name, entry in pending.items():
+            entry = {key: value.mul_(coefficient) for key, value in entry.items()}
+            bad = [key for key, value in entry.items() if not _all_finite(value)]
+            if bad:
+                warnings.warn(f"step {self.state['step']}: non-finite curvature "
+                              f"({' and '.join(bad)}) in module {name or '<model>'!r}; its "
+                              f"update is skipped and its previous curvature and inverses are "
+                              f"kept", RuntimeWarning, stacklevel=4)
+                continue
+            state = self._factors[name]
+            for key, value in entry.items():
+                if config.uses_ema and key in state:
+                    value = state[key].mul(1.0 - config.ema_decay).add_(value)
+                state[key] = value
+            updated.append(name)
+        return updated
+
+    def _inverse_owners(self):
+        """The modules this process inverts (all of them in one process)."""
+        return list(self._modules)
+
+    def _invert(self, names, once=False):
+        """Refresh the inverses of `names`; `once`: they will serve one step only."""
+        raise NotImplementedError
+
+    def update_preconditioner(self):
+        """With a moving average: invert the current curvature. Without: nothing (as ASDL)."""
+        if self.config.uses_ema:
+            once = self._preconditioner_schedule(self.state["step"] + 1, quiet=True)
+            self._invert(self._inverse_owners(), once)
+
+    # ------------------------------------------------------------------ step 5
+    def precondition(self):
+        """Precondition the ``.grad`` of every module that has inverses, in place."""
+        self._precondition_modules(list(self._modules))
+
+    def _precondition_modules(self, names):
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ state
+    def factors(self, name):
+        """The stored tensors of module `name` (curvature and inverses; see the subclass)."""
+        if name not in self._factors:
+            raise KeyError(f"{name!r} is not a preconditioned module; they are "
+                           f"{list(self._factors)}")
+        return dict(self._factors[name])
+
+    def _expected_shapes(self, name):
+        """Key -> shape of every tensor module `name` may store."""
+        raise NotImplementedError
+
+    def state_dict(self):
+        """Step, Fisher type and every module's stored tensors (see the base class)."""
+        state = super().state_dict()
+        state["fisher_type"] = self.fisher_type
+        state["factors"] = {name: dict(entry) for name, entry in self._factors.items()}
+        return state
+
+    def load_state_dict(self, state_dict):
+        """Restore a ``state_dict()``; an ASDL state dict (the step only) restores the step.
+
+        Raises ``ValueError`` when the modules, the keys, the shapes or the Fisher type differ.
+        """
+        super().load_state_dict(state_dict)
+        if "factors" not in state_dict:
+            warnings.warn("state_dict holds no curvature (an ASDL state_dict?): only the step "
+                          "is restored", UserWarning, stacklevel=2)
+            return
+        fisher_type = state_dict.get("fisher_type", self.fisher_type)
+        if fisher_type != self.fisher_type:
+            raise ValueError(f"state_dict is for fisher_type {fisher_type!r}, this maker uses "
+                             f"{self.fisher_type!r}")
+        saved = state_dict["factors"]
+        if set(saved) != set(self._modules):
+            raise ValueError(f"state_dict has factors for modules {sorted(saved)}, expected "
+                             f"{sorted(self._modules)}")
+        restored = {}
+        for name, entry in saved.items():
+            expected = self._expected_shapes(name)
+            unknown = set(entry) - set(expected)
+            if unknown:
+                raise ValueError(f"state_dict factors of {name!r} have unknown keys "
+                                 f"{sorted(unknown)}; expected some of {sorted(expected)}")
+            weight = self._modules[name][0].weight
+            restored[name] = {}
+            for key, tensor in entry.items():
+                if tuple(tensor.shape) != expected[key]:
+                    raise ValueError(f"state_dict factor {key} of {name!r} has shape "
+                                     f"{tuple(tensor.shape)}, expected {expected[key]}")
+                restored[name][key] = tensor.to(device=weight.device, dtype=weight.dtype)
+        self._factors = restored
+        self._pending = {}

@@ -1,0 +1,146 @@
+"""The diagonal Fisher: `DiagNaturalGradientMaker` (ASDL's), on the same machinery as K-FAC.
+
+This module owns the per-parameter diagonal of the Fisher of ``nn.Linear``, ``nn.Conv2d`` and
+``nn.Embedding`` and the maker that preconditions with it: ``grad / (diag + damping)``. The
+diagonal is the sum of squared per-example gradients, scaled by ``scale / data_size``:
+
+* ``nn.Linear``: ``(D*D)^T (X*X)`` for the weight, ``sum D*D`` for the bias, every row of the
+  input and of the output gradient an example (as in ASDL);
+* ``nn.Conv2d``: the per-example gradients ``D_n P_n^T`` (summed over positions) squared;
+  the bias's ``(sum_l D_n)^2`` (ASDL switches to squares per position, another quantity,
+  when that needs less memory; this module does not);
+* ``nn.Embedding``: each token's output gradient squared, added to its row (per token, as in
+  ASDL); the padding row stays zero.
+
+It costs one elementwise product per parameter to apply, against two matrix products for
+K-FAC, and a forward input kept per module during curvature passes.
+"""
+import torch
+
+from ._layers import conv2d_patches, supported_kind
+from ._natural import NaturalGradientMaker
+
+__all__ = ["DiagNaturalGradientMaker"]
+
+
+def _trainable(module, key):
+    param = getattr(module, key, None)
+    return isinstance(param, torch.Tensor) and param.requires_grad
+
+
+def _linear_diagonal(module, x, grad):
+    x = x.reshape(-1, x.shape[-1])
+    grad = grad.reshape(-1, grad.shape[-1])
+    squares = grad.square()
+    out = {"weight": squares.T.mm(x.square())}
+    if _trainable(module, "bias"):
+        out["bias"] = squares.sum(0)
+    return out
+
+
+def _conv2d_diagonal(module, x, grad):
+    patches = conv2d_patches(module, x)  # n x ckk x L
+    grad = grad.reshape(patches.shape[0], grad.shape[-3], -1)  # n x c_out x L
+    per_example = torch.bmm(grad, patches.transpose(1, 2))  # n x c_out x ckk
+    out = {"weight": per_example.square().sum(0).view_as(module.weight)}
+    if _trainable(module, "bias"):
+        out["bias"] = grad.sum(2).square().sum(0)
+    return out
+
+
+def _embedding_diagonal(module, x, grad):
+    index = x.reshape(-1)
+    squares = grad.reshape(-1, grad.shape[-1]).square()
+    weight = torch.zeros_like(module.weight).index_add_(0, index, squares)
+    if module.padding_idx is not None:
+        weight[module.padding_idx] = 0
+    return {"weight": weight}
+
+
+_DIAGONALS = {"Linear": _linear_diagonal, "Conv2d": _conv2d_diagonal,
+              "Embedding": _embedding_diagonal}
+
+
+class DiagNaturalGradientMaker(NaturalGradientMaker):
+    """Diagonal-Fisher preconditioned gradients (ASDL's ``DiagNaturalGradientMaker``).
+
+    The same modules, loop, Fisher types, schedules, moving average, checks and state as
+    `KfacGradientMaker`; the curvature of a parameter is its diagonal Fisher (see the module
+    docstring) and the preconditioned gradient ``grad / (diag + damping)``. ASDL also gives
+    normalization layers a diagonal; here they keep the plain gradient.
+
+    Parameters
+    ----------
+    model, config, fisher_type, loss_type, scale, grad_scale, n_mc_samples, var, seed
+        As for `KfacGradientMaker`.
+    check_finite : bool, default True
+
+    Examples
+    --------
+    >>> import torch, torch.nn.functional as F
+    >>> from pysparse_hpc.precondition import DiagNaturalGradientMaker, PreconditioningConfig
+    >>> model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
+    >>> gm = DiagNaturalGradientMaker(model, PreconditioningConfig(data_size=16, damping=1e-3),
+    ...                               fisher_type="fisher_emp")
+    >>> dy = gm.setup_model_call(model, torch.randn(16, 4))
+    >>> gm.setup_loss_call(F.cross_entropy, dy, torch.randint(0, 3, (16,)))
+    >>> sorted(gm.factors("0"))
+    []
+    >>> y, loss = gm.forward_and_backward()
+    >>> sorted(gm.factors("0"))
+    ['bias', 'bias_inv', 'weight', 'weight_inv']
+    """
+
+    def _kind_for(self, name, module):
+        return supported_kind(name, module)
+
+    def _on_input(self, name, module, x):
+        if x.is_floating_point() and x.dtype != module.weight.dtype:
+            x = x.to(module.weight.dtype)
+        return x
+
+    def _on_output_grad(self, name, module, grad, weight, context):
+        if grad.dtype != module.weight.dtype:
+            grad = grad.to(module.weight.dtype)
+        contribution = _DIAGONALS[self._modules[name][1]](module, context, grad)
+        for key, value in contribution.items():
+            if weight != 1.0:
+                value.mul_(weight)
+            self._add_pending(name, key, value)
+
+    def _complete(self, entry):
+        return "weight" in entry
+
+    def _invert(self, names, once=False):
+        damping = self.config.damping
+        for name in names:
+            state = self._factors[name]
+            for key in ("weight", "bias"):
+                if key in state:
+                    state[key + "_inv"] = torch.reciprocal(state[key] + damping)
+
+    def _precondition_modules(self, names):
+        with torch.no_grad():
+            for name in names:
+                module = self._modules[name][0]
+                state = self._factors[name]
+                for key in ("weight", "bias"):
+                    param = getattr(module, key, None)
+                    if not isinstance(param, torch.Tensor) or param.grad is None:
+                        continue
+                    if self.grad_scale != 1.0:
+                        param.grad.mul_(self.grad_scale)
+                    if key + "_inv" in state:
+                        param.grad.mul_(state[key + "_inv"])
+
+    def factors(self, name):
+        """The stored diagonals of module `name`: ``weight``, ``bias`` and their ``*_inv``."""
+        return super().factors(name)
+
+    def _expected_shapes(self, name):
+        module = self._modules[name][0]
+        shapes = {"weight": tuple(module.weight.shape)}
+        if _trainable(module, "bias"):
+            shapes["bias"] = tuple(module.bias.shape)
+        shapes.update({key + "_inv": shape for key, shape in list(shapes.items())})
+        return shapes

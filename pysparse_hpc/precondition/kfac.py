@@ -1,0 +1,357 @@
+"""K-FAC: Kronecker factors per module kind, pi-damping, Cholesky inversion, `KfacGradientMaker`.
+
+This module owns the Kronecker-factored curvature of ASDL 0.1a5's K-FAC and the maker that
+uses it. For a module with weight gradient ``G`` (``out x in`` after flattening) the curvature
+is ``A (x) B`` with ``A`` from the module's inputs (a forward hook) and ``B`` from the gradients
+w.r.t. its outputs (a tensor hook in the backward), both scaled by ``scale / data_size``:
+
+* ``nn.Linear``: ``A = X^T X`` over every row of the input (all leading axes are examples),
+  ``B = D^T D`` over every row of the output gradient;
+* ``nn.Conv2d`` (dilation 1, groups 1, zero padding): ``A = sum_n P_n^T P_n / L`` over the
+  im2col patches ``P_n`` (``L`` output positions), ``B = sum_n D_n D_n^T`` over positions;
+* ``nn.Embedding``: ``A = C^T C`` for the per-example token counts ``C`` (``n x num_embeddings``;
+  1-D input: one token per example), ``B = D^T D`` over every token's output gradient.
+
+The preconditioned gradient is ``B^-1 G A^-1`` (``A^-1 G B^-1`` for an embedding, whose weight
+is ``num_embeddings x embedding_dim``), the bias's ``B^-1 g_b``, with
+``A^-1 = (A + d_A I)^-1`` and ``B^-1 = (B + d_B I)^-1`` by Cholesky and pi-damping
+``pi = sqrt((tr A / dim A) / (tr B / dim B))``, ``d_A = max(sqrt(damping) pi, 1e-7)``,
+``d_B = max(sqrt(damping) / pi, 1e-7)``. An inverse that will precondition one step only (the
+next step inverts again) is kept as its Cholesky factor and applied by triangular solves,
+which saves forming it (``cholesky_inverse`` costs about as much as the Cholesky and the two
+products together); one that serves several steps is formed once and applied by products.
+
+The update steps (compute, reduce, accumulate, invert, precondition) are those of
+`NaturalGradientMaker`, kept apart for a later distributed strategy.
+"""
+import math
+import warnings
+
+import torch
+
+from ._fisher import FISHER_MC, LOSS_CROSS_ENTROPY
+from ._layers import conv2d_patches, supported_kind
+from ._natural import NaturalGradientMaker
+
+__all__ = ["KfacGradientMaker", "pi_damping", "damped_cholesky"]
+
+_MIN_DAMPING = 1e-7
+_FACTOR_KEYS = ("A", "B", "A_inv", "B_inv", "A_chol", "B_chol")
+
+
+def pi_damping(A, B, damping, use_pi=True, eps=_MIN_DAMPING):
+    """The damping of each Kronecker factor: ``(d_A, d_B)``.
+
+    Parameters
+    ----------
+    A, B : torch.Tensor
+        Square factors.
+    damping : float
+        The damping of the product (> 0).
+    use_pi : bool, default True
+        False: ``d_A = d_B = sqrt(damping)`` (pi fixed at 1).
+    eps : float
+        The smallest damping of a factor.
+
+    Returns
+    -------
+    (float, float)
+        ``(max(sqrt(damping) pi, eps), max(sqrt(damping) / pi, eps))`` with
+        ``pi = sqrt((tr A / dim A) / (tr B / dim B))`` (ASDL's pi-damping). When pi is 0, inf
+        or NaN (a zero factor) both are `damping`, as in ASDL.
+    """
+    root = damping ** 0.5
+    if not use_pi:
+        return root, root
+    mean_a = float(torch.diagonal(A).sum()) / A.shape[0]
+    mean_b = float(torch.diagonal(B).sum()) / B.shape[0]
+    pi = math.sqrt(mean_a / mean_b) if mean_b > 0 and mean_a > 0 else 0.0
+    if pi == 0.0 or not math.isfinite(pi):
+        return damping, damping
+    return max(root * pi, eps), max(root / pi, eps)
+
+
+def damped_cholesky(matrix, damping):
+    """The lower Cholesky factor of ``matrix + damping I``; None when not positive definite."""
+    damped = matrix.clone()
+    damped.diagonal().add_(damping)
+    factor, info = torch.linalg.cholesky_ex(damped)
+    if int(info) != 0:
+        return None
+    return factor
+
+
+class _Inverse:
+    """Applies ``(M + d I)^-1``, held as the explicit inverse or as its Cholesky factor."""
+    __slots__ = ("inverse", "cholesky")
+
+    def __init__(self, inverse=None, cholesky=None):
+        self.inverse = inverse
+        self.cholesky = cholesky
+
+    def left(self, x):
+        """``M^-1 x`` for a matrix `x`."""
+        if self.inverse is not None:
+            return self.inverse.mm(x)
+        return torch.cholesky_solve(x.contiguous(), self.cholesky)
+
+    def right(self, x):
+        """``x M^-1`` for a matrix `x` (M is symmetric)."""
+        if self.inverse is not None:
+            return x.mm(self.inverse)
+        return torch.cholesky_solve(x.T.contiguous(), self.cholesky).T
+
+    @classmethod
+    def of(cls, state, key):
+        if key + "_inv" in state:
+            return cls(inverse=state[key + "_inv"])
+        if key + "_chol" in state:
+            return cls(cholesky=state[key + "_chol"])
+        return None
+
+
+class _KronKind:
+    """How one module class maps onto Kronecker factors (stateless; one instance per class)."""
+    name = ""
+
+    def factor_dims(self, module):
+        """``(dim A, dim B)``."""
+        raise NotImplementedError
+
+    def input_factor(self, module, x):
+        """The unscaled ``A`` contribution of the input `x` of one call."""
+        raise NotImplementedError
+
+    def grad_factor(self, module, grad):
+        """The unscaled ``B`` contribution of the gradient w.r.t. the output of one call."""
+        raise NotImplementedError
+
+    def precondition(self, module, A_inv, B_inv):
+        """Replace ``module.weight.grad`` (and the bias's) by the preconditioned gradient.
+
+        `A_inv` and `B_inv` are ``_Inverse`` objects.
+        """
+        weight = module.weight.grad
+        if weight is not None:
+            flat = weight.reshape(weight.shape[0], -1)
+            weight.copy_(A_inv.right(B_inv.left(flat)).view_as(weight))
+        bias = getattr(module, "bias", None)
+        if isinstance(bias, torch.Tensor) and bias.grad is not None:
+            bias.grad.copy_(B_inv.left(bias.grad.unsqueeze(1)).squeeze(1))
+
+
+class _LinearKind(_KronKind):
+    name = "Linear"
+
+    def factor_dims(self, module):
+        return module.in_features, module.out_features
+
+    def input_factor(self, module, x):
+        x = x.reshape(-1, x.shape[-1])
+        return x.T.mm(x)
+
+    def grad_factor(self, module, grad):
+        grad = grad.reshape(-1, grad.shape[-1])
+        return grad.T.mm(grad)
+
+
+class _Conv2dKind(_KronKind):
+    name = "Conv2d"
+
+    def factor_dims(self, module):
+        kh, kw = module.kernel_size
+        return module.in_channels * kh * kw, module.out_channels
+
+    def input_factor(self, module, x):
+        patches = conv2d_patches(module, x)
+        positions = patches.shape[-1]
+        patches = patches.transpose(1, 2).reshape(-1, patches.shape[1])
+        return patches.T.mm(patches).div_(positions)
+
+    def grad_factor(self, module, grad):
+        if grad.ndim == 4:
+            grad = grad.transpose(0, 1)
+        grad = grad.reshape(grad.shape[0], -1)
+        return grad.mm(grad.T)
+
+
+class _EmbeddingKind(_KronKind):
+    name = "Embedding"
+
+    def factor_dims(self, module):
+        return module.num_embeddings, module.embedding_dim
+
+    def input_factor(self, module, x):
+        index = x.reshape(-1, 1) if x.ndim <= 1 else x.reshape(x.shape[0], -1)
+        weight = module.weight
+        counts = torch.zeros(index.shape[0], module.num_embeddings, dtype=weight.dtype,
+                             device=weight.device)
+        counts.scatter_add_(1, index, torch.ones(index.shape, dtype=weight.dtype,
+                                                 device=weight.device))
+        if module.padding_idx is not None:
+            counts[:, module.padding_idx] = 0
+        return counts.T.mm(counts)
+
+    def grad_factor(self, module, grad):
+        grad = grad.reshape(-1, grad.shape[-1])
+        return grad.T.mm(grad)
+
+    def precondition(self, module, A_inv, B_inv):
+        weight = module.weight.grad
+        if weight is not None:
+            weight.copy_(B_inv.right(A_inv.left(weight)))
+
+
+_KINDS = {"Linear": _LinearKind(), "Conv2d": _Conv2dKind(), "Embedding": _EmbeddingKind()}
+
+
+class KfacGradientMaker(NaturalGradientMaker):
+    """K-FAC preconditioned gradients (ASDL's ``KfacGradientMaker``, same arguments).
+
+    ``nn.Linear``, ``nn.Conv2d`` (dilation 1, groups 1, zero padding) and ``nn.Embedding``
+    (dense gradients) get Kronecker factors (see the module docstring); every other parameter
+    keeps its plain gradient (`unpreconditioned_parameters` lists them; ASDL gives
+    normalization layers 2x2 unit-wise blocks instead).
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+    config : PreconditioningConfig
+        ``data_size`` must be set; ``damping`` is pi-damped between the factors.
+    fisher_type : {"fisher_mc", "fisher_emp", "fisher_exact"}, default "fisher_mc"
+        ASDL's names (``"mc"``, ``"emp"``, ``"exact"`` also accepted). Empirical: the gradients
+        of the training loss (one backward). MC: labels sampled from the model
+        (`n_mc_samples` extra backwards). Exact: one extra backward per class.
+    loss_type : {"cross_entropy", "mse"}, default "cross_entropy"
+        The likelihood of the MC and exact Fishers (unused by the empirical Fisher). The
+        classes are the last axis of the logits, which are the first placeholder argument of
+        the loss call (ASDL takes the whole model output, ignoring any indexing).
+    scale : float, default 1.0
+        Multiplies each factor (so the curvature by ``scale**2``), as in ASDL.
+    grad_scale : float, default 1.0
+        Multiplies the gradients of the preconditioned modules before preconditioning.
+    n_mc_samples : int, default 1
+        MC samples per curvature update; their contributions are averaged.
+    var : float, default 1.0
+        Variance of the Gaussian of the MC Fisher for the MSE loss.
+    seed : int, optional
+        When given, ``torch.manual_seed(seed)`` before each curvature pass (as ASDL), so the MC
+        labels repeat.
+    swift : bool, default False
+        ASDL's SKFAC variant; not implemented (True raises ``NotImplementedError``).
+    pi_damping : bool, default True
+        False: each factor gets ``sqrt(damping)``.
+    check_finite : bool, default True
+        See `PreconditionedGradientMaker`. Non-finite new factors are always refused: the
+        module's update is skipped with a ``RuntimeWarning`` and its previous factors and
+        inverses stay.
+
+    Notes
+    -----
+    Without a moving average (``ema_decay=-1``) each curvature update replaces the factors and
+    inverts them at once; the preconditioner interval then changes nothing (as in ASDL). With
+    one, the factors are averaged on curvature steps and inverted on preconditioner steps.
+    The factors and inverses are kept (``state_dict`` holds them all), which ASDL does not.
+
+    Examples
+    --------
+    >>> import torch, torch.nn.functional as F
+    >>> from pysparse_hpc.precondition import KfacGradientMaker, PreconditioningConfig
+    >>> model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
+    >>> opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    >>> gm = KfacGradientMaker(model, PreconditioningConfig(data_size=16, damping=1e-3),
+    ...                        fisher_type="fisher_emp")
+    >>> x, t = torch.randn(16, 4), torch.randint(0, 3, (16,))
+    >>> opt.zero_grad()
+    >>> dy = gm.setup_model_call(model, x)
+    >>> gm.setup_loss_call(F.cross_entropy, dy, t)
+    >>> y, loss = gm.forward_and_backward()
+    >>> opt.step()
+    >>> sorted(gm.preconditioned_modules())
+    ['0', '2']
+    """
+
+    def __init__(self, model, config, fisher_type=FISHER_MC, loss_type=LOSS_CROSS_ENTROPY,
+                 scale=1.0, grad_scale=1.0, n_mc_samples=1, var=1.0, seed=None, swift=False,
+                 *, pi_damping=True, check_finite=True):
+        if swift:
+            raise NotImplementedError("swift=True (SKFAC) is not implemented; use swift=False")
+        self.pi_damping = bool(pi_damping)
+        super().__init__(model, config, fisher_type, loss_type, scale, grad_scale, n_mc_samples,
+                         var, seed, check_finite=check_finite)
+
+    # ------------------------------------------------------------------ modules
+    def _kind_for(self, name, module):
+        return _KINDS.get(supported_kind(name, module))
+
+    # ------------------------------------------------------------------ compute
+    def _on_input(self, name, module, x):
+        if x.is_floating_point() and x.dtype != module.weight.dtype:
+            x = x.to(module.weight.dtype)
+        self._add_pending(name, "A", self._modules[name][1].input_factor(module, x))
+        return None
+
+    def _on_output_grad(self, name, module, grad, weight, context):
+        if grad.dtype != module.weight.dtype:
+            grad = grad.to(module.weight.dtype)
+        contribution = self._modules[name][1].grad_factor(module, grad)
+        if weight != 1.0:
+            contribution.mul_(weight)
+        self._add_pending(name, "B", contribution)
+
+    def _complete(self, entry):
+        return "A" in entry and "B" in entry
+
+    # ------------------------------------------------------------------ invert
+    def _invert(self, names, once=False):
+        """Invert the damped factors of `names`; `once`: keep Cholesky factors (see top)."""
+        damping = self.config.damping
+        for name in names:
+            state = self._factors[name]
+            if "A" not in state:
+                continue
+            A, B = state["A"], state["B"]
+            damping_a, damping_b = pi_damping(A, B, damping, self.pi_damping)
+            chol_a = damped_cholesky(A, damping_a)
+            chol_b = damped_cholesky(B, damping_b)
+            if chol_a is None or chol_b is None:
+                warnings.warn(f"step {self.state['step']}: the damped factors of module "
+                              f"{name or '<model>'!r} are not positive definite (damping "
+                              f"{damping_a:.3g}, {damping_b:.3g}); the previous inverses are "
+                              f"kept", RuntimeWarning, stacklevel=4)
+                continue
+            for key, chol in (("A", chol_a), ("B", chol_b)):
+                state.pop(key + "_inv", None)
+                state.pop(key + "_chol", None)
+                if once:
+                    state[key + "_chol"] = chol
+                else:
+                    state[key + "_inv"] = torch.cholesky_inverse(chol)
+
+    # ------------------------------------------------------------------ precondition
+    def _precondition_modules(self, names):
+        with torch.no_grad():
+            for name in names:
+                module, kind = self._modules[name]
+                if self.grad_scale != 1.0:
+                    for param in module.parameters(recurse=False):
+                        if param.grad is not None:
+                            param.grad.mul_(self.grad_scale)
+                state = self._factors[name]
+                A_inv, B_inv = _Inverse.of(state, "A"), _Inverse.of(state, "B")
+                if A_inv is not None and B_inv is not None:
+                    kind.precondition(module, A_inv, B_inv)
+
+    # ------------------------------------------------------------------ state
+    def factors(self, name):
+        """The stored tensors of module `name`: ``A``, ``B`` and the inverses.
+
+        The inverses are ``A_inv`` and ``B_inv``, or, when they serve one step only,
+        ``A_chol`` and ``B_chol``: the lower Cholesky factors of the damped factors.
+        """
+        return super().factors(name)
+
+    def _expected_shapes(self, name):
+        module, kind = self._modules[name]
+        dim_a, dim_b = kind.factor_dims(module)
+        return {key: (dim_a, dim_a) if key[0] == "A" else (dim_b, dim_b) for key in _FACTOR_KEYS}

@@ -1,0 +1,779 @@
+"""pysparse_hpc.precondition: K-FAC against ASDL 0.1a5 (float64), plain references where ASDL is
+broken (EMA on the CPU, nn.Embedding), placeholders, resume, bad input and non-finite values."""
+import contextlib
+import copy
+import io
+import types
+import warnings
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import torch.nn.functional as F  # noqa: E402
+from torch import nn  # noqa: E402
+
+from pysparse_hpc import precondition as P  # noqa: E402
+from pysparse_hpc.precondition.config import update_schedule  # noqa: E402
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    try:
+        import asdl
+        import asdl.precondition.natural_gradient as asdl_ng
+    except ImportError:  # the peer is optional: only the comparisons need it
+        asdl = None
+
+requires_asdl = pytest.mark.skipif(asdl is None, reason="ASDL (pip install asdfghjkl) missing")
+pytestmark = pytest.mark.filterwarnings("ignore:Using a non-full backward hook:FutureWarning")
+
+RTOL = 1e-8
+DTYPE = torch.float64
+
+
+def mlp(seed=0, dtype=DTYPE):
+    """20-16-8-3 with biases."""
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(20, 16), nn.ReLU(), nn.Linear(16, 8), nn.Tanh(),
+                         nn.Linear(8, 3)).to(dtype)
+
+
+def cnn(seed=0, dtype=DTYPE):
+    """Conv2d (stride 2, padding 1) + ReLU + flatten + Linear on 2x8x8 images."""
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Conv2d(2, 4, 3, padding=1, stride=2), nn.ReLU(), nn.Flatten(),
+                         nn.Linear(4 * 4 * 4, 3)).to(dtype)
+
+
+MODELS = {"mlp": (mlp, (32, 20)), "cnn": (cnn, (32, 2, 8, 8))}
+
+
+def batch(shape, classes=3, seed=1, dtype=DTYPE):
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(*shape, generator=generator, dtype=dtype)
+    t = torch.randint(0, classes, (shape[0],), generator=generator)
+    return x, t
+
+
+def train(maker, model, x, t, steps, loss_fn=F.cross_entropy, lr=0.01, rng_seed=123,
+          index=None):
+    """Run `steps` SGD steps; the preconditioned gradients of every step."""
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+    grads = []
+    torch.manual_seed(rng_seed)
+    for _ in range(steps):
+        opt.zero_grad()
+        dy = maker.setup_model_call(model, x)
+        if index is None:
+            maker.setup_loss_call(loss_fn, dy, t)
+        else:
+            maker.setup_loss_call(loss_fn, dy[index], t[index])
+        maker.forward_and_backward()
+        grads.append([p.grad.clone() for p in model.parameters() if p.grad is not None])
+        opt.step()
+    return grads
+
+
+def assert_grads_close(expected, actual, rtol=RTOL):
+    assert len(expected) == len(actual)
+    for step, (e_step, a_step) in enumerate(zip(expected, actual)):
+        for i, (e, a) in enumerate(zip(e_step, a_step)):
+            err = ((e - a).norm() / e.norm()).item()
+            assert err <= rtol, f"step {step}, parameter {i}: relative error {err:.2e}"
+
+
+def asdl_maker(model, fisher, **config):
+    return asdl.KfacGradientMaker(model, asdl.PreconditioningConfig(**config),
+                                  fisher_type="fisher_" + fisher)
+
+
+@pytest.fixture
+def asdl_without_nvtx(monkeypatch):
+    """ASDL with its NVTX ranges (CUDA-only) replaced by no-ops, so its EMA runs on the CPU."""
+    stub = types.SimpleNamespace(range=lambda *a, **k: contextlib.nullcontext())
+    monkeypatch.setattr(asdl_ng, "nvtx", stub)
+
+
+# ---------------------------------------------------------------------- against ASDL
+@requires_asdl
+@pytest.mark.parametrize("schedule", [{}, {"curvature_upd_interval": 3}],
+                         ids=["every-step", "curvature-every-3"])
+@pytest.mark.parametrize("fisher", ["emp", "exact", "mc"])
+@pytest.mark.parametrize("name", ["mlp", "cnn"])
+def test_matches_asdl(name, fisher, schedule):
+    """Preconditioned gradients equal ASDL's over 6 SGD steps (float64, 1e-8 relative).
+
+    MC too: the labels are drawn as ASDL draws them (``torch.multinomial`` on the normalised
+    softmax, one sample per example), and both runs start from the same global RNG state.
+    """
+    make, shape = MODELS[name]
+    x, t = batch(shape)
+    config = dict(data_size=32, damping=1e-3, **schedule)
+    expected = train(asdl_maker(model := make(), fisher, **config), model, x, t, 6)
+    ours = P.KfacGradientMaker(model := make(), P.PreconditioningConfig(**config),
+                               fisher_type=fisher)
+    assert_grads_close(expected, train(ours, model, x, t, 6))
+
+
+@requires_asdl
+@pytest.mark.parametrize("fisher", ["exact", "mc"])
+def test_matches_asdl_mse(fisher):
+    """The MSE likelihood (exact: one pass per output; MC: Gaussian targets, var 0.5)."""
+    x, _ = batch((32, 20))
+    target = torch.randn(32, 3, dtype=DTYPE, generator=torch.Generator().manual_seed(5))
+    config = dict(data_size=32, damping=1e-2)
+    model = mlp()
+    theirs = asdl.KfacGradientMaker(model, asdl.PreconditioningConfig(**config),
+                                    fisher_type="fisher_" + fisher, loss_type="mse", var=0.5)
+    expected = train(theirs, model, x, target, 4, loss_fn=F.mse_loss)
+    model = mlp()
+    ours = P.KfacGradientMaker(model, P.PreconditioningConfig(**config),
+                               fisher_type="fisher_" + fisher, loss_type="mse", var=0.5)
+    assert_grads_close(expected, train(ours, model, x, target, 4, loss_fn=F.mse_loss))
+
+
+@requires_asdl
+def test_masked_loss_matches_asdl():
+    """``placeholder[mask]``: the indexing is replayed on the real output (a GNN's training
+    nodes); data_size is the number of masked rows. ASDL replays it the same way for the
+    empirical Fisher."""
+    x, t = batch((30, 20), seed=3)
+    mask = torch.zeros(30, dtype=torch.bool)
+    mask[::3] = True
+    mask[1] = True
+    config = dict(data_size=int(mask.sum()), damping=1e-3, curvature_upd_interval=2)
+    model = mlp()
+    expected = train(asdl_maker(model, "emp", **config), model, x, t, 4, index=mask)
+    model = mlp()
+    ours = P.KfacGradientMaker(model, P.PreconditioningConfig(**config), fisher_type="emp")
+    assert_grads_close(expected, train(ours, model, x, t, 4, index=mask))
+    dy = ours.setup_model_call(model, x)
+    ours.setup_loss_call(F.cross_entropy, dy[mask], t[mask])
+    y, loss = ours.forward_and_backward()  # step 4: a curvature step (sum / data_size)
+    assert torch.allclose(loss, F.cross_entropy(y[mask], t[mask]), rtol=1e-12)
+
+
+@requires_asdl
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the crash is CPU-only")
+def test_asdl_ema_crashes_on_cpu():
+    """ASDL 0.1a5's K-FAC with any ema_decay raises on a CPU build of torch (its NVTX ranges
+    need CUDA); ours runs. The two tests below check our EMA against ASDL with the NVTX stubbed
+    out and against a plain reference."""
+    model = mlp()
+    x, t = batch((32, 20))
+    gm = asdl_maker(model, "emp", data_size=32, damping=1e-3, ema_decay=0.1)
+    dy = gm.setup_model_call(model, x)
+    gm.setup_loss_call(F.cross_entropy, dy, t)
+    with pytest.raises(RuntimeError, match="NVTX"):
+        gm.forward_and_backward()
+
+
+@requires_asdl
+@pytest.mark.parametrize("fisher", ["emp", "mc"])
+def test_ema_matches_asdl_without_nvtx(asdl_without_nvtx, fisher):
+    config = dict(data_size=32, damping=1e-3, ema_decay=0.3, curvature_upd_interval=2,
+                  preconditioner_upd_interval=3)
+    x, t = batch((32, 20))
+    model = mlp()
+    expected = train(asdl_maker(model, fisher, **config), model, x, t, 6)
+    model = mlp()
+    ours = P.KfacGradientMaker(model, P.PreconditioningConfig(**config), fisher_type=fisher)
+    assert_grads_close(expected, train(ours, model, x, t, 6))
+
+
+def reference_kfac_ema(model, x, t, steps, data_size, damping, ema, curv_every, inv_every,
+                       lr=0.01):
+    """Plain K-FAC with an EMA for an MLP of Linear + activation, written out: factors from
+    retained pre-activation gradients of the summed loss, inverses by torch.linalg.inv."""
+    linears = [m for m in model if isinstance(m, nn.Linear)]
+    acts = [m for m in model if not isinstance(m, nn.Linear)]
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+    A = [None] * len(linears)
+    B = [None] * len(linears)
+    inverses = [None] * len(linears)
+    grads = []
+    for step in range(steps):
+        opt.zero_grad()
+        h, inputs, outs = x, [], []
+        for i, lin in enumerate(linears):
+            inputs.append(h)
+            z = lin(h)
+            z.retain_grad()
+            outs.append(z)
+            h = acts[i](z) if i < len(acts) else z
+        loss = F.cross_entropy(h, t, reduction="sum") / data_size
+        loss.backward()
+        with torch.no_grad():
+            if step % curv_every == 0:
+                for i in range(len(linears)):
+                    g = outs[i].grad * data_size
+                    A_new = inputs[i].T @ inputs[i] / data_size
+                    B_new = g.T @ g / data_size
+                    A[i] = ema * A_new if A[i] is None else (1 - ema) * A[i] + ema * A_new
+                    B[i] = ema * B_new if B[i] is None else (1 - ema) * B[i] + ema * B_new
+            if step % inv_every == 0:
+                for i in range(len(linears)):
+                    pi = ((A[i].trace() / A[i].shape[0]) / (B[i].trace() / B[i].shape[0])).sqrt()
+                    d_a, d_b = damping ** 0.5 * pi, damping ** 0.5 / pi
+                    eye_a = torch.eye(A[i].shape[0], dtype=DTYPE)
+                    eye_b = torch.eye(B[i].shape[0], dtype=DTYPE)
+                    inverses[i] = (torch.linalg.inv(A[i] + d_a * eye_a),
+                                   torch.linalg.inv(B[i] + d_b * eye_b))
+            for lin, (A_inv, B_inv) in zip(linears, inverses):
+                lin.weight.grad.copy_(B_inv @ lin.weight.grad @ A_inv)
+                lin.bias.grad.copy_(B_inv @ lin.bias.grad)
+        grads.append([p.grad.clone() for p in model.parameters()])
+        opt.step()
+    return grads
+
+
+def test_ema_matches_plain_reference():
+    x, t = batch((32, 20))
+    expected = reference_kfac_ema(mlp(), x, t, 7, data_size=32, damping=1e-3, ema=0.25,
+                                  curv_every=2, inv_every=3)
+    config = P.PreconditioningConfig(data_size=32, damping=1e-3, ema_decay=0.25,
+                                     curvature_upd_interval=2, preconditioner_upd_interval=3)
+    model = mlp()
+    ours = P.KfacGradientMaker(model, config, fisher_type="emp")
+    assert_grads_close(expected, train(ours, model, x, t, 7))
+
+
+@pytest.mark.parametrize("fisher", ["exact", "mc"])
+def test_fisher_logits_are_the_masked_rows(fisher):
+    """The MC and exact Fishers sample the rows the loss sees: with ``placeholder[mask]`` the
+    B factors equal those of the masked rows run alone (ASDL samples every row of the
+    output)."""
+    x, t = batch((30, 20), seed=3)
+    mask = torch.arange(30) % 3 == 0
+    factors = []
+    for inputs, index in ((x, mask), (x[mask], None)):
+        model = mlp()
+        gm = P.KfacGradientMaker(model, P.PreconditioningConfig(data_size=10, damping=1e-3),
+                                 fisher_type=fisher, seed=0)
+        train(gm, model, inputs, t if index is not None else t[mask], 1, index=index)
+        factors.append([gm.factors(k)["B"] for k in ("0", "2", "4")])
+    for full, alone in zip(*factors):
+        assert torch.allclose(full, alone, rtol=1e-12, atol=1e-300)
+
+
+def test_mc_samples_are_averaged():
+    """Many MC samples approach the exact Fisher's B (ASDL would give 1/n_mc of it)."""
+    torch.manual_seed(0)
+    x, t = batch((16, 5))
+    factors = {}
+    for fisher, samples in (("exact", 1), ("mc", 400)):
+        model = nn.Linear(5, 3).to(DTYPE)
+        gm = P.KfacGradientMaker(model, P.PreconditioningConfig(data_size=16),
+                                 fisher_type=fisher, n_mc_samples=samples, seed=1)
+        train(gm, model, x, t, 1)
+        factors[fisher] = gm.factors("")["B"]
+    error = (factors["mc"] - factors["exact"]).norm() / factors["exact"].norm()
+    assert error < 0.1
+
+
+def test_module_off_the_loss_path_warns_and_keeps_plain_gradient():
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.used = nn.Linear(20, 3)
+            self.unused = nn.Linear(20, 3)
+
+        def forward(self, x):
+            return self.used(x)
+
+    model = Net().to(DTYPE)
+    gm = P.KfacGradientMaker(model, P.PreconditioningConfig(data_size=32), fisher_type="emp")
+    x, t = batch((32, 20))
+    with pytest.warns(UserWarning, match=r"\['unused'\] saw no input"):
+        train(gm, model, x, t, 1)
+    assert gm.factors("unused") == {}
+    assert set(gm.factors("used")) == {"A", "B", "A_chol", "B_chol"}
+
+
+# ---------------------------------------------------------------------- diagonal Fisher
+@requires_asdl
+@pytest.mark.parametrize("fisher", ["emp", "exact", "mc"])
+@pytest.mark.parametrize("name", ["mlp", "cnn"])
+def test_diag_matches_asdl(name, fisher):
+    make, shape = MODELS[name]
+    x, t = batch(shape)
+    config = dict(data_size=32, damping=1e-3, curvature_upd_interval=2)
+    model = make()
+    theirs = asdl.DiagNaturalGradientMaker(model, asdl.PreconditioningConfig(**config),
+                                           fisher_type="fisher_" + fisher)
+    expected = train(theirs, model, x, t, 5)
+    ours = P.DiagNaturalGradientMaker(model := make(), P.PreconditioningConfig(**config),
+                                      fisher_type=fisher)
+    assert_grads_close(expected, train(ours, model, x, t, 5))
+
+
+@requires_asdl
+def test_diag_ema_matches_asdl_without_nvtx(asdl_without_nvtx):
+    config = dict(data_size=32, damping=1e-3, ema_decay=0.3, curvature_upd_interval=2,
+                  preconditioner_upd_interval=3)
+    x, t = batch((32, 2, 8, 8))
+    model = cnn()
+    theirs = asdl.DiagNaturalGradientMaker(model, asdl.PreconditioningConfig(**config),
+                                           fisher_type="fisher_emp")
+    expected = train(theirs, model, x, t, 6)
+    ours = P.DiagNaturalGradientMaker(model := cnn(), P.PreconditioningConfig(**config),
+                                      fisher_type="emp")
+    assert_grads_close(expected, train(ours, model, x, t, 6))
+
+
+def test_diag_conv_is_sum_of_squared_per_example_gradients():
+    x, t = batch((6, 2, 8, 8))
+    model = cnn()
+    gm = P.DiagNaturalGradientMaker(model, P.PreconditioningConfig(data_size=6),
+                                    fisher_type="emp")
+    train(gm, model, x, t, 1)
+    per_example = []
+    for i in range(6):
+        ref = cnn()
+        F.cross_entropy(ref(x[i:i + 1]), t[i:i + 1], reduction="sum").backward()
+        per_example.append([ref[0].weight.grad, ref[0].bias.grad])
+    for j, key in enumerate(["weight", "bias"]):
+        expected = torch.stack([g[j] for g in per_example]).square().sum(0) / 6
+        assert torch.allclose(gm.factors("0")[key], expected, rtol=1e-12, atol=0)
+
+
+# ---------------------------------------------------------------------- embedding
+class EmbeddingNet(nn.Module):
+    def __init__(self, vocab=7, dim=4, length=3, padding_idx=0):
+        super().__init__()
+        torch.manual_seed(0)
+        self.emb = nn.Embedding(vocab, dim, padding_idx=padding_idx).to(DTYPE)
+        self.out = nn.Linear(dim * length, 3).to(DTYPE)
+
+    def forward(self, index):
+        return self.out(self.emb(index).flatten(1))
+
+
+def dense_pi_inverse(A, B, damping):
+    pi = ((A.trace() / A.shape[0]) / (B.trace() / B.shape[0])).sqrt()
+    return (torch.linalg.inv(A + damping ** 0.5 * pi * torch.eye(A.shape[0], dtype=DTYPE)),
+            torch.linalg.inv(B + damping ** 0.5 / pi * torch.eye(B.shape[0], dtype=DTYPE)))
+
+
+@pytest.mark.parametrize("length", [3, 1])
+def test_embedding_factors_match_one_hot_reference(length):
+    """A = C^T C / n for the per-example one-hot token counts C (padding column zeroed),
+    B = D^T D / n for the gradients of the summed loss w.r.t. every token's embedding, and the
+    preconditioned gradient A^-1 G B^-1, from a dense one-hot matmul model. ASDL 0.1a5 cannot
+    be compared: without EMA it skips nn.Embedding and then fails ("has not been calculated"),
+    with EMA it reshapes the V x d gradient as d x V."""
+    n, vocab, dim, damping = 10, 7, 4, 1e-3
+    generator = torch.Generator().manual_seed(7)
+    index = torch.randint(0, vocab, (n, length), generator=generator)
+    index[0, 0] = 0  # the padding token occurs
+    t = torch.randint(0, 3, (n,), generator=generator)
+    model = EmbeddingNet(vocab, dim, length)
+    ref = copy.deepcopy(model)
+    gm = P.KfacGradientMaker(model, P.PreconditioningConfig(data_size=n, damping=damping),
+                             fisher_type="emp")
+    feed = index if length > 1 else index[:, 0]  # 1-D input: one token per example
+    dy = gm.setup_model_call(model, feed)
+    gm.setup_loss_call(F.cross_entropy, dy, t)
+    gm.forward_and_backward()
+
+    one_hot = F.one_hot(index, vocab).to(DTYPE)  # n x L x V
+    emb_out = one_hot @ ref.emb.weight  # the embedding as a dense matmul
+    emb_out.retain_grad()
+    loss = F.cross_entropy(ref.out(emb_out.flatten(1)), t, reduction="sum") / n
+    loss.backward()
+    counts = one_hot.sum(1)
+    counts[:, 0] = 0  # padding_idx
+    A = counts.T @ counts / n
+    D = emb_out.grad.reshape(-1, dim) * n  # gradients of the summed loss
+    B = D.T @ D / n
+    factors = gm.factors("emb")
+    assert torch.allclose(factors["A"], A, rtol=1e-12, atol=0)
+    assert torch.allclose(factors["B"], B, rtol=1e-12, atol=1e-300)
+    grad = ref.emb.weight.grad.clone()
+    grad[0] = 0  # nn.Embedding never updates the padding row
+    A_inv, B_inv = dense_pi_inverse(A, B, damping)
+    expected = A_inv @ grad @ B_inv
+    assert torch.allclose(model.emb.weight.grad, expected, rtol=1e-9, atol=1e-12)
+    assert torch.all(model.emb.weight.grad[0] == 0)
+
+
+@pytest.mark.filterwarnings("ignore:Using padding='same' with even kernel:UserWarning")
+@pytest.mark.parametrize("kernel", [3, 4])
+def test_conv_padding_same_equals_explicit_padding(kernel):
+    """padding="same" (which ASDL 0.1a5's im2col cannot take) gives the factors and gradients
+    of the same convolution padded by hand; an even kernel pads one more on the right and
+    bottom, as torch does."""
+    x, t = batch((8, 2, 7, 7))
+    left, right = (kernel - 1) // 2, kernel - 1 - (kernel - 1) // 2
+    torch.manual_seed(0)
+    same = nn.Sequential(nn.Conv2d(2, 3, kernel, padding="same"), nn.Flatten(),
+                         nn.Linear(3 * 49, 3)).to(DTYPE)
+    padded = nn.Sequential(nn.ZeroPad2d((left, right, left, right)), nn.Conv2d(2, 3, kernel),
+                           nn.Flatten(), nn.Linear(3 * 49, 3)).to(DTYPE)
+    padded.load_state_dict({f"{int(k[0]) + 1}{k[1:]}": v for k, v in same.state_dict().items()})
+    results = []
+    for model, conv in ((same, "0"), (padded, "1")):
+        gm = P.KfacGradientMaker(model, P.PreconditioningConfig(data_size=8, damping=1e-3),
+                                 fisher_type="emp")
+        train(gm, model, x, t, 1)
+        results.append((gm.factors(conv)["A"], model[int(conv)].weight.grad))
+    assert torch.allclose(results[0][0], results[1][0], rtol=1e-12)
+    assert torch.allclose(results[0][1], results[1][1], rtol=1e-10)
+
+
+# ---------------------------------------------------------------------- placeholders
+def test_placeholder_records_and_replays():
+    y = torch.arange(12.0).reshape(4, 3)
+    mask = torch.tensor([True, False, True, True])
+    p = P.OutputPlaceholder()
+    assert torch.equal(p[mask]._resolve(y), y[mask])
+    assert torch.equal(p[mask][:, 1:]._resolve(y), y[mask][:, 1:])
+    assert torch.equal(p.view(-1)._resolve(y), y.view(-1))
+    assert torch.equal(p[0]._resolve((y, "aux")), y)
+    assert "output[<bool tensor (4,)>]" in repr(p[mask])
+    with pytest.raises(TypeError, match="iterated"):
+        list(p)
+    with pytest.raises(AttributeError):
+        p._private  # noqa: B018
+    copy.deepcopy(p[mask])
+
+
+def test_tuple_output_and_loss_module():
+    """A model returning a tuple (index 0 of the placeholder) and an nn.CrossEntropyLoss,
+    whose reduction is forced to "sum" on curvature steps and restored."""
+    class TwoOutputs(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = mlp()
+
+        def forward(self, x):
+            return self.net(x), x.sum()
+
+    x, t = batch((32, 20))
+    model, ref = TwoOutputs(), mlp()
+    criterion = nn.CrossEntropyLoss()
+    gm = P.KfacGradientMaker(model, P.PreconditioningConfig(data_size=32, damping=1e-3),
+                             fisher_type="emp")
+    gm2 = P.KfacGradientMaker(ref, P.PreconditioningConfig(data_size=32, damping=1e-3),
+                              fisher_type="emp")
+    dy = gm.setup_model_call(model, x)
+    gm.setup_loss_call(criterion, dy[0], t)
+    (y, _), loss = gm.forward_and_backward()
+    assert criterion.reduction == "mean"
+    dy = gm2.setup_model_call(ref, x)
+    gm2.setup_loss_call(F.cross_entropy, dy, t)
+    gm2.forward_and_backward()
+    assert_grads_close([[p.grad for p in ref.parameters()]],
+                       [[p.grad for p in model.parameters()]], rtol=1e-14)
+
+
+# ---------------------------------------------------------------------- what is preconditioned
+def test_unpreconditioned_parameters_keep_plain_gradient():
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.fc1 = nn.Linear(20, 16)
+            self.bn = nn.BatchNorm1d(16)
+            self.skip_me = nn.Linear(16, 16)
+            self.frozen = nn.Linear(16, 8)
+            self.frozen.weight.requires_grad_(False)
+            self.head = nn.Linear(8, 3)
+            self.scale = nn.Parameter(torch.ones(()))
+
+        def forward(self, x):
+            h = self.skip_me(self.bn(self.fc1(x)).relu()).tanh()
+            return self.head(self.frozen(h)) * self.scale
+
+    model = Net().to(DTYPE)
+    plain = copy.deepcopy(model)
+    config = P.PreconditioningConfig(data_size=32, damping=1e-3, ignore_modules=["skip_"])
+    gm = P.KfacGradientMaker(model, config, fisher_type="emp")
+    assert list(gm.preconditioned_modules()) == ["fc1", "head"]
+    reasons = gm.unpreconditioned_parameters()
+    assert set(reasons) == {"bn.weight", "bn.bias", "skip_me.weight", "skip_me.bias",
+                            "frozen.bias", "scale"}
+    assert "normalization" in reasons["bn.weight"] and "ignore_modules" in reasons["skip_me.bias"]
+    assert "frozen" in reasons["frozen.bias"] and "submodules" in reasons["scale"]
+    x, t = batch((32, 20))
+    dy = gm.setup_model_call(model, x)
+    gm.setup_loss_call(F.cross_entropy, dy, t)
+    gm.forward_and_backward()
+    (F.cross_entropy(plain(x), t, reduction="sum") / 32).backward()
+    plain_params = dict(plain.named_parameters())
+    for name, param in model.named_parameters():
+        if param.grad is None:
+            continue
+        same = torch.allclose(param.grad, plain_params[name].grad, rtol=1e-13, atol=0)
+        assert same == (name in reasons), name
+
+    by_class = P.KfacGradientMaker(cnn(), P.PreconditioningConfig(
+        data_size=4, ignore_modules=[nn.Conv2d]), fisher_type="emp")
+    assert list(by_class.preconditioned_modules()) == ["3"]
+    model = mlp()
+    by_instance = P.KfacGradientMaker(model, P.PreconditioningConfig(
+        data_size=4, ignore_modules=[model[2]]), fisher_type="emp")
+    assert list(by_instance.preconditioned_modules()) == ["0", "4"]
+
+
+def test_bare_leaf_model():
+    """A single nn.Linear as the model (ASDL 0.1a5 fails on it)."""
+    model = nn.Linear(20, 3).to(DTYPE)
+    gm = P.KfacGradientMaker(model, P.PreconditioningConfig(data_size=32, damping=1e-3),
+                             fisher_type="emp")
+    x, t = batch((32, 20))
+    grads = train(gm, model, x, t, 2)
+    assert list(gm.preconditioned_modules()) == [""]
+    assert all(torch.isfinite(g).all() for step in grads for g in step)
+
+
+# ---------------------------------------------------------------------- resume
+RESUME_SCHEDULES = {
+    "ema": dict(ema_decay=0.3, curvature_upd_interval=2, preconditioner_upd_interval=3),
+    "every-step": dict(curvature_warmup_steps=6, curvature_upd_interval=2),
+}
+
+
+@pytest.mark.parametrize("schedule", list(RESUME_SCHEDULES))
+@pytest.mark.parametrize("maker", ["KfacGradientMaker", "DiagNaturalGradientMaker"])
+@pytest.mark.parametrize("fisher", ["emp", "mc"])
+def test_state_dict_resume_bit_for_bit(fisher, maker, schedule):
+    """Run 8 steps; or run 5, save model, optimizer and maker, load them into fresh objects and
+    run 3 more: the weights are equal bit for bit. MC too, with ``seed`` (ASDL's argument) to
+    make the labels repeat. "every-step" resumes from a step whose inverses are Cholesky
+    factors (the next step inverts again)."""
+    config = P.PreconditioningConfig(data_size=32, damping=1e-3, **RESUME_SCHEDULES[schedule])
+    x, t = batch((32, 2, 8, 8))
+
+    def fresh():
+        model = cnn()
+        opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, weight_decay=1e-4)
+        return model, opt, getattr(P, maker)(model, config, fisher_type=fisher, seed=11)
+
+    def steps(model, opt, gm, count):
+        for _ in range(count):
+            opt.zero_grad()
+            dy = gm.setup_model_call(model, x)
+            gm.setup_loss_call(F.cross_entropy, dy, t)
+            gm.forward_and_backward()
+            opt.step()
+
+    model, opt, gm = fresh()
+    steps(model, opt, gm, 8)
+    expected = [p.detach().clone() for p in model.parameters()]
+
+    model, opt, gm = fresh()
+    steps(model, opt, gm, 5)
+    buffer = io.BytesIO()
+    torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "gm": gm.state_dict()},
+               buffer)
+    buffer.seek(0)
+    saved = torch.load(buffer)
+    model, opt, gm = fresh()
+    model.load_state_dict(saved["model"])
+    opt.load_state_dict(saved["opt"])
+    gm.load_state_dict(saved["gm"])
+    inverses = "_chol" if schedule == "every-step" else "_inv"
+    expected_keys = ({"A", "B", "A" + inverses, "B" + inverses} if maker == "KfacGradientMaker"
+                     else {"weight", "bias", "weight_inv", "bias_inv"})
+    assert gm.step == 5 and set(gm.factors("0")) == expected_keys
+    steps(model, opt, gm, 3)
+    for e, p in zip(expected, model.parameters()):
+        assert torch.equal(e, p.detach())
+
+
+def test_load_state_dict_checks():
+    gm = P.KfacGradientMaker(mlp(), P.PreconditioningConfig(data_size=32), fisher_type="emp")
+    x, t = batch((32, 20))
+    train(gm, gm.model, x, t, 1)
+    state = gm.state_dict()
+    other = P.KfacGradientMaker(mlp(), P.PreconditioningConfig(data_size=32),
+                                fisher_type="emp")
+    with pytest.warns(UserWarning, match="only the step"):
+        other.load_state_dict({"step": 3})  # ASDL's state_dict
+    assert other.step == 3
+    bad = copy.deepcopy(state)
+    bad["factors"]["0"]["A"] = torch.eye(5, dtype=DTYPE)
+    with pytest.raises(ValueError, match=r"shape \(5, 5\), expected \(20, 20\)"):
+        other.load_state_dict(bad)
+    bad = copy.deepcopy(state)
+    del bad["factors"]["2"]
+    with pytest.raises(ValueError, match="modules"):
+        other.load_state_dict(bad)
+    with pytest.raises(ValueError, match="fisher_type"):
+        other.load_state_dict({**state, "fisher_type": "fisher_mc"})
+    with pytest.raises(ValueError, match="'step'"):
+        other.load_state_dict({})
+
+
+# ---------------------------------------------------------------------- bad input
+def test_bad_input():
+    config = P.PreconditioningConfig(data_size=8, damping=1e-3)
+    with pytest.raises(ValueError, match="nothing to precondition.*expected at least one"):
+        P.KfacGradientMaker(nn.Sequential(nn.ReLU(), nn.BatchNorm1d(3)), config)
+    with pytest.raises(ValueError, match="found no trainable|no trainable parameter"):
+        P.KfacGradientMaker(nn.Linear(3, 3).requires_grad_(False), config)
+    with pytest.raises(ValueError, match="data_size.*found -1"):
+        P.KfacGradientMaker(mlp(), P.PreconditioningConfig(damping=1e-3))
+    for damping in (0.0, -1e-3, float("nan")):
+        with pytest.raises(ValueError, match="damping must be a finite number > 0"):
+            P.PreconditioningConfig(data_size=8, damping=damping)
+    with pytest.raises(TypeError, match="damping must be a float"):
+        P.PreconditioningConfig(data_size=8, damping="1e-3")
+    with pytest.raises(ValueError, match="curvature_upd_interval must be >= 1, got 0"):
+        P.PreconditioningConfig(data_size=8, curvature_upd_interval=0)
+    with pytest.raises(ValueError, match="ema_decay"):
+        P.PreconditioningConfig(data_size=8, ema_decay=0.0)
+    with pytest.raises(NotImplementedError, match="always"):
+        P.PreconditioningConfig(data_size=8, preconditioner_interval_type="linear")
+    with pytest.raises(TypeError, match="model must be a torch.nn.Module"):
+        P.KfacGradientMaker("model", config)
+    with pytest.raises(TypeError, match="PreconditioningConfig"):
+        P.KfacGradientMaker(mlp(), {"data_size": 8})
+    with pytest.raises(ValueError, match="fisher_type must be one of"):
+        P.KfacGradientMaker(mlp(), config, fisher_type="fisher_kfe")
+    with pytest.raises(NotImplementedError, match="swift"):
+        P.KfacGradientMaker(mlp(), config, swift=True)
+    dilated = nn.Sequential(nn.Conv2d(2, 3, 3, dilation=2), nn.Flatten())
+    with pytest.raises(NotImplementedError, match=r"dilation=\(2, 2\).*ignore_modules"):
+        P.KfacGradientMaker(dilated, config)
+    with pytest.raises(NotImplementedError, match="groups=2"):
+        P.KfacGradientMaker(nn.Conv2d(2, 4, 3, groups=2), config)
+    ignored = P.PreconditioningConfig(data_size=8, ignore_modules=[nn.Conv2d])
+    with pytest.raises(ValueError, match="nothing to precondition"):
+        P.KfacGradientMaker(dilated, ignored)  # ignored, so not refused, but then empty
+
+    gm = P.KfacGradientMaker(mlp(), config, fisher_type="emp")
+    with pytest.raises(RuntimeError, match="setup_model_call"):
+        gm.forward_and_backward()
+    dy = gm.setup_model_call(gm.model, torch.randn(8, 20, dtype=DTYPE))
+    with pytest.raises(TypeError, match="reduction=.*found <lambda> without a reduction"):
+        gm.setup_loss_call(lambda y, t: ((y - t) ** 2).mean(), dy, torch.zeros(8, 3))
+
+    class NoReduction(nn.Module):
+        def forward(self, y, t):
+            return ((y - t) ** 2).sum()
+
+    with pytest.raises(TypeError, match="NoReduction without a .reduction"):
+        gm.setup_loss_call(NoReduction(), dy, torch.zeros(8, 3))
+    with pytest.raises(ValueError, match="no placeholder"):
+        gm.setup_loss_call(F.cross_entropy, torch.zeros(8, 3), torch.zeros(8).long())
+
+
+def test_unsupported_module_warns_and_is_listed():
+    model = nn.Sequential(nn.Linear(4, 6), nn.Conv1d(1, 1, 1), nn.Flatten())
+    with pytest.warns(UserWarning, match=r"1 \(Conv1d\)"):
+        gm = P.KfacGradientMaker(model, P.PreconditioningConfig(data_size=2))
+    assert "Conv1d is not supported" in gm.unpreconditioned_parameters()["1.weight"]
+
+    tied = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 4), nn.Linear(4, 2))
+    tied[2].weight = tied[0].weight
+    with pytest.warns(UserWarning, match="shares a parameter"):
+        gm = P.KfacGradientMaker(tied, P.PreconditioningConfig(data_size=2))
+    assert list(gm.preconditioned_modules()) == ["3"]
+    assert "tied to a parameter of 2" in gm.unpreconditioned_parameters()["0.weight"]
+
+
+# ---------------------------------------------------------------------- non-finite values
+def test_nan_input_skips_step_without_writing_nan():
+    """A NaN in a module's input: the curvature is not updated, a RuntimeWarning, every
+    gradient zeroed (the NaN gradient never reaches the optimizer), the weights stay finite and
+    training continues once the input is clean."""
+    model = mlp()
+    gm = P.KfacGradientMaker(model, P.PreconditioningConfig(data_size=32, damping=1e-3),
+                             fisher_type="emp")
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x, t = batch((32, 20))
+    bad = x.clone()
+    bad[3, 5] = float("nan")
+    for step, inputs in enumerate([x, bad, x]):
+        before = {k: copy.copy(gm.factors(k)) for k in ("0", "2", "4")}
+        weights = [p.detach().clone() for p in model.parameters()]
+        opt.zero_grad()
+        dy = gm.setup_model_call(model, inputs)
+        gm.setup_loss_call(F.cross_entropy, dy, t)
+        if step == 1:
+            with pytest.warns(RuntimeWarning, match="step 1: non-finite gradient"):
+                gm.forward_and_backward()
+            assert gm.last_step_skipped
+            for k, saved in before.items():
+                assert all(gm.factors(k)[key] is saved[key] for key in saved)
+        else:
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")
+                gm.forward_and_backward()
+            assert not gm.last_step_skipped
+        opt.step()
+        for p, w in zip(model.parameters(), weights):
+            assert torch.isfinite(p.grad).all() and torch.isfinite(p).all()
+            assert torch.equal(p, w) == (step == 1)
+    assert gm.step == 3
+
+
+def test_non_finite_curvature_keeps_previous_inverses():
+    """An input so large that X^T X overflows in float32 while the gradients stay finite: the
+    new factors are refused (RuntimeWarning), the previous inverses precondition the step."""
+    model = mlp(dtype=torch.float32)
+    gm = P.KfacGradientMaker(model, P.PreconditioningConfig(data_size=32, damping=1e-3),
+                             fisher_type="emp")
+    x, t = batch((32, 20), dtype=torch.float32)
+    train(gm, model, x, t, 1)
+    previous = gm.factors("0")
+    huge = x.clone()
+    huge[0, 0] = 1e25
+    model.zero_grad()
+    dy = gm.setup_model_call(model, huge)
+    gm.setup_loss_call(F.cross_entropy, dy, t)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        gm.forward_and_backward()
+    messages = sorted(str(w.message) for w in caught if w.category is RuntimeWarning)
+    assert len(messages) == 2  # the two ReLU-fed layers; the Tanh-fed head stays finite
+    assert "non-finite curvature (A) in module '0'" in messages[0]
+    assert "module '2'" in messages[1]
+    assert not gm.last_step_skipped
+    assert set(previous) == {"A", "B", "A_chol", "B_chol"}  # the next step inverts again
+    assert all(gm.factors("0")[key] is value for key, value in previous.items())
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters())
+
+
+# ---------------------------------------------------------------------- schedules
+def test_schedules():
+    gm = P.KfacGradientMaker(mlp(), P.PreconditioningConfig(
+        data_size=4, curvature_upd_interval=3, curvature_warmup_steps=2,
+        preconditioner_upd_interval=2), fisher_type="emp")
+    assert [gm.do_update_curvature(k) for k in range(9)] == [
+        True, True, True, False, False, True, False, False, True]
+    assert [gm.do_update_preconditioner(k) for k in range(5)] == [True, False, True, False, True]
+    follows = P.KfacGradientMaker(mlp(), P.PreconditioningConfig(
+        data_size=4, preconditioner_upd_interval=4), fisher_type="emp")
+    assert [follows.do_update_curvature(k) for k in range(5)] == [True, False, False, False, True]
+    if asdl is not None:
+        for total, ratio, warmup in [(10, 0.3, 0.1), (100, 0.1, 0.0), (7, 1.0, 0.5), (9, 0.0, 0)]:
+            assert update_schedule(total, ratio, warmup) == asdl.get_update_schedule(
+                total, ratio, warmup)
+    by_ratio = P.KfacGradientMaker(mlp(), P.PreconditioningConfig(
+        data_size=4, num_total_steps=10, preconditioner_upd_ratio=0.3,
+        preconditioner_warmup_ratio=0.1), fisher_type="emp")
+    expected = update_schedule(10, 0.3, 0.1)
+    assert [by_ratio.do_update_preconditioner(k) for k in range(10)] == expected
+    with pytest.warns(RuntimeWarning, match="past num_total_steps"):
+        assert not by_ratio.do_update_preconditioner(10)
+
+
+def test_pi_damping_switch():
+    """pi_damping=False gives each factor sqrt(damping)."""
+    x, t = batch((32, 20))
+    model = mlp()
+    ref = copy.deepcopy(model)
+    gm = P.KfacGradientMaker(model, P.PreconditioningConfig(data_size=32, damping=1e-2),
+                             fisher_type="emp", pi_damping=False)
+    train(gm, model, x, t, 1)
+    A, B = gm.factors("4")["A"], gm.factors("4")["B"]
+    (F.cross_entropy(ref(x), t, reduction="sum") / 32).backward()
+    eye_a, eye_b = torch.eye(8, dtype=DTYPE), torch.eye(3, dtype=DTYPE)
+    expected = (torch.linalg.inv(B + 0.1 * eye_b) @ ref[4].weight.grad
+                @ torch.linalg.inv(A + 0.1 * eye_a))
+    assert torch.allclose(model[4].weight.grad, expected, rtol=1e-10)
+    assert P.kfac.pi_damping(A, B, 1e-2) != (0.1, 0.1)
+    assert P.kfac.pi_damping(torch.zeros(2, 2), torch.eye(2), 1e-2) == (1e-2, 1e-2)
