@@ -240,6 +240,17 @@ def report_train(result, threads):
     return "\n".join(lines)
 
 
+def _balance(text):
+    """``--balance``: "rows", "nnz" or a number."""
+    if text in ("rows", "nnz"):
+        return text
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected rows, nnz or a number, got {text!r}") \
+            from None
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m pysparse_hpc",
                                      description="pysparse_hpc command line")
@@ -263,9 +274,10 @@ def main(argv=None):
                        help=f"{' | '.join(datasets.available())} | PATH.npz (default: cora)")
     train.add_argument("--model", default="gcn", choices=("gcn", "gat", "agnn"))
     train.add_argument("--partition", default="metis", choices=("metis", "contiguous", "random"))
-    train.add_argument("--balance", choices=("rows", "nnz"),
-                       help="what the partition balances: nodes or stored entries (default: "
-                            "rows for metis and random, nnz for contiguous)")
+    train.add_argument("--balance", type=_balance,
+                       help="what the partition balances: rows, nnz, or a number c (each node "
+                            "weighs its stored entries + c; default: rows for metis and "
+                            "random, nnz for contiguous)")
     train.add_argument("--epochs", type=int, help="default: the model's published setting")
     train.add_argument("--lr", type=float, help="default: the model's published setting")
     train.add_argument("--weight-decay", type=float, help="default: the model's published setting")

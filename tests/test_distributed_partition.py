@@ -407,7 +407,16 @@ def test_balance_rows_or_entries():
     equal_rows = partition(A, 4, "contiguous", balance="rows")
     assert equal_rows.owned_rows.max() - equal_rows.owned_rows.min() <= 1
     assert partition(A, 4, "contiguous").nnz_balance < 1.1
-    with pytest.raises(ValueError, match="balance must be one of"):
+    # Work per row in entries: between the two, and equal to "nnz" at 1.
+    by_work = partition(A, 4, "metis", balance=40.0)
+    weights = np.diff(A.indptr) + 40
+    work = np.bincount(by_work.owner, weights=weights, minlength=4)
+    assert work.max() / work.mean() < 1.1
+    assert np.array_equal(partition(A, 4, "contiguous", balance=1).owner,
+                          partition(A, 4, "contiguous", balance="nnz").owner)
+    with pytest.raises(ValueError, match="balance must be 'rows', 'nnz' or a number"):
         partition(A, 4, "metis", balance="edges")
-    with pytest.raises(ValueError, match=r"\('rows',\) for method 'random'"):
+    with pytest.raises(ValueError, match="must be finite and >= 0"):
+        partition(A, 4, "metis", balance=-1.0)
+    with pytest.raises(ValueError, match="balance must be 'rows' for method 'random'"):
         partition(A, 4, "random", balance="nnz")

@@ -378,10 +378,12 @@ class Partition:
 # -- partitioners ---------------------------------------------------------------------------
 
 def _node_weights(indptr, balance):
-    """What each node weighs for ``balance``: 1 ("rows") or its stored entries + 1 ("nnz")."""
+    """What each node weighs for ``balance``: 1 ("rows"), its stored entries + 1 ("nnz"), or
+    its stored entries + ``balance`` (a number), rounded to integers for METIS."""
     if balance == "rows":
         return np.ones(indptr.size - 1, dtype=np.int64)
-    return np.diff(indptr).astype(np.int64) + 1
+    per_row = 1.0 if balance == "nnz" else float(balance)
+    return np.rint(np.diff(indptr) + per_row).astype(np.int64)
 
 
 def _contiguous_owner(indptr, n, nparts, balance="nnz"):
@@ -494,13 +496,16 @@ def partition(adj, nparts, method="metis", seed=0, balance=None):
           benchmarks.
     seed : int, default 0
         Seed of METIS or of the random assignment, in ``[0, 2**63)``; "contiguous" ignores it.
-    balance : {"rows", "nnz"}, optional
-        What the parts hold equal amounts of: nodes ("rows", METIS's and random's default), or
+    balance : {"rows", "nnz"} or float, optional
+        What the parts hold equal amounts of: nodes ("rows", METIS's and random's default),
         stored entries with each node weighing its entries + 1 ("nnz", the contiguous default;
-        METIS then gets these as vertex weights). Balancing nodes evens out the dense
-        per-node work (feature transforms); balancing entries evens out the SpMMs, which is
-        what matters on skewed graphs (R-MAT, power-law degrees), where equal node counts can
-        give one part several times the entries of another. "random" balances rows only.
+        METIS then gets these as vertex weights), or work: a number ``c`` weighs each node as
+        its entries + ``c``, the time of a row's dense work (feature transforms, dropout,
+        activations) in units of one stored entry's share of the step's SpMMs. Equal nodes
+        even out the dense work, equal entries the SpMMs; on graphs with skewed degrees
+        (R-MAT, power laws) either alone leaves one part slower than the other, and the
+        measured ratio (about 30-60 for a 2-layer GCN on a CPU, see BENCHMARKS.md) balances
+        the step. "random" balances rows only.
 
     Returns
     -------
@@ -538,9 +543,14 @@ def partition(adj, nparts, method="metis", seed=0, balance=None):
         raise ValueError(
             f"unknown method {method!r}; expected one of {', '.join(PARTITION_METHODS)}")
     balance = _DEFAULT_BALANCE[method] if balance is None else balance
-    if balance not in BALANCES or (method == "random" and balance != "rows"):
-        allowed = ("rows",) if method == "random" else BALANCES
-        raise ValueError(f"balance must be one of {allowed} for method {method!r}, got "
+    numeric = isinstance(balance, (int, float, np.integer, np.floating)) and not isinstance(
+        balance, (bool, np.bool_))
+    if numeric and not (np.isfinite(balance) and balance >= 0):
+        raise ValueError(f"a numeric balance (work per row, in stored entries) must be finite "
+                         f"and >= 0, got {balance!r}")
+    if (not numeric and balance not in BALANCES) or (method == "random" and balance != "rows"):
+        allowed = "'rows'" if method == "random" else "'rows', 'nnz' or a number >= 0"
+        raise ValueError(f"balance must be {allowed} for method {method!r}, got "
                          f"{balance!r}")
     indptr, indices, n = _as_pattern(adj)
     nparts = _check_nparts(nparts)

@@ -99,9 +99,10 @@ def train(dataset="cora", model="gcn", partition="metis", *, epochs=None, lr=Non
         With its published architecture (`pysparse_hpc.nn.models`).
     partition : {"metis", "contiguous", "random"} or Partition
         How rank 0 splits the nodes (a `Partition` for ``comm.size`` parts is used as given).
-    balance : {"rows", "nnz"}, optional
-        What the partitioner balances (`pysparse_hpc.distributed.partition`): nodes, or
-        stored entries (better on graphs with skewed degrees). Default: the method's.
+    balance : {"rows", "nnz"} or float, optional
+        What the partitioner balances (`pysparse_hpc.distributed.partition`): nodes, stored
+        entries, or entries + this much per row (better on graphs with skewed degrees).
+        Default: the method's.
     epochs, lr, weight_decay : optional
         Default: the model's published settings.
     seed : int
