@@ -35,7 +35,7 @@ def cora():
 
 @requires_metis
 def test_plans_match_partition(cora):
-    methods, ranks = ["metis", "rabbit", "rcm", "contiguous", "random"], [2, 4, 8]
+    methods, ranks = ["metis", "metis-nnz", "rabbit", "rcm", "contiguous", "random"], [2, 4, 8]
     plans = bench.make_plans("cora", cora, methods, ranks)
     assert [(p.method, p.ranks) for p in plans] == [(m, r) for m in methods for r in ranks]
     reordered = {m: sph.permute(cora, sph.reorder(cora, m)) for m in ("rabbit", "rcm")}
@@ -43,6 +43,8 @@ def test_plans_match_partition(cora):
     for plan in plans:
         if plan.method in reordered:
             part = partition(reordered[plan.method], plan.ranks, "contiguous")
+        elif plan.method == "metis-nnz":
+            part = partition(cora, plan.ranks, "metis", seed=0, balance="nnz")
         else:
             part = partition(cora, plan.ranks, plan.method, seed=0)
         assert plan.volume == part.communication_volume
@@ -64,6 +66,60 @@ def test_plans_match_partition(cora):
     metis8 = next(p for p in plans if (p.method, p.ranks) == ("metis", 8))
     random8 = next(p for p in plans if (p.method, p.ranks) == ("random", 8))
     assert metis8.volume < random8.volume / 3
+
+
+@requires_metis
+def test_metis_nnz_balances_the_entries_of_a_skewed_graph():
+    # R-MAT's hubs gather in a few of METIS's equal node counts; weighting every node by its
+    # entries + 1 evens out the entries of Â (what the SpMMs multiply).
+    adj = bench.build_case("rmat", REPO_ROOT, quick=True).adj
+    plans = {p.method: p for p in bench.make_plans("rmat", adj, ["metis", "metis-nnz"], [8])}
+    rows, nnz = plans["metis"], plans["metis-nnz"]
+    assert nnz.method == "metis-nnz" and nnz.ranks == 8
+    assert rows.nnz_balance > 1.5 and nnz.nnz_balance < 1.1
+    assert nnz.owned_nnz_hat.max() < rows.owned_nnz_hat.max()
+    assert rows.row_balance < nnz.row_balance  # the price: unequal node counts
+    part = bench.partition_graph(adj, 8, "metis-nnz")
+    assert part.method == "metis-nnz"
+    np.testing.assert_array_equal(part.owner,
+                                  partition(adj, 8, "metis", seed=0, balance="nnz").owner)
+
+
+def _work_balance(plan, c):
+    """max / mean over ranks of the model's per-rank work in entries: entries of Â + c rows."""
+    work = plan.owned_nnz_hat + c * plan.owned_rows
+    return work.max() / work.mean()
+
+
+@requires_metis
+def test_metis_work_balances_entries_plus_c_rows():
+    # METIS weighing every node by its entries + c evens out entries + c rows (the model's
+    # compute in units of t_entry_step) better than balancing rows or entries alone.
+    adj = bench.build_case("rmat", REPO_ROOT, quick=True).adj
+    ratios = {16: 40.0, 64: 55.0}
+    plans = bench.make_plans("rmat", adj, ["metis", "metis-nnz", "metis-work"], [2, 8],
+                             work_ratios=ratios)
+    assert [(p.method, p.hidden, p.ranks) for p in plans] == [
+        ("metis", 0, 2), ("metis", 0, 8), ("metis-nnz", 0, 2), ("metis-nnz", 0, 8),
+        ("metis-work", 16, 2), ("metis-work", 16, 8), ("metis-work", 64, 2),
+        ("metis-work", 64, 8)]
+    by = {(p.method, p.hidden, p.ranks): p for p in plans}
+    for hidden, c in ratios.items():
+        for ranks in (2, 8):
+            work = by["metis-work", hidden, ranks]
+            assert work.work_ratio == c and work.label == f"metis-work h{hidden}"
+            assert work.fits(hidden) and not work.fits(hidden + 1)
+            assert _work_balance(work, c) < min(_work_balance(by["metis", 0, ranks], c),
+                                                _work_balance(by["metis-nnz", 0, ranks], c))
+    assert by["metis", 0, 2].fits(16) and by["metis", 0, 2].work_ratio is None
+    part = bench.partition_graph(adj, 2, "metis-work", work_ratio=40.0)
+    assert part.method == "metis-work"
+    np.testing.assert_array_equal(part.owner,
+                                  partition(adj, 2, "metis", seed=0, balance=40.0).owner)
+    with pytest.raises(ValueError, match="needs the work ratio c"):
+        bench.partition_graph(adj, 2, "metis-work")
+    with pytest.raises(ValueError, match="need the work ratios c per hidden width"):
+        bench.make_plans("rmat", adj, ["metis-work"], [2])
 
 
 def test_send_side_against_the_plans_send_lists(rng):
@@ -115,6 +171,11 @@ def test_alpha_beta_arithmetic_by_hand():
     plan, rates = _hand_made_plan(), _hand_made_rates()
     assert rates.spmm_total == pytest.approx(1.8e-3)
     assert rates.row_seconds == pytest.approx((1e-2 - 1.8e-3) / 10)
+    # c = t_row / t_entry_step: 8.2e-4 s per row over 1.8e-3 s / 30 entries.
+    assert rates.step_entry_seconds == pytest.approx(6e-5)
+    assert rates.work_ratio == pytest.approx(8.2e-4 / 6e-5)
+    # The model's compute is t_entry_step x (entries + c rows): what metis-work balances.
+    assert rates.compute_seconds(4, 12) == pytest.approx(6e-5 * (12 + rates.work_ratio * 4))
     per_entry = 2 * (1e-5 + 2e-5)
     compute = max(12 * per_entry + 4 * 8.2e-4, 9 * per_entry + 3 * 8.2e-4)
     forward = ((1e-6 * 2 + 3 * 4 * 4 / 1e9)  # width 4: rank 0 (2 peers, 3 rows)
@@ -200,6 +261,16 @@ def test_plans_and_projection_cli(tmp_path, capsys):
         "25 GB/s, 100GB/s: alpha 2 us, beta 100 GB/s" in out
     assert "model: per step, compute = max over ranks" in out
     assert "METIS halo volume at P=8 on cora" in out and "(no target on this graph)" in out
+    assert "METIS balanced by entries (metis-nnz): halo volume at P=8 on cora" in out
+    summary = [line for line in out.splitlines()
+               if line.startswith("projection: cora h16 25GB/s")]
+    assert len(summary) == 1 and " metis-nnz " in summary[0] and " metis-work " in summary[0]
+    ratio = [line for line in out.splitlines() if line.startswith("work ratio: cora h16: c = ")]
+    assert len(ratio) == 1 and "METIS vertex weights = stored entries + c" in ratio[0]
+    c = float(ratio[0].split(" = ")[3].split()[0])
+    assert c > 0
+    assert f"METIS balanced by work (metis-work h16, c {c:.1f}): halo volume at P=8 on cora" \
+        in out
     verdict = [line for line in out.splitlines()
                if line.startswith("target: METIS halo volume at P=8 on generated")]
     assert len(verdict) == 1 and verdict[0].endswith(("): MET", "): NOT MET"))
@@ -221,6 +292,21 @@ def test_plans_and_projection_cli(tmp_path, capsys):
     assert float(metis["volume_fraction"]) == pytest.approx(part.communication_fraction,
                                                             abs=1e-6)
     assert int(metis["peers_max"]) == part.peers.max()
+    by_entries = next(r for r in plans if (r["graph"], r["method"], r["ranks"])
+                      == ("cora", "metis-nnz", "4"))
+    part = partition(sph.datasets.load("cora").adj, 4, "metis", seed=0, balance="nnz")
+    assert int(by_entries["volume_rows"]) == part.communication_volume
+    assert float(by_entries["nnz_balance"]) == pytest.approx(part.nnz_balance, abs=1e-4)
+    assert by_entries["work_ratio"] == "" and by_entries["hidden"] == ""
+    by_work = next(r for r in plans if (r["graph"], r["method"], r["ranks"])
+                   == ("cora", "metis-work", "4"))
+    assert by_work["hidden"] == "16" and float(by_work["work_ratio"]) == pytest.approx(c, abs=0.06)
+    part = partition(sph.datasets.load("cora").adj, 4, "metis", seed=0,
+                     balance=float(by_work["work_ratio"]))
+    assert int(by_work["volume_rows"]) == part.communication_volume
+    assert all(float(r["work_ratio"]) == float(by_work["work_ratio"]) for r in projections
+               if (r["graph"], r["method"]) == ("cora", "metis-work"))
+    assert {r["method"] for r in projections} == set(bench.DEFAULT_METHODS) | {bench.CAGNET}
     for r in projections:
         total = float(r["compute_ms"]) + float(r["exchange_ms"]) + float(r["allreduce_ms"])
         assert float(r["epoch_ms"]) == pytest.approx(total, rel=1e-4)
@@ -234,6 +320,9 @@ def test_plans_and_projection_cli(tmp_path, capsys):
     (["--methods", "metis,spectral"], "unknown partition method 'spectral'"),
     (["--max-ranks", "1"], "--max-ranks must be at least 2, got 1"),
     (["--run-ranks", "1"], "--run-ranks must be at least 2, got 1"),
+    (["--run-methods", "metis,rabbit"], "unknown run method 'rabbit'"),
+    (["--run-methods", "metis", "--cagnet-methods", "metis-nnz"],
+     "unknown CAGNET method 'metis-nnz'"),
 ])
 def test_bad_arguments(args, message, capsys):
     status = main(["distributed", "--data", str(REPO_ROOT), "--skip-runs", *args])
@@ -263,6 +352,37 @@ def test_missing_mpiexec_is_a_clear_error(monkeypatch, capsys):
     assert "the real runs need mpiexec" in capsys.readouterr().err
 
 
+def test_real_runs_give_metis_work_one_job_per_width(monkeypatch):
+    # Without MPI: the jobs real_runs launches, each metis-work job with one hidden width
+    # and its graphs' c at that width.
+    import argparse
+    launched = []
+
+    def fake_launch(ranks, threads, config, timeout, mpiexec=None):
+        launched.append((ranks, threads, config))
+        return dict(threads_per_rank=threads, cases=[])
+    monkeypatch.setattr(bench, "find_mpiexec", lambda: "mpiexec")
+    monkeypatch.setattr(bench, "launch", fake_launch)
+    monkeypatch.setattr(bench, "_load_average", lambda: 0.5)
+    args = argparse.Namespace(threads=2, run_ranks=2, hidden=[16, 64], epochs=1, warmup=1,
+                              seed=0, data_dir=".", quick=True, repeat=1, rounds=1,
+                              timeout=10)
+    ratios = {("a", 16): 30.0, ("a", 64): 50.0, ("b", 16): 35.0, ("b", 64): 55.0}
+    runs, loads = bench.real_runs(args, ["a", "b"], ["metis", "metis-work"], ["metis"],
+                                  work_ratios=ratios)
+    assert runs == []
+    assert [label for label, _, _ in loads] == ["P=1", "P=2 metis", "P=2 metis-work h16",
+                                                "P=2 metis-work h64"]
+    (_, _, single), (_, _, rows), (_, _, work16), (_, _, work64) = launched
+    assert single["method"] is None and single["hidden"] == [16, 64]
+    assert rows["method"] == "metis" and rows["cagnet"] and rows["work_ratios"] is None
+    assert (work16["method"], work16["hidden"], work16["cagnet"]) == ("metis-work", [16], False)
+    assert work16["work_ratios"] == {"a": 30.0, "b": 35.0}
+    assert (work64["hidden"], work64["work_ratios"]) == ([64], {"a": 50.0, "b": 55.0})
+    with pytest.raises(bench.UsageError, match="needs the measured work ratios"):
+        bench.real_runs(args, ["a"], ["metis-work"])
+
+
 # --- real runs under MPI -------------------------------------------------------------------
 
 @pytest.mark.mpi
@@ -272,21 +392,49 @@ def test_missing_mpiexec_is_a_clear_error(monkeypatch, capsys):
 def test_real_runs_p1_p2(tmp_path):
     table = tmp_path / "runs.csv"
     command = [sys.executable, "-m", "pysparse_hpc.bench", "distributed", "--data",
-               str(REPO_ROOT), "--graphs", "generated", "--quick", "--methods", "metis",
-               "--max-ranks", "2", "--hidden", "8", "--epochs", "2", "--warmup", "2",
-               "--repeat", "1", "--timeout", "240", "--csv", str(table)]
+               str(REPO_ROOT), "--graphs", "generated", "--quick", "--methods",
+               "metis,metis-nnz,metis-work", "--run-methods", "metis,metis-nnz,metis-work",
+               "--max-ranks", "2", "--hidden", "8", "--epochs", "2",
+               "--warmup", "2", "--repeat", "1", "--timeout", "240", "--cagnet-methods",
+               "metis", "--csv", str(table)]
     result = subprocess.run(command, capture_output=True, text=True, timeout=300,
                             cwd=REPO_ROOT)
     assert result.returncode == 0, result.stderr[-3000:]
     out = result.stdout
     assert "CAGNET-1D losses equal ours over 4 steps" in out
     checks = [line for line in out.splitlines() if " bytes per epoch measured " in line]
-    assert len(checks) == 4 and all(line.endswith(": equal") for line in checks)
+    # ours on three partitions, CAGNET-1D on METIS's only: halo and reverse halo each.
+    assert len(checks) == 8 and all(line.endswith(": equal") for line in checks)
+    ratio = [line for line in out.splitlines()
+             if line.startswith("work ratio: generated h8 metis-work: partitioned with c = ")]
+    assert len(ratio) == 1
+    c = float(ratio[0].split(" = ")[1].split()[0])
+    assert "work ratio: generated h8: c = t_row / t_entry_step = " in out
+    for method in ("metis", "metis-nnz", "metis-work"):
+        losses = [line for line in out.splitlines()
+                  if line.startswith(f"check: generated h8 {method}: P=2 losses vs P=1")]
+        assert len(losses) == 1 and losses[0].endswith(": equal (rtol 1e-05)"), losses
+        assert f"ranks: generated h8 {method} ours: compute " in out
+    assert "partitions: generated h8 ours: metis " in out and "x metis's (" in out
     assert "targets of the real runs: not judged" in out  # the quick graph is small
     with open(table, newline="") as handle:
-        runs = {r["config"]: r for r in csv.DictReader(handle) if r["section"] == "run"}
-    assert set(runs) == {"single", "ours", "cagnet"}
-    single, ours, cagnet = runs["single"], runs["ours"], runs["cagnet"]
+        rows = [r for r in csv.DictReader(handle) if r["section"] == "run"]
+    runs = {(r["method"], r["config"]): r for r in rows}
+    assert set(runs) == {("", "single"), ("metis", "ours"), ("metis", "cagnet"),
+                         ("metis-nnz", "ours"), ("metis-work", "ours")}
+    by_work = runs["metis-work", "ours"]
+    assert float(by_work["work_ratio"]) == pytest.approx(c, abs=0.06)
+    assert runs["metis", "ours"]["work_ratio"] == ""
+    single, ours, cagnet = runs["", "single"], runs["metis", "ours"], runs["metis", "cagnet"]
+    by_entries = runs["metis-nnz", "ours"]
+    assert by_entries["ranks"] == "2" and float(by_entries["epoch_ms"]) > 0
+    assert float(by_entries["allreduce_bytes"]) == float(ours["allreduce_bytes"])
+    for r in (ours, by_entries, by_work, cagnet):
+        compute = [float(t) for t in r["rank_compute_ms"].split("/")]
+        blocked = [float(t) for t in r["rank_blocked_ms"].split("/")]
+        assert len(compute) == len(blocked) == 2 and min(compute) > 0 and min(blocked) >= 0
+        assert max(compute) <= float(r["epoch_ms"]) * 1.5  # a median step less its waits
+        assert sum(map(int, r["rank_nnz"].split("/"))) > 0
     assert (single["ranks"], ours["ranks"], cagnet["ranks"]) == ("1", "2", "2")
     assert int(ours["threads_per_rank"]) == max(1, int(single["threads_per_rank"]) // 2)
     assert float(single["bytes_per_epoch"]) == 0
@@ -304,8 +452,10 @@ def test_real_runs_p1_p2(tmp_path):
         assert float(r["epoch_ms"]) > 0 and 0 <= float(r["exposed_fraction"]) <= 1
 
 
-def _run(config, ranks, epoch, exposed_per_rank=(0.0,), owned_nnz=(100,)):
+def _run(config, ranks, epoch, exposed_per_rank=(0.0,), owned_nnz=(100,), method=None,
+         rank_compute=()):
     kinds = ("halo", "reverse_halo", "allreduce")
+    method = ("metis" if ranks > 1 else "") if method is None else method
     return bench.RunResult(
         graph="big", nodes=1000, edges=2_000_000, hidden=16, ranks=ranks,
         threads_per_rank=2 // ranks, config=config, epoch=epoch, exposed=max(exposed_per_rank),
@@ -313,7 +463,9 @@ def _run(config, ranks, epoch, exposed_per_rank=(0.0,), owned_nnz=(100,)):
         bytes_received={kind: 0.0 if ranks == 1 else 1e6 for kind in kinds}, losses=[1.0],
         orders=[], owned_rows=[1000 // ranks] * ranks, halo_rows=[0] * ranks,
         owned_nnz=list(owned_nnz), loss_rel_diff_vs_ours=None, epochs=1,
-        exposed_per_rank=list(exposed_per_rank))
+        exposed_per_rank=list(exposed_per_rank), method=method,
+        rank_compute=list(rank_compute),
+        rank_blocked=list(exposed_per_rank) if rank_compute else [])
 
 
 def test_run_verdicts_judge_and_name_the_limit():
@@ -321,22 +473,58 @@ def test_run_verdicts_judge_and_name_the_limit():
     balanced = [single, _run("ours", 2, 0.110, (0.010, 0.012), (50, 50)),
                 _run("cagnet", 2, 0.130, (0.02, 0.03), (50, 50))]
     lines = bench.run_verdicts(balanced)
-    assert lines[0].endswith("big h16 1.10x MET: MET")
-    assert lines[1].endswith("big h16 10.9% MET: MET")
-    assert lines[2].startswith("ratio: big h16: CAGNET-1D epoch 130.0 ms = 1.18x ours")
+    assert lines[0].endswith("graphs >= 1M edges, metis partition: big h16 1.10x MET: MET")
+    assert lines[1].endswith("metis partition: big h16 10.9% MET: MET")
+    assert lines[2].startswith("ratio: big h16 metis: CAGNET-1D epoch 130.0 ms = 1.18x ours")
     # One rank holds most of the entries: the other waits for it, which is not the network.
     skewed = [single, _run("ours", 2, 0.130, (0.002, 0.050), (95, 5))]
     lines = bench.run_verdicts(skewed)
     assert lines[0].endswith("1.30x NOT MET: NOT MET")
     assert lines[1].endswith("38.5% NOT MET: NOT MET")
-    assert lines[2].startswith("limit: big h16: load imbalance: the busiest rank is blocked "
-                               "2.0 ms (2%)")
+    assert lines[2].startswith("limit: big h16 metis: load imbalance: the busiest rank is "
+                               "blocked 2.0 ms (2%)")
     assert "entries of Â per rank 95/5 (balance 1.900)" in lines[2]
     # Every rank waits: communication.
     slow = [single, _run("ours", 2, 0.100, (0.040, 0.045), (50, 50))]
-    assert "limit: big h16: communication: every rank is blocked" in bench.run_verdicts(slow)[2]
+    assert "limit: big h16 metis: communication: every rank is blocked" in \
+        bench.run_verdicts(slow)[2]
     small = [bench.RunResult(**{**r.__dict__, "edges": 10}) for r in balanced]
     assert bench.run_verdicts(small)[0].startswith("targets of the real runs: not judged")
+
+
+def test_verdicts_per_partition_and_per_rank_compute():
+    # METIS by rows: rank 0 computes 120 ms and hardly waits, rank 1 computes 10 and waits
+    # for it; by entries both compute 70 ms and wait little.
+    single = _run("single", 1, 0.100)
+    rows = _run("ours", 2, 0.124, (0.002, 0.112), (95, 5), "metis", (0.120, 0.010))
+    entries = _run("ours", 2, 0.075, (0.004, 0.006), (51, 49), "metis-nnz", (0.070, 0.068))
+    runs = [single, rows, entries]
+    lines = bench.run_verdicts(runs)
+    assert lines[0].endswith("metis partition: big h16 1.24x MET: MET")
+    assert lines[1].endswith("metis partition: big h16 90.3% NOT MET: NOT MET")
+    assert lines[2].startswith("limit: big h16 metis: load imbalance: the busiest rank is "
+                               "blocked 2.0 ms (2%), the others wait for it")
+    assert "compute per rank 120.0/10.0 ms, blocked per rank 2.0/112.0 ms" in lines[2]
+    assert lines[3].endswith("metis-nnz partition: big h16 0.75x MET: MET")
+    assert lines[4].endswith("metis-nnz partition: big h16 8.0% MET: MET")
+    assert len(lines) == 5
+    ranks = bench.rank_lines(runs)
+    assert ranks == [
+        "ranks: big h16 metis ours: compute 120.0/10.0 ms (max/mean 1.85), blocked "
+        "2.0/112.0 ms (medians over the steps); entries of Â 95/5 (balance 1.900), rows "
+        "500/500, halo rows 0/0",
+        "ranks: big h16 metis-nnz ours: compute 70.0/68.0 ms (max/mean 1.01), blocked "
+        "4.0/6.0 ms (medians over the steps); entries of Â 51/49 (balance 1.020), rows "
+        "500/500, halo rows 0/0"]
+    (comparison,) = bench.partition_comparison(runs)
+    assert comparison.startswith("partitions: big h16 ours: metis 124.00 ms = 1.24x P=1 "
+                                 "(90.3% exposed, entries balance 1.900")
+    assert "metis-nnz 75.00 ms = 0.75x P=1 = 0.60x metis's (8.0% exposed" in comparison
+    assert bench.partition_comparison([single, rows]) == []
+    work = bench.RunResult(**{**entries.__dict__, "method": "metis-work", "work_ratio": 41.25})
+    assert bench.run_ratio_lines([single, rows, work]) == [
+        "work ratio: big h16 metis-work: partitioned with c = 41.2 (METIS vertex weights = "
+        "stored entries + c)"]
 
 
 _VECTOR_COLLECTIVES = """

@@ -11,7 +11,7 @@ process of its own). It owns:
   `pysparse_hpc.distributed.DataParallel` (P > 1), Adam step; every timed step starts after a
   barrier, its time is the slowest rank's, and the communicator's byte counters and blocked
   seconds are read before and after it, so configurations timed in turns keep their own
-  figures;
+  figures (and every rank's compute, its step time less its blocked time, step by step);
 - the CAGNET-1D peer (`CagnetGCN`, `CagnetOperator`, `_CagnetSpMM`): the library's GCN weights
   and dropout, but every distributed SpMM gathers all of H on every rank (an allgatherv of the
   owned rows, then the local rows times all n columns) and its backward sums each rank's
@@ -19,10 +19,13 @@ process of its own). It owns:
   the comparison, not library API.
 
 P = 1 trains the library's model on the whole graph (the single-process run the distributed
-ones are judged against). For P > 1 rank 0 builds the graph, partitions it with METIS and
-scatters the rows; ours and the CAGNET peer are then built from the same seed, draw the same
-dropout masks (keyed by global node id, reseeded before every step) and must give the same
-losses in the warm-up steps before any step is timed. Rank 0 writes the results as JSON.
+ones are judged against). For P > 1 rank 0 builds the graph, partitions it with the
+configuration's ``"method"`` (a name of `pysparse_hpc.bench.distributed.RUN_METHODS`: METIS
+balancing nodes, "metis", stored entries, "metis-nnz", or entries + c per node with the
+configuration's ``"work_ratios"`` c of the graph, "metis-work", ...) and scatters the rows; ours
+and the CAGNET peer are then built from the same seed, draw the same dropout masks (keyed by
+global node id, reseeded before every step) and must give the same losses in the warm-up
+steps before any step is timed. Rank 0 writes the results as JSON.
 """
 import dataclasses
 import json
@@ -39,7 +42,6 @@ from .. import distributed
 from .._config import set_num_threads
 from .._csr import csr_array
 from ..distributed.graph import DistGraph, comm_sum
-from ..distributed.partition import partition
 from ..nn import _backend, _graph, functional
 from ..nn.gcn import choose_order
 from ..nn.models import GCN
@@ -192,7 +194,7 @@ class _Run:
         self._optimizer = torch.optim.Adam(module.param_groups(hyper["weight_decay"]),
                                            lr=hyper["lr"])
         self._data = data
-        self.losses, self.seconds = [], []
+        self.losses, self.seconds, self.blocked = [], [], []
         self.waited = {kind: 0.0 for kind in STEP_KINDS}
         self.received = {kind: 0 for kind in STEP_KINDS}
         self.sent = {kind: 0 for kind in STEP_KINDS}
@@ -219,17 +221,22 @@ class _Run:
         self.seconds.append(time.perf_counter() - start)
         self.losses.append(loss)
         waited_after, stats_after = comm.wait_seconds(), comm.stats()
+        blocked = 0.0
         for kind in STEP_KINDS:
-            self.waited[kind] += waited_after.get(kind, 0.0) - waited.get(kind, 0.0)
+            delta = waited_after.get(kind, 0.0) - waited.get(kind, 0.0)
+            self.waited[kind] += delta
+            blocked += delta
             for totals, key in ((self.received, "bytes_received"), (self.sent, "bytes_sent")):
                 totals[kind] += (stats_after.get(kind, {}).get(key, 0)
                                  - stats.get(kind, {}).get(key, 0))
+        self.blocked.append(blocked)
         return loss
 
 
 def _summary(run, comm, epochs, warmup_losses):
     """The figures of ``run`` over all ranks (on rank 0; None elsewhere)."""
-    mine = dict(seconds=run.seconds, waited=run.waited, received=run.received, sent=run.sent)
+    mine = dict(seconds=run.seconds, waited=run.waited, received=run.received, sent=run.sent,
+                blocked=run.blocked)
     losses = comm_sum(comm, np.array(warmup_losses + run.losses, dtype=np.float64))
     everyone = comm.gather(mine)
     if everyone is None:
@@ -242,6 +249,10 @@ def _summary(run, comm, epochs, warmup_losses):
         step_seconds=step_seconds.tolist(),
         exposed_seconds=float(max(exposed)),
         exposed_per_rank=exposed,
+        # Per rank, median over the steps: its own work (step less blocked), its blocked time.
+        compute_per_rank=[float(statistics.median(np.subtract(r["seconds"], r["blocked"])))
+                          for r in everyone],
+        blocked_per_rank=[float(statistics.median(r["blocked"])) for r in everyone],
         exposed_by_kind={kind: max(r["waited"][kind] for r in everyone) / epochs
                          for kind in STEP_KINDS},
         bytes_received={kind: sum(r["received"][kind] for r in everyone) / epochs
@@ -261,10 +272,14 @@ class LossMismatch(RuntimeError):
     """The CAGNET peer's losses differ from ours: the comparison would be meaningless."""
 
 
-def _distribute(case, comm, seed):
+def _distribute(case, comm, seed, method, work_ratio=None):
     """``(graph, x, y, train_mask, n_train, header)`` on every rank: rank 0 partitions
-    ``case`` with METIS and scatters the rows (``case`` is None on the other ranks)."""
-    parts = partition(case.adj, comm.size, "metis", seed=seed) if comm.rank == 0 else None
+    ``case`` with ``method`` (`pysparse_hpc.bench.distributed.partition_graph`; "metis-work"
+    with ``work_ratio``, its c) and scatters the rows (``case`` is None on the other
+    ranks)."""
+    from .distributed import partition_graph
+    parts = (partition_graph(case.adj, comm.size, method, seed=seed, work_ratio=work_ratio)
+             if comm.rank == 0 else None)
     graph = DistGraph.scatter(None if case is None else case.adj, parts, comm)
 
     def rows(tensor_of):
@@ -298,12 +313,15 @@ def _run_graph(name, config, comm):
         figures = dict(owned_rows=[case.nodes], halo_rows=[0],
                        owned_nnz=[gcn_norm(case.adj).nnz])
     else:
-        graph, x, y, train_mask, n_train, (in_channels, classes) = _distribute(case, comm, seed)
+        work_ratio = (config.get("work_ratios") or {}).get(name)
+        graph, x, y, train_mask, n_train, (in_channels, classes) = _distribute(
+            case, comm, seed, config.get("method") or "metis", work_ratio)
         data = (x, y, train_mask, n_train)
         figures = _rank_figures(graph)
     info = comm.bcast(None if case is None else dict(graph=name, nodes=case.nodes,
                                                      edges=case.edges))
     del case
+    work_ratio = (config.get("work_ratios") or {}).get(name) if comm.size > 1 else None
     results = []
     for hidden in config["hidden"]:
         def make_gcn():
@@ -327,7 +345,9 @@ def _run_graph(name, config, comm):
             summary = _summary(run, comm, epochs, warmup_losses[run.label])
             if summary is not None:
                 summary.update(info, hidden=hidden, ranks=comm.size, orders=orders,
-                               warmup=warmup, epochs=epochs, **figures)
+                               warmup=warmup, epochs=epochs,
+                               method=config.get("method") if comm.size > 1 else None,
+                               work_ratio=work_ratio, **figures)
                 results.append(summary)
         if len(runs) > 1 and comm.rank == 0:
             ours_losses, peer = results[-2]["losses"], results[-1]

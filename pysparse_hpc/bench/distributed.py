@@ -5,27 +5,36 @@ with the measured figure):
 
 1. **Real runs** at P = 1 and P = 2 (``--run-ranks``). P = 1 is one process on ``--threads``
    threads training the library's 2-layer GCN on the whole graph; P = ``R`` is ``mpiexec -n R``
-   with ``threads // R`` threads per rank (the same total), the graph partitioned by METIS and
-   scattered from rank 0. Both are subprocesses running
-   `pysparse_hpc.bench._distributed_worker`, which writes its results as JSON. At P > 1 two
-   configurations are timed in turns from the same seed: ours (halo exchange overlapped with
-   the owned-column product, `DataParallel` gradient allreduce) and the CAGNET-1D peer (every
-   SpMM gathers all of H on every rank; its backward reduce-scatters ``A_local^T dY``), whose
-   losses must equal ours before anything is timed. Per configuration: the epoch (median of
-   the timed training steps, the slowest rank's time of each), the **exposed communication**
-   (seconds blocked waiting for nonblocking exchanges and allreduces,
-   `Communicator.wait_seconds`, per epoch, the largest over ranks: the communication that the
-   computation did not hide, and with it any wait for a slower rank) and the bytes received
-   per epoch by all ranks together (halo, reverse halo, gradient allreduce).
-   Targets, judged on the graphs of at least 1M stored edges: at P = 2 an epoch takes at most
-   1.25x the single-process epoch at the same total threads, and exposed communication is at
-   most 20 % of the epoch.
-2. **Exact plans** for P = 2, 4, ..., ``--max-ranks`` (powers of two): METIS, contiguous
-   blocks after the library's rabbit or RCM reordering, contiguous blocks of the order given
+   with ``threads // R`` threads per rank (the same total), the graph partitioned on rank 0
+   and scattered, one job per partitioner of ``--run-methods`` (default: METIS balancing node
+   counts, "metis", and METIS balancing the measured work, "metis-work": each node weighs its
+   stored entries + c, c = t_row / t_entry_step from the kernel rates below, one job per
+   hidden width since c depends on it; "metis-nnz", METIS balancing stored entries, is
+   available). All are subprocesses
+   running `pysparse_hpc.bench._distributed_worker`, which writes its results as JSON. At
+   P > 1 two configurations are timed in turns from the same seed: ours (halo exchange
+   overlapped with the owned-column product, `DataParallel` gradient allreduce) and the
+   CAGNET-1D peer (every SpMM gathers all of H on every rank; its backward reduce-scatters
+   ``A_local^T dY``; ``--cagnet-methods`` picks the partitions it runs on), whose losses must
+   equal ours before anything is timed. Per configuration: the epoch (median of the timed
+   training steps, the slowest rank's time of each), the **exposed communication** (seconds
+   blocked waiting for nonblocking exchanges and allreduces, `Communicator.wait_seconds`, per
+   epoch, the largest over ranks: the communication that the computation did not hide, and
+   with it any wait for a slower rank), per rank the compute (median over the timed steps of
+   the step's time less its blocked time) beside the blocked time, which separates load
+   imbalance from the network, and the bytes received per epoch by all ranks together (halo,
+   reverse halo, gradient allreduce). Targets, judged on the graphs of at least 1M stored
+   edges, per partitioner: at P = 2 an epoch takes at most 1.25x the single-process epoch at
+   the same total threads, and exposed communication is at most 20 % of the epoch.
+2. **Exact plans** for P = 2, 4, ..., ``--max-ranks`` (powers of two): METIS balancing nodes
+   ("metis"), stored entries ("metis-nnz", vertex weights = entries + 1) or work
+   ("metis-work", vertex weights = entries + c, one plan per hidden width), contiguous blocks
+   after the library's rabbit or RCM reordering, contiguous blocks of the order given
    (``--methods contiguous``), and random partitions (`pysparse_hpc.distributed.partition`):
    halo volume against CAGNET-1D's ``(P - 1) n`` rows, messages per rank (peers, max and
    mean), balance (rows and stored entries), edge cut. Target: METIS's volume at most 10 % of
-   CAGNET-1D's at P = 8 on PubMed and the planted-community graph.
+   CAGNET-1D's at P = 8 on PubMed and the planted-community graph (judged on "metis"; the
+   "metis-nnz" figure is printed beside it).
 3. **Projection** of the epoch time and parallel efficiency to large P from the exact plans,
    kernel rates measured here on one thread and an alpha-beta network model, for a 25 GB/s
    and a 100 GB/s network with 2 us latency (`NETWORKS`); CAGNET-1D is projected on the METIS
@@ -54,6 +63,9 @@ The projection model (also printed with the results):
   product with the exchange, so this is pessimistic for it), and no contention (every rank
   gets the full link bandwidth ``beta``).
 - Efficiency: ``T1 / (P * T_P)``.
+- Work ratio of "metis-work": ``c = t_row / t_entry_step``, ``t_entry_step`` = the SpMM time
+  of a step per stored entry of ``Â`` (all its SpMMs), so a node's model compute is
+  ``t_entry_step * (entries + c)``: METIS balancing these weights balances the model's compute.
 
 The machine this was written on has 2 cores: P = 2 runs one thread per rank on each core, so
 it measures the algorithm's overheads at equal resources; timings are noisy (``--rounds``
@@ -78,10 +90,11 @@ from tqdm import tqdm
 
 from . import best_times, gnn, positive_int
 
-__all__ = ["GRAPHS", "HELP", "METHODS", "NETWORKS", "Network", "Plan", "Projection", "Rates",
-           "RunResult", "add_arguments", "allreduce_seconds", "build_case", "exchange_seconds",
-           "find_mpiexec", "make_plans", "measure_rates", "project", "project_cagnet", "run",
-           "schedule", "send_side"]
+__all__ = ["GRAPHS", "HELP", "METHODS", "NETWORKS", "Network", "PARTITIONERS", "Plan",
+           "Projection", "RUN_METHODS", "Rates", "RunResult", "add_arguments",
+           "allreduce_seconds", "build_case", "exchange_seconds", "find_mpiexec", "make_plans",
+           "measure_rates", "partition_graph", "project", "project_cagnet", "run", "schedule",
+           "send_side"]
 
 HELP = ("full-graph GCN training over MPI: P=1/2 runs against CAGNET-1D, exact partition plans "
         "to P=1024, alpha-beta projection")
@@ -90,11 +103,28 @@ HELP = ("full-graph GCN training over MPI: P=1/2 runs against CAGNET-1D, exact p
 GRAPHS = ("cora", "citeseer", "pubmed", "generated", "rmat")
 DEFAULT_GRAPHS = ("pubmed", "generated", "rmat")
 
-#: Partitioners of the plans: METIS, contiguous blocks after a reordering (or of the given
-#: order), random.
-METHODS = ("metis", "rabbit", "rcm", "contiguous", "random")
-DEFAULT_METHODS = ("metis", "rabbit", "rcm", "random")
-#: The partitioner of the real runs, and of CAGNET-1D's rows in the projection.
+#: Partitioners of the plans: METIS balancing nodes, stored entries or the measured work
+#: (entries + c per node, c = `Rates.work_ratio`), contiguous blocks after a reordering (or
+#: of the given order), random.
+METHODS = ("metis", "metis-nnz", "metis-work", "rabbit", "rcm", "contiguous", "random")
+DEFAULT_METHODS = ("metis", "metis-nnz", "metis-work", "rabbit", "rcm", "random")
+#: The balance of "metis-work": replaced by the measured work ratio c of the graph and hidden
+#: width (`partition_graph`'s ``work_ratio``).
+WORK = "work"
+#: The methods that partition the graph as given, and their `partition` arguments
+#: ``(method, balance)``; "rabbit" and "rcm" are "contiguous" after that reordering.
+PARTITIONERS = {"metis": ("metis", "rows"), "metis-nnz": ("metis", "nnz"),
+                "metis-work": ("metis", WORK), "contiguous": ("contiguous", "nnz"),
+                "random": ("random", "rows")}
+#: Methods whose partition depends on the hidden width (through c): one plan and one real
+#: job per width.
+PER_WIDTH = ("metis-work",)
+REORDERINGS = ("rabbit", "rcm")
+#: Partitioners the real runs can use (the graph as given, partitioned on rank 0), and those
+#: they run by default.
+RUN_METHODS = tuple(PARTITIONERS)
+DEFAULT_RUN_METHODS = ("metis", "metis-work")
+#: The partitioner of CAGNET-1D's rows in the projection and of the volume target.
 RUN_METHOD = "metis"
 #: The label of CAGNET-1D in the projection.
 CAGNET = "cagnet-1d"
@@ -145,7 +175,8 @@ CSV_COLUMNS = ("section", "graph", "method", "ranks", "hidden", "config", "netwo
                "nodes", "nnz", "volume_rows", "cagnet_volume_rows", "volume_fraction",
                "max_halo_rows", "peers_max", "peers_mean", "row_balance", "nnz_balance",
                "edge_cut", "partition_seconds", "alpha_us", "beta_gbps", "compute_ms",
-               "exchange_ms", "allreduce_ms", "single_ms", "efficiency")
+               "exchange_ms", "allreduce_ms", "single_ms", "efficiency", "rank_rows",
+               "rank_nnz", "rank_compute_ms", "rank_blocked_ms", "work_ratio")
 
 
 class UsageError(ValueError):
@@ -224,6 +255,10 @@ class Plan:
     owned_rows, owned_nnz_hat, halo_rows, peers, sent_rows, send_peers : ndarray
         Per rank: rows, entries of ``A + I`` in its rows, halo rows, ranks it receives from,
         rows it sends (what it receives back in the reverse exchange), ranks it sends to.
+    hidden : int
+        The hidden width whose work ratio weighed the nodes ("metis-work"); 0: any width.
+    work_ratio : float or None
+        "metis-work"'s c (METIS vertex weights: stored entries + c).
     """
 
     graph: str
@@ -246,6 +281,17 @@ class Plan:
     peers: np.ndarray = field(repr=False)
     sent_rows: np.ndarray = field(repr=False)
     send_peers: np.ndarray = field(repr=False)
+    hidden: int = 0
+    work_ratio: object = None
+
+    @property
+    def label(self):
+        """The method, and for a per-width plan its hidden width."""
+        return f"{self.method} h{self.hidden}" if self.hidden else self.method
+
+    def fits(self, hidden):
+        """Whether this plan belongs to the projection at ``hidden``."""
+        return self.hidden in (0, hidden)
 
     @property
     def fraction(self):
@@ -286,7 +332,7 @@ def send_side(indptr, indices, owner, nparts):
     return sent_rows, send_peers
 
 
-def _plan_of(name, part, indptr, indices, hat_lengths, seconds):
+def _plan_of(name, part, indptr, indices, hat_lengths, seconds, hidden=0, work_ratio=None):
     sent_rows, send_peers = send_side(indptr, indices, part.owner, part.nparts)
     owned_nnz_hat = np.bincount(part.owner, weights=hat_lengths,
                                 minlength=part.nparts).astype(np.int64)
@@ -297,53 +343,99 @@ def _plan_of(name, part, indptr, indices, hat_lengths, seconds):
                 row_balance=part.row_balance, nnz_balance=part.nnz_balance,
                 edge_cut=part.edge_cut, seconds=seconds, owned_rows=part.owned_rows,
                 owned_nnz_hat=owned_nnz_hat, halo_rows=part.halo_sizes, peers=part.peers,
-                sent_rows=sent_rows, send_peers=send_peers)
+                sent_rows=sent_rows, send_peers=send_peers, hidden=hidden,
+                work_ratio=work_ratio)
 
 
-def make_plans(name, adj, methods, ranks, progress=None, seed=0):
-    """The `Plan` of every (method, P) on one graph.
+def partition_graph(adj, nparts, method, seed=0, work_ratio=None):
+    """`pysparse_hpc.distributed.partition` of ``adj`` for a method of `PARTITIONERS`, its
+    `Partition.method` set to that name ("metis-nnz": METIS with ``balance="nnz"``,
+    "metis-work": METIS with ``balance=work_ratio``, the c of `Rates.work_ratio`).
+
+    Raises
+    ------
+    ValueError
+        "metis-work" without a ``work_ratio``.
+    """
+    from ..distributed.partition import partition
+    kind, balance = PARTITIONERS[method]
+    if balance == WORK:
+        if work_ratio is None:
+            raise ValueError(f"method {method!r} needs the work ratio c (t_row / t_entry of a "
+                             "step's SpMMs)")
+        balance = float(work_ratio)
+    part = partition(adj, nparts, kind, seed=seed, balance=balance)
+    part.method = method
+    return part
+
+
+def make_plans(name, adj, methods, ranks, progress=None, seed=0, work_ratios=None):
+    """The `Plan` of every (method, P) on one graph, and of every (method, hidden width, P)
+    for the methods of `PER_WIDTH`.
 
     Parameters
     ----------
     name : str
     adj : sparse array, shape (n, n)
     methods : sequence of str
-        Names of `METHODS`; "rabbit" and "rcm" reorder once, then split into contiguous blocks.
+        Names of `METHODS`; "rabbit" and "rcm" reorder once, then split into contiguous blocks
+        (balanced by stored entries), the others are `partition_graph`'s.
     ranks : sequence of int
     progress : tqdm, optional
         Advanced once per plan.
     seed : int
+    work_ratios : dict of int to float, optional
+        This graph's c per hidden width (`Rates.work_ratio`); needed by "metis-work", which
+        plans each width with its own c.
 
     Returns
     -------
     list of Plan
-    """
-    import time
 
-    import pysparse_hpc as sph
-    from ..distributed.partition import partition
+    Raises
+    ------
+    ValueError
+        "metis-work" is asked for without ``work_ratios``.
+    """
+    if any(m in PER_WIDTH for m in methods) and not work_ratios:
+        raise ValueError(f"the methods {', '.join(PER_WIDTH)} need the work ratios c per "
+                         "hidden width")
     hat_lengths = _hat_row_lengths(adj)
     plans = []
     for method in methods:
-        matrix, lengths = adj, hat_lengths
-        if method in ("rabbit", "rcm"):
-            if progress is not None:
-                progress.set_postfix_str(f"{name}: {method} reordering")
-            perm = sph.reorder(adj, method)
-            matrix, lengths = sph.permute(adj, perm), hat_lengths[perm]
-        csr = matrix.tocsr()
-        indptr, indices = np.asarray(csr.indptr), np.asarray(csr.indices)
-        for nparts in ranks:
-            if progress is not None:
-                progress.set_postfix_str(f"{name}: {method} P={nparts}")
-            start = time.perf_counter()
-            part = partition(matrix, nparts, "contiguous" if method in ("rabbit", "rcm")
-                             else method, seed=seed)
-            seconds = time.perf_counter() - start
-            part.method = method
-            plans.append(_plan_of(name, part, indptr, indices, lengths, seconds))
-            if progress is not None:
-                progress.update()
+        widths = sorted(work_ratios.items()) if method in PER_WIDTH else [(0, None)]
+        for hidden, ratio in widths:
+            plans += _method_plans(name, adj, method, ranks, progress, seed, hat_lengths,
+                                   hidden, ratio)
+    return plans
+
+
+def _method_plans(name, adj, method, ranks, progress, seed, hat_lengths, hidden, ratio):
+    """`make_plans` of one method (and for a per-width method, one hidden width)."""
+    import time
+
+    import pysparse_hpc as sph
+    label = f"{method} h{hidden}" if hidden else method
+    matrix, lengths = adj, hat_lengths
+    if method in REORDERINGS:
+        if progress is not None:
+            progress.set_postfix_str(f"{name}: {method} reordering")
+        perm = sph.reorder(adj, method)
+        matrix, lengths = sph.permute(adj, perm), hat_lengths[perm]
+    csr = matrix.tocsr()
+    indptr, indices = np.asarray(csr.indptr), np.asarray(csr.indices)
+    plans = []
+    for nparts in ranks:
+        if progress is not None:
+            progress.set_postfix_str(f"{name}: {label} P={nparts}")
+        start = time.perf_counter()
+        part = partition_graph(matrix, nparts, "contiguous" if method in REORDERINGS
+                               else method, seed=seed, work_ratio=ratio)
+        seconds = time.perf_counter() - start
+        part.method = method
+        plans.append(_plan_of(name, part, indptr, indices, lengths, seconds, hidden, ratio))
+        if progress is not None:
+            progress.update()
     return plans
 
 
@@ -403,6 +495,19 @@ class Rates:
     def row_seconds(self):
         """``t_row``: the rest of a step per row (dense transforms, elementwise, Adam)."""
         return max(self.step_seconds - self.spmm_total, 0.0) / self.nodes
+
+    @property
+    def step_entry_seconds(self):
+        """``t_entry_step``: seconds per stored entry of ``Â`` of all of a step's SpMMs."""
+        return self.spmm_total / self.nnz_hat if self.nnz_hat else 0.0
+
+    @property
+    def work_ratio(self):
+        """``c = t_row / t_entry_step``: a row's dense work in stored entries' SpMM work, the
+        per-node weight beyond its entries that evens out the model's compute ("metis-work":
+        METIS vertex weights = stored entries + c)."""
+        per_entry = self.step_entry_seconds
+        return self.row_seconds / per_entry if per_entry > 0 else 0.0
 
     def compute_seconds(self, owned_rows, owned_nnz_hat):
         """Compute time of a step on a rank owning these rows and entries (arrays work)."""
@@ -475,6 +580,7 @@ class Projection:
     exchanges: float
     allreduce: float
     single: float
+    work_ratio: object = None
 
     @property
     def epoch(self):
@@ -495,7 +601,7 @@ def project(plan, rates, network):
                        for w in rates.backward))
     return Projection(plan.graph, rates.hidden, plan.method, network, plan.ranks, compute,
                       exchanges, allreduce_seconds(rates.parameter_bytes, plan.ranks, network),
-                      rates.step_seconds)
+                      rates.step_seconds, plan.work_ratio)
 
 
 def project_cagnet(plan, rates, network):
@@ -605,6 +711,13 @@ class RunResult:
     exposed_per_rank : list of float
         Seconds blocked per epoch on each rank (a rank that waits for a busier one blocks
         longer).
+    method : str
+        The partitioner of a P > 1 run (a name of `RUN_METHODS`); "" at P = 1.
+    rank_compute, rank_blocked : list of float
+        Per rank, the median over the timed steps of the step's seconds less its blocked
+        seconds (the rank's own work), and of its blocked seconds.
+    work_ratio : float or None
+        The c of a "metis-work" partition (METIS vertex weights = stored entries + c).
     """
 
     graph: str
@@ -626,10 +739,20 @@ class RunResult:
     loss_rel_diff_vs_ours: object
     epochs: int
     exposed_per_rank: list = field(default_factory=list)
+    method: str = ""
+    rank_compute: list = field(default_factory=list)
+    rank_blocked: list = field(default_factory=list)
+    work_ratio: object = None
 
     @property
     def key(self):
         return self.graph, self.hidden
+
+    @property
+    def nnz_balance(self):
+        """max / mean of the entries of Â per rank."""
+        total = sum(self.owned_nnz)
+        return max(self.owned_nnz) * len(self.owned_nnz) / total if total else 1.0
 
     @property
     def bytes_per_epoch(self):
@@ -648,14 +771,18 @@ def _run_results(result):
                       losses=c["losses"], orders=c["orders"], owned_rows=c["owned_rows"],
                       halo_rows=c["halo_rows"], owned_nnz=c["owned_nnz"],
                       loss_rel_diff_vs_ours=c.get("loss_rel_diff_vs_ours"), epochs=c["epochs"],
-                      exposed_per_rank=c["exposed_per_rank"])
+                      exposed_per_rank=c["exposed_per_rank"], method=c.get("method") or "",
+                      rank_compute=c.get("compute_per_rank", []),
+                      rank_blocked=c.get("blocked_per_rank", []),
+                      work_ratio=c.get("work_ratio"))
             for c in result["cases"]]
 
 
-def _job_config(args, graphs):
-    return dict(graphs=list(graphs), hidden=list(args.hidden), epochs=args.epochs,
-                warmup=args.warmup, seed=args.seed, data_dir=str(args.data_dir),
-                quick=args.quick, repeat=args.repeat, cagnet=True)
+def _job_config(args, graphs, method=None, cagnet=False, hidden=None, work_ratios=None):
+    return dict(graphs=list(graphs), hidden=list(args.hidden if hidden is None else hidden),
+                epochs=args.epochs, warmup=args.warmup, seed=args.seed,
+                data_dir=str(args.data_dir), quick=args.quick, repeat=args.repeat,
+                method=method, cagnet=cagnet, work_ratios=work_ratios)
 
 
 def single_thread_rates(args, graphs):
@@ -676,34 +803,56 @@ def _load_average():
         return math.nan
 
 
-def real_runs(args, graphs, progress_out=None):
-    """The P=1 and P=``--run-ranks`` jobs: a list of `RunResult` and, per job, ``(ranks,
-    load average before, load average after)`` (other work on the machine shows there)."""
+def real_runs(args, graphs, run_methods=DEFAULT_RUN_METHODS, cagnet_methods=None,
+              progress_out=None, work_ratios=None):
+    """The P=1 job and one P=``--run-ranks`` job per partitioner of ``run_methods`` (the
+    CAGNET-1D peer beside ours in those of ``cagnet_methods``, default all; "metis-work": one
+    job per hidden width, each partitioned with its graph's c at that width from
+    ``work_ratios``, a dict of (graph, hidden) to c), ``--rounds`` times in turns: a list of
+    `RunResult` (each configuration's fastest) and, per job, ``(label, load average before,
+    load average after)`` (other work on the machine shows there)."""
     mpiexec = find_mpiexec()
     if mpiexec is None:
         raise UsageError("the real runs need mpiexec (next to this Python or on PATH): "
                          "pip install mpi4py mpich, or pass --skip-runs")
-    config = _job_config(args, graphs)
+    run_methods = list(run_methods)
+    cagnet_methods = run_methods if cagnet_methods is None else list(cagnet_methods)
+    per_rank = max(1, args.threads // args.run_ranks)
+    jobs = [(1, args.threads, _job_config(args, graphs))]
+    for method in run_methods:
+        cagnet = method in cagnet_methods
+        if method not in PER_WIDTH:
+            jobs.append((args.run_ranks, per_rank, _job_config(args, graphs, method, cagnet)))
+            continue
+        if work_ratios is None:
+            raise UsageError(f"the run method {method!r} needs the measured work ratios")
+        for hidden in args.hidden:
+            ratios = {graph: work_ratios[graph, hidden] for graph in graphs}
+            jobs.append((args.run_ranks, per_rank, _job_config(args, graphs, method, cagnet,
+                                                               [hidden], ratios)))
     best, loads = {}, []
-    jobs = [(1, args.threads), (args.run_ranks, max(1, args.threads // args.run_ranks))]
     with tqdm(total=len(jobs) * args.rounds, desc="runs", unit="job",
               file=progress_out) as progress:
         for _ in range(args.rounds):
-            for ranks, threads in jobs:
-                progress.set_postfix_str(f"P={ranks}, {threads} thread{'s' * (threads > 1)} "
+            for ranks, threads, config in jobs:
+                label = f"P={ranks}" + (f" {config['method']}" if ranks > 1 else "")
+                if config["work_ratios"]:
+                    label += f" h{config['hidden'][0]}"
+                progress.set_postfix_str(f"{label}, {threads} thread{'s' * (threads > 1)} "
                                          "per rank")
                 before = _load_average()
                 for r in _run_results(launch(ranks, threads, config, args.timeout, mpiexec)):
                     # Rounds only repeat the measurement: keep each configuration's fastest.
-                    key = (r.graph, r.hidden, r.ranks, r.config)
+                    key = (r.graph, r.hidden, r.ranks, r.method, r.config)
                     if key not in best or r.epoch < best[key].epoch:
                         best[key] = r
-                loads.append((ranks, before, _load_average()))
+                loads.append((label, before, _load_average()))
                 progress.update()
     configs = ("single", "ours", "cagnet")
-    results = sorted(best.values(), key=lambda r: (graphs.index(r.graph),
-                                                   args.hidden.index(r.hidden), r.ranks,
-                                                   configs.index(r.config)))
+    results = sorted(best.values(), key=lambda r: (
+        graphs.index(r.graph), args.hidden.index(r.hidden), r.ranks,
+        run_methods.index(r.method) if r.method in run_methods else -1,
+        configs.index(r.config)))
     return results, loads
 
 
@@ -724,8 +873,9 @@ def _singles(runs):
 def format_runs(runs):
     """The real runs' table: one line per (graph, hidden, configuration)."""
     single = _singles(runs)
-    heading = (f"{'graph':<10} {'nodes':>7} {'edges':>8} {'hidden':>6} {'P':>2} {'run':<7} "
-               f"{'thr':>3} {'ms/epoch':>9} {'vs P=1':>7} {'exposed ms':>10} {'exp %':>6} "
+    heading = (f"{'graph':<10} {'nodes':>7} {'edges':>8} {'hidden':>6} {'P':>2} "
+               f"{'partition':<10} {'run':<7} {'thr':>3} {'ms/epoch':>9} {'vs P=1':>7} "
+               f"{'exposed ms':>10} {'exp %':>6} "
                f"{'halo MB':>8} {'rev MB':>7} {'allred MB':>9} {'MB/epoch':>9}")
     lines = [heading, "-" * len(heading)]
     previous = None
@@ -736,8 +886,9 @@ def format_runs(runs):
         base = single.get(r.key)
         ratio = f"{r.epoch / base.epoch:>6.2f}x" if base else f"{'-':>7}"
         lines.append(
-            f"{r.graph:<10} {r.nodes:>7} {r.edges:>8} {r.hidden:>6} {r.ranks:>2} {r.config:<7} "
-            f"{r.threads_per_rank:>3} {r.epoch * 1e3:>9.2f} {ratio} {r.exposed * 1e3:>10.2f} "
+            f"{r.graph:<10} {r.nodes:>7} {r.edges:>8} {r.hidden:>6} {r.ranks:>2} "
+            f"{r.method or '-':<10} {r.config:<7} {r.threads_per_rank:>3} "
+            f"{r.epoch * 1e3:>9.2f} {ratio} {r.exposed * 1e3:>10.2f} "
             f"{100 * r.exposed_fraction:>5.1f}% "
             f"{_megabytes(r.bytes_received['halo']):>8.2f} "
             f"{_megabytes(r.bytes_received['reverse_halo']):>7.2f} "
@@ -746,15 +897,32 @@ def format_runs(runs):
     return "\n".join(lines)
 
 
+#: Relative tolerance of the P > 1 losses against P = 1's (float32 sums in another order,
+#: over the warm-up and timed steps of Adam).
+LOSS_RTOL = 1e-5
+
+
+def _label(r):
+    """``graph hH`` and, at P > 1, the partitioner."""
+    return f"{r.graph} h{r.hidden}" + (f" {r.method}" if r.method else "")
+
+
+def run_ratio_lines(runs):
+    """The c each "metis-work" run partitioned with."""
+    return [f"work ratio: {_label(r)}: partitioned with c = {r.work_ratio:.1f} (METIS vertex "
+            f"weights = stored entries + c)" for r in runs
+            if r.config == "ours" and r.work_ratio is not None]
+
+
 def run_checks(runs, schedules):
-    """Lines checking the runs: CAGNET's losses against ours, P>1 against P=1, and the bytes
-    measured against the plan's count. ``schedules`` maps (graph, hidden) to the step's
-    (forward, backward) SpMM widths."""
+    """Lines checking the runs: CAGNET's losses against ours, P>1 against P=1 (every
+    partitioner), and the bytes measured against the plan's count. ``schedules`` maps (graph,
+    hidden) to the step's (forward, backward) SpMM widths."""
     lines = []
     single = _singles(runs)
     for r in runs:
         if r.config == "cagnet":
-            lines.append(f"check: {r.graph} h{r.hidden}: CAGNET-1D losses equal ours over "
+            lines.append(f"check: {_label(r)}: CAGNET-1D losses equal ours over "
                          f"{len(r.losses)} steps, max relative difference "
                          f"{r.loss_rel_diff_vs_ours:.2e}")
         if r.config == "single":
@@ -763,9 +931,11 @@ def run_checks(runs, schedules):
         if r.config == "ours" and base is not None:
             difference = float(np.max(np.abs(np.subtract(r.losses, base.losses))
                                       / np.abs(base.losses)))
-            lines.append(f"check: {r.graph} h{r.hidden}: P={r.ranks} losses vs P=1, max "
-                         f"relative difference {difference:.2e} (same dropout masks; float "
-                         "sums in another order)")
+            lines.append(f"check: {_label(r)}: P={r.ranks} losses vs P=1 over {len(r.losses)} "
+                         f"steps, max relative difference {difference:.2e} (same dropout "
+                         f"masks; float sums in another order): "
+                         f"{'equal' if difference <= LOSS_RTOL else 'DIFFERENT'} (rtol "
+                         f"{LOSS_RTOL:g})")
         forward, backward = schedules[r.key]
         rows = (r.ranks - 1) * r.nodes if r.config == "cagnet" else sum(r.halo_rows)
         for kind, widths in (("halo", forward), ("reverse_halo", backward)):
@@ -775,105 +945,169 @@ def run_checks(runs, schedules):
                 rows_back = rows
             planned = rows_back * sum(widths) * VALUE_BYTES
             measured = r.bytes_received[kind]
-            lines.append(f"check: {r.graph} h{r.hidden} {r.config}: {kind} bytes per epoch "
+            lines.append(f"check: {_label(r)} {r.config}: {kind} bytes per epoch "
                          f"measured {measured:.0f}, plan {planned:.0f} ({rows_back} rows x "
                          f"widths {'+'.join(map(str, widths))} x {VALUE_BYTES} B): "
                          f"{'equal' if math.isclose(measured, planned) else 'DIFFERENT'}")
     return lines
 
 
+def _per_rank_ms(values):
+    return "/".join(f"{1e3 * seconds:.1f}" for seconds in values)
+
+
+def _limit(r, base):
+    """What keeps run ``r`` (ours, P > 1) from the targets: load imbalance (the busiest rank
+    hardly waits, the others wait for it), communication (it waits too) or compute."""
+    exposed = list(r.exposed_per_rank) or [r.exposed]
+    if len(r.rank_compute) == len(exposed):
+        busiest = int(np.argmax(r.rank_compute))  # the rank with the most work of its own
+    else:
+        busiest = int(np.argmin(exposed))  # no per-rank compute: the one that waits least
+    waits = exposed[busiest]
+    if r.exposed_fraction > TARGET_EXPOSED and waits <= TARGET_EXPOSED * r.epoch:
+        verdict = (f"load imbalance: the busiest rank is blocked {1e3 * waits:.1f} ms "
+                   f"({100 * waits / r.epoch:.0f}%), the others wait for it")
+    elif r.exposed_fraction > TARGET_EXPOSED:
+        verdict = "communication: every rank is blocked for longer than the target"
+    else:
+        verdict = (f"compute: {1e3 * (r.epoch - waits):.1f} ms outside waits on the busiest "
+                   f"rank vs the P=1 epoch of {1e3 * base.epoch:.1f} ms")
+    kinds = ", ".join(f"{kind} {1e3 * seconds:.1f}" for kind, seconds in
+                      r.exposed_by_kind.items())
+    compute = (f"compute per rank {_per_rank_ms(r.rank_compute)} ms, " if r.rank_compute
+               else "")
+    return (f"limit: {_label(r)}: {verdict}; epoch {1e3 * r.epoch:.1f} ms, {compute}blocked "
+            f"per rank {_per_rank_ms(exposed)} ms (largest by kind, ms: {kinds}); entries of Â "
+            f"per rank {'/'.join(map(str, r.owned_nnz))} (balance {r.nnz_balance:.3f}); "
+            f"{_megabytes(r.bytes_per_epoch):.1f} MB per epoch; halo {sum(r.halo_rows)} rows = "
+            f"{100 * sum(r.halo_rows) / r.nodes:.0f}% of n")
+
+
 def run_verdicts(runs):
-    """The two targets of the real runs, judged on graphs of at least `TARGET_MIN_EDGES`."""
+    """The two targets of the real runs, per partitioner, judged on graphs of at least
+    `TARGET_MIN_EDGES`, with the limit named where one is missed."""
     single = _singles(runs)
     judged = [r for r in runs if r.config == "ours" and r.edges >= TARGET_MIN_EDGES
               and r.key in single]
     if not judged:
         return [f"targets of the real runs: not judged (no run on a graph of >= "
                 f"{TARGET_MIN_EDGES:,} stored edges)"]
-    peers = {r.key: r for r in runs if r.config == "cagnet"}
-    ratios = [(r, r.epoch / single[r.key].epoch) for r in judged]
-    cases = ", ".join(f"{r.graph} h{r.hidden} {ratio:.2f}x "
-                      f"{_verdict(ratio <= TARGET_EPOCH_RATIO)}" for r, ratio in ratios)
-    lines = [f"target: P={judged[0].ranks} epoch <= {TARGET_EPOCH_RATIO:g}x the single-process "
-             f"epoch at the same total threads ({single[judged[0].key].threads_per_rank}), "
-             f"graphs >= 1M edges: {cases}: "
-             f"{_verdict(all(ratio <= TARGET_EPOCH_RATIO for _, ratio in ratios))}"]
-    lines.append(
-        f"target: exposed communication <= {100 * TARGET_EXPOSED:.0f}% of the P="
-        f"{judged[0].ranks} epoch, graphs >= 1M edges: "
-        + ", ".join(f"{r.graph} h{r.hidden} {100 * r.exposed_fraction:.1f}% "
-                    f"{_verdict(r.exposed_fraction <= TARGET_EXPOSED)}" for r in judged)
-        + f": {_verdict(all(r.exposed_fraction <= TARGET_EXPOSED for r in judged))}")
-    for r, ratio in ratios:
-        if ratio <= TARGET_EPOCH_RATIO and r.exposed_fraction <= TARGET_EXPOSED:
-            continue
-        base = single[r.key]
-        waits = ", ".join(f"{kind} {1e3 * seconds:.1f}" for kind, seconds in
-                          r.exposed_by_kind.items())
-        balance = max(r.owned_nnz) * len(r.owned_nnz) / sum(r.owned_nnz)
-        per_rank = "/".join(f"{1e3 * seconds:.1f}" for seconds in r.exposed_per_rank)
-        least = min(r.exposed_per_rank, default=r.exposed)
-        if r.exposed_fraction > TARGET_EXPOSED and least <= TARGET_EXPOSED * r.epoch:
-            # The busiest rank hardly waits: the others wait for it, not for the network.
-            verdict = (f"load imbalance: the busiest rank is blocked {1e3 * least:.1f} ms "
-                       f"({100 * least / r.epoch:.0f}%), the others wait for it")
-        elif r.exposed_fraction > TARGET_EXPOSED:
-            verdict = "communication: every rank is blocked for longer than the target"
-        else:
-            verdict = (f"compute: {1e3 * (r.epoch - least):.1f} ms outside waits on the "
-                       f"busiest rank vs the P=1 epoch of {1e3 * base.epoch:.1f} ms")
+    peers = {(r.key, r.method): r for r in runs if r.config == "cagnet"}
+    lines = []
+    for method in dict.fromkeys(r.method for r in judged):
+        mine = [r for r in judged if r.method == method]
+        ratios = [(r, r.epoch / single[r.key].epoch) for r in mine]
+        cases = ", ".join(f"{r.graph} h{r.hidden} {ratio:.2f}x "
+                          f"{_verdict(ratio <= TARGET_EPOCH_RATIO)}" for r, ratio in ratios)
+        where = f"graphs >= 1M edges, {method} partition" if method else "graphs >= 1M edges"
         lines.append(
-            f"limit: {r.graph} h{r.hidden}: {verdict}; epoch {1e3 * r.epoch:.1f} ms, blocked "
-            f"per rank {per_rank} ms (largest by kind, ms: {waits}); entries of Â per rank "
-            f"{'/'.join(map(str, r.owned_nnz))} (balance {balance:.3f}); "
-            f"{_megabytes(r.bytes_per_epoch):.1f} MB per epoch; halo {sum(r.halo_rows)} rows = "
-            f"{100 * sum(r.halo_rows) / r.nodes:.0f}% of n")
+            f"target: P={mine[0].ranks} epoch <= {TARGET_EPOCH_RATIO:g}x the single-process "
+            f"epoch at the same total threads ({single[mine[0].key].threads_per_rank}), "
+            f"{where}: {cases}: "
+            f"{_verdict(all(ratio <= TARGET_EPOCH_RATIO for _, ratio in ratios))}")
+        lines.append(
+            f"target: exposed communication <= {100 * TARGET_EXPOSED:.0f}% of the P="
+            f"{mine[0].ranks} epoch, {where}: "
+            + ", ".join(f"{r.graph} h{r.hidden} {100 * r.exposed_fraction:.1f}% "
+                        f"{_verdict(r.exposed_fraction <= TARGET_EXPOSED)}" for r in mine)
+            + f": {_verdict(all(r.exposed_fraction <= TARGET_EXPOSED for r in mine))}")
+        lines += [_limit(r, single[r.key]) for r, ratio in ratios
+                  if ratio > TARGET_EPOCH_RATIO or r.exposed_fraction > TARGET_EXPOSED]
     for r in judged:
-        peer = peers.get(r.key)
+        peer = peers.get((r.key, r.method))
         if peer is not None:
-            lines.append(f"ratio: {r.graph} h{r.hidden}: CAGNET-1D epoch {1e3 * peer.epoch:.1f} "
+            lines.append(f"ratio: {_label(r)}: CAGNET-1D epoch {1e3 * peer.epoch:.1f} "
                          f"ms = {peer.epoch / r.epoch:.2f}x ours ({100 * peer.exposed_fraction:.0f}"
                          f"% exposed, {_megabytes(peer.bytes_per_epoch):.1f} MB per epoch)")
+    return lines
+
+
+def rank_lines(runs):
+    """Per P > 1 run: every rank's compute (its step time less its blocked time, median over
+    the timed steps) beside its blocked time, entries of Â, rows and halo rows; a rank that
+    computes less waits longer: that is imbalance, what the busiest rank waits is the
+    network's."""
+    lines = []
+    for r in runs:
+        if r.ranks < 2 or not r.rank_compute:
+            continue
+        mean = sum(r.rank_compute) / len(r.rank_compute)
+        imbalance = max(r.rank_compute) / mean if mean else 1.0
+        lines.append(
+            f"ranks: {_label(r)} {r.config}: compute {_per_rank_ms(r.rank_compute)} ms "
+            f"(max/mean {imbalance:.2f}), blocked {_per_rank_ms(r.rank_blocked)} ms (medians "
+            f"over the steps); entries of Â {'/'.join(map(str, r.owned_nnz))} (balance "
+            f"{r.nnz_balance:.3f}), rows {'/'.join(map(str, r.owned_rows))}, halo rows "
+            f"{'/'.join(map(str, r.halo_rows))}")
+    return lines
+
+
+def partition_comparison(runs):
+    """Per graph and hidden width with ours run on several partitions: each partition's epoch
+    (and over the first partition's), exposed share, balance and bytes."""
+    single = _singles(runs)
+    lines = []
+    for key in dict.fromkeys(r.key for r in runs):
+        mine = [r for r in runs if r.key == key and r.config == "ours"]
+        if len(mine) < 2:
+            continue
+        first, base = mine[0], single.get(key)
+        parts = []
+        for r in mine:
+            text = f"{r.method} {1e3 * r.epoch:.2f} ms"
+            if base is not None:
+                text += f" = {r.epoch / base.epoch:.2f}x P=1"
+            if r is not first:
+                text += f" = {r.epoch / first.epoch:.2f}x {first.method}'s"
+            parts.append(f"{text} ({100 * r.exposed_fraction:.1f}% exposed, entries balance "
+                         f"{r.nnz_balance:.3f}, halo {sum(r.halo_rows)} rows, "
+                         f"{_megabytes(r.bytes_per_epoch):.1f} MB)")
+        lines.append(f"partitions: {key[0]} h{key[1]} ours: " + "; ".join(parts))
     return lines
 
 
 def model_check_lines(runs, rates, plans):
     """The distributed runs against one thread and against the model: measured efficiency
     ``T1 / (P T_P)`` (T1 from the single-thread rates job) and the model's compute for the
-    METIS partition of the run's P beside the measured epoch less its blocked time."""
+    run's partition at its P beside the measured epoch less the busiest rank's blocked
+    time."""
     lines = []
     by_key = {(r.graph, r.hidden): r for r in rates}
-    metis = {(p.graph, p.ranks): p for p in plans if p.method == RUN_METHOD}
+    by_plan = {(p.graph, p.method, p.ranks, p.hidden): p for p in plans}
     for r in runs:
         rate = by_key.get(r.key)
         if r.config != "ours" or rate is None:
             continue
-        text = (f"measured: {r.graph} h{r.hidden}: T1 (one thread, one process) "
+        text = (f"measured: {_label(r)}: T1 (one thread, one process) "
                 f"{1e3 * rate.step_seconds:.1f} ms, P={r.ranks} epoch {1e3 * r.epoch:.1f} ms: "
                 f"efficiency T1 / (P T_P) = {100 * rate.step_seconds / (r.ranks * r.epoch):.0f}%")
-        plan = metis.get((r.graph, r.ranks))
+        plan = by_plan.get((r.graph, r.method, r.ranks, 0)) or by_plan.get(
+            (r.graph, r.method, r.ranks, r.hidden))
         if plan is not None:
             compute = float(np.max(rate.compute_seconds(plan.owned_rows, plan.owned_nnz_hat)))
             least = min(r.exposed_per_rank, default=r.exposed)
             text += (f"; model compute at P={r.ranks} {1e3 * compute:.1f} ms vs measured epoch "
                      f"less the busiest rank's blocked time {1e3 * (r.epoch - least):.1f} ms")
+            if r.rank_compute:
+                text += f", measured busiest rank's compute {1e3 * max(r.rank_compute):.1f} ms"
         lines.append(text)
     return lines
 
 
 def format_plans(plans):
     """The exact plans: one line per (graph, method, P)."""
-    heading = (f"{'graph':<10} {'method':<10} {'P':>5} {'volume rows':>12} {'% CAGNET':>9} "
+    heading = (f"{'graph':<10} {'method':<14} {'P':>5} {'volume rows':>12} {'% CAGNET':>9} "
                f"{'max halo':>9} {'peers max':>9} {'mean':>7} {'bal rows':>8} {'bal nnz':>8} "
                f"{'cut %':>6} {'part s':>7}")
     lines = [heading, "-" * len(heading)]
     previous = None
     for p in plans:
-        if previous is not None and (p.graph, p.method) != previous:
+        if previous is not None and (p.graph, p.label) != previous:
             lines.append("")
-        previous = p.graph, p.method
+        previous = p.graph, p.label
         cut = 100 * p.edge_cut / p.nnz if p.nnz else 0.0
-        lines.append(f"{p.graph:<10} {p.method:<10} {p.ranks:>5} {p.volume:>12} "
+        lines.append(f"{p.graph:<10} {p.label:<14} {p.ranks:>5} {p.volume:>12} "
                      f"{100 * p.fraction:>8.2f}% {p.max_halo:>9} {p.peers_max:>9} "
                      f"{p.peers_mean:>7.1f} {p.row_balance:>8.3f} {p.nnz_balance:>8.3f} "
                      f"{cut:>5.1f}% {p.seconds:>7.2f}")
@@ -881,19 +1115,30 @@ def format_plans(plans):
 
 
 def plan_verdicts(plans):
-    """The volume target at P = `TARGET_VOLUME_RANKS` (and METIS's figure on other graphs)."""
+    """The volume target at P = `TARGET_VOLUME_RANKS`, judged on "metis" (METIS's figure on
+    other graphs, and METIS balanced by entries beside it, without a verdict)."""
     lines = []
     for p in plans:
-        if p.method != "metis" or p.ranks != TARGET_VOLUME_RANKS:
+        if (p.method not in ("metis", "metis-nnz", "metis-work")
+                or p.ranks != TARGET_VOLUME_RANKS):
             continue
         figure = (f"METIS halo volume at P={p.ranks} on {p.graph}: {p.volume} rows = "
                   f"{100 * p.fraction:.2f}% of CAGNET-1D's {p.cagnet_volume}")
-        if p.graph in TARGET_VOLUME_GRAPHS:
+        if p.method == "metis-nnz":
+            lines.append(f"METIS balanced by entries (metis-nnz): halo volume at P={p.ranks} on "
+                         f"{p.graph}: {p.volume} rows = {100 * p.fraction:.2f}% of CAGNET-1D's "
+                         f"(entries balance {p.nnz_balance:.3f}, rows {p.row_balance:.3f})")
+        elif p.method == "metis-work":
+            lines.append(f"METIS balanced by work (metis-work h{p.hidden}, c {p.work_ratio:.1f}):"
+                         f" halo volume at P={p.ranks} on {p.graph}: {p.volume} rows = "
+                         f"{100 * p.fraction:.2f}% of CAGNET-1D's (entries balance "
+                         f"{p.nnz_balance:.3f}, rows {p.row_balance:.3f})")
+        elif p.graph in TARGET_VOLUME_GRAPHS:
             lines.append(f"target: {figure} (<= {100 * TARGET_VOLUME:.0f}%): "
                          f"{_verdict(p.fraction <= TARGET_VOLUME)}")
         else:
             lines.append(f"{figure} (no target on this graph)")
-    if not lines:
+    if not any(line.startswith(("target", "METIS halo")) for line in lines):
         lines.append(f"target: METIS halo volume at P={TARGET_VOLUME_RANKS}: not judged (no "
                      "METIS plan at that P)")
     return lines
@@ -909,6 +1154,14 @@ def format_rates(rates):
                      f"{r.forward} backward {r.backward} = {1e3 * r.spmm_total:.1f} ms; t_row "
                      f"{1e6 * r.row_seconds:.3f} us per row; allreduce {r.parameter_bytes} B")
     return lines
+
+
+def work_ratio_lines(rates):
+    """The c of "metis-work" per graph and hidden width, and where it comes from."""
+    return [f"work ratio: {r.graph} h{r.hidden}: c = t_row / t_entry_step = "
+            f"{1e6 * r.row_seconds:.3f} us / {1e9 * r.step_entry_seconds:.2f} ns = "
+            f"{r.work_ratio:.1f} (metis-work: METIS vertex weights = stored entries + c)"
+            for r in rates]
 
 
 def format_projection(projections, ranks):
@@ -940,8 +1193,8 @@ SUMMARY_RANKS = (8, 64, 1024)
 
 
 def projection_summary(projections):
-    """Per (graph, hidden, network) and a few P: the efficiency of ours on METIS, of
-    CAGNET-1D on the same rows, and of the best partitioner."""
+    """Per (graph, hidden, network) and a few P: the efficiency of ours on METIS (balancing
+    rows, entries and work), of CAGNET-1D on METIS's rows, and of the best partitioner."""
     lines = []
     groups = list(dict.fromkeys((p.graph, p.hidden, p.network.name) for p in projections))
     for graph, hidden, network in groups:
@@ -955,8 +1208,9 @@ def projection_summary(projections):
             best = max((p for p in at.values() if p.method != CAGNET),
                        key=lambda p: p.efficiency)
             text = f"P={P}"
-            if RUN_METHOD in at:
-                text += f" {RUN_METHOD} {100 * at[RUN_METHOD].efficiency:.0f}%"
+            for method in ("metis", "metis-nnz", "metis-work"):
+                if method in at:
+                    text += f" {method} {100 * at[method].efficiency:.0f}%"
             if CAGNET in at:
                 text += f" vs CAGNET-1D on its rows {100 * at[CAGNET].efficiency:.0f}%"
             parts.append(f"{text}, best {best.method} {100 * best.efficiency:.0f}% "
@@ -977,6 +1231,10 @@ MODEL_LINES = (
 )
 
 
+def _ratio_text(ratio):
+    return "" if ratio is None else f"{ratio:.4f}"
+
+
 def write_csv(path, runs, plans, projections):
     """All figures, one row per run, plan and projection (`CSV_COLUMNS`)."""
     single = _singles(runs)
@@ -986,7 +1244,7 @@ def write_csv(path, runs, plans, projections):
         for r in runs:
             base = single.get(r.key)
             writer.writerow(dict(
-                section="run", graph=r.graph, method=RUN_METHOD if r.ranks > 1 else "",
+                section="run", graph=r.graph, method=r.method,
                 ranks=r.ranks, hidden=r.hidden, config=r.config,
                 threads_per_rank=r.threads_per_rank, epoch_ms=f"{1e3 * r.epoch:.4f}",
                 vs_single=f"{r.epoch / base.epoch:.4f}" if base else "",
@@ -995,7 +1253,13 @@ def write_csv(path, runs, plans, projections):
                 halo_bytes=f"{r.bytes_received['halo']:.0f}",
                 reverse_halo_bytes=f"{r.bytes_received['reverse_halo']:.0f}",
                 allreduce_bytes=f"{r.bytes_received['allreduce']:.0f}",
-                bytes_per_epoch=f"{r.bytes_per_epoch:.0f}", nodes=r.nodes, nnz=r.edges))
+                bytes_per_epoch=f"{r.bytes_per_epoch:.0f}", nodes=r.nodes, nnz=r.edges,
+                nnz_balance=f"{r.nnz_balance:.4f}", max_halo_rows=max(r.halo_rows),
+                rank_rows="/".join(map(str, r.owned_rows)),
+                rank_nnz="/".join(map(str, r.owned_nnz)),
+                rank_compute_ms="/".join(f"{1e3 * t:.4f}" for t in r.rank_compute),
+                rank_blocked_ms="/".join(f"{1e3 * t:.4f}" for t in r.rank_blocked),
+                work_ratio=_ratio_text(r.work_ratio)))
         for p in plans:
             writer.writerow(dict(
                 section="plan", graph=p.graph, method=p.method, ranks=p.ranks, nodes=p.nodes,
@@ -1003,7 +1267,8 @@ def write_csv(path, runs, plans, projections):
                 volume_fraction=f"{p.fraction:.6f}", max_halo_rows=p.max_halo,
                 peers_max=p.peers_max, peers_mean=f"{p.peers_mean:.4f}",
                 row_balance=f"{p.row_balance:.4f}", nnz_balance=f"{p.nnz_balance:.4f}",
-                edge_cut=p.edge_cut, partition_seconds=f"{p.seconds:.4f}"))
+                edge_cut=p.edge_cut, partition_seconds=f"{p.seconds:.4f}",
+                hidden=p.hidden or "", work_ratio=_ratio_text(p.work_ratio)))
         for p in projections:
             writer.writerow(dict(
                 section="projection", graph=p.graph, method=p.method, ranks=p.ranks,
@@ -1011,7 +1276,7 @@ def write_csv(path, runs, plans, projections):
                 beta_gbps=f"{p.network.beta / 1e9:g}", compute_ms=f"{1e3 * p.compute:.5f}",
                 exchange_ms=f"{1e3 * p.exchanges:.5f}", allreduce_ms=f"{1e3 * p.allreduce:.5f}",
                 epoch_ms=f"{1e3 * p.epoch:.5f}", single_ms=f"{1e3 * p.single:.5f}",
-                efficiency=f"{p.efficiency:.5f}"))
+                efficiency=f"{p.efficiency:.5f}", work_ratio=_ratio_text(p.work_ratio)))
 
 
 def write_plot(path, plans, projections, hidden):
@@ -1043,8 +1308,8 @@ def write_plot(path, plans, projections, hidden):
                              marker=".", label=label)
                 time_axis.plot(ranks, [1e3 * p.epoch for p in chosen], **style)
                 efficiency_axis.plot(ranks, [100 * p.efficiency for p in chosen], **style)
-            chosen = sorted((p for p in plans if p.graph == graph and p.method == method),
-                            key=lambda p: p.ranks)
+            chosen = sorted((p for p in plans if p.graph == graph and p.method == method
+                             and p.fits(hidden)), key=lambda p: p.ranks)
             if chosen:
                 volume_axis.plot([p.ranks for p in chosen], [100 * p.fraction for p in chosen],
                                  color=colours[method], marker=".", label=method)
@@ -1101,7 +1366,8 @@ def add_arguments(parser):
     parser.add_argument("--methods", default=",".join(DEFAULT_METHODS), metavar="A,B",
                         help=f"partitioners of the plans, comma-separated, of "
                              f"{', '.join(METHODS)} (default: {','.join(DEFAULT_METHODS)}); "
-                             "rabbit/rcm: contiguous blocks after that reordering")
+                             "rabbit/rcm: contiguous blocks after that reordering; "
+                             "metis-work: one plan per hidden width")
     parser.add_argument("--hidden", action="append", type=positive_int, metavar="H",
                         help=f"hidden width of the GCN (repeatable; default: "
                              f"{' '.join(map(str, HIDDEN))})")
@@ -1110,6 +1376,16 @@ def add_arguments(parser):
     parser.add_argument("--run-ranks", type=int, default=2, metavar="P",
                         help="ranks of the distributed real run (default: 2; the threads are "
                              "split among them)")
+    parser.add_argument("--run-methods", default=",".join(DEFAULT_RUN_METHODS), metavar="A,B",
+                        help=f"partitioners of the distributed real runs, one job each, of "
+                             f"{', '.join(RUN_METHODS)} (default: "
+                             f"{','.join(DEFAULT_RUN_METHODS)}; metis-nnz: METIS balancing "
+                             "stored entries; metis-work: entries + c per node, c = t_row / "
+                             "t_entry_step measured per graph and hidden width, one job per "
+                             "width)")
+    parser.add_argument("--cagnet-methods", default=None, metavar="A,B",
+                        help="the run methods whose jobs also time the CAGNET-1D peer, or "
+                             "'none' (default: all of --run-methods)")
     parser.add_argument("--epochs", type=positive_int, default=20, metavar="N",
                         help="timed training steps per real run (default: 20)")
     parser.add_argument("--warmup", type=positive_int, default=3, metavar="N",
@@ -1133,6 +1409,13 @@ def _check_arguments(args):
     """Validated selections, or `UsageError`."""
     graphs = _names(args.graphs, GRAPHS, "graph")
     methods = _names(args.methods, METHODS, "partition method")
+    args.run_methods = _names(args.run_methods, RUN_METHODS, "run method")
+    if args.cagnet_methods is None:
+        args.cagnet_methods = list(args.run_methods)
+    elif args.cagnet_methods.strip() == "none":
+        args.cagnet_methods = []
+    else:
+        args.cagnet_methods = _names(args.cagnet_methods, args.run_methods, "CAGNET method")
     if args.max_ranks < 2:
         raise UsageError(f"--max-ranks must be at least 2, got {args.max_ranks}")
     if args.run_ranks < 2:
@@ -1168,22 +1451,26 @@ def run(args, out=None):
         notes.append(f"graph {name}: {case.nodes} nodes, {case.edges} stored edges"
                      + (f": {case.note}" if case.note else ""))
 
-    plans = []
-    with tqdm(total=len(graphs) * len(methods) * len(ranks), desc="plans",
-              unit="plan") as progress:
-        for name, case in cases.items():
-            plans += make_plans(name, case.adj, methods, ranks, progress, seed=args.seed)
-
+    # The rates first: "metis-work" weighs every node by its entries + c, c from the rates.
     try:
         rates = single_thread_rates(args, graphs)
     except RunError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    work_ratios = {(r.graph, r.hidden): r.work_ratio for r in rates}
+
+    plans = []
+    count = sum(len(args.hidden) if m in PER_WIDTH else 1 for m in methods)
+    with tqdm(total=len(graphs) * count * len(ranks), desc="plans", unit="plan") as progress:
+        for name, case in cases.items():
+            plans += make_plans(name, case.adj, methods, ranks, progress, seed=args.seed,
+                                work_ratios={h: work_ratios[name, h] for h in args.hidden})
 
     runs, loads = [], []
     if not args.skip_runs:
         try:
-            runs, loads = real_runs(args, graphs)
+            runs, loads = real_runs(args, graphs, args.run_methods, args.cagnet_methods,
+                                    work_ratios=work_ratios)
         except UsageError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
@@ -1194,7 +1481,7 @@ def run(args, out=None):
     projections = []
     for r in rates:
         for network in NETWORKS:
-            graph_plans = [p for p in plans if p.graph == r.graph]
+            graph_plans = [p for p in plans if p.graph == r.graph and p.fits(r.hidden)]
             projections += [project(p, r, network) for p in graph_plans]
             projections += [project_cagnet(p, r, network) for p in graph_plans
                             if p.method == RUN_METHOD]
@@ -1208,20 +1495,25 @@ def run(args, out=None):
         per_rank = max(1, args.threads // args.run_ranks)
         rounds = f", the fastest of {args.rounds} job rounds" if args.rounds > 1 else ""
         print(f"\n== real runs: P=1 one process, {args.threads} threads; P={args.run_ranks} "
-              f"mpiexec -n {args.run_ranks}, {per_rank} thread(s) per rank, METIS partition; "
+              f"mpiexec -n {args.run_ranks}, {per_rank} thread(s) per rank, one job per "
+              f"partition ({', '.join(args.run_methods)}; metis-nnz: METIS balancing stored "
+              "entries; metis-work: METIS balancing entries + c per node, c = t_row / "
+              "t_entry_step of the graph and hidden width, one job per width); "
               f"epoch = median of {args.epochs} timed steps (each after a barrier, the slowest "
               f"rank's time) after {args.warmup} warm-up steps{rounds}; exposed = seconds "
               "blocked in waits on exchanges and the gradient allreduce (largest rank); MB = bytes "
               "received per epoch, all ranks; ours: halo exchange; cagnet: CAGNET-1D "
               "allgatherv + reduce-scatter, same model, seed and dropout", file=out)
         print(format_runs(runs), file=out)
+        for line in run_ratio_lines(runs):
+            print(line, file=out)
         schedules = {(r.graph, r.hidden): (r.forward, r.backward) for r in rates}
-        for line in (run_checks(runs, schedules) + run_verdicts(runs)
-                     + model_check_lines(runs, rates, plans)):
+        for line in (run_checks(runs, schedules) + rank_lines(runs) + run_verdicts(runs)
+                     + partition_comparison(runs) + model_check_lines(runs, rates, plans)):
             print(line, file=out)
         print("machine: 1-minute load average before/after each job (the job itself adds "
               "about its thread count): " + ", ".join(
-                  f"P={ranks} {before:.1f}/{after:.1f}" for ranks, before, after in loads),
+                  f"{label} {before:.1f}/{after:.1f}" for label, before, after in loads),
               file=out)
         if os.cpu_count() and os.cpu_count() <= args.run_ranks:
             print(f"caveat: {os.cpu_count()} cores: P={args.run_ranks} puts one single-thread "
@@ -1237,7 +1529,7 @@ def run(args, out=None):
     print("\n== projection (alpha-beta): " + ", ".join(
         f"{n.name}: alpha {1e6 * n.alpha:g} us, beta {n.beta / 1e9:g} GB/s" for n in NETWORKS),
         file=out)
-    for line in MODEL_LINES + tuple(format_rates(rates)):
+    for line in MODEL_LINES + tuple(format_rates(rates)) + tuple(work_ratio_lines(rates)):
         print(line, file=out)
     for line in format_projection(projections, ranks) + projection_summary(projections):
         print(line, file=out)
