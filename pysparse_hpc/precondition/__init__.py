@@ -1,4 +1,4 @@
-"""Gradient preconditioning (K-FAC) with ASDL's interface, in one process.
+"""Gradient preconditioning (K-FAC, Shampoo, Jorge) with ASDL's interface, in one process.
 
 Compatible with ASDL 0.1a5 (PyPI ``asdfghjkl``, import name ``asdl``): the same class names,
 configuration fields, Fisher-type names and loop, so that a script changes only its import::
@@ -18,6 +18,10 @@ PreconditionedGradientMaker  the loop: placeholders, schedules, hooks, state (ba
 NaturalGradientMaker         base of the Fisher-based makers: update steps, state
 KfacGradientMaker            K-FAC for nn.Linear, nn.Conv2d, nn.Embedding
 DiagNaturalGradientMaker     the diagonal Fisher, same modules and loop
+ShampooGradientMaker         Shampoo: L^-1/4 G R^-1/4 per block, roots by eigendecomposition,
+                             grafted to SGD's or Adagrad's step norm
+JorgeGradientMaker           Jorge: the -1/4 roots updated by matrix products only (no
+                             inverse, no eigendecomposition), grafted to SGD's norm
 OutputPlaceholder            what ``setup_model_call`` returns
 
 Constants
@@ -50,8 +54,10 @@ Fixed or added here:
 
 Not (yet) here: unit-wise curvature of normalization layers (they keep the plain gradient;
 ``unpreconditioned_parameters()`` lists them), ``setup_loss_repr`` / ``setup_logits_repr``,
-SKFAC (``swift=True``), the other makers (Shampoo, PSGD, K-BFGS, SENG, ...), the
-``"step"`` / ``"linear"`` interval types (ASDL ignores them), and distributed K-FAC.
+SKFAC (``swift=True``), the other makers (PSGD, K-BFGS, SENG, ...), the
+``"step"`` / ``"linear"`` interval types (ASDL ignores them), and the distributed strategies.
+Shampoo differs from ASDL's on purpose: ``block_size`` is applied, and the damping is added to
+the eigenvalues of each root, never into the stored statistics.
 
 Importing this package imports torch.
 """
@@ -61,8 +67,11 @@ from ._maker import OutputPlaceholder, PreconditionedGradientMaker
 from ._natural import NaturalGradientMaker
 from .config import PreconditioningConfig
 from .diag import DiagNaturalGradientMaker
+from .jorge import JorgeGradientMaker
 from .kfac import KfacGradientMaker
+from .shampoo import ShampooGradientMaker
 
 __all__ = ["DiagNaturalGradientMaker", "FISHER_EMP", "FISHER_EXACT", "FISHER_MC", "FISHER_TYPES",
-           "KfacGradientMaker", "LOSS_CROSS_ENTROPY", "LOSS_MSE", "NaturalGradientMaker",
-           "OutputPlaceholder", "PreconditionedGradientMaker", "PreconditioningConfig"]
+           "JorgeGradientMaker", "KfacGradientMaker", "LOSS_CROSS_ENTROPY", "LOSS_MSE",
+           "NaturalGradientMaker", "OutputPlaceholder", "PreconditionedGradientMaker",
+           "PreconditioningConfig", "ShampooGradientMaker"]

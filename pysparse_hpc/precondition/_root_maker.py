@@ -1,0 +1,456 @@
+"""What Shampoo and Jorge share: parameters as matrices, blocks, statistics, grafting, state.
+
+This module owns `RootGradientMaker`, the base of the makers that precondition the gradient
+``G`` of a parameter (``m x n`` after reshaping) by two inverse fourth roots,
+``L^-1/4 G R^-1/4``, with ``L`` built from ``G G^T`` and ``R`` from ``G^T G``
+(`ShampooGradientMaker`, `JorgeGradientMaker`). It owns
+
+* which parameters: every trainable parameter with 2 or more dimensions of a leaf module whose
+  ``weight`` has 2 or more dimensions (``nn.Linear``, ``nn.Conv1d/2d/3d`` with any dilation,
+  groups or padding, ``nn.Embedding`` with dense gradients, custom modules), reshaped to
+  ``shape[0] x prod(shape[1:])`` (a convolution: ``out x in*kh*kw``); and the parameters with 2
+  or more dimensions held directly by a container module (a positional embedding), unless
+  tied or ignored. The 1-D parameters of those leaf modules (biases) get the grafting method's
+  step (Adagrad's) or keep the plain gradient (listed by ``unpreconditioned_parameters``);
+* blocks: with ``block_size``, the rows and the columns are cut into blocks of at most
+  ``block_size``; each block ``G_ij`` has its own ``L_ij`` and ``R_ij`` (as in Google's and
+  ASDL's Shampoo, where ASDL never passes its ``block_size`` on);
+* the update, cut into separate steps so that a distributed strategy can slot in between:
+
+  1. compute: ``G_b G_b^T`` and ``G_b^T G_b`` of every block, from ``.grad``
+     (``_compute_statistics``);
+  2. reduce: ``_reduce_statistics`` (the identity in one process);
+  3. accumulate: refuse NaN/inf (a ``RuntimeWarning``; the block keeps its previous state),
+     then sum or moving average (``_accumulate_statistics``, in the subclass);
+  4. roots: ``_update_roots(names)`` for the parameters ``_root_owners()`` returns (all, here);
+  5. precondition: ``L^-1/4 G R^-1/4`` per block, grafting per parameter, ``.grad`` replaced
+     in place (``_precondition_parameters``);
+
+* grafting: the preconditioned step of each parameter rescaled to the norm of a first-order
+  step: ``"sgd"`` (the gradient), ``"adagrad"`` (``G / (sqrt(sum G^2) + epsilon)``), None;
+* the state (per block statistics and roots, Adagrad sums) and its checks on loading.
+
+Statistics: with ``config.ema_decay = e`` in (0, 1] they are the moving average
+``L <- (1 - e) L + e G G^T`` (ASDL's convention: ``b = 1 - e`` is the weight of the old value,
+starting from zero); with ``ema_decay = -1`` (ASDL's default) the sum ``L <- L + G G^T``, as in
+the original Shampoo and ASDL. They are computed from ``.grad`` as the loss call leaves it
+(no ``data_size`` scaling, as in ASDL), in the parameter's dtype (float32 for float16 and
+bfloat16 parameters).
+"""
+import numbers
+import warnings
+from collections import Counter, OrderedDict
+
+import torch
+from torch import nn
+
+from ._maker import PreconditionedGradientMaker, _all_finite
+from ._roots import block_bounds, finite_norm
+
+__all__ = ["RootGradientMaker", "GRAFTINGS"]
+
+#: The grafting methods: None (no grafting), ``"sgd"``, ``"adagrad"``.
+GRAFTINGS = (None, "sgd", "adagrad")
+_ASDL_NO_BLOCKS = -1
+
+
+def _check_block_size(block_size):
+    if block_size is None or (isinstance(block_size, numbers.Integral)
+                              and not isinstance(block_size, bool)
+                              and block_size == _ASDL_NO_BLOCKS):
+        return None
+    if not isinstance(block_size, numbers.Integral) or isinstance(block_size, bool):
+        raise TypeError(f"block_size must be an int or None, got {type(block_size).__name__} "
+                        f"({block_size!r})")
+    if block_size < 1:
+        raise ValueError(f"block_size must be an int >= 1 (or None, or ASDL's -1: no blocks), "
+                         f"got {block_size}")
+    return int(block_size)
+
+
+def check_positive(name, value, upper=None):
+    """`value` as a float; TypeError unless a real number, ValueError unless in (0, upper]."""
+    if not isinstance(value, numbers.Real) or isinstance(value, bool):
+        raise TypeError(f"{name} must be a float, got {type(value).__name__} ({value!r})")
+    value = float(value)
+    if not (value > 0 and (value <= upper if upper is not None else value < float("inf"))):
+        bound = f"in (0, {upper}]" if upper is not None else "a finite number > 0"
+        raise ValueError(f"{name} must be {bound}, got {value}")
+    return value
+
+
+def _stat_dtype(param):
+    return torch.float32 if param.dtype in (torch.float16, torch.bfloat16) else param.dtype
+
+
+class _Matrix:
+    """A parameter seen as an ``rows x cols`` matrix, and its blocks (row slice, column slice)."""
+    __slots__ = ("param", "rows", "cols", "blocks", "dtype")
+
+    def __init__(self, param, block_size):
+        self.param = param
+        self.rows = param.shape[0]
+        self.cols = param.numel() // self.rows
+        self.dtype = _stat_dtype(param)
+        self.blocks = [(slice(r0, r1), slice(c0, c1))
+                       for r0, r1 in block_bounds(self.rows, block_size)
+                       for c0, c1 in block_bounds(self.cols, block_size)]
+
+    def view(self, grad):
+        """``grad`` as the ``rows x cols`` matrix, in the statistics dtype (no copy if it can)."""
+        return grad.reshape(self.rows, self.cols).to(self.dtype)
+
+    def block_dims(self, k):
+        rows, cols = self.blocks[k]
+        return rows.stop - rows.start, cols.stop - cols.start
+
+
+class RootGradientMaker(PreconditionedGradientMaker):
+    """Base of `ShampooGradientMaker` and `JorgeGradientMaker` (module docstring); not used
+    directly.
+
+    Subclasses set ``_block_keys`` (what a block stores: key -> ``"L"``, ``"R"`` for an
+    ``m x m`` or ``n x n`` tensor, None for a float) and implement ``_accumulate_statistics``,
+    ``_update_roots`` and ``_roots_of``.
+    """
+    _requires_data_size = False
+    _block_keys = {}
+
+    def __init__(self, model, config, block_size=None, *, grafting=None, grafting_epsilon=1e-8,
+                 check_finite=True):
+        self.block_size = _check_block_size(block_size)
+        if grafting not in GRAFTINGS:
+            raise ValueError(f"grafting must be one of {GRAFTINGS}, got {grafting!r}")
+        self.grafting = grafting
+        self.grafting_epsilon = check_positive("grafting_epsilon", grafting_epsilon)
+        super().__init__(model, config, check_finite=check_finite)
+        if config.uses_ema:
+            self._decay, self._weight = 1.0 - config.ema_decay, float(config.ema_decay)
+        else:
+            self._decay, self._weight = 1.0, 1.0
+        self._matrices = OrderedDict()
+        self._vectors = OrderedDict()
+        self._collect_parameters()
+        self._blocks = {name: [{} for _ in m.blocks] for name, m in self._matrices.items()}
+        self._adagrad = {}
+
+    # ------------------------------------------------------------------ parameters
+    def _kind_for(self, name, module):
+        if isinstance(module, nn.Embedding) and module.sparse:
+            raise NotImplementedError(
+                f"{type(self).__name__} needs dense gradients; module {name!r} is "
+                f"nn.Embedding(sparse=True) (add it to PreconditioningConfig.ignore_modules to "
+                f"keep its plain gradient)")
+        weight = getattr(module, "weight", None)
+        if isinstance(weight, torch.Tensor) and weight.ndim >= 2:
+            return "matrix"
+        return None
+
+    def _supported_names(self):
+        return ("module whose weight has 2 or more dimensions (nn.Linear, nn.Conv2d, "
+                "nn.Embedding, ...)")
+
+    def _collect_parameters(self):
+        for module_name, (module, _) in self._modules.items():
+            for pname, param in module.named_parameters(recurse=False):
+                if not param.requires_grad:
+                    continue
+                name = f"{module_name}.{pname}" if module_name else pname
+                if param.ndim >= 2 and param.numel() > 0:
+                    self._matrices[name] = _Matrix(param, self.block_size)
+                elif param.ndim == 1 and self.grafting == "adagrad":
+                    self._vectors[name] = param
+                else:
+                    self._unpreconditioned[name] = (
+                        f"{param.ndim}-D parameter: plain gradient (grafting={self.grafting!r})"
+                        if param.ndim == 1 else f"{param.ndim}-D or empty parameter")
+        # >= 2-D parameters held directly by containers (the base class leaves them out).
+        ignored_ids = set()
+        for entry in self.config.ignore_modules or ():
+            if isinstance(entry, nn.Module):
+                ignored_ids.update(id(m) for m in entry.modules())
+        counts = Counter(id(p) for _, p in self.model.named_parameters(remove_duplicate=False))
+        for module_name, module in self.model.named_modules():
+            if (next(module.children(), None) is None
+                    or self._is_ignored(module_name, module, ignored_ids)):
+                continue
+            for pname, param in module.named_parameters(recurse=False):
+                if (param.requires_grad and param.ndim >= 2 and param.numel() > 0
+                        and counts[id(param)] == 1):
+                    name = f"{module_name}.{pname}" if module_name else pname
+                    self._unpreconditioned.pop(name, None)
+                    self._matrices[name] = _Matrix(param, self.block_size)
+
+    def preconditioned_parameters(self):
+        """The parameters whose ``.grad`` this maker replaces.
+
+        Returns
+        -------
+        collections.OrderedDict
+            Qualified parameter name -> parameter: every matrix (preconditioned) and, with
+            ``grafting="adagrad"``, the 1-D parameters of the preconditioned modules (given
+            Adagrad's step). The other trainable parameters are in
+            ``unpreconditioned_parameters()``.
+        """
+        out = OrderedDict((name, m.param) for name, m in self._matrices.items())
+        out.update(self._vectors)
+        return out
+
+    def block_shapes(self, name):
+        """The ``(rows, cols)`` of each block of parameter `name`, row-major."""
+        return [self._matrix(name).block_dims(k) for k in range(len(self._matrix(name).blocks))]
+
+    def _matrix(self, name):
+        if name not in self._matrices:
+            raise KeyError(f"{name!r} is not a preconditioned matrix parameter; they are "
+                           f"{list(self._matrices)}")
+        return self._matrices[name]
+
+    # ------------------------------------------------------------------ the loop
+    def _curvature_forward_and_backward(self):
+        # The statistics come from .grad: no hooks, the loss call as set up (as in ASDL).
+        return self._plain_forward_and_backward()
+
+    def update_curvature(self):
+        """Compute, reduce and accumulate the statistics of every block (steps 1-3)."""
+        pending = self._compute_statistics(self._statistics_owners())
+        self._accumulate_statistics(self._reduce_statistics(pending))
+
+    def update_preconditioner(self):
+        """Refresh the roots of the parameters this process owns (step 4)."""
+        self._update_roots(self._root_owners())
+
+    def precondition(self):
+        """Replace the ``.grad`` of every preconditioned parameter in place (step 5)."""
+        self._precondition_parameters(list(self._matrices), list(self._vectors))
+
+    # ------------------------------------------------------------------ steps 1-3
+    def _statistics_owners(self):
+        """The matrices whose statistics this process computes (all of them in one process)."""
+        return list(self._matrices)
+
+    def _compute_statistics(self, names):
+        """``{name: [(G_b G_b^T, G_b^T G_b) for each block]}`` for those with a gradient."""
+        pending = {}
+        with torch.no_grad():
+            for name in names:
+                matrix = self._matrices[name]
+                grad = matrix.param.grad
+                if grad is None:
+                    continue
+                G = matrix.view(grad)
+                pending[name] = [(torch.mm(G[rows, cols], G[rows, cols].T),
+                                  torch.mm(G[rows, cols].T, G[rows, cols]))
+                                 for rows, cols in matrix.blocks]
+        return pending
+
+    def _reduce_statistics(self, pending):
+        """Combine the new statistics across processes (the identity in one process)."""
+        return pending
+
+    def _accumulate_statistics(self, pending):
+        raise NotImplementedError
+
+    def _combine(self, old, new):
+        """``decay * old + weight * new`` (``weight * new`` without `old`); `new` is consumed."""
+        if old is None:
+            return new.mul_(self._weight) if self._weight != 1.0 else new
+        if self._decay != 1.0:
+            old = old.mul(self._decay)
+        return torch.add(old, new, alpha=self._weight)
+
+    def _combine_pair(self, state, keys, pair):
+        """The combined ``(L, R)`` statistics of one block, or None when not finite."""
+        new_l = self._combine(state.get(keys[0]), pair[0])
+        new_r = self._combine(state.get(keys[1]), pair[1])
+        if _all_finite(new_l) and _all_finite(new_r):
+            return new_l, new_r
+        return None
+
+    def _warn(self, name, what, bad=()):
+        """A RuntimeWarning about parameter `name` (and its blocks `bad`, when it has several)."""
+        where = ""
+        count = len(self._matrices[name].blocks) if name in self._matrices else 1
+        if bad and count > 1:
+            where = f" (block{'s' if len(bad) > 1 else ''} {', '.join(map(str, bad))} of {count})"
+        warnings.warn(f"step {self.state['step']}: {what[0]} in parameter {name!r}{where}; "
+                      f"{what[1]}", RuntimeWarning, stacklevel=5)
+
+    # ------------------------------------------------------------------ step 4
+    def _root_owners(self):
+        """The matrices whose roots this process refreshes (all of them in one process)."""
+        return list(self._matrices)
+
+    def _update_roots(self, names):
+        raise NotImplementedError
+
+    def _roots_of(self, state):
+        """``(left, right)`` roots of a block's state, or None (the block is left as it is)."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ step 5
+    def _precondition_parameters(self, matrices, vectors):
+        with torch.no_grad():
+            for name in matrices:
+                self._precondition_matrix(name)
+            for name in vectors:
+                param = self._vectors[name]
+                if param.grad is not None:
+                    step = self._adagrad_step(name, param.grad.to(_stat_dtype(param)))
+                    if step is not None:
+                        param.grad.copy_(step)
+
+    def _precondition_matrix(self, name):
+        matrix = self._matrices[name]
+        grad = matrix.param.grad
+        if grad is None:
+            return
+        roots = [self._roots_of(state) for state in self._blocks[name]]
+        if self.grafting != "adagrad" and all(r is None for r in roots):
+            return  # no roots yet: the identity, and SGD grafting changes nothing
+        G = matrix.view(grad)
+        target = None
+        if self.grafting == "sgd":
+            target = finite_norm(G)
+        elif self.grafting == "adagrad":
+            step = self._adagrad_step(name, G)
+            if step is None:
+                return
+            target = finite_norm(step)
+        if self.grafting is not None and target is None:
+            self._warn(name, ("non-finite gradient", "it is left unchanged"))
+            return
+        direction = self._direction(matrix, G, roots)
+        norm = finite_norm(direction)
+        if norm is None:
+            self._warn(name, ("non-finite preconditioned gradient",
+                              "the gradient is left unchanged"))
+            return
+        if target is not None:
+            direction = direction.mul(target / norm) if norm > 0 else torch.zeros_like(G)
+        grad.copy_(direction.view(grad.shape))
+
+    @staticmethod
+    def _direction(matrix, G, roots):
+        """``left G_b right`` per block (``G_b`` where the block has no roots)."""
+        if len(matrix.blocks) == 1:
+            if roots[0] is None:
+                return G
+            return torch.mm(torch.mm(roots[0][0], G), roots[0][1])
+        out = torch.empty_like(G)
+        for (rows, cols), pair in zip(matrix.blocks, roots):
+            block = G[rows, cols]
+            if pair is not None:
+                block = torch.mm(torch.mm(pair[0], block), pair[1])
+            out[rows, cols] = block
+        return out
+
+    def _adagrad_step(self, name, G):
+        """Add ``G^2`` to the Adagrad sum of `name`; ``G / (sqrt(sum) + epsilon)``, or None."""
+        if not _all_finite(G):
+            self._warn(name, ("non-finite gradient", "it is left unchanged"))
+            return None
+        square = G * G
+        total = self._adagrad.get(name)
+        total = square if total is None else total + square
+        self._adagrad[name] = total
+        return G / total.sqrt().add_(self.grafting_epsilon)
+
+    # ------------------------------------------------------------------ state
+    def factors(self, name):
+        """The stored tensors of matrix parameter `name`: one dict per block, row-major."""
+        self._matrix(name)
+        return [dict(state) for state in self._blocks[name]]
+
+    def state_dict(self):
+        """Step, grafting, block size, and per parameter its blocks' state and Adagrad sum.
+
+        ``{"step", "maker", "grafting", "block_size", "parameters": {name: {"blocks": [dict
+        per block], "adagrad": tensor (with Adagrad grafting)}}}``. Tensors are references
+        (see the base class); the makers replace them rather than change them in place.
+        """
+        state = super().state_dict()
+        state["grafting"] = self.grafting
+        state["block_size"] = self.block_size
+        parameters = {}
+        for name in list(self._matrices) + list(self._vectors):
+            entry = {}
+            if name in self._matrices:
+                entry["blocks"] = [dict(block) for block in self._blocks[name]]
+            if name in self._adagrad:
+                entry["adagrad"] = self._adagrad[name]
+            parameters[name] = entry
+        state["parameters"] = parameters
+        return state
+
+    def load_state_dict(self, state_dict):
+        """Restore a ``state_dict()``; an ASDL state dict (the step only) restores the step.
+
+        Raises ``ValueError`` when the parameters, the blocks, the keys, the shapes or the
+        grafting differ.
+        """
+        super().load_state_dict(state_dict)
+        if "parameters" not in state_dict:
+            warnings.warn("state_dict holds no statistics (an ASDL state_dict?): only the step "
+                          "is restored", UserWarning, stacklevel=2)
+            return
+        grafting = state_dict.get("grafting", self.grafting)
+        if grafting != self.grafting:
+            raise ValueError(f"state_dict is for grafting={grafting!r}, this maker uses "
+                             f"grafting={self.grafting!r}")
+        saved = state_dict["parameters"]
+        expected = set(self._matrices) | set(self._vectors)
+        if set(saved) != expected:
+            raise ValueError(f"state_dict has parameters {sorted(saved)}, expected "
+                             f"{sorted(expected)}")
+        blocks, adagrad = {}, {}
+        for name, entry in saved.items():
+            unknown = set(entry) - {"blocks", "adagrad"}
+            if unknown:
+                raise ValueError(f"state_dict entry of {name!r} has unknown keys "
+                                 f"{sorted(unknown)}")
+            if name in self._matrices:
+                matrix = self._matrices[name]
+                blocks[name] = self._load_blocks(name, matrix, entry.get("blocks", []))
+                shape, like = (matrix.rows, matrix.cols), matrix
+            else:
+                param = self._vectors[name]
+                shape, like = tuple(param.shape), param
+            if "adagrad" in entry:
+                adagrad[name] = self._load_tensor(f"adagrad sum of {name!r}", entry["adagrad"],
+                                                  shape, like)
+        self._blocks = blocks
+        self._adagrad = adagrad
+
+    def _load_blocks(self, name, matrix, saved):
+        if not isinstance(saved, (list, tuple)) or len(saved) != len(matrix.blocks):
+            found = len(saved) if isinstance(saved, (list, tuple)) else type(saved).__name__
+            raise ValueError(f"state_dict has {found} blocks for {name!r}, expected "
+                             f"{len(matrix.blocks)} (block_size={self.block_size})")
+        out = []
+        for k, block in enumerate(saved):
+            rows, cols = matrix.block_dims(k)
+            restored = {}
+            for key, value in block.items():
+                if key not in self._block_keys:
+                    raise ValueError(f"state_dict block {k} of {name!r} has unknown key "
+                                     f"{key!r}; expected some of {sorted(self._block_keys)}")
+                side = self._block_keys[key]
+                if side is None:
+                    restored[key] = float(value)
+                    continue
+                dim = rows if side == "L" else cols
+                restored[key] = self._load_tensor(f"{key} of block {k} of {name!r}", value,
+                                                  (dim, dim), matrix)
+            out.append(restored)
+        return out
+
+    @staticmethod
+    def _load_tensor(what, value, shape, like):
+        if not isinstance(value, torch.Tensor):
+            raise TypeError(f"state_dict {what} must be a tensor, got {type(value).__name__}")
+        if tuple(value.shape) != tuple(shape):
+            raise ValueError(f"state_dict {what} has shape {tuple(value.shape)}, expected "
+                             f"{tuple(shape)}")
+        param = like.param if isinstance(like, _Matrix) else like
+        return value.to(device=param.device, dtype=_stat_dtype(param))

@@ -1,0 +1,152 @@
+"""Matrix roots for the Kronecker-factored root makers (Shampoo, Jorge).
+
+This module owns the numerical kernels those makers share, each on plain tensors with no
+validation (the makers check their input):
+
+* `block_bounds`: the split of one dimension into blocks of at most ``block_size``;
+* `inverse_root`: ``(M + eps I)^(-1/p)`` of a symmetric positive semi-definite ``M`` by
+  eigendecomposition, the damping added to the (clamped) eigenvalues, never to ``M``;
+* `series_root_update`: Jorge's update of a stored inverse fourth root ``Lh ~ L^(-1/4)`` by
+  matrix products only (see its docstring for the formula and the normalisation);
+* `finite_norm`: a Euclidean norm that does not overflow where the tensor is finite.
+"""
+import math
+
+import torch
+
+from ._maker import _all_finite
+
+__all__ = ["block_bounds", "finite_norm", "inverse_root", "series_root_update",
+           "SERIES_COEFFICIENTS"]
+
+#: ``(1 + x)^(-1/4) = 1 - x/4 + (5/32) x^2 - (15/128) x^3 + ...``: the terms Jorge keeps.
+SERIES_COEFFICIENTS = (1.0, -0.25, 5.0 / 32.0)
+
+
+def block_bounds(dim, block_size=None):
+    """``[(start, stop), ...]`` covering ``range(dim)`` in blocks of `block_size` (last shorter).
+
+    Examples
+    --------
+    >>> from pysparse_hpc.precondition._roots import block_bounds
+    >>> block_bounds(10, 4)
+    [(0, 4), (4, 8), (8, 10)]
+    >>> block_bounds(10)
+    [(0, 10)]
+    """
+    if block_size is None or dim <= block_size:
+        return [(0, dim)]
+    return [(start, min(start + block_size, dim)) for start in range(0, dim, block_size)]
+
+
+def inverse_root(matrix, damping, order=4, relative=False):
+    """``(M + eps I)^(-1/order)`` by eigendecomposition; None when that fails or is not finite.
+
+    Parameters
+    ----------
+    matrix : torch.Tensor
+        Symmetric positive semi-definite ``n x n`` (finite; only its lower triangle is read).
+    damping : float
+        ``eps`` (> 0), added to the eigenvalues after negative rounding errors are clamped to 0.
+    order : int
+        The root: 4 for Shampoo's two-sided preconditioner.
+    relative : bool
+        True: ``eps = damping * lambda_max(M)`` (``damping`` when ``M`` is zero), the scale-free
+        ridge of Google's Shampoo and ASDL (which, unlike this function, also adds it into
+        ``M`` itself).
+
+    Returns
+    -------
+    torch.Tensor or None
+        ``V diag((max(lambda, 0) + eps)^(-1/order)) V^T``, in the dtype of `matrix`.
+    """
+    try:
+        eigenvalues, eigenvectors = torch.linalg.eigh(matrix)
+    except RuntimeError:  # torch.linalg.LinAlgError: the algorithm did not converge
+        return None
+    eigenvalues = eigenvalues.clamp(min=0)
+    eps = damping
+    if relative:
+        largest = float(eigenvalues[-1])
+        if largest > 0:
+            eps = damping * largest
+    powers = eigenvalues.add_(eps).pow_(-1.0 / order)
+    root = torch.mm(eigenvectors * powers, eigenvectors.T)
+    return root if _all_finite(root) else None
+
+
+def series_root_update(root, statistics, decay, radius, symmetrize=True):
+    """Jorge's update of ``Lh = L^(-1/4)`` for ``L <- decay L + M``, by matrix products only.
+
+    ``decay L + M = decay L (I + X)`` with ``X = L^-1 M / decay = Lh^4 M / decay``, and
+    ``(I + X)^(-1/4) = I - X/4 + (5/32) X^2 + O(X^3)``, so
+
+        ``Lh <- decay^(-1/4) Lh (I - X/4 + (5/32) X^2)``
+
+    which equals the exact root ``(decay L + M)^(-1/4)`` up to ``O(||X||^3)`` when ``L`` and
+    ``M`` commute (in general the product ``Lh (I + X)^(-1/4)`` is the commuting
+    approximation, as in the Jorge paper). For EMA statistics ``M = (1 - b) G G^T`` and
+    ``decay = b``: ``X = ((1 - b) / b) Lh^4 G G^T``.
+
+    Normalisation: the binomial series converges for a spectral radius of ``X`` below 1 and
+    the truncated polynomial ``1 - x/4 + 5x^2/32`` stops decreasing at ``x = 0.8``. When
+    ``||X||_F > radius``, ``X`` is scaled to Frobenius norm `radius` (which bounds the spectral
+    radius: ``X`` is similar to the positive semi-definite ``Lh^2 M Lh^2 / decay`` when ``Lh``
+    is symmetric). The prefactor ``decay^(-1/4)`` is kept, so the clipped update is, to the
+    same order, the exact root update of ``decay L + (radius / ||X||_F) M``: the new
+    statistics enter with a smaller weight; nothing else changes. Below `radius` the update is
+    the unmodified series.
+
+    Parameters
+    ----------
+    root : torch.Tensor
+        The current ``Lh`` (``n x n``).
+    statistics : torch.Tensor
+        ``M`` (``n x n``, symmetric positive semi-definite).
+    decay : float
+        The factor of the old statistics (> 0).
+    radius : float
+        The largest Frobenius norm of ``X`` used (in (0, 1]).
+    symmetrize : bool
+        Return ``(Lh + Lh^T) / 2`` (the exact root is symmetric; the product is not).
+
+    Returns
+    -------
+    (torch.Tensor or None, bool)
+        The new ``Lh`` (None when ``X`` is not finite) and whether ``X`` was scaled down.
+    """
+    square = torch.mm(root, root)
+    x = torch.mm(torch.mm(square, square), statistics)
+    norm = finite_norm(x)
+    if norm is None:
+        return None, False
+    scale = 1.0 / decay
+    norm *= scale
+    clipped = norm > radius
+    if clipped:
+        scale *= radius / norm
+    if scale != 1.0:
+        x.mul_(scale)
+    y = torch.mm(root, x)
+    new = torch.addmm(root, y, x, beta=1.0, alpha=SERIES_COEFFICIENTS[2])
+    new.add_(y, alpha=SERIES_COEFFICIENTS[1])
+    if decay != 1.0:
+        new.mul_(decay ** -0.25)
+    if symmetrize:
+        new = new.add(new.T).mul_(0.5)
+    return new, clipped
+
+
+def finite_norm(tensor):
+    """The Euclidean norm of `tensor` as a float, or None when it holds NaN or inf.
+
+    A finite tensor whose sum of squares overflows (float32 entries above ~1e19) is rescaled
+    by its largest magnitude first.
+    """
+    value = float(torch.linalg.vector_norm(tensor))
+    if math.isfinite(value):
+        return value
+    if not bool(torch.isfinite(tensor).all()):
+        return None
+    largest = float(tensor.abs().max())
+    return largest * float(torch.linalg.vector_norm(tensor / largest))

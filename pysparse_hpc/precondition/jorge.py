@@ -1,0 +1,168 @@
+"""Jorge: `JorgeGradientMaker`, Shampoo's inverse fourth roots updated by matrix products only.
+
+Jorge (Singh, Sating, Bhatele, 2023) stores ``Lh = L^-1/4`` and ``Rh = R^-1/4`` themselves
+and updates them without inverses or eigendecompositions. This module owns that update; the
+parameters, blocks, grafting, update steps and state are `RootGradientMaker`'s
+(``_root_maker``), so the loop, ``block_size`` and ``state_dict`` are Shampoo's.
+
+For the gradient ``G`` of a parameter (``m x n``; per block with ``block_size``):
+
+* statistics, on curvature steps, gathered until the next refresh:
+  ``M_L <- b M_L + (1 - b) G G^T``, ``M_R <- b M_R + (1 - b) G^T G`` and ``a <- b a``
+  (starting from ``M = 0``, ``a = 1``), with ``b = 1 - config.ema_decay``; or
+  ``M <- M + G G^T``, ``a = 1`` with ``ema_decay = -1`` (sums). After ``s`` curvature steps,
+  Shampoo's statistics are ``L_new = a L + M_L`` with ``a = b^s``;
+* refresh, on preconditioner steps (`_roots.series_root_update`):
+  ``X_L = Lh^4 (M_L + (1 - a) eps I) / a``, scaled to Frobenius norm `series_radius` when
+  larger, ``Lh <- a^-1/4 Lh (I - X_L/4 + (5/32) X_L^2)``, then ``Lh <- (Lh + Lh^T) / 2``
+  (`symmetrize`); the same for ``Rh``. For one curvature step and ``eps = 0`` this is the
+  paper's ``X_L = ((1 - b) / b) Lh^4 G G^T``. The ``(1 - a) eps I`` term (``eps =
+  config.damping``) keeps the damping constant: ``Lh^-4`` tracks Shampoo's ``L + eps I``
+  instead of letting the initial ``eps I`` decay like old statistics;
+* direction: ``Lh G Rh``, grafted per parameter to SGD's norm by default.
+
+Initialisation (`init`): ``"identity"``: ``Lh = eps^-1/4 I`` before the first refresh, i.e.
+``L_0 = eps I`` (no eigendecomposition ever); ``"first_statistics"``: the first refresh sets
+``Lh = (M_L + eps I)^-1/4`` by one eigendecomposition (Shampoo's root at that step), the later
+ones use the series. Before its first refresh a block is left as it is (the identity).
+
+Accuracy: below `series_radius`, the refresh equals the exact root update
+``(a (L + eps I) + M + (1 - a) eps I)^-1/4`` (Shampoo's ``(L_new + eps I)^-1/4``) up to
+``O(||X||^3)`` when ``L`` and ``M`` commute; otherwise it is the commuting approximation of
+the paper (the symmetrisation roughly halves the root error in our measurements). Jorge's
+design notes normalise ``X`` by its norm; here only an ``X`` above `series_radius` is scaled
+(to that norm), so that small updates stay exact to second order. A clipped ``X`` is the same
+update for statistics whose new part enters with the weight ``series_radius / ||X||_F``, so
+Jorge's statistics then lag behind Shampoo's; ``clipped_updates`` counts such refreshes. The
+series is accurate when ``eps`` is large compared with ``(1 - b) ||G G^T||`` or once the
+statistics have accumulated: ``X ~ ((1 - b) / b) (L + eps I)^-1 G G^T``.
+"""
+import torch
+
+from ._maker import _all_finite
+from ._root_maker import RootGradientMaker, check_positive
+from ._roots import inverse_root, series_root_update
+
+__all__ = ["JorgeGradientMaker", "JORGE_INITS"]
+
+#: Jorge's initialisations: ``"identity"`` and ``"first_statistics"``.
+JORGE_INITS = ("identity", "first_statistics")
+
+
+class JorgeGradientMaker(RootGradientMaker):
+    """Jorge preconditioned gradients, on the loop of `ShampooGradientMaker`.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+    config : PreconditioningConfig
+        ``ema_decay``: ``b = 1 - ema_decay`` (0.001 for the paper's ``b = 0.999``; 1 is refused),
+        -1 for sums;
+        ``damping``: the initial ``L = damping I`` (or the ``eps`` of the first root);
+        ``preconditioner_upd_interval``: steps between refreshes;
+        ``curvature_upd_interval``: steps between statistics (follows the preconditioner's
+        when unset; with 1, every gradient enters the next refresh).
+    block_size : int, optional
+        As for `ShampooGradientMaker`.
+    grafting : {"sgd", "adagrad", None}, default "sgd"
+        As for `ShampooGradientMaker`; Jorge grafts to SGD's norm.
+    grafting_epsilon : float, default 1e-8
+    init : {"identity", "first_statistics"}, default "identity"
+        See the module docstring.
+    series_radius : float, default 0.5
+        The largest Frobenius norm of ``X`` used, in (0, 1]: larger ``X`` are scaled down
+        (at 0.5 the truncated series is within 1.2% of ``(1 + x)^-1/4``).
+    symmetrize : bool, default True
+        Keep ``Lh`` and ``Rh`` symmetric after each refresh.
+    check_finite : bool, default True
+        As for `ShampooGradientMaker`; a non-finite refresh keeps the previous roots and
+        drops the gathered statistics.
+
+    Attributes
+    ----------
+    clipped_updates : int
+        How many refreshes of one root had ``X`` scaled down (not in ``state_dict``).
+
+    Examples
+    --------
+    >>> import torch, torch.nn.functional as F
+    >>> from pysparse_hpc.precondition import JorgeGradientMaker, PreconditioningConfig
+    >>> model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
+    >>> gm = JorgeGradientMaker(model, PreconditioningConfig(damping=1e-3, ema_decay=0.1))
+    >>> dy = gm.setup_model_call(model, torch.randn(16, 4))
+    >>> gm.setup_loss_call(F.cross_entropy, dy, torch.randint(0, 3, (16,)))
+    >>> y, loss = gm.forward_and_backward()
+    >>> sorted(gm.factors("2.weight")[0])
+    ['Lh', 'Rh']
+    """
+    _block_keys = {"Lh": "L", "Rh": "R", "L_stat": "L", "R_stat": "R", "stat_decay": None}
+
+    def __init__(self, model, config, block_size=None, *, grafting="sgd", grafting_epsilon=1e-8,
+                 init="identity", series_radius=0.5, symmetrize=True, check_finite=True):
+        if getattr(config, "ema_decay", None) == 1.0:
+            raise ValueError("JorgeGradientMaker needs ema_decay < 1 (or -1: sums): with 1 the "
+                             "old statistics get the weight b = 0 and Lh^4 M / b is undefined")
+        if init not in JORGE_INITS:
+            raise ValueError(f"init must be one of {JORGE_INITS}, got {init!r}")
+        self.init = init
+        self.series_radius = check_positive("series_radius", series_radius, upper=1.0)
+        self.symmetrize = bool(symmetrize)
+        self.clipped_updates = 0
+        super().__init__(model, config, block_size, grafting=grafting,
+                         grafting_epsilon=grafting_epsilon, check_finite=check_finite)
+
+    def _accumulate_statistics(self, pending):
+        for name, pairs in pending.items():
+            bad = []
+            for k, pair in enumerate(pairs):
+                state = self._blocks[name][k]
+                combined = self._combine_pair(state, ("L_stat", "R_stat"), pair)
+                if combined is None:
+                    bad.append(k)
+                    continue
+                state["L_stat"], state["R_stat"] = combined
+                state["stat_decay"] = state.get("stat_decay", 1.0) * self._decay
+            if bad:
+                self._warn(name, ("non-finite statistics", "they are skipped; the gathered "
+                                  "statistics and the roots are kept"), bad)
+
+    def _update_roots(self, names):
+        for name in names:
+            bad = []
+            for k, state in enumerate(self._blocks[name]):
+                if "L_stat" not in state:
+                    continue
+                stats = (state.pop("L_stat"), state.pop("R_stat"))
+                decay = state.pop("stat_decay")
+                roots = [self._refresh(state.get(key), stat, decay)
+                         for key, stat in zip(("Lh", "Rh"), stats)]
+                if roots[0] is None or roots[1] is None:
+                    bad.append(k)
+                    continue
+                state["Lh"], state["Rh"] = roots
+            if bad:
+                self._warn(name, ("non-finite root update", "the previous roots are kept and "
+                                  "the gathered statistics dropped"), bad)
+
+    def _refresh(self, root, statistics, decay):
+        """The new root for ``decay L + statistics`` (None when not finite)."""
+        damping = self.config.damping
+        if root is None:
+            if self.init == "first_statistics":
+                return inverse_root(statistics, damping, 4)
+            root = torch.eye(statistics.shape[0], dtype=statistics.dtype,
+                             device=statistics.device).mul_(damping ** -0.25)
+        if decay != 1.0:  # L_new + eps I = decay (L + eps I) + M + (1 - decay) eps I
+            statistics = statistics.clone()
+            statistics.diagonal().add_((1.0 - decay) * damping)
+        new, clipped = series_root_update(root, statistics, decay, self.series_radius,
+                                          self.symmetrize)
+        self.clipped_updates += clipped
+        if new is None or not _all_finite(new):
+            return None
+        return new
+
+    def _roots_of(self, state):
+        if "Lh" in state:
+            return state["Lh"], state["Rh"]
+        return None
