@@ -18,10 +18,8 @@ PreconditionedGradientMaker  the loop: placeholders, schedules, hooks, state (ba
 NaturalGradientMaker         base of the Fisher-based makers: update steps, state
 KfacGradientMaker            K-FAC for nn.Linear, nn.Conv2d, nn.Embedding
 DiagNaturalGradientMaker     the diagonal Fisher, same modules and loop
-ShampooGradientMaker         Shampoo: L^-1/4 G R^-1/4 per block, roots by eigendecomposition,
-                             grafted to SGD's or Adagrad's step norm
-JorgeGradientMaker           Jorge: the -1/4 roots updated by matrix products only (no
-                             inverse, no eigendecomposition), grafted to SGD's norm
+ShampooGradientMaker         Shampoo: L^-1/4 G R^-1/4 per block, grafted to SGD or Adagrad
+JorgeGradientMaker           Jorge: the roots updated by matrix products only, grafted to SGD
 OutputPlaceholder            what ``setup_model_call`` returns
 
 Constants
