@@ -34,7 +34,8 @@ class DistributedTrainResult:
     losses : list of float
         Training loss of every epoch.
     seconds_per_epoch : float
-        Median training step (slowest rank's steps are what everyone waits for).
+        Each rank's median training step, averaged over the ranks (every step ends in the
+        gradient allreduce, so the ranks' steps differ only by how long each waited).
     seconds_total : float
         Wall time of the whole training (evaluation included).
     halo_bytes_per_epoch : float

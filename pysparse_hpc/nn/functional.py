@@ -238,15 +238,19 @@ def spmm(adj, x, values=None):
 
     Parameters
     ----------
-    adj : csr_array, mebcrs_array or blocked_array, shape (M, K)
+    adj : csr_array, mebcrs_array, blocked_array or DistGraph, shape (M, K)
         The sparse operand. Without ``values`` its own values are used (constants) and the
         product runs on adj's format (a blocked ``adj`` runs the blocked kernel, forward and
-        backward). With ``values`` only its pattern is read.
+        backward). With ``values`` only its pattern is read. A
+        `~pysparse_hpc.distributed.DistGraph` takes this rank's rows of ``x`` and returns
+        its rows of the product; the halo rows travel while the owned columns are multiplied
+        (forward), and their gradient goes back to the owners (backward).
     x : torch.Tensor, shape (K, F), or (K, heads, F) with 2-D ``values``
         float32 or float64, on the CPU or a CUDA device.
     values : torch.Tensor, shape (nnz,) or (nnz, heads), optional
         Per-edge values aligned with ``pattern(adj)`` (e.g. attention probabilities), same
-        dtype and device as ``x``. Gradients flow into them when they require grad.
+        dtype and device as ``x``; on a `DistGraph`, with its local matrix's entries.
+        Gradients flow into them when they require grad.
 
     Returns
     -------
@@ -295,8 +299,10 @@ def sddmm(adj, x, y):
 
     Parameters
     ----------
-    adj : csr_array, mebcrs_array or blocked_array, shape (M, K)
-        Only the pattern is read.
+    adj : csr_array, mebcrs_array, blocked_array or DistGraph, shape (M, K)
+        Only the pattern is read. On a `~pysparse_hpc.distributed.DistGraph` ``x`` and ``y``
+        are this rank's rows (y's halo rows come in one exchange) and the result follows its
+        local matrix's entries.
     x : torch.Tensor, shape (M, F) or (M, heads, F)
     y : torch.Tensor, shape (K, F) or (K, heads, F)
         Same dtype, device and number of dimensions as ``x``.
