@@ -110,11 +110,14 @@ class RootGradientMaker(PreconditionedGradientMaker):
     directly.
 
     Subclasses set ``_block_keys`` (what a block stores: key -> ``"L"``, ``"R"`` for an
-    ``m x m`` or ``n x n`` tensor, None for a float) and implement ``_accumulate_statistics``,
-    ``_update_roots`` and ``_roots_of``.
+    ``m x m`` or ``n x n`` tensor, None for a float), ``_statistics_keys`` (where a block keeps
+    the statistics it accumulates) and ``_skipped_statistics`` (what happens when new ones are
+    not finite), and implement ``_update_roots`` and ``_roots_of``.
     """
     _requires_data_size = False
     _block_keys = {}
+    _statistics_keys = ("L", "R")
+    _skipped_statistics = "the update is skipped"
 
     def __init__(self, model, config, block_size=None, *, grafting=None, grafting_epsilon=1e-8,
                  check_finite=True):
@@ -249,7 +252,24 @@ class RootGradientMaker(PreconditionedGradientMaker):
         return pending
 
     def _accumulate_statistics(self, pending):
-        raise NotImplementedError
+        """Add each block's new statistics to its kept ones (`_combine`); blocks whose result
+        is not finite keep theirs, with one warning per parameter."""
+        left, right = self._statistics_keys
+        for name, pairs in pending.items():
+            bad = []
+            for k, pair in enumerate(pairs):
+                state = self._blocks[name][k]
+                combined = self._combine_pair(state, self._statistics_keys, pair)
+                if combined is None:
+                    bad.append(k)
+                    continue
+                state[left], state[right] = combined
+                self._statistics_added(state)
+            if bad:
+                self._warn(name, ("non-finite statistics", self._skipped_statistics), bad)
+
+    def _statistics_added(self, state):
+        """Called after a block's statistics were accumulated (nothing to do by default)."""
 
     def _combine(self, old, new):
         """``decay * old + weight * new`` (``weight * new`` without `old`); `new` is consumed."""

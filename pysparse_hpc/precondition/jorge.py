@@ -96,6 +96,9 @@ class JorgeGradientMaker(RootGradientMaker):
     ['Lh', 'Rh']
     """
     _block_keys = {"Lh": "L", "Rh": "R", "L_stat": "L", "R_stat": "R", "stat_decay": None}
+    # Statistics gathered since the last refresh of the roots (and the decay they carry).
+    _statistics_keys = ("L_stat", "R_stat")
+    _skipped_statistics = "they are skipped; the gathered statistics and the roots are kept"
 
     def __init__(self, model, config, block_size=None, *, grafting="sgd", grafting_epsilon=1e-8,
                  init="identity", series_radius=0.5, symmetrize=True, check_finite=True):
@@ -111,20 +114,8 @@ class JorgeGradientMaker(RootGradientMaker):
         super().__init__(model, config, block_size, grafting=grafting,
                          grafting_epsilon=grafting_epsilon, check_finite=check_finite)
 
-    def _accumulate_statistics(self, pending):
-        for name, pairs in pending.items():
-            bad = []
-            for k, pair in enumerate(pairs):
-                state = self._blocks[name][k]
-                combined = self._combine_pair(state, ("L_stat", "R_stat"), pair)
-                if combined is None:
-                    bad.append(k)
-                    continue
-                state["L_stat"], state["R_stat"] = combined
-                state["stat_decay"] = state.get("stat_decay", 1.0) * self._decay
-            if bad:
-                self._warn(name, ("non-finite statistics", "they are skipped; the gathered "
-                                  "statistics and the roots are kept"), bad)
+    def _statistics_added(self, state):
+        state["stat_decay"] = state.get("stat_decay", 1.0) * self._decay
 
     def _update_roots(self, names):
         for name in names:

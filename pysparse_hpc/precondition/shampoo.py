@@ -91,6 +91,7 @@ class ShampooGradientMaker(RootGradientMaker):
     ['L', 'L_root', 'R', 'R_root']
     """
     _block_keys = {"L": "L", "R": "R", "L_root": "L", "R_root": "R"}
+    _skipped_statistics = "the update is skipped and the previous statistics and roots are kept"
 
     def __init__(self, model, config, block_size=None, sync_group=None, *, grafting=None,
                  grafting_epsilon=1e-8, relative_damping=False, check_finite=True):
@@ -100,20 +101,6 @@ class ShampooGradientMaker(RootGradientMaker):
         self.relative_damping = bool(relative_damping)
         super().__init__(model, config, block_size, grafting=grafting,
                          grafting_epsilon=grafting_epsilon, check_finite=check_finite)
-
-    def _accumulate_statistics(self, pending):
-        for name, pairs in pending.items():
-            bad = []
-            for k, pair in enumerate(pairs):
-                state = self._blocks[name][k]
-                combined = self._combine_pair(state, ("L", "R"), pair)
-                if combined is None:
-                    bad.append(k)
-                    continue
-                state["L"], state["R"] = combined
-            if bad:
-                self._warn(name, ("non-finite statistics", "the update is skipped and the "
-                                  "previous statistics and roots are kept"), bad)
 
     def _update_roots(self, names):
         damping = self.config.damping
