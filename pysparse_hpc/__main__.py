@@ -4,11 +4,9 @@
 import argparse
 import importlib.util
 import os
-import shutil
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
@@ -84,16 +82,11 @@ def run_demo(name="cora", out=None, models=("gcn", "gat"), seeds=5, progress=Tru
     return 0
 
 
-def mpiexec_command():
-    """The ``mpiexec`` beside this Python (a virtual environment's), else on the PATH."""
-    beside = Path(sys.executable).parent / "mpiexec"
-    return str(beside) if beside.exists() else shutil.which("mpiexec")
-
-
 def _distributed_report(name, out, ranks=2):
     """GCN trained by ``python -m pysparse_hpc train`` on ``ranks`` MPI ranks, beside the same
     training (same seed) in this process."""
-    launcher = mpiexec_command()
+    from .distributed._comm import mpiexec_path
+    launcher = mpiexec_path()
     if importlib.util.find_spec("mpi4py") is None or launcher is None:
         print("Distributed training skipped: it needs mpi4py and mpiexec (pip install mpi4py "
               "mpich, or the [mpi] extra)", file=out)

@@ -6,7 +6,6 @@ the test instead of stalling the suite.
 """
 import importlib.util
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -14,15 +13,12 @@ from pathlib import Path
 
 import pytest
 
+from pysparse_hpc.distributed._comm import mpiexec_path
+
 pytestmark = pytest.mark.mpi
 
 CHECKS = Path(__file__).parent / "mpi" / "checks.py"
 REPO_ROOT = Path(__file__).resolve().parent.parent
-
-
-def mpiexec_path():
-    beside = Path(sys.executable).parent / "mpiexec"
-    return str(beside) if beside.exists() else shutil.which("mpiexec")
 
 
 requires_mpi = pytest.mark.skipif(

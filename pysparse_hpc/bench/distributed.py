@@ -76,7 +76,6 @@ import csv
 import json
 import math
 import os
-import shutil
 import signal
 import statistics
 import subprocess
@@ -88,6 +87,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
+from ..distributed._comm import mpiexec_path as find_mpiexec
 from . import best_times, gnn, positive_int
 
 __all__ = ["GRAPHS", "HELP", "METHODS", "NETWORKS", "Network", "PARTITIONERS", "Plan",
@@ -624,15 +624,6 @@ def project_cagnet(plan, rates, network):
 
 class RunError(RuntimeError):
     """A training job failed, timed out, or its CAGNET peer disagreed with ours."""
-
-
-def find_mpiexec():
-    """``mpiexec`` next to the running Python (a virtual environment's mpich), else on PATH;
-    None when there is none."""
-    beside = Path(sys.executable).parent / "mpiexec"
-    if beside.is_file() and os.access(beside, os.X_OK):
-        return str(beside)
-    return shutil.which("mpiexec")
 
 
 def _stop(process):

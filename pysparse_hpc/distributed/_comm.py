@@ -12,6 +12,7 @@ MPI library moves inside it depends on its algorithm); a broadcast counts ``size
 sent on the root and one received elsewhere. A one-rank communicator counts nothing.
 """
 import os
+import shutil
 import sys
 import threading
 import time
@@ -20,7 +21,7 @@ from collections import defaultdict
 
 import numpy as np
 
-__all__ = ["Communicator", "init", "launched_ranks"]
+__all__ = ["Communicator", "init", "launched_ranks", "mpiexec_path"]
 
 #: Kinds of traffic `Communicator.stats` reports (any other string is accepted too).
 KINDS = ("halo", "reverse_halo", "allreduce", "broadcast", "gather", "scatter", "setup")
@@ -43,6 +44,15 @@ def launched_ranks():
         if value is not None and value.strip().isdigit():
             return max(1, int(value))
     return 1
+
+
+def mpiexec_path():
+    """The ``mpiexec`` beside the running Python (a virtual environment's mpich), else the one
+    on the PATH; None when there is none."""
+    beside = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    if os.path.isfile(beside) and os.access(beside, os.X_OK):
+        return beside
+    return shutil.which("mpiexec")
 
 
 def _as_buffer(array, name="buffer"):
