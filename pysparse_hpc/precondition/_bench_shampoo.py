@@ -14,20 +14,12 @@ skipped.
 """
 import statistics
 import sys
-import time
 import warnings
 
 import torch
-import torch.nn.functional as F
-from torch import nn
 
 from . import JorgeGradientMaker, PreconditioningConfig, ShampooGradientMaker
-
-
-def _model():
-    torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(784, 256), nn.ReLU(), nn.Linear(256, 128), nn.ReLU(),
-                         nn.Linear(128, 10))
+from ._bench import mlp, ms_per_step
 
 
 def _make(kind, model, interval, asdl):
@@ -45,26 +37,8 @@ def _make(kind, model, interval, asdl):
 
 
 def _step_time(kind, interval, x, t, steps, asdl=None):
-    model = _model()
-    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-    maker = _make(kind, model, interval, asdl)
-
-    def step():
-        opt.zero_grad()
-        if maker is None:
-            F.cross_entropy(model(x), t).backward()
-        else:
-            dy = maker.setup_model_call(model, x)
-            maker.setup_loss_call(F.cross_entropy, dy, t)
-            maker.forward_and_backward()
-        opt.step()
-
-    for _ in range(max(2, interval)):
-        step()
-    start = time.perf_counter()
-    for _ in range(steps):
-        step()
-    return (time.perf_counter() - start) / steps * 1e3
+    model = mlp()
+    return ms_per_step(model, _make(kind, model, interval, asdl), x, t, max(2, interval), steps)
 
 
 def main(repeats=5):
