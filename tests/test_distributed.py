@@ -273,6 +273,10 @@ def test_load_file(tmp_path, cora):
         sph.datasets.load_file(path)
     data = sph.datasets.load_file(path, random_features=12)
     assert data.x.shape == (2708, 12) and data.name == "graph"
+    bundled = sph.datasets.load("cora", random_features=12)
+    assert np.array_equal(bundled.x, data.x) and bundled.name == "cora"
+    with pytest.raises(ValueError, match="positive width"):
+        sph.datasets.load("cora", random_features=0)
     np.savez(path, **{k: v for k, v in arrays.items() if k != "labels"})
     with pytest.raises(ValueError, match="lacks labels"):
         sph.datasets.load_file(path, random_features=3)

@@ -66,13 +66,15 @@ def available():
     return _BUNDLED
 
 
-def load(name):
+def load(name, random_features=None, seed=0):
     """Load a bundled dataset by name.
 
     Parameters
     ----------
     name : {"cora", "citeseer"}
         Case-insensitive.
+    random_features, seed : optional
+        As for `load_file`: seeded random features of this width instead of the real ones.
 
     Returns
     -------
@@ -91,7 +93,7 @@ def load(name):
     if key not in _BUNDLED:
         raise ValueError(f"unknown dataset {name!r}; available: {', '.join(_BUNDLED)}")
     with resources.as_file(resources.files(__package__) / "data" / f"{key}.npz") as path:
-        return load_file(path, name=key)
+        return load_file(path, random_features=random_features, seed=seed, name=key)
 
 
 _SPLITS = ("train", "val", "test")

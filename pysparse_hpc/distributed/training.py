@@ -71,13 +71,7 @@ def _load(dataset, random_features, seed):
         return dataset
     name = str(dataset)
     if name.lower() in datasets.available():
-        data = datasets.load(name)
-        if random_features is not None:
-            data = datasets.Dataset(data.name, data.adj, np.random.default_rng(seed)
-                                    .standard_normal((data.num_nodes, int(random_features)),
-                                                     dtype=np.float32), data.y, data.train_mask,
-                                    data.val_mask, data.test_mask, data.num_classes)
-        return data
+        return datasets.load(name, random_features=random_features, seed=seed)
     if name.endswith(".npz"):
         return datasets.load_file(name, random_features=random_features, seed=seed)
     raise ValueError(f"unknown dataset {name!r}: use one of {', '.join(datasets.available())} "
