@@ -297,3 +297,20 @@ def test_train_command_without_mpiexec(capsys):
     assert "unknown dataset 'nowhere'" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["train", "--threads", "0"])
+
+
+def test_callers_data_is_left_untouched(cora):
+    adj = cora.adj
+    before = [a.copy() for a in (adj.indptr, adj.indices, adj.data)]
+    owner = np.arange(adj.shape[0], dtype=np.int64) % 1
+    owner_before = owner.copy()
+    features = np.ascontiguousarray(cora.x[:, :5])
+    features_before = features.copy()
+    graph = DistGraph.scatter(adj, owner, Communicator(None))
+    graph.scatter_rows(features)
+    graph.halo_exchange(features)
+    F.spmm(graph, torch.from_numpy(features))
+    F.dropout(torch.from_numpy(features), 0.5, row_ids=graph.owned)
+    for array, saved in zip((adj.indptr, adj.indices, adj.data), before):
+        assert np.array_equal(array, saved)
+    assert np.array_equal(owner, owner_before) and np.array_equal(features, features_before)
