@@ -13,7 +13,7 @@ from ._config import cuda_split_blocks, cuda_warps_per_block
 from ._dense import is_device_array
 
 __all__ = ["PRECISIONS", "pattern_spmm_cuda", "require_gpu", "spmm_cuda", "spmm_launcher",
-           "sddmm_cuda"]
+           "sddmm_cuda", "sddmm_launcher"]
 
 #: "fp32": CUDA-core CSR kernel; "tf32" and "fp16": tensor-core ME-BCRS kernels with tf32 or
 #: fp16 inputs, both accumulating in fp32.
@@ -47,7 +47,24 @@ def _on_device(cuda, host_or_device, dtypes, name):
             raise TypeError(f"{name} on the device has dtype {view.dtype}; this precision needs "
                             f"{needed} (convert it on the device first)")
         return view
-    return cuda.to_device(np.ascontiguousarray(host_or_device, dtype=dtypes[0]))
+    return cuda.to_device(_host_as(host_or_device, dtypes[0], name))
+
+
+#: The largest finite float16.
+HALF_MAX = float(np.finfo(np.float16).max)
+
+
+def _host_as(values, dtype, name):
+    """Host ``values`` as a contiguous array of ``dtype``, refusing float16 casts that would turn
+    finite values into infinities (the fp16 precision would then give inf/NaN results)."""
+    values = np.asarray(values)
+    if dtype == np.float16 and values.dtype != np.float16 and values.size:
+        largest = float(np.nanmax(np.abs(np.where(np.isfinite(values), values, 0))))
+        if largest > HALF_MAX:
+            raise ValueError(f"precision='fp16' sends {name} as float16, whose largest value is "
+                             f"{HALF_MAX:g}, but {name} holds {largest:.6g}; use precision='tf32' "
+                             f"or 'fp32', or scale {name}")
+    return np.ascontiguousarray(values, dtype=dtype)
 
 
 def _cached(owner, key, source, build):
@@ -146,7 +163,7 @@ def spmm_launcher(A, precision, dtype=np.float32):
         operand_dtypes = ((np.dtype(np.float16), result_dtype) if precision == "fp16"
                           else (result_dtype,))
         offsets, col_idx = _device_arrays(cuda, M, ("row_window_offset", "col_idx"))
-        values = cuda.to_device(M.values.astype(operand_dtypes[0]))
+        values = cuda.to_device(_host_as(M.values, operand_dtypes[0], "A's values"))
         device_M = _DeviceMebcrs(offsets, col_idx, values, M.shape)
         kernel = "tf32-16x1" if M.window == 16 else precision
         warps, parts = cuda_warps_per_block(), _parts(cuda, kernels, M)
@@ -167,8 +184,7 @@ def _parts(cuda, kernels, M):
 
     def build():
         host = kernels.mma_parts(M.row_window_offset, split)
-        return tuple(cuda.to_device(np.ascontiguousarray(a)) for a in host) + (
-            bool(host[3].any()),)
+        return tuple(cuda.to_device(np.ascontiguousarray(a)) for a in host)
     return _cached(M, ("parts", split), M.row_window_offset, build)
 
 
@@ -236,10 +252,7 @@ def sddmm_cuda(A, x_operand, y_operand, alpha, beta, precision):
         device_X = _on_device(cuda, X, (dtype,), "X")
         device_Y = _on_device(cuda, Y, (dtype,), "Y")
         stored = A.tocsr()
-        device_rows = _cached(stored, "entry_rows", stored.indptr, lambda: cuda.to_device(
-            np.repeat(np.arange(stored.shape[0], dtype=stored.index_dtype),
-                      np.diff(stored.indptr))))
-        indices, = _device_arrays(cuda, stored, ("indices",))
+        device_rows, indices = _csr_sddmm_arrays(cuda, stored)
         result, device_out = _result(cuda, x_operand, (stored.nnz,) + X.shape[1:-1], dtype)
         kernels.launch_csr_sddmm(device_rows, indices, device_X, device_Y, device_out)
         stored_values = stored.data
@@ -250,14 +263,11 @@ def sddmm_cuda(A, x_operand, y_operand, alpha, beta, precision):
         device_X = _on_device(cuda, X, accepted, "X")
         device_Y = _on_device(cuda, Y, accepted, "Y")
         stored = _mma_operand(A, precision)
-        offsets, col_idx, mask = _device_arrays(cuda, stored, ("row_window_offset", "col_idx",
-                                                               "vector_mask"))
+        device_stored, widest = _mebcrs_sddmm_arrays(cuda, stored)
         result, device_out = _result(cuda, x_operand, (stored.values.size,) + X.shape[1:-1],
                                      dtype)
-        widest = int(np.diff(stored.row_window_offset).max(initial=0))
-        kernels.launch_mebcrs_sddmm(_DeviceMebcrs(offsets, col_idx, None, stored.shape,
-                                                  vector_mask=mask),
-                                    device_X, device_Y, device_out, widest, precision)
+        kernels.launch_mebcrs_sddmm(device_stored, device_X, device_Y, device_out, widest,
+                                    precision)
         stored_values = stored.values
     on_device = x_operand.device == "cuda"
     # The stored values are added on the device where the result keeps the kernel's order; a
@@ -345,3 +355,128 @@ def pattern_spmm_cuda(csr, values, B):
         kernels.launch_csr_spmm(indptr, indices, view(values[:, h]), view(B[:, h]),
                                 view(out[:, h]))
     return out
+
+
+# --- SDDMM kernels alone (the GPU benchmark) ---------------------------------------------------
+
+def _csr_sddmm_arrays(cuda, stored):
+    """The entry -> row array and the column indices of CSR ``stored`` on the device, each
+    sent once and kept with ``stored``."""
+    device_rows = _cached(stored, "entry_rows", stored.indptr, lambda: cuda.to_device(
+        np.repeat(np.arange(stored.shape[0], dtype=stored.index_dtype),
+                  np.diff(stored.indptr))))
+    indices, = _device_arrays(cuda, stored, ("indices",))
+    return device_rows, indices
+
+
+def _mebcrs_sddmm_arrays(cuda, stored):
+    """The structure of ME-BCRS ``stored`` on the device (sent once, kept with ``stored``) as
+    the tensor-core SDDMM reads it, and its widest window in vectors."""
+    offsets, col_idx, mask = _device_arrays(cuda, stored, ("row_window_offset", "col_idx",
+                                                           "vector_mask"))
+    widest = int(np.diff(stored.row_window_offset).max(initial=0))
+    return _DeviceMebcrs(offsets, col_idx, None, stored.shape, vector_mask=mask), widest
+
+
+class _SddmmLauncher:
+    """``launch(device_X, device_Y, device_out)`` runs the SDDMM kernel(s) of one precision on
+    arrays already on the device: ``device_out`` gets ``(X @ Y.T)`` at the stored entries, in
+    the storage order of `stored` (alpha 1, beta 0; tensor-core padding slots 0).
+
+    Attributes
+    ----------
+    operand_dtypes : tuple of numpy.dtype
+        The dtypes X and Y may have on the device (the first is the one to send).
+    result_dtype : numpy.dtype
+        The dtype ``device_out`` must have.
+    out_shape : tuple of int
+        ``(slots,)`` for one head, ``(slots, heads)`` for several; slots are `stored`'s.
+    stored : csr_array or blocked_array
+        The array whose storage order the results follow: the ``A`` given to `sddmm_launcher`,
+        ``A.to_mebcrs(8)`` for "tf32"/"fp16" with a CSR ``A``, ``A.tocsr()`` for "fp32" with a
+        blocked ``A``.
+    """
+
+    def __init__(self, run, operand_dtypes, result_dtype, out_shape, source, stored):
+        self._run = run
+        self.operand_dtypes = operand_dtypes
+        self.result_dtype = result_dtype
+        self.out_shape = out_shape
+        self._source = source
+        self.stored = stored
+
+    def __call__(self, device_X, device_Y, device_out):
+        self._run(device_X, device_Y, device_out)
+
+    def in_storage_order(self, values, like=None):
+        """Host results ``values``, as ``device_out`` held them, in the storage order of
+        ``like`` (default: the ``A`` given to `sddmm_launcher`); ``like`` holds the same
+        entries as `stored`, each once. Padding slots of a blocked ``like`` get 0."""
+        like = self._source if like is None else like
+        if like is self.stored:
+            return values
+        return _in_storage_order(like, self.stored, values)
+
+
+def sddmm_launcher(A, precision, heads=None, dtype=np.float32):
+    """The SDDMM kernel(s) of ``precision`` for A, with A's structure on the device.
+
+    What `sddmm` with ``alpha=1, beta=0`` runs on the GPU, without the operand transfers,
+    checks and output allocation, so that a benchmark times the kernels alone. The structure
+    arrays are sent once and kept with A (or with the ME-BCRS array converted from a CSR A,
+    itself kept with A); A's values are not read.
+
+    Parameters
+    ----------
+    A : csr_array or blocked_array
+        The pattern. "tf32" and "fp16" need 8-row windows and ``block_width=8`` (a CSR A is
+        converted once, as `sddmm` does); "fp32" runs on ``A.tocsr()``.
+    precision : {"fp32", "tf32", "fp16"}
+        "fp32": the CUDA-core CSR kernel in ``dtype``; "tf32" (``mma.m16n8k8``) and "fp16"
+        (``mma.m16n8k16``): the tensor-core ME-BCRS kernel, accumulating in float32.
+    heads : int, optional
+        None: X (rows, F), Y (cols, F), output (slots,). An int: X (rows, heads, F), Y (cols,
+        heads, F), output (slots, heads), one launch per head on strided views.
+    dtype : {numpy.float32, numpy.float64}
+        "fp32" only: the operands' and the result's dtype.
+
+    Returns
+    -------
+    _SddmmLauncher
+        Call it as ``launch(device_X, device_Y, device_out)`` with X and Y of one of its
+        ``operand_dtypes`` ("fp16": float16, or float32 rounded as read; "tf32": float32) and
+        ``device_out`` of ``result_dtype`` and ``out_shape``, C-contiguous; it holds the
+        results in the storage order of ``launch.stored`` (`_SddmmLauncher.in_storage_order`
+        maps them back to A's).
+
+    Raises
+    ------
+    ValueError
+        An unknown precision, a bad ``heads``, or a blocked A of another shape.
+    RuntimeError
+        No GPU (and no simulator).
+    """
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    if heads is not None and (isinstance(heads, bool) or not isinstance(heads, (int, np.integer))
+                              or heads < 1):
+        raise ValueError(f"heads must be None or a positive integer, got {heads!r}")
+    cuda = require_gpu()
+    from .kernels.cuda import sddmm as kernels
+    per_slot = () if heads is None else (int(heads),)
+    if precision == "fp32":
+        dtype = np.dtype(dtype)
+        stored = A.tocsr()
+        device_rows, indices = _csr_sddmm_arrays(cuda, stored)
+        return _SddmmLauncher(
+            lambda X, Y, out: kernels.launch_csr_sddmm(device_rows, indices, X, Y, out),
+            (dtype,), dtype, (stored.nnz,) + per_slot, A, stored)
+    result_dtype = np.dtype(np.float32)  # the accumulators'
+    operand_dtypes = ((np.dtype(np.float16), result_dtype) if precision == "fp16"
+                      else (result_dtype,))
+    stored = _mma_operand(A, precision)
+    device_stored, widest = _mebcrs_sddmm_arrays(cuda, stored)
+    return _SddmmLauncher(
+        lambda X, Y, out: kernels.launch_mebcrs_sddmm(device_stored, X, Y, out, widest,
+                                                      precision),
+        operand_dtypes, result_dtype, (stored.values.size,) + per_slot, A, stored)

@@ -113,3 +113,22 @@ def test_csr_kernels_keep_float32_sums_in_float32(cc):
            + _ptx(cc, sddmm._csr_sddmm, (i32[::1], i32[::1], f32[:, ::1], f32[:, ::1],
                                          f32[::1])))
     assert "fma.rn.f32" in ptx and ".f64" not in ptx
+
+
+@pytest.mark.parametrize("shape,h", [((5, 3, 4), 2), ((7, 2), 1), ((4, 3, 2, 5), 0)])
+def test_head_views_address_the_right_elements(shape, h):
+    """The per-head views of multi-head SDDMM operands are built from the CUDA array interface;
+    the same arithmetic on NumPy's array interface must give ``array[:, h]``."""
+    import numpy as np
+
+    from pysparse_hpc.kernels.cuda.sddmm import c_strides, head_interface
+    array = np.arange(np.prod(shape), dtype=np.float32).reshape(shape)
+    assert c_strides(shape, 4) == array.strides
+    wider_shape = (shape[0], 2 * shape[1]) + shape[2:]
+    wider = np.arange(2 * array.size, dtype=np.float32).reshape(wider_shape)
+    for source in (array, wider[:, ::2]):  # contiguous, and strided along the heads
+        interface = dict(source.__array_interface__, strides=source.strides)
+
+        class View:
+            __array_interface__ = head_interface(interface, h)
+        np.testing.assert_array_equal(np.asarray(View()), source[:, h])

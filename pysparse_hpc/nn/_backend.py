@@ -38,7 +38,13 @@ def spmm_fixed(adj, x):
         return ops.spmm(adj, x.detach())
     # The CUDA-core kernel reads CSR: hand it the kept canonical form, so the device copies of
     # its arrays are made once rather than for a fresh conversion of a blocked adj every call.
-    return ops.spmm(_graph.pattern(adj), x.detach().contiguous(), backend="cuda")
+    # Its values go to the device once too: the layers treat a graph as unchanging, whereas
+    # `ops.spmm` re-sends them on every call in case they were changed in place.
+    from .._cuda_backend import pattern_spmm_cuda
+    csr = _graph.pattern(adj)
+    values = _graph.cached_on(csr, ("device_values", str(x.device)), lambda: _torch().from_numpy(
+        np.ascontiguousarray(csr.data)).to(x.device))
+    return pattern_spmm_cuda(csr, values, x.detach().contiguous())
 
 
 def spmm_values(csr, values, x):

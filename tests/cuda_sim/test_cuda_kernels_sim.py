@@ -143,7 +143,7 @@ def test_blocked16_ablation_kernel(split):
     B = rng.standard_normal((29, 21)).astype(np.float32)
     out = np.full((37, 21), np.nan, np.float32)
     parts = cuda_spmm.mma_parts(W.row_window_offset, split)
-    cuda_spmm.launch_mebcrs_spmm(W, B, out, 1, "tf32-16x1", parts + (bool(parts[3].any()),))
+    cuda_spmm.launch_mebcrs_spmm(W, B, out, 1, "tf32-16x1", parts)
     expected = S @ B.astype(np.float64)
     scale = np.abs(S) @ np.abs(B.astype(np.float64)) + 1e-30
     assert np.all(np.abs(out - expected) <= 2e-3 * scale + 1e-6)
@@ -153,11 +153,12 @@ def test_blocked16_ablation_kernel(split):
 
 def test_mma_parts():
     offsets = np.array([0, 3, 3, 40, 60])  # blocks per window: 1, 0, 5, 3
-    window, first, count, atomic = cuda_spmm.mma_parts(offsets, 2)
+    window, first, count, atomic, split = cuda_spmm.mma_parts(offsets, 2)
     np.testing.assert_array_equal(window, [0, 1, 2, 2, 2, 3, 3])
     np.testing.assert_array_equal(first, [0, 0, 0, 2, 4, 0, 2])
     np.testing.assert_array_equal(count, [1, 0, 2, 2, 1, 2, 1])
     np.testing.assert_array_equal(atomic, [0, 0, 1, 1, 1, 1, 1])
+    np.testing.assert_array_equal(split, [2, 3])
 
 
 def test_tf32_rounding():
@@ -181,7 +182,7 @@ def test_mebcrs_spmm_tensor_cores(shape, n, warps, split, precision):
     B = rng.standard_normal((shape[1], n)).astype(np.float32)
     out = np.full((shape[0], n), np.nan, np.float32)
     parts = cuda_spmm.mma_parts(M.row_window_offset, split)
-    cuda_spmm.launch_mebcrs_spmm(M, B, out, warps, precision, parts + (bool(parts[3].any()),))
+    cuda_spmm.launch_mebcrs_spmm(M, B, out, warps, precision, parts)
     expected = dense @ B.astype(np.float64)
     scale = np.abs(dense) @ np.abs(B.astype(np.float64)) + 1e-30
     assert np.all(np.abs(out - expected) <= 2e-3 * scale + 1e-6)  # 10 mantissa bits, fp32 sums
@@ -205,7 +206,7 @@ def test_mebcrs_spmm_single_accesses_and_half_operands(precision):
     parts = cuda_spmm.mma_parts(M.row_window_offset, 32)
     for operand, exact in operands:
         out = np.full((13, 16), np.nan, np.float32)
-        cuda_spmm.launch_mebcrs_spmm(M, operand, out, 1, precision, parts + (False,))
+        cuda_spmm.launch_mebcrs_spmm(M, operand, out, 1, precision, parts)
         expected = S @ exact
         scale = np.abs(S) @ np.abs(exact) + 1e-30
         assert np.all(np.abs(out - expected) <= 2e-3 * scale + 1e-6)

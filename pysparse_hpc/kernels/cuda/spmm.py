@@ -14,7 +14,8 @@ Grid: one thread block per (part, ``16 * warps`` output columns); each warp owns
 walks the part's blocks, so all warps of a thread block issue the same number of mma
 instructions. A part is a window, or, for load balance on skewed graphs (FlashSparse's
 "balance" variant), a run of at most ``split`` blocks of a long window: the parts of a split
-window add their sums into a zeroed output with fp32 atomics, all other windows store directly.
+window add their sums into its rows, zeroed first, with fp32 atomics; all other windows store
+directly.
 
 Thread mapping (FlashSparse's "memory-efficient" one, no shared memory): MMA rows g and g + 8
 stand for output columns 2g and 2g + 1 of the warp's 16, so each lane reads its two values of a
@@ -189,10 +190,13 @@ def _blocked16_spmm_tf32(row_window_offset, col_idx, values, n_rows, B, out, par
 
 
 def mma_parts(row_window_offset, split):
-    """The part list of the load-balanced grid: ``(window, first_block, n_blocks, atomic)``.
+    """The part list of the load-balanced grid: ``(window, first_block, n_blocks, atomic,
+    split_windows)``.
 
     Windows of more than ``split`` blocks are cut into runs of ``split`` blocks, flagged atomic;
     every other window, empty ones included (their rows must still be written), is one part.
+    ``split_windows`` lists the windows cut (ascending): only their rows are zeroed before the
+    parts add into them.
     """
     offsets = np.asarray(row_window_offset, dtype=np.int64)
     blocks = -(-np.diff(offsets) // BLOCK_WIDTH)
@@ -202,7 +206,7 @@ def mma_parts(row_window_offset, split):
     first_block = index_in_window * split
     n_blocks = np.minimum(split, blocks[window] - first_block).clip(min=0)
     atomic = (n_parts[window] > 1).astype(np.int32)
-    return window, first_block, n_blocks, atomic
+    return window, first_block, n_blocks, atomic, np.flatnonzero(n_parts > 1)
 
 
 #: Kernel sources by (precision, paired accesses) (plain functions: `cuda.compile_ptx` takes
@@ -212,9 +216,11 @@ MEBCRS_SPMM_SOURCES = {(precision, paired): _make_mebcrs_spmm(precision == "fp16
 
 
 def _csr_spmm(indptr, indices, data, B, out):
-    """CUDA cores: one thread per output entry (row from y, column from x, so loads coalesce)."""
-    row = cuda.blockIdx.y * cuda.blockDim.y + cuda.threadIdx.y
-    col = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+    """CUDA cores: one thread per output entry; a block's threadIdx.x runs along a row's
+    columns, so loads coalesce. Blocks step over rows in the grid's x, whose limit (2^31 - 1)
+    holds any row count; the y limit (65535) would stop at 262,140 rows."""
+    row = cuda.blockIdx.x * cuda.blockDim.y + cuda.threadIdx.y
+    col = cuda.blockIdx.y * cuda.blockDim.x + cuda.threadIdx.x
     if row >= out.shape[0] or col >= out.shape[1]:
         return
     acc = out.dtype.type(0)  # a bare 0.0 would make float32 sums float64
@@ -231,17 +237,34 @@ _COLUMNS_PER_WARP = {"tf32": 16, "fp16": 16, "tf32-16x1": 8}
 
 
 def _zero(out):
-    row, col = cuda.grid(2)
-    if row < out.shape[0] and col < out.shape[1]:
+    # threadIdx.x runs along a row, so the stores coalesce; rows are strided over the grid's y,
+    # whose limit (65535) would otherwise cap the row count.
+    col = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+    if col >= out.shape[1]:
+        return
+    step = cuda.gridDim.y * cuda.blockDim.y
+    for row in range(cuda.blockIdx.y * cuda.blockDim.y + cuda.threadIdx.y, out.shape[0], step):
         out[row, col] = 0
 
 
+def _zero_windows(out, windows, window_rows):
+    # one block per listed window: its rows, threadIdx.x along each row
+    first_row = windows[cuda.blockIdx.x] * window_rows
+    last_row = min(first_row + window_rows, out.shape[0])
+    for row in range(first_row + cuda.threadIdx.y, last_row, cuda.blockDim.y):
+        for col in range(cuda.threadIdx.x, out.shape[1], cuda.blockDim.x):
+            out[row, col] = 0
+
+
 _zero = cuda.jit(_zero)
+_zero_windows = cuda.jit(_zero_windows)
 
 
 def zero_rows(out):
     """Set the 2-D device array ``out`` to 0."""
-    _zero[(math.ceil(out.shape[0] / 16), math.ceil(out.shape[1] / 16)), (16, 16)](out)
+    if out.shape[0] == 0 or out.shape[1] == 0:
+        return
+    _zero[(math.ceil(out.shape[1] / 32), min(65535, math.ceil(out.shape[0] / 8))), (32, 8)](out)
 
 
 def launch_mebcrs_spmm(A, B, out, warps, precision, parts):
@@ -250,15 +273,15 @@ def launch_mebcrs_spmm(A, B, out, warps, precision, parts):
     is float32 (or float16 for "fp16"), ``out`` float32; when both have pair-aligned rows the
     kernel reads and writes two columns per access.
 
-    ``parts`` are `mma_parts` on the device with the host copy of its atomic flags last:
-    ``(window, first_block, n_blocks, atomic, any_atomic)``.
+    ``parts`` are `mma_parts`, on the device.
     """
-    window, first_block, n_blocks, atomic, any_atomic = parts
+    window, first_block, n_blocks, atomic, split_windows = parts
     n_cols = B.shape[1]
     if window.shape[0] == 0 or n_cols == 0:
         return
-    if any_atomic:  # split windows add into the output
-        zero_rows(out)
+    if split_windows.shape[0]:  # the parts of split windows add into their rows
+        window_rows = 16 if precision == "tf32-16x1" else WINDOW
+        _zero_windows[split_windows.shape[0], (32, 8)](out, split_windows, window_rows)
     grid = (window.shape[0], math.ceil(n_cols / (_COLUMNS_PER_WARP[precision] * warps)))
     paired = precision != "tf32-16x1" and pairs_aligned(B) and pairs_aligned(out)
     kernel = _MMA_KERNELS[precision, paired]
@@ -271,5 +294,5 @@ def launch_csr_spmm(indptr, indices, data, B, out, threads_x=32, threads_y=4):
     n_rows, n_cols = out.shape
     if n_rows == 0 or n_cols == 0:
         return
-    grid = (math.ceil(n_cols / threads_x), math.ceil(n_rows / threads_y))
+    grid = (math.ceil(n_rows / threads_y), math.ceil(n_cols / threads_x))
     csr_spmm[grid, (threads_x, threads_y)](indptr, indices, data, B, out)

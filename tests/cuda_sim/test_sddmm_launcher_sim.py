@@ -1,0 +1,101 @@
+"""`sddmm_launcher` and ``bench sddmm --backend cuda`` under the simulator (tiny inputs). Run
+with NUMBA_ENABLE_CUDASIM=1 set before numba is imported; `tests/test_cuda.py` does that in a
+subprocess."""
+import csv
+
+import numpy as np
+import pytest
+from numba import config
+
+if not config.ENABLE_CUDASIM:
+    pytest.skip("needs NUMBA_ENABLE_CUDASIM=1 (run through tests/test_cuda.py)",
+                allow_module_level=True)
+
+from numba import cuda  # noqa: E402
+
+import pysparse_hpc as sph  # noqa: E402
+from pysparse_hpc._cuda_backend import sddmm_launcher  # noqa: E402
+
+from ..conftest import random_scipy  # noqa: E402
+
+pytestmark = pytest.mark.cuda
+
+TOLERANCE = {"fp32": 1e-5, "tf32": 5e-3, "fp16": 5e-3}
+
+
+@pytest.mark.parametrize("precision", ["fp32", "tf32", "fp16"])
+@pytest.mark.parametrize("heads", [None, 2])
+def test_sddmm_launcher_matches_the_cpu(precision, heads):
+    """The kernels alone, on a CSR A and on its ME-BCRS form, against `sph.sddmm` on the CPU:
+    the launcher's results mapped back to A's storage order (CSR order; ME-BCRS slots with
+    padding 0) and to the other form's, and in the kernel's own order as `sddmm` gives device
+    results."""
+    rng = np.random.default_rng(7)
+    S = random_scipy(rng, (12, 30), 0.3)  # two windows of 8 rows
+    A = sph.csr_array(S, dtype=np.float32)
+    M = A.to_mebcrs(8)
+    shape = (12,) if heads is None else (heads, 12)  # 12: a remainder of every feature step
+    X = rng.standard_normal((12,) + shape).astype(np.float32)
+    Y = rng.standard_normal((30,) + shape).astype(np.float32)
+    tolerance = TOLERANCE[precision]
+    for operand in (A, M):
+        launch = sddmm_launcher(operand, precision, heads)
+        assert launch.out_shape[1:] == (() if heads is None else (heads,))
+        send = launch.operand_dtypes[0]
+        assert send == (np.float16 if precision == "fp16" else np.float32)
+        out = cuda.device_array(launch.out_shape, dtype=launch.result_dtype)
+        launch(cuda.to_device(X.astype(send)), cuda.to_device(Y.astype(send)), out)
+        got = launch.in_storage_order(out.copy_to_host())
+        expected = sph.sddmm(operand, X, Y)
+        if heads is None:
+            expected = expected.values if isinstance(operand, sph.blocked_array) else expected.data
+        assert got.shape == expected.shape
+        np.testing.assert_allclose(got, expected, rtol=tolerance, atol=tolerance * 12)
+        # in the other form's order too, and unmapped where the kernel ran on A itself
+        other = M if operand is A else A
+        in_other = launch.in_storage_order(out.copy_to_host(), like=other)
+        want = sph.sddmm(other, X, Y)
+        if heads is None:
+            want = want.values if isinstance(other, sph.blocked_array) else want.data
+        np.testing.assert_allclose(in_other, want, rtol=tolerance, atol=tolerance * 12)
+    # sddmm's device results on M come in the launcher's order (M's slots; fp32: M.tocsr()'s)
+    device = sph.sddmm(M, cuda.to_device(X), cuda.to_device(Y), precision=precision)
+    np.testing.assert_allclose(out.copy_to_host(), device.copy_to_host(), rtol=1e-6, atol=1e-6)
+
+
+def test_sddmm_launcher_bad_arguments():
+    A = sph.csr_array(np.eye(10, dtype=np.float32))
+    with pytest.raises(ValueError, match="precision must be one of"):
+        sddmm_launcher(A, "bf16")
+    with pytest.raises(ValueError, match="heads must be"):
+        sddmm_launcher(A, "tf32", heads=0)
+    with pytest.raises(ValueError, match="8-row windows"):
+        sddmm_launcher(A.to_blocked(16), "tf32")
+
+
+@pytest.mark.parametrize("heads", ["1", "2"])
+def test_gpu_sddmm_benchmark_end_to_end(heads, tmp_path, capsys):
+    """``bench sddmm --backend cuda`` on a tiny R-MAT graph: every contender of ours runs and
+    passes its check (a wrong result would end with status 1), the table, reported means, CSV
+    and plot come out; torch (no CUDA torch here) is reported as not measured."""
+    from pysparse_hpc.bench.__main__ import main
+    from pysparse_hpc.bench.sddmm_cuda import BENCH
+    pytest.importorskip("matplotlib")
+    table, plot = tmp_path / "gpu.csv", tmp_path / "gpu.png"
+    status = main(["sddmm", "--backend", "cuda", "--rmat", "5:2", "--matrix", "rmat-s5-e2",
+                   "--n", "16", "--repeat", "1", "--flush-mb", "0.004", "--heads", heads,
+                   "--csv", str(table), "--plot", str(plot)])
+    printed = capsys.readouterr().out
+    assert status == 0
+    assert "device: CUDA simulator" in printed and "torch not measured" in printed
+    assert "not reported (simulator times)" in printed and "rmat-s5-e2" in printed
+    assert ("X (rows, F), Y (cols, F)" if heads == "1" else "2 heads: X (rows, 2, F)") in printed
+    with open(table, newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    assert len(rows) == 1
+    values = rows[0]
+    assert values["heads"] == heads and values["F"] == "16"
+    for label in ("tf32", "fp16", "csr"):
+        assert float(values[f"{label}_s"]) > 0
+    assert values["torch_s"] == values["torch16_s"] == "nan" and len(BENCH.contenders) == 5
+    assert plot.stat().st_size > 0
