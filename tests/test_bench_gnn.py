@@ -1,5 +1,9 @@
-"""The ``gnn`` benchmark command runs end to end on a tiny case (Cora, one hidden width)."""
+"""The ``gnn`` benchmark command runs end to end on a tiny case (Cora, one hidden width).
+
+Its GPU mode runs in tests/test_gpu.py (real GPU only); here only its refusal without one.
+"""
 import importlib.util
+import os
 import re
 import subprocess
 import sys
@@ -15,9 +19,9 @@ requires_pyg = pytest.mark.skipif(
 requires_data = pytest.mark.skipif(not DATA_DIR.is_dir(), reason="shared data not present")
 
 
-def run(args):
+def run(args, env=None):
     return subprocess.run([sys.executable, "-m", "pysparse_hpc.bench", "gnn", *args],
-                          capture_output=True, text=True, timeout=900, cwd=REPO_ROOT)
+                          capture_output=True, text=True, timeout=900, cwd=REPO_ROOT, env=env)
 
 
 @requires_pyg
@@ -55,8 +59,25 @@ def test_gnn_benchmark_cli(tmp_path):
     (["--model", "gin"], "invalid choice"),
     (["--hidden", "0"], "positive integer"),
     (["--graph", "cora", "--model", "gat", "--hidden", "12"], "multiple of 8"),
+    (["--device", "tpu"], "invalid choice"),
 ])
 def test_gnn_benchmark_bad_arguments(args, message):
     result = run(["--data", str(REPO_ROOT), *args])
     assert result.returncode == 2
     assert message in result.stderr
+
+
+@requires_pyg
+def test_gnn_benchmark_cuda_without_a_device():
+    """``--device cuda`` with no CUDA device (hidden from torch here, so this holds on a GPU
+    machine too): one error line and status 2 before any graph is loaded (the data directory,
+    the repository, holds no PubMed, which the GPU run loads first)."""
+    result = run(["--data", str(REPO_ROOT), "--device", "cuda"],
+                 env=dict(os.environ, CUDA_VISIBLE_DEVICES=""))
+    assert result.returncode == 2
+    assert result.stdout == ""
+    errors = [line for line in result.stderr.splitlines() if "error" in line]
+    assert len(errors) == 1, result.stderr
+    assert errors[0].startswith("error: --device cuda: torch finds no CUDA device (")
+    assert "use --device cpu" in errors[0]
+    assert "loading" not in result.stderr and "pubmed" not in result.stderr

@@ -24,6 +24,23 @@ Cora with the models' published settings over several seeds, to show equal accur
 The project's targets (geometric mean over graphs and hidden widths): GCN at least 1.5x and
 GAT at least 1.3x faster per epoch than PyG. AGNN has no target; its mean is reported. Cases
 where ours is slower than PyG are listed, not hidden.
+
+GPU mode (``--device cuda``): both libraries' models, the features, labels and masks, and PyG's
+``edge_index`` are on the GPU; our adjacency stays a pysparse_hpc sparse array, which our
+layers send to the GPU themselves (index arrays once, kept on the array). Default graphs are
+PubMed and the generated graph (``--graph`` still chooses). Every step ends with
+``torch.cuda.synchronize()`` inside the timed region, so each clock starts with the GPU idle
+and stops once the step's queued work is done. Besides the check against PyG (run on the GPU),
+each (graph, model) is checked once against the CPU: our model on the GPU, given the weights of
+the same model on the CPU, must give its output and its parameters' gradients of the training
+loss (evaluation mode, relative tolerance `DEVICE_RTOL`). Ablation rows that would only rerun
+the defaults on CUDA tensors are left out, with a printed note saying why (`CUDA_SKIPPED`).
+After warm-up, one more step of ours per (graph, model) counts what it sends to the GPU through
+``numba.cuda.to_device`` (0 when the graph stays on the GPU between epochs); the count is
+printed. The header names the GPU and the torch and CUDA versions. The targets above are CPU
+targets: the GPU run reports the geometric means without judging them. ``--threads`` applies
+only to the CPU side of the CPU check. Without a CUDA device ``--device cuda`` stops with an
+error (status 2) before loading anything.
 """
 import csv
 import functools
@@ -32,7 +49,7 @@ import importlib.util
 import math
 import statistics
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from tqdm import tqdm
@@ -40,14 +57,20 @@ from tqdm import tqdm
 from . import best_times, geometric_mean, positive_int
 from ._data import find_matrices, load_matrix
 
-__all__ = ["GRAPHS", "HELP", "EpochResult", "GraphCase", "Variant", "add_arguments",
-           "format_table", "load_graph", "measure", "median_step_seconds", "run",
-           "training_step", "verdicts", "warm_up"]
+__all__ = ["CUDA_GRAPHS", "DEVICES", "GRAPHS", "HELP", "EpochResult", "GraphCase", "Variant",
+           "add_arguments", "check_against_cpu", "format_table", "host_uploads", "load_graph",
+           "measure", "median_step_seconds", "run", "to_device", "training_step", "variants",
+           "verdicts", "warm_up"]
 
 HELP = "GCN, GAT and AGNN training epochs against PyTorch Geometric, with ablations"
 
 #: Graphs in table order.
 GRAPHS = ("cora", "citeseer", "pubmed", "generated")
+#: The values of ``--device``.
+DEVICES = ("cpu", "cuda")
+#: Graphs measured by default with ``--device cuda``: the two large ones (an epoch on Cora or
+#: CiteSeer is too small to keep a GPU busy).
+CUDA_GRAPHS = ("pubmed", "generated")
 #: Hidden widths measured by default (for GAT: all heads together).
 HIDDEN = (16, 64, 256)
 #: Models in table order (keys of `pysparse_hpc.nn.models.MODELS`).
@@ -78,6 +101,9 @@ GENERATED_MIN_EDGES = 1_000_000
 
 #: Tolerance of the output checks (float32, sums in different orders).
 RTOL, ATOL = 1e-3, 1e-4
+#: Relative tolerance of the GPU-against-CPU check of our models (float32; the absolute
+#: tolerance is this times the largest magnitude of the CPU's tensor).
+DEVICE_RTOL = 1e-4
 
 INSTALL_HINT = 'pip install -e ".[bench]"'
 
@@ -126,6 +152,37 @@ VARIANTS = {
         Variant("torch_dropout", "torch's dropout", {"fast_dropout": False}),
     ),
 }
+
+
+_SAME_DROPOUT = ("our dropout falls back to torch's dropout for CUDA tensors "
+                 "(pysparse_hpc.nn.functional.dropout), so on the GPU this row would be the "
+                 "defaults again, and 'ours' runs torch's dropout too")
+_SAME_ATTENTION = ("on CUDA tensors GAT's attention is torch operations differentiated by torch "
+                   "(functional.gat_attention ignores keep=), so cache='scores' and 'alpha' "
+                   "would be the defaults again; cache='none' and 'H' (recomputation through "
+                   "torch.utils.checkpoint) stay")
+
+#: Our configurations left out with ``--device cuda``: (model, variant) -> why.
+CUDA_SKIPPED = {
+    ("gcn", "torch_dropout"): _SAME_DROPOUT,
+    ("gat", "torch_dropout"): _SAME_DROPOUT,
+    ("agnn", "torch_dropout"): _SAME_DROPOUT,
+    ("gat", "cache=scores"): _SAME_ATTENTION,
+    ("gat", "cache=alpha"): _SAME_ATTENTION,
+}
+
+
+def variants(model, device="cpu"):
+    """Our configurations of ``model`` measured on ``device`` ("cpu" or "cuda"), in `VARIANTS`
+    order: all of them on the CPU, those not in `CUDA_SKIPPED` on the GPU.
+
+    Returns
+    -------
+    tuple of Variant
+    """
+    if device == "cpu":
+        return VARIANTS[model]
+    return tuple(v for v in VARIANTS[model] if (model, v.name) not in CUDA_SKIPPED)
 
 
 @dataclass(frozen=True)
@@ -208,9 +265,13 @@ class Mismatch(RuntimeError):
 
 def add_arguments(parser):
     """Options of the ``gnn`` command beyond the common ones."""
+    parser.add_argument("--device", choices=DEVICES, default="cpu",
+                        help="where both libraries' models and tensors run (default: cpu); cuda "
+                             "needs a CUDA device and a CUDA build of torch, and ignores --threads"
+                             " except for the CPU side of its CPU check")
     parser.add_argument("--graph", action="append", choices=GRAPHS, metavar="NAME",
                         help=f"benchmark only this graph (repeatable; one of {', '.join(GRAPHS)}; "
-                             "default: all)")
+                             f"default: all, with --device cuda {' and '.join(CUDA_GRAPHS)})")
     parser.add_argument("--hidden", action="append", type=positive_int, metavar="H",
                         help="hidden width (repeatable; for GAT all 8 heads together, so a "
                              f"multiple of {GAT_HEADS}; default: "
@@ -234,7 +295,7 @@ def _unique(values, default):
 
 def _selection(args, err):
     """(graphs, hidden widths, models) to run, or None after an error message."""
-    graphs = _unique(args.graph, GRAPHS)
+    graphs = _unique(args.graph, GRAPHS if args.device == "cpu" else CUDA_GRAPHS)
     hidden = _unique(args.hidden, HIDDEN)
     models = _unique(args.model, MODEL_NAMES)
     if "gat" in models:
@@ -259,6 +320,36 @@ def _import_libraries(err):
     import torch
     import torch_geometric.nn
     return torch, torch_geometric.nn
+
+
+def cuda_unavailable(torch):
+    """Why ``--device cuda`` cannot run here (one sentence), or None when it can.
+
+    Parameters
+    ----------
+    torch : module
+
+    Returns
+    -------
+    str or None
+    """
+    if not torch.cuda.is_available():
+        build = ("a CPU-only build" if torch.version.cuda is None
+                 else f"built for CUDA {torch.version.cuda}")
+        return f"torch finds no CUDA device (torch {torch.__version__}, {build})"
+    from numba import cuda
+    if not cuda.is_available():
+        return "numba.cuda finds no CUDA device, and our GPU kernels need it"
+    return None
+
+
+def device_description(torch):
+    """The GPU and the versions the GPU run depends on, for the header."""
+    import torch_geometric
+    index = torch.cuda.current_device()
+    return (f"device: {torch.cuda.get_device_name(index)} (cuda:{index}); torch "
+            f"{torch.__version__} built for CUDA {torch.version.cuda}; torch_geometric "
+            f"{torch_geometric.__version__}")
 
 
 # --- graphs --------------------------------------------------------------------------------
@@ -335,6 +426,27 @@ def edge_index_of(adj):
     targets = np.repeat(np.arange(adj.shape[0], dtype=np.int64), np.diff(adj.indptr))
     sources = adj.indices.astype(np.int64)
     return torch.from_numpy(np.stack([sources, targets]))
+
+
+def to_device(case, device):
+    """``case`` with its features, labels and masks on ``device``.
+
+    The adjacency stays the same sparse array: our layers take it as it is with tensors on any
+    device, and the GPU path sends what it needs of it to the GPU itself, keeping it on the
+    array.
+
+    Parameters
+    ----------
+    case : GraphCase
+    device : torch.device or str
+
+    Returns
+    -------
+    GraphCase
+    """
+    return replace(case, x=case.x.to(device), y=case.y.to(device),
+                   train_mask=case.train_mask.to(device), val_mask=case.val_mask.to(device),
+                   test_mask=case.test_mask.to(device))
 
 
 # --- models --------------------------------------------------------------------------------
@@ -443,20 +555,24 @@ def _copy_peer_weights(model, peer, ours):
                 mine.att_dst.copy_(theirs.att_dst.reshape(mine.att_dst.shape))
 
 
-def _check_close(what, result, reference):
-    """Raise `Mismatch` unless ``result`` is finite and close to ``reference``."""
+def _check_close(what, result, reference, rtol=RTOL, atol=ATOL, scale=None):
+    """Raise `Mismatch` unless ``result`` is finite and close to ``reference`` (same device):
+    within ``rtol`` relative and ``atol`` times ``scale`` (default: the largest magnitude of
+    ``reference``)."""
     import torch
     if not bool(torch.isfinite(result).all()):
         raise Mismatch(f"{what}: output is not finite")
-    scale = float(reference.abs().max()) or 1.0
-    if not torch.allclose(result, reference, rtol=RTOL, atol=ATOL * scale):
+    if scale is None:
+        scale = float(reference.abs().max()) or 1.0
+    if not torch.allclose(result, reference, rtol=rtol, atol=atol * scale):
         worst = float((result - reference).abs().max())
-        raise Mismatch(f"{what}: outputs differ (max |diff| {worst:.3g}, tolerance rtol={RTOL:g}, "
-                       f"atol={ATOL * scale:.3g})")
+        raise Mismatch(f"{what}: outputs differ (max |diff| {worst:.3g}, tolerance rtol={rtol:g}, "
+                       f"atol={atol * scale:.3g})")
 
 
 def check_model(case, model, hidden, edge_index):
-    """One cheap check of our model on ``case`` (evaluation mode, no gradient).
+    """One cheap check of our model on ``case`` (evaluation mode, no gradient), on the device of
+    ``case``'s tensors (``edge_index`` must be there too).
 
     Our model given PyG's weights gives PyG's output, and is finite; for GCN, our layer gives
     the same result in both orders.
@@ -468,9 +584,12 @@ def check_model(case, model, hidden, edge_index):
     import torch
 
     from ..nn.gcn import GCNConv
+    device = case.x.device
     peer = build_model(model, PEER, case.x.shape[1], hidden, case.num_classes).eval()
     ours = build_model(model, OURS, case.x.shape[1], hidden, case.num_classes).eval()
     _copy_peer_weights(model, peer, ours)
+    peer.to(device)
+    ours.to(device)
     with torch.no_grad():
         _check_close(f"{case.name} {model} h{hidden}: ours with PyG's weights vs PyG",
                      ours(case.x, case.adj), peer(case.x, edge_index))
@@ -478,8 +597,62 @@ def check_model(case, model, hidden, edge_index):
             transform_first = GCNConv(case.x.shape[1], hidden, order="transform_first")
             propagate_first = GCNConv(case.x.shape[1], hidden, order="propagate_first")
             propagate_first.load_state_dict(transform_first.state_dict())
+            transform_first.to(device)
+            propagate_first.to(device)
             _check_close(f"{case.name} GCNConv h{hidden}: propagate_first vs transform_first",
                          propagate_first(case.x, case.adj), transform_first(case.x, case.adj))
+
+
+def check_against_cpu(case, cpu_case, model, hidden):
+    """Our model on ``case``'s device against the same model on the CPU (`DEVICE_RTOL`).
+
+    Both copies have the same weights and run in evaluation mode (no dropout); each computes
+    its output and the gradients of the training loss (cross-entropy on the training nodes)
+    with respect to its parameters, and the device's must equal the CPU's. The absolute
+    tolerance of the output is `DEVICE_RTOL` times its largest magnitude; that of every
+    gradient `DEVICE_RTOL` times the largest magnitude of all the CPU's gradients, so a
+    gradient that is zero in exact arithmetic is not judged on its rounding noise (GAT's
+    ``att_dst``: a row's softmax ignores a shift shared by all its scores, which ``s_dst`` is
+    wherever the row's LeakyReLU inputs share a sign).
+
+    Parameters
+    ----------
+    case : GraphCase
+        Tensors on the device under test.
+    cpu_case : GraphCase
+        The same graph with its tensors on the CPU.
+    model : str
+    hidden : int
+
+    Raises
+    ------
+    Mismatch
+    """
+    import torch.nn.functional as F
+    widths = (cpu_case.x.shape[1], hidden, cpu_case.num_classes)
+    reference = build_model(model, OURS, *widths).eval()
+    moved = build_model(model, OURS, *widths).eval()
+    moved.load_state_dict(reference.state_dict())
+    moved.to(case.x.device)
+    results = []
+    for network, data in ((reference, cpu_case), (moved, case)):
+        out = network(data.x, data.adj)
+        F.cross_entropy(out[data.train_mask], data.y[data.train_mask]).backward()
+        grads = {name: None if p.grad is None else p.grad.cpu()
+                 for name, p in network.named_parameters()}
+        results.append((out.detach().cpu(), grads))
+    (cpu_out, cpu_grads), (device_out, device_grads) = results
+    what = f"{case.name} {model} h{hidden}: ours on {case.x.device} vs ours on the CPU"
+    _check_close(f"{what}, output", device_out, cpu_out, DEVICE_RTOL, DEVICE_RTOL)
+    scale = max((float(g.abs().max()) for g in cpu_grads.values()
+                 if g is not None and g.numel()), default=0.0) or 1.0
+    for name, expected in cpu_grads.items():
+        got = device_grads[name]
+        if (got is None) != (expected is None):
+            raise Mismatch(f"{what}, gradient of {name}: present on one side only")
+        if expected is not None:
+            _check_close(f"{what}, gradient of {name}", got, expected, DEVICE_RTOL, DEVICE_RTOL,
+                         scale)
 
 
 # --- timing --------------------------------------------------------------------------------
@@ -501,7 +674,15 @@ def training_step(network, x, graph, case, hyper):
     return step
 
 
-def median_step_seconds(steps, repeat):
+def _then(step, synchronize):
+    """``step`` followed by ``synchronize()``, as one zero-argument callable."""
+    def run():
+        step()
+        synchronize()
+    return run
+
+
+def median_step_seconds(steps, repeat, synchronize=None):
     """Median seconds of each training step over ``repeat`` timed calls, after `WARMUP_STEPS`
     untimed ones. The calls are interleaved (one of each step per round), so a passing
     disturbance on the machine costs each step one sample, which the median drops, instead of
@@ -511,27 +692,85 @@ def median_step_seconds(steps, repeat):
     ----------
     steps : dict of str to callable
     repeat : int
+    synchronize : callable, optional
+        Waits until the device has done all its queued work (``torch.cuda.synchronize``). It is
+        called once before the first step and after every step, warm-up ones included, inside
+        the timed region: so the device is idle whenever a clock starts, and a clock stops
+        only once the step's work on the device is done, not when its launches are queued.
 
     Returns
     -------
     dict of str to float
     """
+    if synchronize is not None:
+        steps = {label: _then(step, synchronize) for label, step in steps.items()}
+        synchronize()
     return best_times(steps, repeat, warmup=WARMUP_STEPS, statistic=statistics.median)
+
+
+def _synchronizer(device):
+    """``torch.cuda.synchronize`` for a CUDA device, None for the CPU."""
+    if device.type != "cuda":
+        return None
+    import torch
+    return torch.cuda.synchronize
 
 
 def warm_up(case, model, hidden):
     """Untimed training steps of our model on a graph new to it: the first steps compile or
-    load the kernels, build the graph's caches (transpose, self loops) and grow the heap, and
-    take a few steps to settle, more than each variant's own warm-up allows for."""
+    load the kernels, build the graph's caches (transpose, self loops; on the GPU the device
+    copies of the graph's arrays) and grow the heap, and take a few steps to settle, more than
+    each variant's own warm-up allows for.
+
+    Returns
+    -------
+    callable
+        The warmed training step (on ``case``'s device), for `host_uploads`.
+    """
     from ..nn.models import MODELS
     network = build_model(model, OURS, case.x.shape[1], hidden, case.num_classes)
+    network.to(case.x.device)
     step = training_step(network, case.x, case.adj, case, MODELS[model].training)
     for _ in range(WARMUP_STEPS + 1):
         step()
+    return step
+
+
+def host_uploads(step):
+    """What one call of ``step`` sends from the host to the GPU through
+    ``numba.cuda.to_device`` (how our GPU backend uploads arrays), counted by wrapping that
+    function for the call.
+
+    After warm-up a step that finds the graph on the GPU sends nothing; anything counted is
+    sent again on every epoch, and the timings include it.
+
+    Parameters
+    ----------
+    step : callable
+
+    Returns
+    -------
+    (int, int)
+        Calls and bytes.
+    """
+    from numba import cuda
+    original, sizes = cuda.to_device, []
+
+    def counting(obj, *args, **kwargs):
+        sizes.append(int(getattr(obj, "nbytes", 0)))
+        return original(obj, *args, **kwargs)
+    cuda.to_device = counting
+    try:
+        step()
+    finally:
+        cuda.to_device = original
+    return len(sizes), sum(sizes)
 
 
 def measure(case, model, hidden, edge_index, repeat):
-    """PyG's model and each of our configurations on one (graph, hidden, model).
+    """PyG's model and each of our configurations on one (graph, hidden, model), on the device
+    of ``case``'s tensors (``edge_index`` must be there too; on a GPU, the configurations of
+    `variants` for it, each step timed with `median_step_seconds`'s ``synchronize``).
 
     Returns
     -------
@@ -540,12 +779,14 @@ def measure(case, model, hidden, edge_index, repeat):
     """
     from ..nn.models import MODELS
     hyper = MODELS[model].training
+    device = case.x.device
     steps = {}
-    for variant in (PEER, *(v.name for v in VARIANTS[model])):
+    for variant in (PEER, *(v.name for v in variants(model, device.type))):
         network = build_model(model, variant, case.x.shape[1], hidden, case.num_classes)
+        network.to(device)
         graph = edge_index if variant == PEER else case.adj
         steps[variant] = training_step(network, case.x, graph, case, hyper)
-    seconds = median_step_seconds(steps, repeat)
+    seconds = median_step_seconds(steps, repeat, _synchronizer(device))
     del steps
     gc.collect()
     return [EpochResult(case.name, case.nodes, case.edges, hidden, model, variant, value)
@@ -554,8 +795,15 @@ def measure(case, model, hidden, edge_index, repeat):
 
 # --- accuracy ------------------------------------------------------------------------------
 
-def accuracy_comparison(seeds, epochs):
+def accuracy_comparison(seeds, epochs, device="cpu"):
     """Train ours and PyG's GCN and GAT on Cora with the published settings, one line each.
+
+    Parameters
+    ----------
+    seeds, epochs : int
+        ``epochs`` None: the models' own.
+    device : str, default "cpu"
+        Where both libraries train ("cpu" or "cuda").
 
     Returns
     -------
@@ -565,8 +813,8 @@ def accuracy_comparison(seeds, epochs):
 
     from ..nn.models import MODELS
     from ..nn.train import fit
-    cora = load_graph("cora", None)
-    edge_index = edge_index_of(cora.adj)
+    cora = to_device(load_graph("cora", None), device)
+    edge_index = edge_index_of(cora.adj).to(device)
     lines = []
     runs = [(model, side) for model in ("gcn", "gat") for side in (PEER, OURS)]
     accuracies = {}
@@ -578,6 +826,7 @@ def accuracy_comparison(seeds, epochs):
                 torch.manual_seed(seed)
                 cls = peer_classes()[model] if side == PEER else ours
                 network = cls(cora.x.shape[1], out_channels=cora.num_classes, **ours.architecture)
+                network.to(device)
                 result = fit(network, cora.x, edge_index if side == PEER else cora.adj, cora.y,
                              cora.masks, **settings, progress=False)
                 accuracies.setdefault((model, side), []).append(result.test_accuracy)
@@ -629,14 +878,31 @@ def _mean_speedup(results, model, variant=OURS):
     return geometric_mean(values), len(values)
 
 
-def verdicts(results):
-    """Target lines, per-variant means and the cases where ours is slower than PyG."""
+def verdicts(results, device="cpu"):
+    """Target lines, per-variant means and the cases where ours is slower than PyG.
+
+    Parameters
+    ----------
+    results : list of EpochResult
+    device : {"cpu", "cuda"}
+        The targets are judged on the CPU only; on the GPU the means are reported, with the CPU
+        targets named as not judged.
+
+    Returns
+    -------
+    list of str
+    """
     lines = []
     models = list(dict.fromkeys(r.model for r in results))
     for model in models:
         mean, count = _mean_speedup(results, model)
         scope = f"geo-mean over graphs and hidden sizes, {count} cases"
-        if model in TARGETS:
+        if device != "cpu":
+            target = (f"CPU target >= {TARGETS[model]:g}x, not judged on the GPU"
+                      if model in TARGETS else "no target")
+            lines.append(f"GPU: {model.upper()} {mean:.2f}x PyG's speed per epoch on the same GPU "
+                         f"({scope}; {target})")
+        elif model in TARGETS:
             lines.append(f"target: {model.upper()} >= {TARGETS[model]:g}x faster than PyG per "
                          f"epoch ({scope}): {mean:.2f}x "
                          f"{'MET' if mean >= TARGETS[model] else 'NOT MET'}")
@@ -645,7 +911,7 @@ def verdicts(results):
                          f"({scope})")
     for model in models:
         means = [f"{variant.name} {_mean_speedup(results, model, variant.name)[0]:.2f}x"
-                 for variant in VARIANTS[model]]
+                 for variant in variants(model, device)]
         lines.append(f"ratio: {model.upper()} variants vs PyG (geo-mean): {', '.join(means)}")
     peer = _peer_seconds(results)
     slower = [f"{r.graph} h{r.hidden} {r.model} ({speedup(r, peer):.2f}x)" for r in results
@@ -654,20 +920,23 @@ def verdicts(results):
     return lines
 
 
-def write_csv(results, path, threads):
-    """One row per (graph, hidden, model, variant)."""
+def write_csv(results, path, threads, gpu=None):
+    """One row per (graph, hidden, model, variant); the last column is the number of threads,
+    or with ``gpu`` (the GPU's name) a ``device`` column holding that name."""
     peer = _peer_seconds(results)
     with open(path, "w", newline="") as handle:
         writer = csv.writer(handle)
         writer.writerow(["graph", "nodes", "edges", "hidden", "model", "variant",
-                         "ms_per_epoch", "speedup_vs_pyg", "threads"])
+                         "ms_per_epoch", "speedup_vs_pyg", "threads" if gpu is None else "device"])
         for r in results:
             writer.writerow([r.graph, r.nodes, r.edges, r.hidden, r.model, r.variant,
-                             f"{r.seconds * 1e3:.4f}", f"{speedup(r, peer):.4f}", threads])
+                             f"{r.seconds * 1e3:.4f}", f"{speedup(r, peer):.4f}",
+                             threads if gpu is None else gpu])
 
 
-def write_plot(results, path, threads, repeat):
-    """Grouped bars of our models' speedup over PyG per (graph, hidden), with the targets."""
+def write_plot(results, path, threads, repeat, gpu=None):
+    """Grouped bars of our models' speedup over PyG per (graph, hidden), with the targets (on
+    the CPU; with ``gpu``, the GPU's name, the title names it and no target is drawn)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -683,30 +952,65 @@ def write_plot(results, path, threads, repeat):
         values = [ours.get((graph, hidden, model), math.nan) for graph, hidden in groups]
         bars = axis.bar(positions + (k - (len(models) - 1) / 2) * bar, values, bar,
                         label=model.upper())
-        if model in TARGETS:
+        if model in TARGETS and gpu is None:
             axis.axhline(TARGETS[model], color=bars.patches[0].get_facecolor(), linestyle="--",
                          linewidth=1, label=f"{model.upper()} target {TARGETS[model]:g}x")
     axis.axhline(1.0, color="black", linewidth=0.8)
     axis.set_xticks(positions, [f"{graph}\nh{hidden}" for graph, hidden in groups])
     axis.set_ylabel("speedup over PyG per epoch")
-    axis.set_title(f"Training epoch, ours vs PyTorch Geometric ({threads} threads, median of "
-                   f"{repeat})")
+    where = f"{threads} threads" if gpu is None else gpu
+    axis.set_title(f"Training epoch, ours vs PyTorch Geometric ({where}, median of {repeat})")
     axis.legend(fontsize=8)
     figure.tight_layout()
     figure.savefig(path, dpi=120)
     plt.close(figure)
 
 
-def _legend():
-    """Header lines explaining the variant labels."""
+def _legend(device="cpu"):
+    """Header lines explaining the variant labels (those measured on ``device``)."""
     lines = [f"variant {PEER}: PyTorch Geometric's model on edge_index (torch's dropout)"]
     for model in MODEL_NAMES:
-        lines += [f"variant {model} {v.name}: {v.description}" for v in VARIANTS[model]]
+        lines += [f"variant {model} {v.name}: {v.description}" for v in variants(model, device)]
     return lines
 
 
+def _left_out(models):
+    """Lines naming the configurations of ``models`` left out on the GPU, grouped by reason."""
+    reasons = {}
+    for model in models:
+        for variant in VARIANTS[model]:
+            reason = CUDA_SKIPPED.get((model, variant.name))
+            if reason is not None:
+                reasons.setdefault(reason, []).append(f"{model} {variant.name}")
+    return [f"left out on the GPU: {', '.join(names)}: {reason}"
+            for reason, names in reasons.items()]
+
+
+def _upload_line(uploads):
+    """The line reporting `host_uploads` per (graph, model): ((graph, model, calls, bytes))."""
+    cells = [f"{graph} {model} {calls} ({size / 1e6:.2f} MB)"
+             for graph, model, calls, size in uploads]
+    return ("uploads: arrays ours sends from the host to the GPU per training step after warm-up "
+            f"(numba.cuda.to_device calls): {', '.join(cells)}; above 0, they are sent again every "
+            "epoch and the times include them")
+
+
 def run(args, out=sys.stdout):
-    """Run the benchmark over the selected cases and report; returns the exit status."""
+    """Run the benchmark over the selected cases and report; returns the exit status.
+
+    Parameters
+    ----------
+    args : argparse.Namespace
+        The parsed command line (with the common options' ``threads`` and ``data_dir``).
+    out : file, default sys.stdout
+        Where the report goes (errors and progress go to stderr).
+
+    Returns
+    -------
+    int
+        0; 1 when a check fails (wrong result); 2 for a usage error, a missing library or
+        data file, or ``--device cuda`` without a CUDA device.
+    """
     selection = _selection(args, sys.stderr)
     if selection is None:
         return 2
@@ -714,56 +1018,92 @@ def run(args, out=sys.stdout):
     if libraries is None:
         return 2
     torch, _ = libraries
-    torch.set_num_threads(args.threads)  # ours and PyG run on the same number of threads
+    on_gpu = args.device == "cuda"
+    if on_gpu:
+        reason = cuda_unavailable(torch)
+        if reason is not None:
+            print(f"error: --device cuda: {reason}; run it on a machine with an NVIDIA GPU and a "
+                  "CUDA build of torch, or use --device cpu", file=sys.stderr)
+            return 2
+    device = torch.device(args.device)
+    # Ours and PyG run on the same number of threads (on the GPU: the CPU side of the check).
+    torch.set_num_threads(args.threads)
     graphs, hidden_sizes, models = selection
-    results, notes = [], []
+    results, notes, uploads = [], [], []
     with tqdm(total=len(graphs) * len(hidden_sizes) * len(models), desc="gnn",
               unit="case") as progress:
         for name in graphs:
             progress.set_postfix_str(f"loading {name}")
             try:
-                case = load_graph(name, args.data_dir)
+                cpu_case = load_graph(name, args.data_dir)
             except FileNotFoundError as exc:
                 progress.close()
                 print(f"error: {exc}", file=sys.stderr)
                 return 2
-            if case.note:
-                notes.append(f"{name}: {case.nodes} nodes, {case.edges} stored edges: {case.note}")
-            edge_index = edge_index_of(case.adj)
+            if cpu_case.note:
+                notes.append(f"{name}: {cpu_case.nodes} nodes, {cpu_case.edges} stored edges: "
+                             f"{cpu_case.note}")
+            case = to_device(cpu_case, device) if on_gpu else cpu_case
+            edge_index = edge_index_of(case.adj).to(device)
             for model in models:
                 try:
                     progress.set_postfix_str(f"{name} {model} check and warm-up")
                     check_model(case, model, hidden_sizes[0], edge_index)
+                    if on_gpu:
+                        check_against_cpu(case, cpu_case, model, hidden_sizes[0])
                 except Mismatch as exc:
                     progress.close()
                     print(f"error: wrong result, benchmark aborted: {exc}", file=sys.stderr)
                     return 1
-                warm_up(case, model, hidden_sizes[0])
+                step = warm_up(case, model, hidden_sizes[0])
+                if on_gpu:
+                    uploads.append((name, model, *host_uploads(step)))
+                del step
                 for hidden in hidden_sizes:
                     progress.set_postfix_str(f"{name} {model} h{hidden}")
                     results += measure(case, model, hidden, edge_index, args.repeat)
                     progress.update()
-            del case, edge_index
+            del case, cpu_case, edge_index
             gc.collect()
-    print(f"gnn: one full-batch training epoch (forward, cross-entropy, backward, Adam step), "
-          f"median of {args.repeat} steps taken in turns after {WARMUP_STEPS} warm-up steps; "
-          f"float32, {args.threads} threads for ours and torch; data: {args.data_dir}", file=out)
+    gpu = torch.cuda.get_device_name() if on_gpu else None
+    if on_gpu:
+        print(f"gnn: one full-batch training epoch (forward, cross-entropy, backward, Adam step), "
+              f"median of {args.repeat} steps taken in turns after {WARMUP_STEPS} warm-up steps; "
+              "float32 on the GPU, every step ending in torch.cuda.synchronize() inside the timed "
+              "region (each clock starts with the GPU idle and stops when the step's GPU work is "
+              f"done); --threads does not apply ({args.threads} threads only for the CPU side of "
+              f"the CPU check); data: {args.data_dir}", file=out)
+        print(device_description(torch), file=out)
+    else:
+        print(f"gnn: one full-batch training epoch (forward, cross-entropy, backward, Adam step), "
+              f"median of {args.repeat} steps taken in turns after {WARMUP_STEPS} warm-up steps; "
+              f"float32, {args.threads} threads for ours and torch; data: {args.data_dir}",
+              file=out)
     print("peer: PyTorch Geometric (GCNConv(cached=True), GATConv, AGNNConv) with the same "
           "architecture and dropout positions; 'vs PyG' = PyG's time / this row's time; GAT "
           f"hidden = {GAT_HEADS} heads x hidden/{GAT_HEADS}; outputs checked against PyG's "
           "with the same weights", file=out)
-    for line in _legend() + notes:
+    if on_gpu:
+        print("on the GPU: models, features, labels, masks and PyG's edge_index on the GPU; ours "
+              "takes the pysparse_hpc csr_array itself (our CUDA backend copies its arrays to the "
+              "GPU and keeps the copies it caches on the array: see 'uploads'); the check "
+              "against PyG ran on the GPU, and ours on the GPU was checked against ours on the "
+              "CPU (output and parameter gradients of the training loss, same weights, "
+              f"evaluation mode, rtol {DEVICE_RTOL:g})", file=out)
+    for line in _legend(args.device) + (_left_out(models) if on_gpu else []) + notes:
         print(line, file=out)
+    if on_gpu:
+        print(_upload_line(uploads), file=out)
     print(format_table(results), file=out)
-    for line in verdicts(results):
+    for line in verdicts(results, args.device):
         print(line, file=out)
     if args.accuracy:
-        for line in accuracy_comparison(args.seeds, args.epochs):
+        for line in accuracy_comparison(args.seeds, args.epochs, args.device):
             print(line, file=out)
     if args.csv:
-        write_csv(results, args.csv, args.threads)
+        write_csv(results, args.csv, args.threads, gpu)
         print(f"wrote {args.csv}", file=out)
     if args.plot:
-        write_plot(results, args.plot, args.threads, args.repeat)
+        write_plot(results, args.plot, args.threads, args.repeat, gpu)
         print(f"wrote {args.plot}", file=out)
     return 0

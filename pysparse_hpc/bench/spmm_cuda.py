@@ -67,7 +67,8 @@ BENCH = KernelBench(
 @dataclass(frozen=True)
 class GpuTarget:
     """Geometric mean of ``peer time / ours time`` at least ``factor`` (above it when
-    ``strict``), over the rows at ``width`` (all rows for None)."""
+    ``strict``), over the rows at ``width`` (all rows for None). A ``factor`` of None sets no
+    target: the mean is only reported."""
 
     ours: str
     peer: str
@@ -84,24 +85,49 @@ GPU_TARGETS = (
 )
 
 
-def gpu_verdicts(results, simulated=False):
-    """One line per `GPU_TARGETS` entry: MET, NOT MET, or not measured (and why)."""
+def gpu_verdicts(results, simulated=False, targets=GPU_TARGETS, width_name="N"):
+    """One line per entry of ``targets`` (`GpuTarget`): MET, NOT MET, the mean alone for an
+    entry without a factor ("reported, no target"), or not measured (and why).
+
+    Parameters
+    ----------
+    results : list of KernelResult
+    simulated : bool
+        Simulator times: nothing is judged or reported.
+    targets : tuple of GpuTarget
+        Default: the SpMM targets, `GPU_TARGETS`.
+    width_name : str
+        The dense width's letter in the lines (``"N"``, ``"F"``).
+
+    Returns
+    -------
+    list of str
+    """
     if simulated:
         return [f"target {target.description}: not judged (simulator times)"
-                for target in GPU_TARGETS]
+                if target.factor is not None else
+                f"{target.description}: not reported (simulator times)" for target in targets]
     lines = []
-    for target in GPU_TARGETS:
+    for target in targets:
+        prefix = "target " if target.factor is not None else ""
         rows = [r for r in results if target.width is None or r.width == target.width]
-        where = f"N = {target.width}" if target.width is not None else "all rows"
+        where = f"{width_name} = {target.width}" if target.width is not None else "all rows"
         speedups = [r.speedup(target.ours, target.peer) for r in rows]
-        if not rows or any(math.isnan(v) for v in speedups):
-            lines.append(f"target {target.description} ({where}): NOT MEASURED (no rows at "
+        measured = [v for v in speedups if not math.isnan(v)]
+        if not measured:
+            lines.append(f"{prefix}{target.description} ({where}): NOT MEASURED (no rows at "
                          f"that width, or a contender did not run)")
             continue
-        mean = geometric_mean(speedups)
-        met = mean > target.factor if target.strict else mean >= target.factor
-        lines.append(f"target {target.description} ({where}, geometric mean of {len(rows)}): "
-                     f"{verdict(mean, met, target.factor)}")
+        mean = geometric_mean(measured)
+        left_out = (f"; {len(rows) - len(measured)} rows without this pair, see the notes"
+                    if len(measured) < len(rows) else "")
+        if target.factor is None:
+            outcome = f"{mean:.2f}x, reported, no target"
+        else:
+            met = mean > target.factor if target.strict else mean >= target.factor
+            outcome = verdict(mean, met, target.factor)
+        lines.append(f"{prefix}{target.description} ({where}, geometric mean of "
+                     f"{len(measured)}{left_out}): {outcome}")
     return lines
 
 
@@ -178,24 +204,30 @@ def _torch_cuda():
 def prepare(A, cuda, torch):
     """Launchers of every contender for one matrix (index arrays sent once), the seconds of
     the ME-BCRS and 16x1 conversions, and the scipy matrix for the checks."""
-    from .._cuda_backend import spmm_launcher
+    from .._cuda_backend import HALF_MAX, spmm_launcher
     start = time.perf_counter()
     M = A.to_mebcrs(block_width=8)
     convert_s = time.perf_counter() - start
     start = time.perf_counter()
     W = A.to_blocked(window=16, block_width=8)
     convert16_s = time.perf_counter() - start
-    launchers = {"tf32": spmm_launcher(M, "tf32"), "fp16": spmm_launcher(M, "fp16"),
-                 "tc16x1": spmm_launcher(W, "tf32"), "csr": spmm_launcher(A, "fp32")}
+    # A matrix with values beyond float16's range has no fp16 product; both fp16 contenders
+    # are left out for it (ours refuses such values rather than return infinities).
+    half_ok = A.nnz == 0 or float(np.abs(A.data).max()) <= HALF_MAX
+    launchers = {"tf32": spmm_launcher(M, "tf32"), "tc16x1": spmm_launcher(W, "tf32"),
+                 "csr": spmm_launcher(A, "fp32")}
+    if half_ok:
+        launchers["fp16"] = spmm_launcher(M, "fp16")
     tensors = {}
     if torch is not None:
-        for label, dtype in (("cusparse", torch.float32), ("cusparse16", torch.float16)):
+        kinds = (("cusparse", torch.float32), ("cusparse16", torch.float16))
+        for label, dtype in kinds[:2 if half_ok else 1]:
             tensors[label] = torch.sparse_csr_tensor(
                 torch.from_numpy(A.indptr.astype(np.int64)),
                 torch.from_numpy(A.indices.astype(np.int64)),
                 torch.from_numpy(A.data).to(dtype), size=A.shape).cuda()
     return {"A": A, "S": A.to_scipy(), "launchers": launchers, "tensors": tensors,
-            "cuda": cuda, "torch": torch}, convert_s, convert16_s
+            "cuda": cuda, "torch": torch, "half_ok": half_ok}, convert_s, convert16_s
 
 
 def measure(operands, width, repeat, timer, what, notes):
@@ -276,6 +308,9 @@ def run(args, out=sys.stdout):
                 notes.append(f"{case.name}: R-MAT {case.note}: {A.shape[0]} rows, {A.nnz} stored "
                              "entries after duplicates merge")
             operands, convert_s, convert16_s = prepare(A, cuda, torch)
+            if not operands["half_ok"]:
+                notes.append(f"{case.name}: values beyond float16's range (largest "
+                             f"{float(np.abs(A.data).max()):.4g}): no fp16 contender")
             notes.append(f"{case.name}: A.to_mebcrs(8) {convert_s * 1e3:.1f} ms, "
                          f"A.to_blocked(16, 8) {convert16_s * 1e3:.1f} ms (host, not timed "
                          "with the kernels)")
@@ -313,18 +348,23 @@ def run(args, out=sys.stdout):
     return 0
 
 
-def _write_csv(results, path, device, repeat):
+def _write_csv(results, path, device, repeat, bench=BENCH, heads=None):
+    """One row per (matrix, width): sizes, median seconds, GFLOP/s and speedups of ``bench``'s
+    contenders; with ``heads``, a ``heads`` column after the width."""
     import csv
-    labels = [label for label, _ in BENCH.contenders]
+    labels = [label for label, _ in bench.contenders]
     with open(path, "w", newline="") as handle:
         writer = csv.writer(handle)
-        writer.writerow(["matrix", "group", "rows", "cols", "nnz", "N", "device", "repeat",
-                         "to_mebcrs_s"] + [f"{label}_s" for label in labels]
+        heads_column = ["heads"] if heads is not None else []
+        writer.writerow(["matrix", "group", "rows", "cols", "nnz", bench.width_name]
+                        + heads_column + ["device", "repeat", "to_mebcrs_s"]
+                        + [f"{label}_s" for label in labels]
                         + [f"{label}_gflops" for label in labels]
-                        + [f"speedup_{s.ours}_vs_{s.peer}" for s in BENCH.speedups])
+                        + [f"speedup_{s.ours}_vs_{s.peer}" for s in bench.speedups])
         for r in results:
-            writer.writerow([r.name, r.group, r.shape[0], r.shape[1], r.nnz, r.width, device,
-                             repeat, f"{r.convert_s:.6e}"]
+            writer.writerow([r.name, r.group, r.shape[0], r.shape[1], r.nnz, r.width]
+                            + ([heads] if heads is not None else [])
+                            + [device, repeat, f"{r.convert_s:.6e}"]
                             + [f"{r.seconds[label]:.6e}" for label in labels]
                             + [f"{r.gflops(label):.4f}" for label in labels]
-                            + [f"{r.speedup(s.ours, s.peer):.4f}" for s in BENCH.speedups])
+                            + [f"{r.speedup(s.ours, s.peer):.4f}" for s in bench.speedups])
