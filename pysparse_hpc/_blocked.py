@@ -291,7 +291,8 @@ def blocked_from_csr(csr, window, block_width):
     window, block_width = _check_geometry(window, block_width)
     csr = csr.canonical()
     row_window_offset, col_idx, values, vector_mask = _blocked.csr_to_blocked(
-        csr.indptr, csr.indices, moved_view(csr.data), window, block_width, get_num_threads())
+        csr.indptr, csr.indices, moved_view(csr.data), window, block_width, get_num_threads(),
+        csr.shape[1])
     cls = mebcrs_array if window == 8 else blocked_array
     result = cls.__new__(cls)
     result._set_arrays(values.view(csr.dtype), col_idx, row_window_offset, vector_mask,

@@ -11,11 +11,17 @@ and padding can be told apart from data.
 import numpy as np
 
 from cython.parallel cimport parallel, prange
-from libc.stdint cimport INT64_MAX, uint64_t
+from libc.stdint cimport INT64_MAX, uint32_t, uint64_t
 from libc.stdlib cimport free, malloc
 from libc.string cimport memset
 
 include "_fused.pxi"
+
+# Sort keys ``column << row_bits | local_row``: 32-bit where every column fits (n_cols <<
+# row_bits <= 2^32, any index dtype), halving the bytes every merge level moves; else 64-bit.
+ctypedef fused key_t:
+    uint32_t
+    int64_t
 
 
 def count_window_vectors(const index_t[::1] indptr, const index_t[::1] indices,
@@ -50,7 +56,7 @@ def count_window_vectors(const index_t[::1] indptr, const index_t[::1] indices,
     return counts_np
 
 
-cdef int64_t _count_columns(const int64_t* keys, int64_t n, int row_bits) noexcept nogil:
+cdef int64_t _count_columns(const key_t* keys, int64_t n, int row_bits) noexcept nogil:
     """Distinct columns in column-ordered keys."""
     cdef int64_t e, column, previous = -1, distinct = 0
     for e in range(n):
@@ -60,7 +66,7 @@ cdef int64_t _count_columns(const int64_t* keys, int64_t n, int row_bits) noexce
     return distinct
 
 
-cdef int64_t _merge_runs(int64_t* keys, int64_t* spare, int64_t* run_starts,
+cdef int64_t _merge_runs(key_t* keys, key_t* spare, int64_t* run_starts,
                          Py_ssize_t n_runs, int row_bits) noexcept nogil:
     """Merge the ascending runs ``keys[run_starts[i]:run_starts[i + 1]]`` into one.
 
@@ -70,11 +76,12 @@ cdef int64_t _merge_runs(int64_t* keys, int64_t* spare, int64_t* run_starts,
     is data dependent and would mispredict half the time. The last pass also counts the
     distinct columns (``key >> row_bits``), which is returned.
     """
-    cdef int64_t* source = keys
-    cdef int64_t* target = spare
-    cdef int64_t* swap
+    cdef key_t* source = keys
+    cdef key_t* target = spare
+    cdef key_t* swap
     cdef Py_ssize_t run, merged
-    cdef int64_t i, j, out, i_stop, j_stop, a, b, chosen, column, previous = -1, distinct = 0
+    cdef int64_t i, j, out, i_stop, j_stop, column, previous = -1, distinct = 0
+    cdef key_t a, b, chosen
     cdef bint take_b, last_pass
     if n_runs <= 1:
         return _count_columns(keys, run_starts[n_runs], row_bits)
@@ -130,7 +137,7 @@ cdef int64_t _merge_runs(int64_t* keys, int64_t* spare, int64_t* run_starts,
 
 cdef int64_t _merge_window(
     Py_ssize_t w, Py_ssize_t n_rows, const index_t* indptr, const index_t* indices,
-    Py_ssize_t window, int row_bits, int64_t* keys, int64_t* spare, int64_t* run_starts,
+    Py_ssize_t window, int row_bits, key_t* keys, key_t* spare, int64_t* run_starts,
 ) noexcept nogil:
     """Order window ``w``'s entries by column; return its number of vectors.
 
@@ -145,9 +152,10 @@ cdef int64_t _merge_window(
     cdef int64_t first = indptr[row0]
     cdef int64_t n_entries = indptr[row0 + n_local] - first
     cdef Py_ssize_t r, n_runs = (n_local + 1) // 2
-    cdef int64_t i, j, i_stop, j_stop, out, key_i, key_j
-    cdef int64_t* window_keys = keys + first
-    cdef int64_t* paired
+    cdef int64_t i, j, i_stop, j_stop, out
+    cdef key_t key_i, key_j
+    cdef key_t* window_keys = keys + first
+    cdef key_t* paired
     cdef int passes = 0
     cdef bint take_j
     if n_entries == 0:
@@ -166,19 +174,19 @@ cdef int64_t _merge_window(
         out = i - first
         run_starts[r // 2] = out
         while i < i_stop and j < j_stop:
-            key_i = (<int64_t>indices[i] << row_bits) | r
-            key_j = (<int64_t>indices[j] << row_bits) | (r + 1)
+            key_i = (<key_t>indices[i] << row_bits) | <key_t>r
+            key_j = (<key_t>indices[j] << row_bits) | <key_t>(r + 1)
             take_j = key_j < key_i
             paired[out] = key_j if take_j else key_i
             j += take_j
             i += 1 - take_j
             out += 1
         while i < i_stop:
-            paired[out] = (<int64_t>indices[i] << row_bits) | r
+            paired[out] = (<key_t>indices[i] << row_bits) | <key_t>r
             i += 1
             out += 1
         while j < j_stop:
-            paired[out] = (<int64_t>indices[j] << row_bits) | (r + 1)
+            paired[out] = (<key_t>indices[j] << row_bits) | <key_t>(r + 1)
             j += 1
             out += 1
     run_starts[n_runs] = n_entries
@@ -196,7 +204,7 @@ cdef inline void _store_mask(uint8_t* vector_mask, int64_t start, Py_ssize_t mas
 
 
 cdef void _emit_window(
-    Py_ssize_t w, Py_ssize_t n_rows, const index_t* indptr, const int64_t* keys,
+    Py_ssize_t w, Py_ssize_t n_rows, const index_t* indptr, const key_t* keys,
     const moved_t* data, Py_ssize_t window, Py_ssize_t block_width, int row_bits,
     const index_t* row_window_offset, index_t* col_idx, moved_t* values, uint8_t* vector_mask,
     int64_t* cursor,
@@ -211,7 +219,8 @@ cdef void _emit_window(
     cdef int64_t first = indptr[row0]
     cdef int64_t n_entries = indptr[row0 + n_local] - first
     cdef Py_ssize_t r
-    cdef int64_t e, key, column, previous = -1, s = -1
+    cdef key_t key
+    cdef int64_t e, column, previous = -1, s = -1
     cdef int64_t block_start = 0, width, slot_in_block = -1, base = 0, vector
     cdef uint64_t rows_present = 0
     if n_vectors == 0:
@@ -245,9 +254,121 @@ cdef void _emit_window(
     _store_mask(vector_mask, (first_vector + s) * mask_bytes, mask_bytes, rows_present)
 
 
+cdef bint _order_windows(
+    Py_ssize_t n_windows, Py_ssize_t n_rows, const index_t* indptr, const index_t* indices,
+    Py_ssize_t window, int row_bits, key_t* keys, int64_t* vectors_per_window,
+    int64_t widest_window, int threads,
+) noexcept nogil:
+    """Pass 1 of `csr_to_blocked` over all windows in parallel; False when out of memory."""
+    # Per-thread scratch: the merge's spare keys, then its run starts.
+    cdef int64_t spare_words = (widest_window * sizeof(key_t) + 7) // 8
+    cdef int64_t scratch_words = spare_words + window + 1
+    cdef int64_t* scratch
+    cdef Py_ssize_t w
+    # A flag in memory, not a local: Cython makes locals assigned in a parallel block private.
+    cdef int out_of_memory[1]
+    out_of_memory[0] = 0
+    with parallel(num_threads=threads):
+        scratch = <int64_t*>malloc(scratch_words * sizeof(int64_t))
+        if scratch == NULL:
+            out_of_memory[0] = 1
+        else:
+            for w in prange(n_windows, schedule="guided"):
+                vectors_per_window[w] = _merge_window(
+                    w, n_rows, indptr, indices, window, row_bits, keys, <key_t*>scratch,
+                    scratch + spare_words)
+            free(scratch)
+    return not out_of_memory[0]
+
+
+cdef bint _radix_order(
+    Py_ssize_t n_windows, Py_ssize_t n_rows, Py_ssize_t n_cols, const index_t* indptr,
+    const index_t* indices, Py_ssize_t window, int row_bits, uint32_t* keys,
+    int64_t* vectors_per_window,
+) noexcept nogil:
+    """Pass 1 of `csr_to_blocked` as two counting-sort passes, serial; False when out of memory.
+
+    The same keys as `_order_windows` (each window's entries ordered by column, rows breaking
+    ties, in the window's own CSR slice) without merging: a stable counting sort by column
+    (scipy's CSR -> CSC, row numbers only), then a stable one by window, walking the columns in
+    order. Two scatters of 4 bytes per entry instead of three merge levels of compares; about
+    2.4 times faster on one thread, so it serves up to `RADIX_MAX_THREADS` threads.
+    """
+    cdef int64_t nnz = indptr[n_rows]
+    cdef int64_t* colptr = <int64_t*>malloc((n_cols + 1) * sizeof(int64_t))
+    cdef int64_t* cursor = <int64_t*>malloc((n_windows + 1) * sizeof(int64_t))
+    cdef uint32_t* rows = <uint32_t*>malloc((nnz + 1) * sizeof(uint32_t))
+    cdef Py_ssize_t r, c, w
+    cdef int64_t p, start, previous
+    cdef bint power_of_two = (window & (window - 1)) == 0
+    if colptr == NULL or cursor == NULL or rows == NULL:
+        free(colptr)
+        free(cursor)
+        free(rows)
+        return False
+    memset(colptr, 0, (n_cols + 1) * sizeof(int64_t))
+    for p in range(nnz):
+        colptr[indices[p] + 1] += 1
+    for c in range(n_cols):
+        colptr[c + 1] += colptr[c]
+    # Rows by column: colptr[c] ends at the end of column c.
+    for r in range(n_rows):
+        for p in range(indptr[r], indptr[r + 1]):
+            c = indices[p]
+            rows[colptr[c]] = <uint32_t>r
+            colptr[c] += 1
+    for w in range(n_windows):
+        cursor[w] = indptr[w * window]
+        vectors_per_window[w] = 0
+    start = 0
+    for c in range(n_cols):
+        previous = -1
+        for p in range(start, colptr[c]):
+            r = rows[p]
+            w = r >> row_bits if power_of_two else r // window
+            keys[cursor[w]] = (<uint32_t>c << row_bits) | <uint32_t>(r - w * window)
+            cursor[w] += 1
+            # rows ascend within a column: a window's entries of one column are consecutive
+            vectors_per_window[w] += w != previous
+            previous = w
+        start = colptr[c]
+    free(colptr)
+    free(cursor)
+    free(rows)
+    return True
+
+
+cdef bint _emit_windows(
+    Py_ssize_t n_windows, Py_ssize_t n_rows, const index_t* indptr, const key_t* keys,
+    const moved_t* data, Py_ssize_t window, Py_ssize_t block_width, int row_bits,
+    const index_t* row_window_offset, index_t* col_idx, moved_t* values, uint8_t* vector_mask,
+    int threads,
+) noexcept nogil:
+    """Pass 2 of `csr_to_blocked` over all windows in parallel; False when out of memory."""
+    cdef int64_t* cursor
+    cdef Py_ssize_t w
+    cdef int out_of_memory[1]
+    out_of_memory[0] = 0
+    with parallel(num_threads=threads):
+        cursor = <int64_t*>malloc(window * sizeof(int64_t))
+        if cursor == NULL:
+            out_of_memory[0] = 1
+        else:
+            for w in prange(n_windows, schedule="guided"):
+                _emit_window(w, n_rows, indptr, keys, data, window, block_width, row_bits,
+                             row_window_offset, col_idx, values, vector_mask, cursor)
+            free(cursor)
+    return not out_of_memory[0]
+
+
+#: Up to this many threads pass 1 of `csr_to_blocked` is the serial `_radix_order` (where the
+#: 32-bit keys apply); beyond, the parallel merge (`_order_windows`) scales past it.
+RADIX_MAX_THREADS = 2
+
+
 def csr_to_blocked(const index_t[::1] indptr, const index_t[::1] indices,
                    const moved_t[::1] data, Py_ssize_t window, Py_ssize_t block_width,
-                   int num_threads=1):
+                   int num_threads=1, Py_ssize_t n_cols=-1):
     """Convert canonical CSR arrays to the blocked arrays.
 
     Two parallel passes over the windows: the first orders each window's entries by column and
@@ -261,6 +382,11 @@ def csr_to_blocked(const index_t[::1] indptr, const index_t[::1] indices,
         Rows per window, vectors per block.
     num_threads : int
         OpenMP threads; windows touch disjoint ranges of every array.
+    n_cols : int, optional
+        Number of columns. Where ``n_cols << ceil(log2(window))`` and the rows fit in 32 bits
+        the sort keys are 32-bit (whatever the index dtype) and, on at most
+        `RADIX_MAX_THREADS` threads, ordered by counting sorts instead of merges; unknown (-1):
+        64-bit keys, merged.
 
     Returns
     -------
@@ -274,33 +400,42 @@ def csr_to_blocked(const index_t[::1] indptr, const index_t[::1] indices,
     while (1 << row_bits) < window:
         row_bits += 1
     index_dtype = np.int32 if index_t is int32_t else np.int64
-    cdef int64_t[::1] keys = np.empty(max(nnz, 1), dtype=np.int64)
-    cdef int64_t[::1] vectors_per_window = np.zeros(n_windows, dtype=np.int64)
+    cdef bint narrow = (0 <= n_cols and (<uint64_t>n_cols << row_bits) <= (<uint64_t>1 << 32)
+                        and <uint64_t>n_rows < (<uint64_t>1 << 32))
+    keys_np = np.empty(max(nnz, 1), dtype=np.uint32 if narrow else np.int64)
+    cdef uint32_t[::1] keys32
+    cdef int64_t[::1] keys64
+    cdef int64_t[::1] vectors_per_window = np.empty(n_windows, dtype=np.int64)
     cdef Py_ssize_t w
     cdef int64_t widest_window = 0
+    cdef bint ok
+    cdef const index_t* indices_ptr = &indices[0] if nnz else NULL
+    threads = max(1, num_threads)
     for w in range(n_windows):
         widest_window = max(widest_window,
                             indptr[min((w + 1) * window, n_rows)] - indptr[w * window])
-    # Per-thread scratch: the merge's spare buffer and run starts (pass 1), row cursors (pass 2).
-    cdef int64_t scratch_words = widest_window + 2 * window + 1
-    cdef int64_t* scratch
-    # A flag in memory, not a local: Cython makes locals assigned in a parallel block private.
-    cdef int64_t[::1] out_of_memory = np.zeros(1, dtype=np.int64)
-    threads = max(1, num_threads)
-    with nogil, parallel(num_threads=threads):
-        scratch = <int64_t*>malloc(scratch_words * sizeof(int64_t))
-        if scratch == NULL:
-            out_of_memory[0] = 1
-        else:
-            for w in prange(n_windows, schedule="guided"):
-                vectors_per_window[w] = _merge_window(
-                    w, n_rows, &indptr[0], &indices[0] if nnz else NULL, window, row_bits,
-                    &keys[0], scratch, scratch + widest_window)
-            free(scratch)
-    if out_of_memory[0]:
-        raise MemoryError(f"cannot allocate {scratch_words} words of merge scratch")
+    if narrow and threads <= RADIX_MAX_THREADS:
+        keys32 = keys_np
+        with nogil:
+            ok = _radix_order(n_windows, n_rows, n_cols, &indptr[0], indices_ptr, window,
+                              row_bits, &keys32[0], &vectors_per_window[0] if n_windows else NULL)
+    elif narrow:
+        keys32 = keys_np
+        with nogil:
+            ok = _order_windows(n_windows, n_rows, &indptr[0], indices_ptr, window, row_bits,
+                                &keys32[0], &vectors_per_window[0] if n_windows else NULL,
+                                widest_window, threads)
+    else:
+        keys64 = keys_np
+        with nogil:
+            ok = _order_windows(n_windows, n_rows, &indptr[0], indices_ptr, window, row_bits,
+                                &keys64[0], &vectors_per_window[0] if n_windows else NULL,
+                                widest_window, threads)
+    if not ok:
+        raise MemoryError(f"cannot allocate the scratch of ordering {nnz} entries")
 
-    row_window_offset_np = np.zeros(n_windows + 1, dtype=index_dtype)
+    row_window_offset_np = np.empty(n_windows + 1, dtype=index_dtype)
+    row_window_offset_np[0] = 0
     np.cumsum(vectors_per_window, out=row_window_offset_np[1:])
     cdef int64_t total_vectors = row_window_offset_np[n_windows]
     col_idx_np = np.empty(total_vectors, dtype=index_dtype)
@@ -312,17 +447,17 @@ def csr_to_blocked(const index_t[::1] indptr, const index_t[::1] indices,
     cdef index_t[::1] col_idx = col_idx_np
     cdef moved_t[::1] values = values_np
     cdef uint8_t[::1] vector_mask = vector_mask_np
-    with nogil, parallel(num_threads=threads):
-        scratch = <int64_t*>malloc(window * sizeof(int64_t))
-        if scratch == NULL:
-            out_of_memory[0] = 1
-        else:
-            for w in prange(n_windows, schedule="guided"):
-                _emit_window(w, n_rows, &indptr[0], &keys[0], &data[0], window, block_width,
-                             row_bits, &row_window_offset[0], &col_idx[0], &values[0],
-                             &vector_mask[0], scratch)
-            free(scratch)
-    if out_of_memory[0]:
+    if narrow:
+        with nogil:
+            ok = _emit_windows(n_windows, n_rows, &indptr[0], &keys32[0], &data[0], window,
+                               block_width, row_bits, &row_window_offset[0], &col_idx[0],
+                               &values[0], &vector_mask[0], threads)
+    else:
+        with nogil:
+            ok = _emit_windows(n_windows, n_rows, &indptr[0], &keys64[0], &data[0], window,
+                               block_width, row_bits, &row_window_offset[0], &col_idx[0],
+                               &values[0], &vector_mask[0], threads)
+    if not ok:
         raise MemoryError(f"cannot allocate {window} words of scratch")
     return row_window_offset_np, col_idx_np, values_np, vector_mask_np
 

@@ -206,3 +206,43 @@ def test_every_shared_matrix_round_trips_exactly(suitesparse_path, window, block
     assert_same_csr(B.tocsr(), S)
     stats = sph.block_stats(A, window=window, block_width=block_width)
     assert stats.n_vectors == B.n_vectors and stats.n_windows == B.n_windows
+
+
+def _blocked_arrays(M):
+    return (M.row_window_offset, M.col_idx, M.values, M.vector_mask)
+
+
+@pytest.mark.parametrize("window,block_width", [(8, 8), (8, 4), (16, 8), (1, 1), (33, 4),
+                                                (64, 16)])
+@pytest.mark.parametrize("shape", [(1, 1), (17, 9), (40, 33), (130, 300), (5, 700)])
+def test_int32_and_int64_indices_give_the_same_arrays(rng, window, block_width, shape):
+    """Every ordering path (counting sort up to 2 threads with 32-bit keys, parallel merge
+    beyond, 64-bit keys where the columns are unknown) gives one result for both index
+    dtypes, each with the input's index dtype."""
+    from pysparse_hpc._cy import blocked as _blocked
+
+    S = random_scipy(rng, shape, 0.2)
+    A32 = sph.csr_array(S, index_dtype=np.int32).canonical()
+    A64 = sph.csr_array(S, index_dtype=np.int64).canonical()
+    reference = [np.asarray(a) for a in _blocked_arrays(A64.to_blocked(window, block_width))]
+    for A in (A32, A64):
+        for threads in (1, 2, 3):
+            for n_cols in (A.shape[1], -1):
+                arrays = _blocked.csr_to_blocked(A.indptr, A.indices, A.data, window,
+                                                 block_width, threads, n_cols)
+                for array, expected in zip(arrays, reference):
+                    np.testing.assert_array_equal(array, expected)
+                assert arrays[0].dtype == arrays[1].dtype == A.index_dtype
+    M32 = A32.to_blocked(window, block_width)
+    assert M32.index_dtype == np.int32
+    check_layout(M32, S)
+
+
+def test_int32_matches_int64_on_every_shared_matrix(suitesparse_path):
+    A64 = load_npz(suitesparse_path, index_dtype=np.int64)
+    A32 = load_npz(suitesparse_path, index_dtype=np.int32)
+    M64, M32 = A64.to_mebcrs(), A32.to_mebcrs()
+    assert M32.index_dtype == np.int32 and M64.index_dtype == np.int64
+    for a, b in zip(_blocked_arrays(M32), _blocked_arrays(M64)):
+        np.testing.assert_array_equal(a, b)
+    assert_same_csr(M32.tocsr(), A64.to_scipy())
