@@ -34,8 +34,16 @@ def test_kernel_benchmark_cli(command, tmp_path):
     assert "geometric mean" in result.stdout
     assert "target " in result.stdout and "MET" in result.stdout
     lines = table.read_text().splitlines()
-    assert len(lines) == 2  # header + one (matrix, width) row
-    assert lines[1].startswith("cora,graph,2708,2708,10556,16,")
+    assert len(lines) == 3  # header + one (matrix, width) row per index dtype
+    assert lines[1].startswith("cora,graph,2708,2708,10556,16,int32,")
+    assert lines[2].startswith("cora,graph,2708,2708,10556,16,int64,")
+    out = result.stdout
+    # both index dtypes in the table, a mean of each, the targets judged on the int32 rows
+    assert " int32 " in out and " int64 " in out
+    assert "geometric mean, int32 (1)" in out and "geometric mean, int64 (1)" in out
+    targets = [line for line in out.splitlines() if line.startswith("target ")]
+    assert targets and all("int32 indices" in line for line in targets)
+    assert "with int64 indices (second case, not judged)" in out
 
 
 @requires_cora
@@ -44,8 +52,10 @@ def test_sddmm_benchmark_bound(tmp_path):
     result = run_on_cora("sddmm", table, "--bound")
     assert result.returncode == 0, result.stderr
     assert "no-sums" in result.stdout and "nosum v torch" in result.stdout
-    header, row = table.read_text().splitlines()
+    header, row, row64 = table.read_text().splitlines()
     columns = dict(zip(header.split(","), row.split(",")))
+    assert columns["index_dtype"] == "int32"
+    assert dict(zip(header.split(","), row64.split(",")))["index_dtype"] == "int64"
     assert float(columns["unsummed_s"]) > 0 and float(columns["spmm_s"]) > 0
     assert float(columns["speedup_csr_vs_unsummed"]) > 0
 
@@ -55,7 +65,10 @@ def test_kernel_benchmark_cli_rows_per_width(tmp_path):
     table = tmp_path / "spmm.csv"
     result = run_on_cora("spmm", table, widths=("8", "16"))
     assert result.returncode == 0, result.stderr
-    assert len(table.read_text().splitlines()) == 3  # header + cora at N=8 and N=16
+    # header + cora at N=8 and N=16, with int32 then int64 indices
+    rows = table.read_text().splitlines()[1:]
+    assert [row.split(",")[5:7] for row in rows] == [["8", "int32"], ["16", "int32"],
+                                                     ["8", "int64"], ["16", "int64"]]
 
 
 @requires_cora
@@ -65,7 +78,7 @@ def test_kernel_benchmark_cli_small_rmat(tmp_path):
                   "--n", "4", "--repeat", "1", "--csv", str(table)])
     assert result.returncode == 0, result.stderr
     assert "rmat-s8-e4: R-MAT scale 8, edge factor 4, seed 3: 256 rows" in result.stdout
-    assert len(table.read_text().splitlines()) == 2
+    assert len(table.read_text().splitlines()) == 3  # int32 and int64
 
 
 @pytest.mark.parametrize("args, message", [
@@ -76,6 +89,11 @@ def test_kernel_benchmark_cli_small_rmat(tmp_path):
     (["spmm", "--flush-mb", "8", "--no-rmat"], "applies to --backend cuda"),
     (["spmm", "--backend", "cuda", "--flush-mb", "-1"], "0 or more"),
     (["spmm", "--backend", "tpu"], "invalid choice"),
+    (["sddmm", "--flush-mb", "8", "--no-rmat"], "--flush-mb applies to --backend cuda"),
+    (["sddmm", "--heads", "2", "--no-rmat"], "--heads applies to --backend cuda"),
+    (["sddmm", "--heads", "0"], "positive integer"),
+    (["sddmm", "--backend", "cuda", "--flush-mb", "-1"], "0 or more"),
+    (["sddmm", "--backend", "cuda", "--bound", "--no-rmat"], "--bound applies to --backend cpu"),
 ])
 def test_kernel_benchmark_cli_bad_arguments(args, message):
     if "unknown matrices" in message and not DATA_DIR.is_dir():
@@ -91,16 +109,63 @@ def _small_matrix():
 
 
 @pytest.mark.parametrize("command", ["spmm", "sddmm"])
-def test_kernel_benchmark_measures(command):
+@pytest.mark.parametrize("index_dtype", [np.int32, np.int64])
+def test_kernel_benchmark_measures(command, index_dtype):
     import torch
 
+    from pysparse_hpc import csr_array
     from pysparse_hpc.bench import sddmm, spmm
     module = {"spmm": spmm, "sddmm": sddmm}[command]
-    operands, convert_s = module.prepare(_small_matrix(), torch)
+    A = csr_array(_small_matrix(), index_dtype=index_dtype).canonical()
+    operands, convert_s = module.prepare(A, torch)
     assert convert_s > 0
+    # the peers run on the same index dtype as ours (torch accepts int32 on the CPU)
+    assert operands["T"].crow_indices().dtype == getattr(torch, np.dtype(index_dtype).name)
+    assert operands["M"].col_idx.dtype == index_dtype
+    if command == "spmm":
+        assert operands["S"].indices.dtype == index_dtype
     seconds = module.measure(operands, 8, 2, "small")
     assert set(seconds) == {label for label, _ in module.BENCH.contenders}
     assert all(s > 0 for s in seconds.values())
+
+
+def test_index_variants_follow_scipy():
+    """scipy's pick first (int32 where it fits, as scipy.sparse.csr_array makes it), then
+    int64; the values are shared, not copied."""
+    from pysparse_hpc import csr_array
+    from pysparse_hpc.bench._data import index_variants, scipy_index_dtype
+
+    A = csr_array(_small_matrix(), index_dtype=np.int64).canonical()
+    # what scipy makes of the same int64 arrays where it picks (csr_array keeps int64 as given)
+    S = scipy.sparse.csr_matrix((A.data, A.indices, A.indptr), shape=A.shape)
+    assert scipy_index_dtype(A.shape, A.nnz) == S.indices.dtype == np.int32
+    assert scipy_index_dtype((2 ** 31, 4), 8) == np.int64
+    variants = index_variants(A)
+    assert [label for label, _ in variants] == ["int32", "int64"]
+    assert [M.index_dtype for _, M in variants] == [np.int32, np.int64]
+    assert variants[1][1] is A and variants[0][1].data is A.data
+    assert all(M.has_canonical_format for _, M in variants)
+
+
+def test_kernel_verdicts_are_judged_on_scipys_index_dtype():
+    from pysparse_hpc.bench import spmm
+    from pysparse_hpc.bench._kernels import KernelResult, format_table, verdicts
+
+    def result(index_dtype, scipy_over_ours):
+        seconds = {"csr": 1.0, "mebcrs": 2.0, "torch": 2.0, "scipy": scipy_over_ours}
+        return KernelResult("m", "g", (4, 4), 8, index_dtype, 32, 0.0, seconds)
+
+    results = [result("int32", 5.0), result("int64", 1.0)]
+    lines = verdicts(spmm.BENCH, results)
+    scipy_line = next(line for line in lines if "scipy, ours on CSR" in line)
+    assert "(geometric mean of 1, int32 indices)" in scipy_line
+    assert scipy_line.endswith(": MET (5.00x)")  # the int64 row's 1.00x is not judged
+    assert lines[-1] == ("with int64 indices (second case, not judged), ours on CSR (geometric "
+                         "mean of 1): 2.00x torch.sparse.mm, 1.00x scipy")
+    table = format_table(spmm.BENCH, results)
+    assert "index" in table and "geometric mean, int64 (1)" in table
+    # one index dtype (the GPU benchmarks): the table keeps its old layout
+    assert "index" not in format_table(spmm.BENCH, results[:1]).splitlines()[1]
 
 
 def test_sddmm_bound_measures():
@@ -180,7 +245,7 @@ def test_kernel_benchmark_aborts_on_a_wrong_result(tmp_path, capsys):
                      repeat=1, threads=get_num_threads(), csv=None, plot=None)
     assert run_benchmark(args, spmm.BENCH, spmm.prepare, wrong) == 1
     captured = capsys.readouterr()
-    assert "benchmark aborted: rmat-s6-e4 N=4: csr vs scipy" in captured.err
+    assert "benchmark aborted: rmat-s6-e4 int32 N=4: csr vs scipy" in captured.err
     assert "geometric mean" not in captured.out
 
 
@@ -225,4 +290,42 @@ def test_gpu_benchmark_verdicts():
     lines = gpu_verdicts([result(128, float("nan"), tc16x1=1.0)])
     assert "NOT MEASURED" in lines[0] and lines[2].endswith("NOT MET (1.00x)")  # not faster
     assert "NOT MEASURED" in gpu_verdicts([result(256, 2.0)])[0]  # no row at N = 128
+    # a matrix without an fp16 pair (values beyond float16's range) is left out and counted
+    lines = gpu_verdicts([result(128, 1.6), result(128, float("nan"))])
+    assert lines[0].endswith("(N = 128, geometric mean of 1; 1 rows without this pair, see the "
+                             "notes): MET (1.60x)")
     assert all("not judged" in line for line in gpu_verdicts([result(128, 2.0)], simulated=True))
+
+
+def test_gpu_sddmm_benchmark_without_a_gpu_says_so():
+    from numba import cuda
+    if cuda.is_available():
+        pytest.skip("a GPU is present")
+    result = run(["sddmm", "--backend", "cuda", "--no-rmat", "--heads", "2"])
+    assert result.returncode == 2 and "needs a CUDA GPU" in result.stderr
+
+
+def test_gpu_sddmm_benchmark_reports_without_a_target():
+    """The GPU SDDMM has no target: its geometric means are reported, never judged."""
+    from pysparse_hpc.bench.sddmm_cuda import GPU_SDDMM_REPORTS, HeadsResult
+    from pysparse_hpc.bench.spmm_cuda import gpu_verdicts
+
+    def result(width, torch, torch16=float("nan"), heads=1):
+        seconds = {"tf32": 1.0, "fp16": 0.5, "csr": 3.0, "torch": torch, "torch16": torch16}
+        return HeadsResult("m", "g", (4, 4), 8, "int32", width, 0.0, seconds, heads=heads)
+
+    lines = gpu_verdicts([result(32, 2.0), result(128, 8.0)], targets=GPU_SDDMM_REPORTS,
+                         width_name="F")
+    assert lines[0] == ("ours-tf32 over torch-fp32 (all rows, geometric mean of 2): 4.00x, "
+                        "reported, no target")
+    assert lines[1] == ("ours-fp16 over torch-fp16 (all rows): NOT MEASURED (no rows at that "
+                        "width, or a contender did not run)")
+    assert lines[2].endswith("geometric mean of 2): 3.00x, reported, no target")
+    assert not any("target " in line.split(":")[0] or "MET" in line for line in lines)
+    lines = gpu_verdicts([result(32, 2.0, 1.0), result(64, 2.0)], targets=GPU_SDDMM_REPORTS)
+    assert lines[1] == ("ours-fp16 over torch-fp16 (all rows, geometric mean of 1; 1 rows "
+                        "without this pair, see the notes): 2.00x, reported, no target")
+    assert all(line.endswith("not reported (simulator times)") for line in gpu_verdicts(
+        [result(32, 2.0)], simulated=True, targets=GPU_SDDMM_REPORTS))
+    # H heads do H SDDMMs per run
+    assert result(32, 2.0, heads=4).gflops("tf32") == 4 * result(32, 2.0).gflops("tf32")

@@ -24,16 +24,22 @@ def test_reorder_benchmark_cli(tmp_path):
     assert result.returncode == 0, result.stderr
     out = result.stdout
     assert "planted-c8-i6-e1: 40 communities of 8 nodes" in out
-    for line in ("target: RCM no slower than scipy's", "target: rabbit <= 1 s per 1M nnz",
+    for line in ("target: RCM no slower than scipy's (int32 indices as scipy picks them)",
+                 "with int64 indices (second case, not judged): RCM geo-mean",
+                 "target: rabbit <= 1 s per 1M nnz",
                  "target: planted-c8-i6-e1: rabbit cuts 8x1 vectors",
                  "the planted order cuts",
                  "rabbit does not speed up the ME-BCRS SpMM on:"):
         assert line in out
     rows = table.read_text().splitlines()
-    # header, then 4 methods + scipy's RCM per matrix, and the planted graph's planted order
-    assert len(rows) == 1 + 5 + 6
-    assert rows[1].startswith("cora,graph,none,2708,10556,")
-    assert sum(",planted,planted," in row for row in rows) == 1
+    # header, then 4 methods + scipy's RCM per matrix, and the planted graph's planted order,
+    # all with int32 indices; then RCM and scipy's RCM again with int64 indices
+    assert len(rows) == 1 + 5 + 6 + 2 * 2
+    assert rows[1].startswith("cora,graph,none,int32,2708,10556,")
+    assert sum(",planted,planted,int32," in row for row in rows) == 1
+    assert sorted(row.split(",")[2] for row in rows if ",int64," in row) == [
+        "rcm", "rcm", "scipy-rcm", "scipy-rcm"]
+    assert "cora                   rcm       int64" in out
     assert plot.stat().st_size > 0
 
 

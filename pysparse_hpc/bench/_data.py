@@ -10,9 +10,12 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from ..io import load_npz
 
-__all__ = ["DATA_ENV", "GRAPHS", "MatrixSpec", "data_dir", "find_matrices", "load_matrix"]
+__all__ = ["DATA_ENV", "GRAPHS", "INDEX_SECOND", "MatrixSpec", "data_dir", "find_matrices",
+           "index_variants", "load_matrix", "scipy_index_dtype"]
 
 DATA_ENV = "PYSPARSE_HPC_DATA"
 
@@ -104,19 +107,84 @@ def find_matrices(directory):
     return specs, missing
 
 
-def load_matrix(spec):
+def load_matrix(spec, index_dtype=None):
     """Load a matrix as a canonical `csr_array` with ``has_canonical_format`` already computed.
 
     Parameters
     ----------
     spec : MatrixSpec
+    index_dtype : {None, "scipy", numpy.int32, numpy.int64}, optional
+        None keeps the stored dtypes' rule (int64 for the shared files, whose ``indptr`` is
+        stored as int64); ``"scipy"`` gives the dtype scipy picks for the matrix
+        (`scipy_index_dtype`: int32 where the shape and nnz fit), as a user's
+        ``scipy.sparse.load_npz`` or ``csr_array(...)`` would have it.
 
     Returns
     -------
     csr_array
     """
-    matrix = load_npz(spec.path, prefix=spec.prefix).canonical()
+    matrix = load_npz(spec.path, prefix=spec.prefix)
+    if isinstance(index_dtype, str) and index_dtype == "scipy":
+        index_dtype = scipy_index_dtype(matrix.shape, matrix.nnz)
+    if index_dtype is not None and matrix.index_dtype != np.dtype(index_dtype):
+        matrix = type(matrix)(matrix, index_dtype=index_dtype)
+    matrix = matrix.canonical()
     # canonical() evaluated and cached the flag; check it so no timed call recomputes it.
     if not matrix.has_canonical_format:
         raise RuntimeError(f"{spec.name}: could not bring the matrix to canonical format")
     return matrix
+
+
+#: The index dtype every benchmark reports as its second case, after scipy's pick.
+INDEX_SECOND = "int64"
+
+
+def scipy_index_dtype(shape, nnz):
+    """The index dtype scipy gives a CSR matrix of this size: int32 where it fits, else int64.
+
+    Where scipy chooses (``scipy.sparse.load_npz`` of the shared files, ``csr_matrix(...)``,
+    dense input, ``random_array``, COO ``.tocsr()``) it picks int32 when every dimension and
+    the number of stored entries fit (``get_index_dtype`` with the contents checked), which is
+    what a user's matrix of the shared sizes has. (``csr_array`` keeps int64 arrays it is
+    given as they are.)
+
+    Parameters
+    ----------
+    shape : tuple of int
+    nnz : int
+
+    Returns
+    -------
+    numpy.dtype
+        ``int32`` or ``int64``.
+    """
+    fits = max(tuple(shape) + (nnz,)) <= np.iinfo(np.int32).max
+    return np.dtype(np.int32 if fits else np.int64)
+
+
+def index_variants(A):
+    """``A`` with scipy's index dtype first, then with int64 indices (`INDEX_SECOND`).
+
+    Each is a canonical `csr_array` with ``has_canonical_format`` computed; ``A`` itself is
+    returned where its dtype already matches, so the values are shared, not copied. A matrix
+    for which scipy picks int64 has one variant.
+
+    Parameters
+    ----------
+    A : csr_array
+        Canonical.
+
+    Returns
+    -------
+    list of (str, csr_array)
+        ``[("int32", A32), ("int64", A64)]``: the first is the one the targets judge.
+    """
+    variants = []
+    for dtype in (scipy_index_dtype(A.shape, A.nnz), np.dtype(INDEX_SECOND)):
+        if any(label == dtype.name for label, _ in variants):
+            continue
+        matrix = A if A.index_dtype == dtype else type(A)(A, index_dtype=dtype).canonical()
+        if not matrix.has_canonical_format:
+            raise RuntimeError("index_variants takes a canonical matrix")
+        variants.append((dtype.name, matrix))
+    return variants

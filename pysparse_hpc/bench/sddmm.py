@@ -3,11 +3,14 @@
 Ours runs on CSR (``sddmm(A, X, Y)``) and on ME-BCRS (``sddmm(M, X, Y)`` with
 ``M = A.to_mebcrs()``, converted once before timing and reported separately). The peers are
 ``torch.sparse.sampled_addmm(T, X, Y.T, beta=0, alpha=1)`` on a torch CSR tensor with the same
-int64 indices, on as many threads as ours, and plain NumPy:
+indices (same index dtype: torch accepts int32 and returns int64 indices), on as many threads
+as ours, and plain NumPy:
 ``np.einsum('ij,ij->i', X[rows], Y[cols])`` with the row ids expanded from A's indptr once,
 outside the timing (gathered in chunks of at most 2^26 floats, so the large graphs fit in
-memory). Every result is checked against NumPy's before anything is timed. The project's
-target, for ours on CSR: at least 3x torch.sparse.sampled_addmm (geometric mean).
+memory). Every result is checked against NumPy's before anything is timed. Each matrix runs
+with the index dtype scipy picks (int32 where it fits) and again with int64. The project's
+target, for ours on CSR: at least 3x torch.sparse.sampled_addmm (geometric mean over the rows
+with scipy's index dtype).
 
 ``--bound`` also times what bounds ours, in the same rounds: the same kernel with the
 per-entry sums left out (every load and multiply-add kept, each entry's vector of products
@@ -15,6 +18,10 @@ stored instead of summed; its results are not checked, they are not dot products
 SpMM ``A @ Y``, which reads the same Y row per stored entry. No kernel that reads the Y row
 of every stored entry in CSR order can beat the first by much; the SpMM is a second opinion on
 the same reads.
+
+``--backend cuda`` runs the GPU benchmark instead (tensor-core and CUDA-core kernels against
+torch's cuSPARSE SDDMM, kernel time only, ``--heads`` for multi-head operands):
+see `pysparse_hpc.bench.sddmm_cuda`.
 """
 import dataclasses
 import functools
@@ -26,6 +33,7 @@ from .. import _buffers
 from ..kernels.cpu._registers import VECTOR_BYTES
 from ..kernels.cpu.sddmm import csr_sddmm_unsummed, csr_sddmm_unsummed_serial
 from ..ops import _launch, sddmm
+from . import positive_int
 from ._kernels import (KernelBench, Speedup, Target, add_kernel_arguments, check_close,
                        conversion_seconds, run_benchmark, steady_best_times, torch_csr)
 
@@ -44,8 +52,9 @@ BENCH = KernelBench(
     width_name="F",
     contenders=(("csr", "ours-csr"), ("mebcrs", "ours-meb"), ("torch", "torch"),
                 ("numpy", "numpy")),
-    peers_note=("peers: torch.sparse.sampled_addmm(CSR tensor, X, Y.T, beta=0, alpha=1) with int64 "
-                "indices on the same threads as ours (torch.set_num_threads); NumPy einsum "
+    peers_note=("peers: torch.sparse.sampled_addmm(CSR tensor, X, Y.T, beta=0, alpha=1) with A's "
+                "index dtype (torch accepts int32 on the CPU; its result has int64 indices) on the "
+                "same threads as ours (torch.set_num_threads); NumPy einsum "
                 "'ij,ij->i' over X[rows], Y[cols] (single-threaded, chunks of <= 2^26 floats)"),
     speedups=(Speedup("csr", "torch", "csr v torch"), Speedup("csr", "numpy", "csr v numpy"),
               Speedup("mebcrs", "torch", "meb v torch"),
@@ -72,6 +81,16 @@ def add_arguments(parser):
     parser.add_argument("--bound", action="store_true",
                         help="also time ours without the per-entry sums and our SpMM A @ Y, "
                              "which read the same rows (what bounds the SDDMM)")
+    parser.add_argument("--backend", choices=("cpu", "cuda"), default="cpu",
+                        help="cpu: our Numba kernels against torch and NumPy (default); cuda: "
+                             "our tensor-core kernels on a GPU against torch's cuSPARSE SDDMM "
+                             "(R-MAT default 20:16:1 21:8:2), see pysparse_hpc.bench.sddmm_cuda")
+    parser.add_argument("--flush-mb", type=float, metavar="MB",
+                        help="with --backend cuda: MiB overwritten before each timed run to empty "
+                             "the L2 cache (default: 8 times the L2, at least 256; 0: none)")
+    parser.add_argument("--heads", type=positive_int, metavar="H",
+                        help="with --backend cuda: attention heads, X (rows, H, F) and Y (cols, "
+                             "H, F) (default: 1, 2-D X and Y)")
 
 
 def unsummed_sddmm(A, X, Y):
@@ -162,8 +181,19 @@ def measure(operands, width, repeat, what=""):
     return steady_best_times(functions, repeat)
 
 
-def run(args, out=sys.stdout):
-    """Run the benchmark over the matrices and widths and report; returns the exit status."""
+def run(args, out=None):
+    """Run the benchmark over the matrices and widths and report; returns the exit status.
+
+    ``out`` defaults to ``sys.stdout`` at the time of the call.
+    """
+    out = sys.stdout if out is None else out
+    if args.backend == "cuda":
+        from . import sddmm_cuda  # imports numba.cuda: only for GPU runs
+        return sddmm_cuda.run(args, out=out)
+    for option, value in (("--flush-mb", args.flush_mb), ("--heads", args.heads)):
+        if value is not None:
+            print(f"error: {option} applies to --backend cuda", file=sys.stderr)
+            return 2
     bench = BOUND_BENCH if args.bound else BENCH
     return run_benchmark(args, bench, functools.partial(prepare, bound=args.bound), measure,
                          out=out)

@@ -4,8 +4,8 @@ Run it under Nsight Compute to see where the kernels' time goes (achieved memory
 against the device's, occupancy, warp stalls); the compilations, transfers and warm-up runs
 happen before the profiler starts, so only the timed kernels are captured::
 
-    ncu --profile-from-start off --set full -o spmm python -m pysparse_hpc.bench.spmm_cuda_profile \\
-        --rmat 20:16 --n 128
+    ncu --profile-from-start off --set full -o spmm \\
+        python -m pysparse_hpc.bench.spmm_cuda_profile --rmat 20:16 --n 128
 
 Without ``ncu`` it just runs each contender once (a quick check that all of them work).
 """
