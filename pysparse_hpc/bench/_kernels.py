@@ -27,9 +27,9 @@ from ._data import find_matrices, index_variants, load_matrix, scipy_index_dtype
 
 __all__ = ["DEFAULT_RMAT", "DEFAULT_WIDTHS", "KernelBench", "KernelResult", "MatrixCase",
            "Mismatch", "Speedup", "Target", "add_kernel_arguments", "check_close", "judged",
-           "keep_requested", "shared_cases", "conversion_seconds", "format_table", "import_torch",
-           "run_benchmark", "steady_best_times", "torch_csr", "verdict", "verdicts", "write_csv",
-           "write_plot"]
+           "keep_requested", "load_case", "shared_cases", "conversion_seconds", "format_table",
+           "import_torch", "run_benchmark", "steady_best_times", "torch_csr", "verdict",
+           "verdicts", "write_csv", "write_plot"]
 
 #: Dense widths (N for SpMM, F for SDDMM) measured by default.
 DEFAULT_WIDTHS = (32, 128, 256)
@@ -361,6 +361,21 @@ def _warm_up_runtime():
 
 # --- report --------------------------------------------------------------------------------
 
+def load_case(case, progress, notes):
+    """Load ``case`` with the progress bar saying so; an R-MAT graph's size goes to ``notes``.
+
+    Returns
+    -------
+    csr_array
+    """
+    progress.set_postfix_str(f"{case.name} (loading)")
+    A = case.load()
+    if case.note:
+        notes.append(f"{case.name}: R-MAT {case.note}: {A.shape[0]} rows, {A.nnz} stored "
+                     "entries after duplicates merge")
+    return A
+
+
 def _best_note():
     return "best = faster of ours on CSR and ME-BCRS per row, conversion not included"
 
@@ -553,11 +568,7 @@ def run_benchmark(args, bench, prepare, measure, out=sys.stdout):
     total = 2 * len(cases) * len(widths)  # two index dtypes where scipy picks int32
     with tqdm(total=total, desc=bench.kernel.lower(), unit="case") as progress:
         for case in cases:
-            progress.set_postfix_str(f"{case.name} (loading)")
-            A = case.load()
-            if case.note:
-                notes.append(f"{case.name}: R-MAT {case.note}: {A.shape[0]} rows, {A.nnz} stored "
-                             "entries after duplicates merge")
+            A = load_case(case, progress, notes)
             variants = index_variants(A)
             del A
             while variants:

@@ -42,10 +42,9 @@ import numpy as np
 from tqdm import tqdm
 
 from ._kernels import (DEFAULT_WIDTHS, KernelBench, KernelResult, Mismatch, Speedup,
-                       format_table, select_cases, write_plot)
+                       format_table, load_case, write_plot)
 from .sddmm import numpy_sddmm
-from .spmm_cuda import (DEFAULT_GPU_RMAT, GpuTarget, _device_name, _l2_bytes, _Timer,
-                        _torch_cuda, _write_csv, gpu_verdicts)
+from .spmm_cuda import GpuTarget, _device_name, _write_csv, gpu_verdicts, start
 
 __all__ = ["BENCH", "DEFAULT_GPU_SDDMM_WIDTHS", "GPU_SDDMM_REPORTS", "HeadsResult", "measure",
            "prepare", "run"]
@@ -276,40 +275,22 @@ def run(args, out=None):
     int
         0, 1 after a wrong result, 2 after a usage error or without a GPU.
     """
-    from .._cuda_backend import require_gpu
     out = sys.stdout if out is None else out
-    if args.flush_mb is not None and args.flush_mb < 0:
-        print(f"error: --flush-mb must be 0 or more, got {args.flush_mb}", file=sys.stderr)
-        return 2
     if getattr(args, "bound", False):
         print("error: --bound applies to --backend cpu", file=sys.stderr)
         return 2
     heads = getattr(args, "heads", None) or 1
-    try:
-        cuda = require_gpu()
-    except RuntimeError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    if args.rmat is None:
-        args.rmat = DEFAULT_GPU_RMAT
-    cases = select_cases(args)
-    if cases is None:
-        return 2
-    torch = _torch_cuda()
-    flush_bytes = (int(args.flush_mb * 2**20) if args.flush_mb is not None
-                   else max(256 << 20, 8 * _l2_bytes(cuda)))
-    timer = _Timer(cuda, flush_bytes)
+    started = start(args)
+    if isinstance(started, int):
+        return started
+    cuda, cases, torch, timer, flush_bytes = started
     widths = list(dict.fromkeys(args.n or DEFAULT_GPU_SDDMM_WIDTHS))
     bench = (BENCH if heads == 1 else
              dataclasses.replace(BENCH, timing=f"median time; x{heads} heads"))
     results, notes = [], []
     with tqdm(total=len(cases) * len(widths), desc="sddmm gpu", unit="case") as progress:
         for case in cases:
-            progress.set_postfix_str(f"{case.name} (loading)")
-            A = case.load()
-            if case.note:
-                notes.append(f"{case.name}: R-MAT {case.note}: {A.shape[0]} rows, {A.nnz} stored "
-                             "entries after duplicates merge")
+            A = load_case(case, progress, notes)
             operands, convert_s = prepare(A, cuda, torch, heads)
             if torch is not None and not operands["values_half_ok"]:
                 notes.append(f"{case.name}: values beyond float16's range (largest "

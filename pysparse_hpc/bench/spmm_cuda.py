@@ -31,11 +31,11 @@ import numpy as np
 from tqdm import tqdm
 
 from . import geometric_mean
-from ._kernels import (KernelBench, KernelResult, Mismatch, Speedup, format_table,
+from ._kernels import (KernelBench, KernelResult, Mismatch, Speedup, format_table, load_case,
                        select_cases, verdict, write_plot)
 
 __all__ = ["BENCH", "DEFAULT_GPU_RMAT", "DEFAULT_GPU_WIDTHS", "GPU_TARGETS", "GpuTarget",
-           "gpu_verdicts", "run"]
+           "gpu_verdicts", "run", "start"]
 
 #: Generated graphs of the GPU run, (scale, edge factor, seed): over 10M stored entries each.
 DEFAULT_GPU_RMAT = ((20, 16, 1), (21, 8, 2))
@@ -278,8 +278,16 @@ def measure(operands, width, repeat, timer, what, notes):
 
 # --- command ---------------------------------------------------------------------------------
 
-def run(args, out=sys.stdout):
-    """Run the GPU benchmark and report; returns the exit status."""
+def start(args):
+    """What both GPU benchmarks set up before their runs: the checked ``--flush-mb``, the GPU,
+    the matrices (R-MAT default `DEFAULT_GPU_RMAT`), torch with CUDA (or None) and the timer.
+
+    Returns
+    -------
+    tuple or int
+        ``(cuda, cases, torch, timer, flush_bytes)``, or the exit status 2 after an error
+        message (a bad option, no GPU, an unknown matrix).
+    """
     from .._cuda_backend import require_gpu
     if args.flush_mb is not None and args.flush_mb < 0:
         print(f"error: --flush-mb must be 0 or more, got {args.flush_mb}", file=sys.stderr)
@@ -294,19 +302,22 @@ def run(args, out=sys.stdout):
     cases = select_cases(args)
     if cases is None:
         return 2
-    torch = _torch_cuda()
     flush_bytes = (int(args.flush_mb * 2**20) if args.flush_mb is not None
                    else max(256 << 20, 8 * _l2_bytes(cuda)))
-    timer = _Timer(cuda, flush_bytes)
+    return cuda, cases, _torch_cuda(), _Timer(cuda, flush_bytes), flush_bytes
+
+
+def run(args, out=sys.stdout):
+    """Run the GPU benchmark and report; returns the exit status."""
+    started = start(args)
+    if isinstance(started, int):
+        return started
+    cuda, cases, torch, timer, flush_bytes = started
     widths = list(dict.fromkeys(args.n or DEFAULT_GPU_WIDTHS))
     results, notes = [], []
     with tqdm(total=len(cases) * len(widths), desc="spmm gpu", unit="case") as progress:
         for case in cases:
-            progress.set_postfix_str(f"{case.name} (loading)")
-            A = case.load()
-            if case.note:
-                notes.append(f"{case.name}: R-MAT {case.note}: {A.shape[0]} rows, {A.nnz} stored "
-                             "entries after duplicates merge")
+            A = load_case(case, progress, notes)
             operands, convert_s, convert16_s = prepare(A, cuda, torch)
             if not operands["half_ok"]:
                 notes.append(f"{case.name}: values beyond float16's range (largest "
