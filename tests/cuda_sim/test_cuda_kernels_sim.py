@@ -400,3 +400,25 @@ def test_gpu_spmm_benchmark_end_to_end(tmp_path, capsys):
         assert float(values[f"{label}_s"]) > 0
     assert values["cusparse_s"] == "nan" and len(BENCH.contenders) == 6
     assert plot.stat().st_size > 0
+
+
+def test_fp16_refuses_values_beyond_half_range_and_leaves_operands_untouched():
+    """A's values or host B beyond float16's range (65,504) would become infinities: fp16
+    raises a ValueError naming the largest value, and neither operand is changed."""
+    rng = np.random.default_rng(21)
+    S = random_scipy(rng, (20, 16), 0.3)
+    big = sph.csr_array(S * 1e5, dtype=np.float32)
+    small = sph.csr_array(S, dtype=np.float32)
+    B = rng.standard_normal((16, 8)).astype(np.float32)
+    data_before, B_before = big.data.copy(), B.copy()
+    with pytest.raises(ValueError, match="float16.*tf32"):
+        sph.spmm(big, B, backend="cuda", precision="fp16")
+    with pytest.raises(ValueError, match="but B holds [0-9]"):
+        sph.spmm(small, B * np.float32(1e5), backend="cuda", precision="fp16")
+    np.testing.assert_array_equal(big.data, data_before)
+    np.testing.assert_array_equal(B, B_before)
+    X = rng.standard_normal((20, 8)).astype(np.float32) * np.float32(1e5)
+    with pytest.raises(ValueError, match="X holds"):
+        sph.sddmm(small, X, B, backend="cuda", precision="fp16")
+    # within range, and with tf32, the same matrices run
+    assert np.all(np.isfinite(sph.spmm(big, B, backend="cuda", precision="tf32")))
