@@ -262,6 +262,19 @@ def test_gcn_norm_of_a_distributed_graph_matches(cora, cora_graph):
                                gcn_norm(cora.adj).toarray(), rtol=1e-7)
 
 
+def test_local_matrices_take_scipys_index_dtype(cora, cora_graph):
+    """int32 indices where they fit, as one-process matrices: both run the same compiled
+    kernels, and a graph that needs int64 keeps it."""
+    from pysparse_hpc.nn import gcn_norm
+    from pysparse_hpc.nn._graph import with_self_loops
+    assert cora.adj.indices.dtype == np.int32
+    for graph in (cora_graph, gcn_norm(cora_graph), with_self_loops(cora_graph)):
+        assert graph.local.indices.dtype == graph.local.indptr.dtype == np.int32
+    wide = sph.csr_array(cora.adj, index_dtype=np.int64)
+    assert with_self_loops(wide).indices.dtype == np.int64
+    assert with_self_loops(cora.adj).indices.dtype == np.int32
+
+
 def test_load_file(tmp_path, cora):
     path = tmp_path / "graph.npz"
     adj = cora.adj

@@ -6,10 +6,11 @@ plotting check). A command is a module with ``HELP``, ``add_arguments(parser)`` 
 """
 import argparse
 import importlib.util
+import os
 import sys
 
 from .._config import get_num_threads, set_num_threads
-from . import convert, distributed, gnn, positive_int, reorder, sddmm, spmm
+from . import convert, distributed, firstrun, gnn, positive_int, reorder, sddmm, spmm
 from ._data import DATA_ENV, data_dir
 
 __all__ = ["COMMANDS", "build_parser", "main"]
@@ -21,6 +22,7 @@ COMMANDS = {
     "reorder": reorder,
     "gnn": gnn,
     "distributed": distributed,
+    "firstrun": firstrun,
 }
 
 
@@ -70,6 +72,10 @@ def main(argv=None):
         args.data_dir = data_dir(args.data)
     except FileNotFoundError as exc:
         parser.error(str(exc))
+    for option in ("csv", "plot"):   # checked now, not after minutes of measuring
+        path = getattr(args, option)
+        if path and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
+            parser.error(f"--{option}: the directory of {path} does not exist")
     if args.plot and importlib.util.find_spec("matplotlib") is None:
         parser.error("--plot needs matplotlib: pip install matplotlib (or pysparse_hpc[bench])")
     return args.run(args)

@@ -13,6 +13,7 @@ import numpy as np
 from .._base import sparray
 from .._blocked import blocked_array
 from .._csr import csr_array
+from .._sputils import get_index_dtype
 from .._cy import convert as _convert
 from ..distributed.graph import DistGraph
 
@@ -233,7 +234,10 @@ def _with_diagonal(csr, n_diagonal):
         missing = np.flatnonzero(~has_loop)
         if missing.size == 0:
             return csr
+        # csr's index dtype (int32 where it fits), not the int64 of the coordinates.
+        n_entries = rows.size + missing.size
+        index_dtype = get_index_dtype((csr.indices,), maxval=max(csr.shape + (n_entries,)))
         return csr_array((np.concatenate([data, np.ones(missing.size, dtype=csr.dtype)]),
                           (np.concatenate([rows, missing]), np.concatenate([cols, missing]))),
-                         shape=csr.shape).canonical()
+                         shape=csr.shape, index_dtype=index_dtype).canonical()
     return cached_on(csr, "with_self_loops", build)

@@ -3,6 +3,7 @@ import numpy as np
 import scipy.sparse
 
 from .._csr import csr_array
+from .._sputils import get_index_dtype
 from ..distributed.graph import DistGraph
 from ._graph import as_graph, cached_on
 
@@ -69,7 +70,10 @@ def _gcn_norm_distributed(graph, add_self_loops):
         diagonal = np.arange(graph.n_local)
         rows, cols = np.concatenate([rows, diagonal]), np.concatenate([cols, diagonal])
         data = np.concatenate([data, np.ones(graph.n_local)])
-    matrix = csr_array((data, (rows, cols)), shape=local.shape).canonical()
+    # The local matrix's index dtype (int32 where it fits), not the int64 of the coordinates.
+    index_dtype = get_index_dtype((local.indices,), maxval=max(local.shape + (rows.size,)))
+    matrix = csr_array((data, (rows, cols)), shape=local.shape,
+                       index_dtype=index_dtype).canonical()
     degree = np.bincount(np.repeat(np.arange(graph.n_local), np.diff(matrix.indptr)),
                          weights=matrix.data, minlength=graph.n_local)
     degree = np.concatenate([degree, graph.halo_exchange(np.ascontiguousarray(degree))])

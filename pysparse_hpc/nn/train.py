@@ -8,6 +8,7 @@ the loss is summed over the rank's training nodes and divided by the global numb
 nodes, and the replicated weights' gradients are summed over the ranks (`DataParallel`), so the
 update equals the single-process one up to float rounding; accuracies are counted globally.
 """
+import contextlib
 import time
 from dataclasses import dataclass, field
 
@@ -15,6 +16,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from .._compiling import compile_messages
 from ..distributed.graph import DistGraph, comm_sum
 
 __all__ = ["TrainResult", "fit", "node_tensors", "normalize_features"]
@@ -134,30 +136,32 @@ def fit(model, x, adj, y, masks, *, epochs=200, lr=0.01, weight_decay=5e-4, prog
         from ..distributed.data_parallel import DataParallel
         # Every rank's loss is already divided by the global count: sum, do not average.
         trained = DataParallel(model, graph.comm, average=False)
-    best = (-1.0, float("inf"), 0.0, -1)  # val accuracy, val loss, test accuracy, epoch
-    step_seconds, losses = [], []
     show = progress and (graph is None or graph.comm.rank == 0)
     bar = tqdm(range(epochs), desc=description, disable=not show, leave=False, mininterval=0.5)
-    for epoch in bar:
-        model.train()
-        start = time.perf_counter()
-        optimizer.zero_grad()
-        logits = trained(x, adj)
-        loss = F.cross_entropy(logits[train_mask], y[train_mask], reduction="sum") / n_train
-        loss.backward()
-        optimizer.step()
-        step_seconds.append(time.perf_counter() - start)
-        losses.append(total(loss.item()))
-        model.eval()
-        with torch.no_grad():
-            logits = model(x, adj)
-            val_loss, val_correct, test_correct = total(
-                float(F.cross_entropy(logits[val_mask], y[val_mask], reduction="sum")),
-                _correct(logits, y, val_mask), _correct(logits, y, test_mask))
-            val_loss, val_accuracy = val_loss / n_val, val_correct / n_val
-            if (val_accuracy, -val_loss) > (best[0], -best[1]):
-                best = (val_accuracy, val_loss, test_correct / n_test, epoch)
-        bar.set_postfix(loss=f"{losses[-1]:.3f}", val=f"{val_accuracy:.3f}", refresh=False)
+    best = (-1.0, float("inf"), 0.0, -1)  # val accuracy, val loss, test accuracy, epoch
+    step_seconds, losses = [], []
+    # A first run stops in the first epoch while kernels compile: the bar's output says why.
+    with compile_messages(tqdm.write) if show else contextlib.nullcontext():
+        for epoch in bar:
+            model.train()
+            start = time.perf_counter()
+            optimizer.zero_grad()
+            logits = trained(x, adj)
+            loss = F.cross_entropy(logits[train_mask], y[train_mask], reduction="sum") / n_train
+            loss.backward()
+            optimizer.step()
+            step_seconds.append(time.perf_counter() - start)
+            losses.append(total(loss.item()))
+            model.eval()
+            with torch.no_grad():
+                logits = model(x, adj)
+                val_loss, val_correct, test_correct = total(
+                    float(F.cross_entropy(logits[val_mask], y[val_mask], reduction="sum")),
+                    _correct(logits, y, val_mask), _correct(logits, y, test_mask))
+                val_loss, val_accuracy = val_loss / n_val, val_correct / n_val
+                if (val_accuracy, -val_loss) > (best[0], -best[1]):
+                    best = (val_accuracy, val_loss, test_correct / n_test, epoch)
+            bar.set_postfix(loss=f"{losses[-1]:.3f}", val=f"{val_accuracy:.3f}", refresh=False)
     bar.close()
     return TrainResult(test_accuracy=best[2], val_accuracy=best[0], best_epoch=best[3],
                        seconds_per_epoch=float(np.median(step_seconds)) if step_seconds
