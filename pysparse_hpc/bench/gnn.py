@@ -1034,32 +1034,45 @@ def write_csv(results, path, threads, gpu=None):
 
 
 def write_plot(results, path, threads, repeat, gpu=None):
-    """Grouped bars of our models' speedup over PyG per (graph, hidden), with the targets (on
+    """Grouped bars of our models' speedup over PyG per (graph, hidden): the full model, and
+    hatched beside it the headline "ours, torch dropout" where measured, with the targets (on
     the CPU; with ``gpu``, the GPU's name, the title names it and no target is drawn)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     peer = _peer_seconds(results)
-    ours = {r.key: speedup(r, peer) for r in results if r.variant == OURS}
+    measured = {(r.key, r.variant): speedup(r, peer) for r in results
+                if r.variant in (OURS, TORCH_DROPOUT)}
     groups = list(dict.fromkeys((r.graph, r.hidden) for r in results))
     models = list(dict.fromkeys(r.model for r in results))
+    series = [(model, variant) for model in models for variant in (OURS, TORCH_DROPOUT)
+              if any(key[2] == model and v == variant for key, v in measured)]
     positions = np.arange(len(groups))
-    bar = 0.8 / len(models)
-    figure, axis = plt.subplots(figsize=(max(6, 0.9 * len(groups)), 4.5))
-    for k, model in enumerate(models):
-        values = [ours.get((graph, hidden, model), math.nan) for graph, hidden in groups]
-        bars = axis.bar(positions + (k - (len(models) - 1) / 2) * bar, values, bar,
-                        label=model.upper())
-        if model in TARGETS and gpu is None:
-            axis.axhline(TARGETS[model], color=bars.patches[0].get_facecolor(), linestyle="--",
-                         linewidth=1, label=f"{model.upper()} target {TARGETS[model]:g}x")
+    bar = 0.8 / max(1, len(series))
+    figure, axis = plt.subplots(figsize=(max(6, 0.9 * len(groups)) + 2.5, 4.5))
+    colors = {}
+    for k, (model, variant) in enumerate(series):
+        values = [measured.get(((graph, hidden, model), variant), math.nan)
+                  for graph, hidden in groups]
+        headline = variant == TORCH_DROPOUT
+        bars = axis.bar(positions + (k - (len(series) - 1) / 2) * bar, values, bar,
+                        color=colors.get(model), hatch="//" if headline else None,
+                        alpha=0.6 if headline else 1.0,
+                        label=f"{model.upper()}, {TABLE_LABELS[variant]}" if headline
+                        else model.upper())
+        colors.setdefault(model, bars.patches[0].get_facecolor()[:3])
+        targets = TORCH_DROPOUT_TARGETS if headline else TARGETS
+        if model in targets and gpu is None and (not headline or targets[model]
+                                                 != TARGETS.get(model)):
+            axis.axhline(targets[model], color=colors[model], linestyle="--", linewidth=1,
+                         label=f"{model.upper()} target {targets[model]:g}x")
     axis.axhline(1.0, color="black", linewidth=0.8)
     axis.set_xticks(positions, [f"{graph}\nh{hidden}" for graph, hidden in groups])
     axis.set_ylabel("speedup over PyG per epoch")
     where = f"{threads} threads" if gpu is None else gpu
     axis.set_title(f"Training epoch, ours vs PyTorch Geometric ({where}, median of {repeat})")
-    axis.legend(fontsize=8)
+    axis.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))  # off the bars
     figure.tight_layout()
     figure.savefig(path, dpi=120)
     plt.close(figure)
