@@ -95,9 +95,9 @@ def test_gcnconv_orders_agree_with_dense_reference(graph, in_channels, out_chann
         out = conv(x, graph)
         out.square().sum().backward()
         expected = torch.from_numpy(dense_gcn_norm(graph.astype(np.float32).astype(np.float64))
-                                    ) @ x.detach() @ conv.weight.detach() + conv.bias.detach()
+                                    ) @ x.detach() @ conv.lin.weight.detach().T + conv.bias.detach()
         torch.testing.assert_close(out, expected, rtol=1e-6, atol=1e-6)
-        grads = (x.grad, conv.weight.grad, conv.bias.grad)
+        grads = (x.grad, conv.lin.weight.grad, conv.bias.grad)
         if reference is None:
             reference = (grads, conv.state_dict())
         else:
@@ -189,7 +189,7 @@ def test_gcnconv_matches_pyg_on_the_same_weights(graph):
     ours = nn.GCNConv(6, 4).double()
     theirs = pyg.GCNConv(6, 4).double()
     with torch.no_grad():
-        theirs.lin.weight.copy_(ours.weight.T)
+        theirs.lin.weight.copy_(ours.lin.weight)
         theirs.bias.copy_(torch.randn(4))
         ours.bias.copy_(theirs.bias)
     # PyG adds self-loops only where missing; compare on a graph without any.
@@ -210,7 +210,7 @@ def test_gatconv_matches_dense_reference(graph, concat):
     torch.manual_seed(2)
     conv = nn.GATConv(5, 3, heads=2, concat=concat, negative_slope=0.2).double()
     x = features(14, 5)
-    h = (x @ conv.weight).view(14, 2, 3)
+    h = (x @ conv.lin.weight.T).view(14, 2, 3)
     expected = dense_attention_reference(graph, h, conv.att_src, conv.att_dst, 0.2)
     expected = expected.reshape(14, 6) if concat else expected.mean(1)
     torch.testing.assert_close(conv(x, graph), expected + conv.bias)
@@ -225,7 +225,7 @@ def test_gatconv_caches_agree_in_values_and_gradients(graph):
         torch.manual_seed(4)                     # the same attention dropout for every mode
         out = conv(x, graph)
         out.square().sum().backward()
-        results.append((out, x.grad, conv.weight.grad, conv.att_src.grad, conv.att_dst.grad))
+        results.append((out, x.grad, conv.lin.weight.grad, conv.att_src.grad, conv.att_dst.grad))
     for other in results[1:]:
         for got, want in zip(other, results[0]):
             torch.testing.assert_close(got, want)
@@ -243,7 +243,7 @@ def test_gatconv_matches_pyg_on_the_same_weights(graph):
     ours = nn.GATConv(5, 3, heads=2).double()
     theirs = pyg.GATConv(5, 3, heads=2).double()
     with torch.no_grad():
-        theirs.lin.weight.copy_(ours.weight.T)
+        theirs.lin.weight.copy_(ours.lin.weight)
         theirs.att_src.copy_(ours.att_src[None])
         theirs.att_dst.copy_(ours.att_dst[None])
         theirs.bias.zero_()

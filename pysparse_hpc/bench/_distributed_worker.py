@@ -159,9 +159,9 @@ class CagnetGCN(torch.nn.Module):
         order = choose_order(layer.in_channels, layer.out_channels, needs_grad)
         self.last_orders.append(order)
         if order == "transform_first":
-            out = cagnet_spmm(self.operator, x @ layer.weight)
+            out = cagnet_spmm(self.operator, layer.lin(x))
         else:
-            out = cagnet_spmm(self.operator, x) @ layer.weight
+            out = layer.lin(cagnet_spmm(self.operator, x))
         return out + layer.bias
 
     def forward(self, x):

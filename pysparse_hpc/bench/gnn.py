@@ -575,7 +575,7 @@ def _copy_peer_weights(model, peer, ours):
             ours.prop2.beta.copy_(peer.prop2.beta)
             return
         for mine, theirs in ((ours.conv1, peer.conv1), (ours.conv2, peer.conv2)):
-            mine.weight.copy_(theirs.lin.weight.T)
+            mine.lin.weight.copy_(theirs.lin.weight)
             mine.bias.copy_(theirs.bias)
             if model == "gat":
                 mine.att_src.copy_(theirs.att_src.reshape(mine.att_src.shape))

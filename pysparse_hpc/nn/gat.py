@@ -12,7 +12,7 @@ from torch.utils.checkpoint import checkpoint
 from . import functional
 from ._checks import check_features, warn_once_if_nan
 from ._graph import EdgeIndexCache, as_graph, check_graph_for, with_self_loops
-from .gcn import glorot_
+from .gcn import dense_transform, glorot_, glorot_linear_, linear_without_init
 
 __all__ = ["GATConv", "GAT_CACHES"]
 
@@ -49,6 +49,16 @@ class GATConv(torch.nn.Module):
         Attend to the node itself too (the diagonal is added to the pattern where missing).
     bias : bool
 
+    Attributes
+    ----------
+    lin : torch.nn.Linear
+        The dense transform H = X W of all heads, bias-free (``lin.weight`` is
+        ``heads * out_channels`` x ``in_channels``, as PyG's); gradient preconditioners
+        (`pysparse_hpc.precondition`) precondition it as a Linear. ``att_src``, ``att_dst``
+        (heads x out_channels) and ``bias`` keep their plain gradients there.
+    att_src, att_dst : torch.nn.Parameter
+    bias : torch.nn.Parameter or None
+
     Examples
     --------
     >>> import torch, pysparse_hpc as sph
@@ -72,7 +82,8 @@ class GATConv(torch.nn.Module):
         self.in_channels, self.out_channels, self.heads = in_channels, out_channels, heads
         self.concat, self.dropout, self.negative_slope = concat, float(dropout), negative_slope
         self.cache, self.add_self_loops = cache, add_self_loops
-        self.weight = torch.nn.Parameter(torch.empty(in_channels, heads * out_channels))
+        # A Linear module: module hooks (gradient preconditioning) see the transform.
+        self.lin = linear_without_init(in_channels, heads * out_channels)
         self.att_src = torch.nn.Parameter(torch.empty(heads, out_channels))
         self.att_dst = torch.nn.Parameter(torch.empty(heads, out_channels))
         width = heads * out_channels if concat else out_channels
@@ -81,7 +92,7 @@ class GATConv(torch.nn.Module):
         self.reset_parameters()
 
     def reset_parameters(self):
-        glorot_(self.weight)
+        glorot_linear_(self.lin)
         glorot_(self.att_src)
         glorot_(self.att_dst)
         if self.bias is not None:
@@ -106,7 +117,7 @@ class GATConv(torch.nn.Module):
         return functional.spmm(graph, h, values=alpha)
 
     def _transform(self, x):
-        return (x @ self.weight.to(x.dtype)).view(-1, self.heads, self.out_channels)
+        return dense_transform(self.lin, x).view(-1, self.heads, self.out_channels)
 
     def forward(self, x, adj, num_nodes=None):
         """Apply the layer to ``x`` (n, in_channels) on ``adj`` (a sparse array, or an edge_index

@@ -50,6 +50,30 @@ def glorot_(tensor):
         return tensor.uniform_(-bound, bound)
 
 
+def linear_without_init(in_features, out_features):
+    """A bias-free ``torch.nn.Linear`` whose weight is left for the caller to initialize; no
+    random numbers are drawn (seeded models draw only their own initialization)."""
+    return torch.nn.utils.skip_init(torch.nn.Linear, in_features, out_features, bias=False)
+
+
+def glorot_linear_(linear):
+    """`glorot_` of a Linear's weight, drawn in the (in, out) layout of ``x @ W`` and stored
+    transposed: the values a layer holding W as in x out draws from the same seed."""
+    with torch.no_grad():
+        weight = torch.empty(linear.in_features, linear.out_features,
+                             dtype=linear.weight.dtype, device=linear.weight.device)
+        linear.weight.copy_(glorot_(weight).T)
+
+
+def dense_transform(linear, x):
+    """``x @ W`` through ``linear`` (a call of the module: its hooks see the input and the
+    output), in ``x``'s dtype; an input of another dtype than the weight goes through
+    ``F.linear`` with the weight cast, without the module's hooks."""
+    if x.dtype == linear.weight.dtype:
+        return linear(x)
+    return torch.nn.functional.linear(x, linear.weight.to(x.dtype))
+
+
 class _InputMemo:
     """``Â X`` for a (graph, X) pair, valid while both are the same, unchanged objects.
 
@@ -110,9 +134,18 @@ class GCNConv(torch.nn.Module):
     order : {"auto", "transform_first", "propagate_first"}
         "auto" applies `choose_order` per call, and reuses ``Â X`` across calls when the
         input is the same unchanged tensor that needs no gradient (then the layer runs no SpMM).
-        The other two force an order. All give the same result up to rounding.
+        The other two force an order. All give the same result up to rounding. While the
+        dense transform ``lin`` has forward hooks (a gradient preconditioner gathering
+        curvature), calls run transform first, so the hooks see X and the gradient of X W.
     normalize : bool
         Apply `gcn_norm` (with self-loops); False uses ``adj`` as given.
+
+    Attributes
+    ----------
+    lin : torch.nn.Linear
+        The dense transform W, bias-free (``lin.weight`` is out x in, as PyG's); gradient
+        preconditioners (`pysparse_hpc.precondition`) precondition it as a Linear.
+    bias : torch.nn.Parameter or None
 
     Examples
     --------
@@ -133,7 +166,9 @@ class GCNConv(torch.nn.Module):
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
         self.in_channels, self.out_channels = in_channels, out_channels
         self.cached, self.order, self.normalize = cached, order, normalize
-        self.weight = torch.nn.Parameter(torch.empty(in_channels, out_channels))
+        # The dense transform is a Linear module, so that module hooks (gradient
+        # preconditioning) see its input and output whichever operator order a call takes.
+        self.lin = linear_without_init(in_channels, out_channels)
         self.bias = torch.nn.Parameter(torch.empty(out_channels)) if bias else None
         self._edge_cache = EdgeIndexCache()
         self._normalized = None  # (weakref to the source graph, normalized graph)
@@ -143,7 +178,7 @@ class GCNConv(torch.nn.Module):
         self.reset_parameters()
 
     def reset_parameters(self):
-        glorot_(self.weight)
+        glorot_linear_(self.lin)
         if self.bias is not None:
             torch.nn.init.zeros_(self.bias)
         self.reset_cache()
@@ -166,6 +201,10 @@ class GCNConv(torch.nn.Module):
         return normalized
 
     def _order_for(self, x, graph):
+        if self.lin._forward_hooks or self.lin._forward_pre_hooks:
+            # Something watches the transform (a preconditioner gathering curvature): let it
+            # see X and the gradient of X W, the same statistics whatever order is set.
+            return "transform_first"
         if self.order != "auto":
             return self.order
         needs_grad = x.requires_grad and torch.is_grad_enabled()
@@ -191,10 +230,9 @@ class GCNConv(torch.nn.Module):
         graph = self._normalized_graph(graph)
         order = self._order_for(x, graph)
         self.last_order = order
-        weight = self.weight.to(x.dtype)
         needs_grad = x.requires_grad and torch.is_grad_enabled()
         if order == "transform_first":
-            out = functional.spmm(graph, x @ weight)
+            out = functional.spmm(graph, dense_transform(self.lin, x))
             if not needs_grad and not self._propagated.seen(graph, x):
                 self._propagated.note(graph, x)  # met again, it switches order
         else:
@@ -203,7 +241,7 @@ class GCNConv(torch.nn.Module):
                 propagated = functional.spmm(graph, x)
                 if not needs_grad:
                     self._propagated.remember(graph, x, propagated.detach())
-            out = propagated @ weight
+            out = dense_transform(self.lin, propagated)
         if self.bias is not None:
             out = out + self.bias.to(x.dtype)
         warn_once_if_nan(self, out)

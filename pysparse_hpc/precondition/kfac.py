@@ -288,10 +288,14 @@ class KfacGradientMaker(NaturalGradientMaker):
     def _on_input(self, name, module, x):
         if x.is_floating_point() and x.dtype != module.weight.dtype:
             x = x.to(module.weight.dtype)
-        self._add_pending(name, "A", self._modules[name][1].input_factor(module, x))
-        return None
+        # Added with the call's first output gradient, not here: a call whose output gets no
+        # gradient (a forward re-run by activation checkpointing inside backward, as
+        # GATConv(cache="none") does) must not count twice.
+        return [self._modules[name][1].input_factor(module, x)]
 
     def _on_output_grad(self, name, module, grad, weight, context):
+        if context:
+            self._add_pending(name, "A", context.pop())
         if grad.dtype != module.weight.dtype:
             grad = grad.to(module.weight.dtype)
         contribution = self._modules[name][1].grad_factor(module, grad)

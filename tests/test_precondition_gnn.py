@@ -1,0 +1,170 @@
+"""Gradient preconditioning of the GNN layers through their dense transform (``lin``): what is
+preconditioned and what keeps its plain gradient, K-FAC equal to the same layer written with a
+plain ``nn.Linear`` and `functional.spmm`, the same statistics whatever operator order the layer
+takes, and GAT's recomputing cache counted once."""
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import numpy as np  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from torch import nn  # noqa: E402
+
+import pysparse_hpc as sph  # noqa: E402
+from pysparse_hpc import precondition as P  # noqa: E402
+from pysparse_hpc.nn import GATConv, GCNConv, functional, gcn_norm, models  # noqa: E402
+
+pytestmark = pytest.mark.filterwarnings("ignore:Using a non-full backward hook:FutureWarning")
+
+DTYPE = torch.float64
+
+
+def small_graph(n=40, seed=0):
+    rng = np.random.default_rng(seed)
+    dense = (rng.random((n, n)) < 0.12).astype(np.float64)
+    dense = np.maximum(dense, dense.T)
+    np.fill_diagonal(dense, 0.0)
+    return sph.csr_array(dense)
+
+
+def node_batch(n=40, features=12, classes=3, seed=1):
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, features, generator=generator, dtype=DTYPE)
+    y = torch.randint(0, classes, (n,), generator=generator)
+    mask = torch.zeros(n, dtype=torch.bool)
+    mask[::2] = True
+    return x, y, mask
+
+
+def run_steps(maker, model, x, graph, y, mask, steps=3, lr=0.05):
+    """SGD steps through the ASDL loop on the masked nodes; every step's gradients."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    grads = []
+    for _ in range(steps):
+        optimizer.zero_grad()
+        placeholder = maker.setup_model_call(model, x, graph)
+        maker.setup_loss_call(F.cross_entropy, placeholder[mask], y[mask])
+        maker.forward_and_backward()
+        grads.append({name: p.grad.clone() for name, p in model.named_parameters()})
+        optimizer.step()
+    return grads
+
+
+def assert_same_grads(expected, actual, rtol=1e-9):
+    for step, (e, a) in enumerate(zip(expected, actual)):
+        for name in e:
+            err = ((e[name] - a[name]).norm() / e[name].norm()).item()
+            assert err <= rtol, f"step {step}, {name}: relative error {err:.2e}"
+
+
+class TwoLayerGCN(nn.Module):
+    def __init__(self, order="auto"):
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv1 = GCNConv(12, 8, order=order)
+        self.conv2 = GCNConv(8, 3, order=order)
+
+    def forward(self, x, graph):
+        return self.conv2(torch.relu(self.conv1(x, graph)), graph)
+
+
+class PlainGCNLayer(nn.Module):
+    """``Â (X W) + b`` with a plain nn.Linear: what K-FAC sees of a GCNConv."""
+
+    def __init__(self, conv):
+        super().__init__()
+        self.lin = nn.Linear(conv.in_channels, conv.out_channels, bias=False).to(DTYPE)
+        self.bias = nn.Parameter(conv.bias.detach().clone())
+        with torch.no_grad():
+            self.lin.weight.copy_(conv.lin.weight)
+
+    def forward(self, x, normalized):
+        return functional.spmm(normalized, self.lin(x)) + self.bias
+
+
+class PlainGCN(nn.Module):
+    def __init__(self, gcn):
+        super().__init__()
+        self.conv1, self.conv2 = PlainGCNLayer(gcn.conv1), PlainGCNLayer(gcn.conv2)
+
+    def forward(self, x, normalized):
+        return self.conv2(torch.relu(self.conv1(x, normalized)), normalized)
+
+
+def kfac(model, mask, fisher="emp"):
+    config = P.PreconditioningConfig(data_size=int(mask.sum()), damping=1e-3)
+    return P.KfacGradientMaker(model, config, fisher_type=fisher)
+
+
+def test_gcn_and_gat_models_precondition_their_transforms():
+    for name, expected in (("gcn", ["conv1.lin", "conv2.lin"]),
+                           ("gat", ["conv1.lin", "conv2.lin"])):
+        model_class = models.MODELS[name]
+        model = model_class(12, out_channels=3, **model_class.architecture).to(DTYPE)
+        maker = P.KfacGradientMaker(model, P.PreconditioningConfig(data_size=10))
+        assert list(maker.preconditioned_modules()) == expected
+        plain = maker.unpreconditioned_parameters()
+        assert "conv1.bias" in plain and "held directly by" in plain["conv1.bias"]
+        if name == "gat":
+            assert {"conv1.att_src", "conv1.att_dst", "conv2.att_src"} <= set(plain)
+        for root_maker in (P.ShampooGradientMaker, P.JorgeGradientMaker):
+            assert list(root_maker(model, P.PreconditioningConfig())
+                        .preconditioned_modules()) == expected
+
+
+@pytest.mark.parametrize("fisher", ["emp", "mc"])
+@pytest.mark.parametrize("order", ["auto", "transform_first", "propagate_first"])
+def test_gcn_kfac_equals_a_plain_linear_model(order, fisher):
+    """The hooks see X and the gradient of X W in every order: the preconditioned gradients
+    equal those of the same model built from nn.Linear and spmm (transform first)."""
+    graph = small_graph()
+    x, y, mask = node_batch()
+    model = TwoLayerGCN(order).to(DTYPE)
+    reference = PlainGCN(model)
+    normalized = gcn_norm(graph).astype(np.float64)
+    torch.manual_seed(5)
+    expected = run_steps(kfac(reference, mask, fisher), reference, x, normalized, y, mask)
+    torch.manual_seed(5)
+    got = run_steps(kfac(model, mask, fisher), model, x, graph, y, mask)
+    assert_same_grads(expected, got)
+
+
+def test_gcn_order_returns_after_the_curvature_pass():
+    """Only calls watched by the preconditioner are forced to transform first."""
+    graph = small_graph()
+    x, y, mask = node_batch()
+    model = TwoLayerGCN("propagate_first").to(DTYPE)
+    maker = kfac(model, mask)
+    run_steps(maker, model, x, graph, y, mask, steps=1)
+    assert model.conv1.last_order == "transform_first"
+    model(x, graph)
+    assert model.conv1.last_order == "propagate_first"
+
+
+def test_gat_cache_none_counts_the_recomputed_transform_once():
+    """GATConv(cache="none") re-runs its transform inside backward (activation checkpointing);
+    that call adds no curvature, so every cache gives the same preconditioned gradients."""
+    graph = small_graph()
+    x, y, mask = node_batch()
+    results = []
+    for cache in ("alpha", "none", "H"):
+        torch.manual_seed(0)
+        model = GATConv(12, 3, heads=2, concat=False, cache=cache).to(DTYPE)
+        results.append(run_steps(kfac(model, mask), model, x, graph, y, mask))
+    assert_same_grads(results[0], results[1])
+    assert_same_grads(results[0], results[2])
+
+
+def test_a_dtype_cast_call_is_not_watched():
+    """An input in another dtype than the weights goes through F.linear (no hooks): K-FAC
+    reports the module as missing its curvature and keeps the plain gradient, as for any
+    module off the loss path."""
+    graph = small_graph()
+    x, y, mask = node_batch()
+    model = TwoLayerGCN().to(torch.float32)
+    maker = kfac(model, mask)
+    placeholder = maker.setup_model_call(model, x, graph)   # float64 input, float32 weights
+    maker.setup_loss_call(F.cross_entropy, placeholder[mask], y[mask])
+    with pytest.warns(UserWarning, match="conv1.lin"):
+        maker.forward_and_backward()
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters())
