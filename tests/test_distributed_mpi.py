@@ -59,6 +59,13 @@ def test_plan_ops_edge_cases_data_parallel_and_bad_input(ranks):
 
 
 @requires_mpi
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_preconditioning_reproduces_one_process(ranks):
+    """KAISA K-FAC (both strategies), the diagonal Fisher, Shampoo and Jorge on a split batch."""
+    run_checks(ranks, "precondition")
+
+
+@requires_mpi
 @pytest.mark.parametrize("ranks, dtype", [(2, "float64"), (3, "float32")])
 def test_training_reproduces_one_process(ranks, dtype):
     """GCN, GAT and AGNN on Cora and CiteSeer, every partitioner, dropout on."""

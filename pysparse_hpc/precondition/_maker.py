@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from ._fisher import FISHER_EMP, fisher_passes
+from ._kaisa import allreduce_sum
 from .config import PreconditioningConfig, _schedules
 
 __all__ = ["OutputPlaceholder", "PreconditionedGradientMaker"]
@@ -165,6 +166,12 @@ class PreconditionedGradientMaker:
         of the model zeroed (so ``opt.step()`` leaves plain SGD weights unchanged; a stateful
         optimizer still applies its momentum: test `last_step_skipped` to skip it), no
         curvature update and no preconditioning. False: gradients are used as they come.
+    comm : pysparse_hpc.distributed.Communicator, optional
+        Each rank holds part of the examples (a split batch, or its rows of a `DistGraph`) and
+        ``config.data_size`` counts all of them: after each backward the gradients are summed
+        over the ranks in one flat buffer per dtype (do not also wrap the model in
+        `DataParallel`), so every rank preconditions the one-process gradient. The makers
+        add their own distribution of the curvature (see each). None: one process.
 
     Attributes
     ----------
@@ -178,7 +185,11 @@ class PreconditionedGradientMaker:
     #: Whether `data_size` must be set (the curvature is scaled by it).
     _requires_data_size = True
 
-    def __init__(self, model, config, *, check_finite=True):
+    def __init__(self, model, config, *, check_finite=True, comm=None):
+        needed = ("rank", "size", "Allreduce", "Bcast", "bcast")
+        if comm is not None and not all(hasattr(comm, name) for name in needed):
+            raise TypeError(f"comm must be a pysparse_hpc.distributed.Communicator, got "
+                            f"{type(comm).__name__}")
         if not isinstance(model, nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
         if not isinstance(config, PreconditioningConfig):
@@ -191,6 +202,9 @@ class PreconditionedGradientMaker:
                 f"size or the number of training nodes)")
         self.model = model
         self.config = config
+        self.comm = comm
+        #: Whether there are other ranks to sum gradients and curvature with.
+        self._distributed = comm is not None and comm.size > 1
         self.check_finite = bool(check_finite)
         self.state = {"step": 0}
         self.last_step_skipped = False
@@ -414,6 +428,8 @@ class PreconditionedGradientMaker:
             output, loss = self._curvature_forward_and_backward()
         else:
             output, loss = self._plain_forward_and_backward()
+        if self._distributed:
+            self._allreduce_gradients()
         if self.check_finite and not self._gradients_finite(step):
             self.last_step_skipped = True
             self._discard_curvature()
@@ -426,6 +442,17 @@ class PreconditionedGradientMaker:
         self.state["step"] = step + 1
         self._model_output, self._loss = output, loss
         return output, loss
+
+    def _allreduce_gradients(self):
+        """Sum every trainable parameter's gradient over the ranks; a parameter without a
+        gradient on some ranks counts as zero there, and stays without one where no rank has
+        it (NaN or inf on one rank reaches every rank, so all skip the step together)."""
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        present = torch.tensor([p.grad is not None for p in params], dtype=torch.float64)
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+        allreduce_sum(self.comm, grads + [present], "gradient allreduce")
+        for param, grad, count in zip(params, grads, present.tolist()):
+            param.grad = grad if count > 0 else None
 
     def _call_model(self):
         return self._model_fn(*self._model_args, **self._model_kwargs)

@@ -7,11 +7,15 @@ and an update cut into separate steps so that a distributed strategy (KAISA) can
 between them:
 
 1. compute: the subclass's hooks add each module's contributions into ``_pending``;
-2. reduce: ``_reduce_factors`` (the identity in one process; an all-reduce across ranks later);
+2. reduce: ``_reduce_factors``: the identity in one process, a sum over the ranks with a
+   communicator (`_kaisa.allreduce_sum`);
 3. accumulate: scale by ``scale / data_size``, refuse NaN/inf, replace or moving-average
    (``_accumulate_factors``);
-4. invert: ``_invert(names, once)`` for the modules ``_inverse_owners()`` returns (all, here);
-5. precondition: ``_precondition_modules(names)`` (a broadcast of the result would follow).
+4. invert: ``_invert(names, once)`` for the modules ``_inverse_owners()`` returns (all in one
+   process; each module's owner rank with a communicator, then, with ``strategy="inverse"``,
+   a broadcast of the inverses);
+5. precondition: ``_precondition_modules(names)`` (every module; with ``strategy="gradient"``
+   each owner its own, then a broadcast of the preconditioned gradients).
 
 It also owns the state (every module's stored tensors, by name) and its checks on loading.
 """
@@ -19,10 +23,16 @@ import math
 import numbers
 import warnings
 
+import torch
+
 from ._fisher import LOSS_CROSS_ENTROPY, LOSS_TYPES, FISHER_MC, canonical_fisher_type
+from ._kaisa import STRATEGIES, allreduce_sum, assign_owners, broadcast_from_owners
 from ._maker import PreconditionedGradientMaker, _all_finite
 
 __all__ = ["NaturalGradientMaker"]
+
+#: Keys of the stored tensors that are inverses (the rest is curvature).
+_INVERSE_SUFFIXES = ("_inv", "_chol")
 
 
 def _check_real(name, value, positive=True):
@@ -39,7 +49,7 @@ class NaturalGradientMaker(PreconditionedGradientMaker):
     Parameters
     ----------
     model, config, fisher_type, loss_type, scale, grad_scale, n_mc_samples, var, seed,
-    check_finite
+    check_finite, comm, strategy
         As documented for `KfacGradientMaker`.
 
     Notes
@@ -51,7 +61,10 @@ class NaturalGradientMaker(PreconditionedGradientMaker):
 
     def __init__(self, model, config, fisher_type=FISHER_MC, loss_type=LOSS_CROSS_ENTROPY,
                  scale=1.0, grad_scale=1.0, n_mc_samples=1, var=1.0, seed=None, *,
-                 check_finite=True):
+                 check_finite=True, comm=None, strategy="inverse"):
+        if strategy not in STRATEGIES:
+            raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
+        self.strategy = strategy
         self.fisher_type = canonical_fisher_type(fisher_type)
         if loss_type not in LOSS_TYPES:
             raise ValueError(f"loss_type must be one of {LOSS_TYPES}, got {loss_type!r}")
@@ -73,7 +86,7 @@ class NaturalGradientMaker(PreconditionedGradientMaker):
         self.seed = seed
         self._pending = {}
         self._warned_missing = False
-        super().__init__(model, config, check_finite=check_finite)
+        super().__init__(model, config, check_finite=check_finite, comm=comm)
         self._factors = {name: {} for name in self._modules}
 
     def _supported_names(self):
@@ -99,7 +112,7 @@ class NaturalGradientMaker(PreconditionedGradientMaker):
     # ------------------------------------------------------------------ steps 2-4
     def update_curvature(self):
         """Reduce, scale, check and store this pass's curvature; invert it without EMA."""
-        pending, self._pending = self._pending, {}
+        pending, self._pending = self._reduce_factors(self._pending), {}
         missing = [n or "<model>" for n in self._modules
                    if not self._complete(pending.get(n, {}))]
         if missing and not self._warned_missing:
@@ -108,15 +121,72 @@ class NaturalGradientMaker(PreconditionedGradientMaker):
                           f"curvature pass (not called, or not on the loss's path); they keep "
                           f"the plain gradient until they do", UserWarning, stacklevel=3)
         pending = {n: v for n, v in pending.items() if self._complete(v)}
-        updated = self._accumulate_factors(self._reduce_factors(pending))
+        updated = self._accumulate_factors(pending)
         if not self.config.uses_ema:
-            owners = set(self._inverse_owners())
             once = self._curvature_schedule(self.state["step"] + 1, quiet=True)
-            self._invert([n for n in updated if n in owners], once)
+            self._invert_and_share(updated, once)
 
     def _reduce_factors(self, pending):
-        """Combine the new curvature across processes (the identity in one process)."""
-        return pending
+        """Sum the new curvature over the ranks (the identity in one process).
+
+        Every rank takes part for every module complete on any rank (the others add zeros),
+        so the ranks hold the same modules afterwards."""
+        if not self._distributed:
+            return pending
+        complete = torch.tensor([self._complete(pending.get(n, {})) for n in self._modules],
+                                dtype=torch.float64)
+        self.comm.Allreduce(complete, kind="curvature allreduce")
+        reduced, tensors = {}, []
+        for name, count in zip(self._modules, complete.tolist()):
+            if count == 0:
+                continue
+            entry = pending.get(name, {})
+            if not self._complete(entry):
+                weight = self._modules[name][0].weight
+                entry = {key: torch.zeros(shape, dtype=weight.dtype)
+                         for key, shape in self._expected_shapes(name).items()
+                         if not key.endswith(_INVERSE_SUFFIXES)}
+            reduced[name] = entry
+            tensors += [entry[key] for key in sorted(entry)]
+        allreduce_sum(self.comm, tensors, "curvature allreduce")
+        return reduced
+
+    def _invert_and_share(self, names, once):
+        """Invert `names` where this rank owns them; with ``strategy="inverse"``, broadcast the
+        inverses of every module in `names` from its owner."""
+        owners = set(self._inverse_owners())
+        self._invert([n for n in names if n in owners], once)
+        if self._distributed and self.strategy == "inverse":
+            broadcast_from_owners(
+                self.comm, {n: self._owners()[n] for n in names},
+                lambda name: {k: v for k, v in self._factors[name].items()
+                              if k.endswith(_INVERSE_SUFFIXES)},
+                self._store_inverses, "inverse broadcast")
+
+    def _store_inverses(self, name, entries):
+        state = self._factors[name]
+        if entries:   # none: the owner kept the previous ones (a failed inversion)
+            for key in [k for k in state if k.endswith(_INVERSE_SUFFIXES)]:
+                del state[key]
+            state.update(entries)
+
+    def _inversion_cost(self, name):
+        """A module's share of the inversion work (floating-point operations, up to a
+        constant): the cube of each stored square factor's size, the size of a diagonal."""
+        cost = 0.0
+        for key, shape in self._expected_shapes(name).items():
+            if not key.endswith(_INVERSE_SUFFIXES):
+                cost += float(shape[0]) ** 3 if len(shape) == 2 and shape[0] == shape[-1] \
+                    else float(torch.Size(shape).numel())
+        return cost
+
+    def _owners(self):
+        """Module name -> the rank that inverts it (greedy by cost; rank 0 alone)."""
+        if getattr(self, "_owner_of", None) is None:
+            size = self.comm.size if self._distributed else 1
+            self._owner_of = assign_owners({n: self._inversion_cost(n) for n in self._modules},
+                                           size)
+        return self._owner_of
 
     def _accumulate_factors(self, pending):
         """Scale the new tensors and store them (replace, or moving average); the names done."""
@@ -144,8 +214,11 @@ class NaturalGradientMaker(PreconditionedGradientMaker):
         return updated
 
     def _inverse_owners(self):
-        """The modules this process inverts (all of them in one process)."""
-        return list(self._modules)
+        """The modules this process inverts: all of them in one process, its own with a
+        communicator."""
+        if not self._distributed:
+            return list(self._modules)
+        return [n for n, owner in self._owners().items() if owner == self.comm.rank]
 
     def _invert(self, names, once=False):
         """Refresh the inverses of `names`; `once`: they will serve one step only."""
@@ -155,12 +228,26 @@ class NaturalGradientMaker(PreconditionedGradientMaker):
         """With a moving average: invert the current curvature. Without: nothing (as ASDL)."""
         if self.config.uses_ema:
             once = self._preconditioner_schedule(self.state["step"] + 1, quiet=True)
-            self._invert(self._inverse_owners(), once)
+            self._invert_and_share(list(self._modules), once)
 
     # ------------------------------------------------------------------ step 5
     def precondition(self):
-        """Precondition the ``.grad`` of every module that has inverses, in place."""
-        self._precondition_modules(list(self._modules))
+        """Precondition the ``.grad`` of every module that has inverses, in place; with
+        ``strategy="gradient"`` each owner its own modules, then a broadcast of the results."""
+        if not (self._distributed and self.strategy == "gradient"):
+            self._precondition_modules(list(self._modules))
+            return
+        self._precondition_modules(self._inverse_owners())
+
+        def gradients(name):
+            return {pname: p.grad for pname, p in self._modules[name][0].named_parameters(
+                recurse=False) if p.grad is not None}
+
+        def store(name, entries):
+            params = dict(self._modules[name][0].named_parameters(recurse=False))
+            for pname, grad in entries.items():
+                params[pname].grad.copy_(grad)
+        broadcast_from_owners(self.comm, self._owners(), gradients, store, "gradient broadcast")
 
     def _precondition_modules(self, names):
         raise NotImplementedError

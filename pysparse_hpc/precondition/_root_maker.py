@@ -120,13 +120,13 @@ class RootGradientMaker(PreconditionedGradientMaker):
     _skipped_statistics = "the update is skipped"
 
     def __init__(self, model, config, block_size=None, *, grafting=None, grafting_epsilon=1e-8,
-                 check_finite=True):
+                 check_finite=True, comm=None):
         self.block_size = _check_block_size(block_size)
         if grafting not in GRAFTINGS:
             raise ValueError(f"grafting must be one of {GRAFTINGS}, got {grafting!r}")
         self.grafting = grafting
         self.grafting_epsilon = check_positive("grafting_epsilon", grafting_epsilon)
-        super().__init__(model, config, check_finite=check_finite)
+        super().__init__(model, config, check_finite=check_finite, comm=comm)
         if config.uses_ema:
             self._decay, self._weight = 1.0 - config.ema_decay, float(config.ema_decay)
         else:

@@ -77,6 +77,8 @@ class JorgeGradientMaker(RootGradientMaker):
     check_finite : bool, default True
         As for `ShampooGradientMaker`; a non-finite refresh keeps the previous roots and
         drops the gathered statistics.
+    comm : pysparse_hpc.distributed.Communicator, optional
+        As for `ShampooGradientMaker`.
 
     Attributes
     ----------
@@ -101,7 +103,8 @@ class JorgeGradientMaker(RootGradientMaker):
     _skipped_statistics = "they are skipped; the gathered statistics and the roots are kept"
 
     def __init__(self, model, config, block_size=None, *, grafting="sgd", grafting_epsilon=1e-8,
-                 init="identity", series_radius=0.5, symmetrize=True, check_finite=True):
+                 init="identity", series_radius=0.5, symmetrize=True, check_finite=True,
+                 comm=None):
         if getattr(config, "ema_decay", None) == 1.0:
             raise ValueError("JorgeGradientMaker needs ema_decay < 1 (or -1: sums): with 1 the "
                              "old statistics get the weight b = 0 and Lh^4 M / b is undefined")
@@ -112,7 +115,8 @@ class JorgeGradientMaker(RootGradientMaker):
         self.symmetrize = bool(symmetrize)
         self.clipped_updates = 0
         super().__init__(model, config, block_size, grafting=grafting,
-                         grafting_epsilon=grafting_epsilon, check_finite=check_finite)
+                         grafting_epsilon=grafting_epsilon, check_finite=check_finite,
+                         comm=comm)
 
     def _statistics_added(self, state):
         state["stat_decay"] = state.get("stat_decay", 1.0) * self._decay

@@ -245,6 +245,15 @@ class KfacGradientMaker(NaturalGradientMaker):
         See `PreconditionedGradientMaker`. Non-finite new factors are always refused: the
         module's update is skipped with a ``RuntimeWarning`` and its previous factors and
         inverses stay.
+    comm : pysparse_hpc.distributed.Communicator, optional
+        KAISA over the ranks (each holding part of the ``data_size`` examples): gradients and
+        new factors are summed over the ranks, each module is inverted by one owner rank
+        (greedy by cost), and the result is shared by `strategy`. Every rank then holds the
+        one-process preconditioned gradient (up to the order of float sums).
+    strategy : {"inverse", "gradient"}, default "inverse"
+        With `comm`: broadcast the inverses (every rank preconditions every module), or
+        precondition on the owner and broadcast the preconditioned gradients (inverses stay
+        on their owner, so each rank's ``state_dict`` holds its own modules' inverses).
 
     Notes
     -----
@@ -273,12 +282,12 @@ class KfacGradientMaker(NaturalGradientMaker):
 
     def __init__(self, model, config, fisher_type=FISHER_MC, loss_type=LOSS_CROSS_ENTROPY,
                  scale=1.0, grad_scale=1.0, n_mc_samples=1, var=1.0, seed=None, swift=False,
-                 *, pi_damping=True, check_finite=True):
+                 *, pi_damping=True, check_finite=True, comm=None, strategy="inverse"):
         if swift:
             raise NotImplementedError("swift=True (SKFAC) is not implemented; use swift=False")
         self.pi_damping = bool(pi_damping)
         super().__init__(model, config, fisher_type, loss_type, scale, grad_scale, n_mc_samples,
-                         var, seed, check_finite=check_finite)
+                         var, seed, check_finite=check_finite, comm=comm, strategy=strategy)
 
     # ------------------------------------------------------------------ modules
     def _kind_for(self, name, module):

@@ -57,6 +57,10 @@ class ShampooGradientMaker(RootGradientMaker):
         refused (a ``RuntimeWarning``; the block keeps its statistics and roots), a failed
         eigendecomposition keeps the previous roots, and a non-finite preconditioned gradient
         leaves the gradient as it is.
+    comm : pysparse_hpc.distributed.Communicator, optional
+        Gradients summed over the ranks after each backward (see
+        `PreconditionedGradientMaker`); the statistics come from the summed gradients, so
+        every rank computes the same roots (each rank computes every root for now).
 
     Notes
     -----
@@ -94,13 +98,14 @@ class ShampooGradientMaker(RootGradientMaker):
     _skipped_statistics = "the update is skipped and the previous statistics and roots are kept"
 
     def __init__(self, model, config, block_size=None, sync_group=None, *, grafting=None,
-                 grafting_epsilon=1e-8, relative_damping=False, check_finite=True):
+                 grafting_epsilon=1e-8, relative_damping=False, check_finite=True, comm=None):
         if sync_group is not None:
             raise NotImplementedError("sync_group (ASDL's distributed Shampoo) is not "
                                       "implemented; use sync_group=None")
         self.relative_damping = bool(relative_damping)
         super().__init__(model, config, block_size, grafting=grafting,
-                         grafting_epsilon=grafting_epsilon, check_finite=check_finite)
+                         grafting_epsilon=grafting_epsilon, check_finite=check_finite,
+                         comm=comm)
 
     def _update_roots(self, names):
         damping = self.config.damping

@@ -250,6 +250,66 @@ def check_rank_raises():
     comm.Allreduce(np.zeros(1))
 
 
+def _precondition_run(make_maker, rows, steps=4):
+    """SGD steps of an MLP through the ASDL loop on ``rows`` of a 30-example batch (the loss
+    a sum over them divided by 30); every step's gradients."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(),
+                                torch.nn.Linear(16, 3)).double()
+    data = torch.randn(30, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    target = torch.randint(0, 3, (30,), generator=torch.Generator().manual_seed(2))
+
+    def loss_fn(output, labels, reduction="mean"):
+        total = torch.nn.functional.cross_entropy(output, labels, reduction="sum")
+        return total if reduction == "sum" else total / 30
+
+    maker = make_maker(model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    grads = []
+    for _ in range(steps):
+        optimizer.zero_grad()
+        placeholder = maker.setup_model_call(model, data[rows])
+        maker.setup_loss_call(loss_fn, placeholder, target[rows])
+        maker.forward_and_backward()
+        grads.append([p.grad.clone() for p in model.parameters()])
+        optimizer.step()
+    return grads
+
+
+def check_precondition():
+    """K-FAC (both KAISA strategies, with and without a moving average, empirical and exact
+    Fisher), the diagonal Fisher, Shampoo and Jorge on a batch split over the ranks give the
+    one-process preconditioned gradients."""
+    from pysparse_hpc import precondition as P
+    mine = np.array_split(np.arange(30), size)[rank]
+    everything = np.arange(30)
+    plain = dict(data_size=30, damping=1e-3)
+    ema = dict(data_size=30, damping=1e-3, ema_decay=0.5, curvature_upd_interval=2,
+               preconditioner_upd_interval=3)
+    cases = []
+    for strategy in ("inverse", "gradient"):
+        for fisher in ("emp", "exact"):
+            for settings in (plain, ema):
+                cases.append((f"kfac {strategy} {fisher} {settings is ema}",
+                              lambda m, c, f=fisher, s=settings, st=strategy:
+                              P.KfacGradientMaker(m, P.PreconditioningConfig(**s),
+                                                  fisher_type=f, comm=c, strategy=st)))
+    cases.append(("diag gradient", lambda m, c: P.DiagNaturalGradientMaker(
+        m, P.PreconditioningConfig(**plain), fisher_type="emp", comm=c, strategy="gradient")))
+    cases.append(("shampoo", lambda m, c: P.ShampooGradientMaker(
+        m, P.PreconditioningConfig(**plain), comm=c)))
+    cases.append(("jorge", lambda m, c: P.JorgeGradientMaker(
+        m, P.PreconditioningConfig(**plain), comm=c)))
+    for label, make in cases:
+        reference = on_root_then_broadcast(
+            lambda: _precondition_run(lambda m: make(m, None), everything))
+        got = _precondition_run(lambda m: make(m, comm), mine)
+        for step, (expected, actual) in enumerate(zip(reference, got)):
+            for e, a in zip(expected, actual):
+                torch.testing.assert_close(a, e, rtol=1e-10, atol=1e-13,
+                                           msg=f"{label}, step {step}")
+
+
 CHECKS = {name[len("check_"):]: fn for name, fn in globals().items()
           if name.startswith("check_")}
 
