@@ -216,7 +216,9 @@ def run_train(args, out=None):
         result = train(args.dataset, args.model, args.partition, epochs=args.epochs, lr=args.lr,
                        weight_decay=args.weight_decay, seed=args.seed, dtype=args.dtype,
                        random_features=args.random_features, comm=comm,
-                       progress=not args.no_progress, balance=args.balance)
+                       progress=not args.no_progress, balance=args.balance,
+                       preconditioner=None if args.optimizer == "adam" else args.optimizer,
+                       curvature_interval=args.curvature_interval)
     except (FileNotFoundError, ValueError) as exc:  # raised alike on every rank
         if comm.rank == 0:
             print(f"python -m pysparse_hpc train: error: {exc}", file=sys.stderr)
@@ -231,11 +233,14 @@ def report_train(result, threads):
     ranks = f"{result.ranks} rank{'s' if result.ranks > 1 else ''}"
     lines = [f"{result.model.upper()} on {result.dataset}, {ranks} x {threads} "
              f"thread{'s' if threads > 1 else ''}, {result.partition_method} partition, "
-             f"{result.epochs} epochs",
+             f"{result.epochs} epochs, "
+             + ("Adam" if result.optimizer == "adam" else f"Adam on {result.optimizer} "
+                "preconditioned gradients"),
              f"  test accuracy {100 * result.test_accuracy:.1f}% (best validation accuracy "
              f"{100 * result.val_accuracy:.1f}% at epoch {result.best_epoch + 1}), final "
              f"training loss {result.losses[-1]:.4f}" if result.losses else "  no epoch run",
-             f"  {1e3 * result.seconds_per_epoch:.1f} ms per training epoch (median), "
+             f"  {1e3 * result.seconds_per_epoch:.1f} ms per training epoch "
+             f"({'median' if result.optimizer == 'adam' else 'mean'}), "
              f"{result.seconds_total:.1f} s in all"]
     if result.ranks > 1:
         share = (100 * result.halo_bytes_per_epoch / result.cagnet_bytes_per_epoch
@@ -245,6 +250,9 @@ def report_train(result, threads):
                   f"{_format_mb(result.cagnet_bytes_per_epoch)}, {share:.1f}% of it",
                   f"  gradient and metric allreduce per epoch: "
                   f"{_format_mb(result.allreduce_bytes_per_epoch)}"]
+        if result.optimizer != "adam":
+            lines.append(f"  preconditioner sums and broadcasts per epoch: "
+                         f"{_format_mb(result.preconditioner_bytes_per_epoch)}")
         lines.append(f"  partition: {result.partition_summary}")
     return "\n".join(lines)
 
@@ -295,10 +303,15 @@ def main(argv=None):
     train.add_argument("--dtype", default="float32", choices=("float32", "float64"))
     train.add_argument("--random-features", type=int, metavar="WIDTH",
                        help="seeded random features of this width (graphs without features)")
+    train.add_argument("--optimizer", default="adam", choices=("adam", "kfac", "shampoo", "jorge"),
+                       help="adam, or Adam on gradients preconditioned by K-FAC, Shampoo or "
+                            "Jorge (KAISA-style over the ranks; default: adam)")
+    train.add_argument("--curvature-interval", type=int, default=10, metavar="N",
+                       help="steps between the preconditioner's curvature updates (default: 10)")
     train.add_argument("--no-progress", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
     if args.command == "train":
-        for name in ("epochs", "threads", "random_features"):
+        for name in ("epochs", "threads", "random_features", "curvature_interval"):
             value = getattr(args, name)
             if value is not None and value < (0 if name == "epochs" else 1):
                 parser.error(f"--{name.replace('_', '-')} must be at least "

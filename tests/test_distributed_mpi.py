@@ -61,8 +61,9 @@ def test_plan_ops_edge_cases_data_parallel_and_bad_input(ranks):
 @requires_mpi
 @pytest.mark.parametrize("ranks", [2, 3])
 def test_preconditioning_reproduces_one_process(ranks):
-    """KAISA K-FAC (both strategies), the diagonal Fisher, Shampoo and Jorge on a split batch."""
-    run_checks(ranks, "precondition")
+    """KAISA K-FAC (both strategies), the diagonal Fisher, Shampoo and Jorge on a split batch,
+    and GCN training on a partitioned graph with each preconditioner."""
+    run_checks(ranks, "precondition", "preconditioned_training")
 
 
 @requires_mpi

@@ -168,3 +168,41 @@ def test_a_dtype_cast_call_is_not_watched():
     with pytest.warns(UserWarning, match="conv1.lin"):
         maker.forward_and_backward()
     assert all(torch.isfinite(p.grad).all() for p in model.parameters())
+
+
+def test_fit_with_a_preconditioner():
+    from pysparse_hpc.nn import train
+    cora = sph.datasets.load("cora")
+    x, y, *masks = train.node_tensors(cora)
+    losses = {}
+    for preconditioner in (None, "kfac", "shampoo", "jorge"):
+        torch.manual_seed(0)
+        model = models.GCN(x.shape[1], out_channels=cora.num_classes, hidden=16)
+        result = train.fit(model, x, cora.adj, y, masks, epochs=3, progress=False,
+                           preconditioner=preconditioner, curvature_interval=2)
+        assert np.isfinite(result.losses).all() and result.seconds_per_epoch > 0
+        losses[preconditioner] = result.losses
+    assert losses[None][0] == losses["kfac"][0]          # the same model and first loss ...
+    for name in ("kfac", "shampoo", "jorge"):            # ... then other updates
+        assert losses[name][-1] != losses[None][-1], name
+    model = models.GCN(x.shape[1], out_channels=cora.num_classes, hidden=16)
+    with pytest.raises(ValueError, match="preconditioner must be None or one of"):
+        train.fit(model, x, cora.adj, y, masks, epochs=1, preconditioner="lbfgs")
+    with pytest.raises(ValueError, match="curvature_interval must be a positive int"):
+        train.fit(model, x, cora.adj, y, masks, epochs=1, preconditioner="kfac",
+                  curvature_interval=0)
+
+
+def test_train_command_with_a_preconditioner():
+    import subprocess
+    import sys
+    done = subprocess.run([sys.executable, "-m", "pysparse_hpc", "train", "--optimizer", "kfac",
+                           "--epochs", "3", "--curvature-interval", "2", "--no-progress"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "Adam on kfac preconditioned gradients" in done.stdout
+    assert "ms per training epoch (mean)" in done.stdout
+    bad = subprocess.run([sys.executable, "-m", "pysparse_hpc", "train", "--optimizer", "kfac",
+                          "--curvature-interval", "0"], capture_output=True, text=True,
+                         timeout=300)
+    assert bad.returncode == 2 and "--curvature-interval must be at least 1" in bad.stderr

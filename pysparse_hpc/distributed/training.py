@@ -18,6 +18,9 @@ from .partition import PARTITION_METHODS, partition as make_partition
 __all__ = ["DistributedTrainResult", "train"]
 
 _DTYPES = ("float32", "float64")
+#: The communicator's kinds of the preconditioners' collectives (`pysparse_hpc.precondition`).
+_PRECONDITIONER_KINDS = ("gradient allreduce", "curvature allreduce", "inverse broadcast",
+                         "gradient broadcast")
 
 
 @dataclass
@@ -47,6 +50,11 @@ class DistributedTrainResult:
     allreduce_bytes_per_epoch : float
         Gradient and metric allreduce payload, all ranks together.
     partition_summary : str
+    optimizer : str
+        ``"adam"``, or the preconditioner Adam applied (``"kfac"``, ``"shampoo"``, ``"jorge"``).
+    preconditioner_bytes_per_epoch : float
+        The preconditioner's gradient and curvature sums and broadcasts, all ranks together
+        (its gradient sums replace `DataParallel`'s allreduce).
     """
 
     dataset: str
@@ -64,6 +72,8 @@ class DistributedTrainResult:
     cagnet_bytes_per_epoch: float
     allreduce_bytes_per_epoch: float
     partition_summary: str
+    optimizer: str = "adam"
+    preconditioner_bytes_per_epoch: float = 0.0
 
 
 def _load(dataset, random_features, seed):
@@ -80,7 +90,8 @@ def _load(dataset, random_features, seed):
 
 def train(dataset="cora", model="gcn", partition="metis", *, epochs=None, lr=None,
           weight_decay=None, seed=0, dtype="float32", random_features=None, comm=None,
-          progress=True, description=None, balance=None):
+          progress=True, description=None, balance=None, preconditioner=None,
+          curvature_interval=10):
     """Train a node classifier on a graph distributed over the communicator's ranks.
 
     Every rank calls it with the same arguments.
@@ -109,6 +120,11 @@ def train(dataset="cora", model="gcn", partition="metis", *, epochs=None, lr=Non
     comm : Communicator, optional
     progress : bool
         A progress bar on rank 0.
+    preconditioner : {None, "kfac", "shampoo", "jorge"}
+        Gradient preconditioning before Adam (`pysparse_hpc.nn.train.fit`), distributed
+        KAISA-style over the ranks.
+    curvature_interval : int
+        Steps between the preconditioner's curvature updates.
 
     Returns
     -------
@@ -166,11 +182,13 @@ def train(dataset="cora", model="gcn", partition="metis", *, epochs=None, lr=Non
     start = time.perf_counter()
     result = fit(classifier, x, graph, y, masks, progress=progress,
                  description=description or f"{model} on {name}, {comm.size} rank"
-                 f"{'s' if comm.size > 1 else ''}", **settings)
+                 f"{'s' if comm.size > 1 else ''}", preconditioner=preconditioner,
+                 curvature_interval=curvature_interval, **settings)
     seconds_total = time.perf_counter() - start
     stats = comm.stats()
     received = np.array([stats.get(kind, {}).get("bytes_received", 0)
-                         for kind in ("halo", "reverse_halo", "allreduce")], dtype=np.float64)
+                         for kind in ("halo", "reverse_halo", "allreduce", *_PRECONDITIONER_KINDS)],
+                        dtype=np.float64)
     received = comm_sum(comm, received)
     row_bytes = graph.plan.exchanged_row_bytes - row_bytes_before
     n_epochs = max(settings["epochs"], 1)
@@ -183,4 +201,6 @@ def train(dataset="cora", model="gcn", partition="metis", *, epochs=None, lr=Non
         seconds_per_epoch=float(seconds[0]) / comm.size, seconds_total=seconds_total,
         halo_bytes_per_epoch=float(received[0] + received[1]) / n_epochs,
         cagnet_bytes_per_epoch=float(row_bytes * (comm.size - 1) * graph.shape[0]) / n_epochs,
-        allreduce_bytes_per_epoch=float(received[2]) / n_epochs, partition_summary=summary)
+        allreduce_bytes_per_epoch=float(received[2]) / n_epochs, partition_summary=summary,
+        optimizer=preconditioner or "adam",
+        preconditioner_bytes_per_epoch=float(received[3:].sum()) / n_epochs)

@@ -10,6 +10,7 @@ update equals the single-process one up to float rounding; accuracies are counte
 """
 import contextlib
 import time
+from functools import partial
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -33,7 +34,8 @@ class TrainResult:
     best_epoch : int
     seconds_per_epoch : float
         Median time of one training step (forward, backward, optimizer step), evaluation
-        excluded.
+        excluded; with a preconditioner the mean, which spreads its curvature steps over the
+        others.
     epochs : int
     losses : list of float
         The training loss of every epoch (over all ranks on a distributed graph).
@@ -85,8 +87,14 @@ def _check_node_tensors(graph, x, y, masks):
             raise ValueError(f"{name} has {tensor.shape[0]} rows, expected {rows}{where}")
 
 
+#: ``fit(preconditioner=...)``: name -> (maker class name, its damping). Dampings measured on
+#: Cora's GCN and GAT (BENCHMARKS.md); the makers' own default, ASDL's 1e-7, is too small here.
+PRECONDITIONERS = {"kfac": ("KfacGradientMaker", 1e-2), "shampoo": ("ShampooGradientMaker", 1e-3),
+                   "jorge": ("JorgeGradientMaker", 1e-3)}
+
+
 def fit(model, x, adj, y, masks, *, epochs=200, lr=0.01, weight_decay=5e-4, progress=True,
-        description="training"):
+        description="training", preconditioner=None, curvature_interval=10):
     """Train ``model(x, adj)`` with Adam and cross-entropy on the training nodes.
 
     Parameters
@@ -105,6 +113,14 @@ def fit(model, x, adj, y, masks, *, epochs=200, lr=0.01, weight_decay=5e-4, prog
     lr, weight_decay : float
     progress : bool
         Show a progress bar (tqdm) with the loss and validation accuracy.
+    preconditioner : {None, "kfac", "shampoo", "jorge"}
+        Precondition the gradients with that `pysparse_hpc.precondition` maker (ASDL's loop,
+        ``data_size`` the training nodes of all ranks, the damping of `PRECONDITIONERS`)
+        before Adam applies them, as Izadi et al. train GCNs with K-FAC. On a `DistGraph` the
+        maker sums the gradients and the curvature over the ranks (KAISA) in place of
+        `DataParallel`.
+    curvature_interval : int
+        With a preconditioner: steps between curvature (and inverse or root) updates.
 
     Returns
     -------
@@ -132,7 +148,10 @@ def fit(model, x, adj, y, masks, *, epochs=200, lr=0.01, weight_decay=5e-4, prog
               else [dict(params=model.parameters(), weight_decay=weight_decay)])
     optimizer = torch.optim.Adam(groups, lr=lr)
     trained = model
-    if graph is not None and graph.comm.size > 1:
+    maker = None
+    if preconditioner is not None:
+        maker = _preconditioner(preconditioner, model, graph, n_train, curvature_interval)
+    elif graph is not None and graph.comm.size > 1:
         from ..distributed.data_parallel import DataParallel
         # Every rank's loss is already divided by the global count: sum, do not average.
         trained = DataParallel(model, graph.comm, average=False)
@@ -146,9 +165,16 @@ def fit(model, x, adj, y, masks, *, epochs=200, lr=0.01, weight_decay=5e-4, prog
             model.train()
             start = time.perf_counter()
             optimizer.zero_grad()
-            logits = trained(x, adj)
-            loss = F.cross_entropy(logits[train_mask], y[train_mask], reduction="sum") / n_train
-            loss.backward()
+            if maker is None:
+                logits = trained(x, adj)
+                loss = (F.cross_entropy(logits[train_mask], y[train_mask], reduction="sum")
+                        / n_train)
+                loss.backward()
+            else:
+                placeholder = maker.setup_model_call(model, x, adj)
+                maker.setup_loss_call(partial(_summed_cross_entropy, count=n_train),
+                                      placeholder[train_mask], y[train_mask])
+                _, loss = maker.forward_and_backward()
             optimizer.step()
             step_seconds.append(time.perf_counter() - start)
             losses.append(total(loss.item()))
@@ -164,8 +190,34 @@ def fit(model, x, adj, y, masks, *, epochs=200, lr=0.01, weight_decay=5e-4, prog
             bar.set_postfix(loss=f"{losses[-1]:.3f}", val=f"{val_accuracy:.3f}", refresh=False)
     bar.close()
     return TrainResult(test_accuracy=best[2], val_accuracy=best[0], best_epoch=best[3],
-                       seconds_per_epoch=float(np.median(step_seconds)) if step_seconds
+                       seconds_per_epoch=float((np.median if maker is None else np.mean)(
+                           step_seconds)) if step_seconds
                        else float("nan"), epochs=epochs, losses=losses)
+
+
+def _summed_cross_entropy(logits, labels, reduction="mean", count=1.0):
+    """Cross-entropy summed over the rows and divided by ``count`` (all ranks' training
+    nodes); ``reduction="sum"`` (the preconditioners' curvature pass) leaves the sum."""
+    total = F.cross_entropy(logits, labels, reduction="sum")
+    return total if reduction == "sum" else total / count
+
+
+def _preconditioner(name, model, graph, n_train, curvature_interval):
+    from .. import precondition
+
+    if name not in PRECONDITIONERS:
+        raise ValueError(f"preconditioner must be None or one of {tuple(PRECONDITIONERS)}, got "
+                         f"{name!r}")
+    if isinstance(curvature_interval, bool) or not isinstance(curvature_interval, int) \
+            or curvature_interval < 1:
+        raise ValueError(f"curvature_interval must be a positive int, got {curvature_interval!r}")
+    maker_name, damping = PRECONDITIONERS[name]
+    config = precondition.PreconditioningConfig(
+        data_size=int(n_train), damping=damping, curvature_upd_interval=curvature_interval,
+        preconditioner_upd_interval=curvature_interval)
+    options = dict(fisher_type="emp") if name == "kfac" else {}
+    return getattr(precondition, maker_name)(
+        model, config, comm=None if graph is None else graph.comm, **options)
 
 
 def _correct(logits, y, mask):

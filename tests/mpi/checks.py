@@ -250,6 +250,20 @@ def check_rank_raises():
     comm.Allreduce(np.zeros(1))
 
 
+def check_preconditioned_training():
+    """``train(preconditioner=...)`` on P ranks reproduces the one-rank losses (float64,
+    curvature every step and every second step)."""
+    for name, interval in (("kfac", 1), ("kfac", 2), ("shampoo", 1), ("jorge", 2)):
+        options = dict(epochs=3, dtype="float64", progress=False, preconditioner=name,
+                       curvature_interval=interval)
+        reference = on_root_then_broadcast(
+            lambda: train("cora", "gcn", "contiguous", comm=ALONE, **options))
+        result = train("cora", "gcn", "metis", **options)
+        np.testing.assert_allclose(result.losses, reference.losses, rtol=1e-10,
+                                   err_msg=f"{name} every {interval}")
+        assert result.optimizer == name and result.preconditioner_bytes_per_epoch > 0
+
+
 def _precondition_run(make_maker, rows, steps=4):
     """SGD steps of an MLP through the ASDL loop on ``rows`` of a 30-example batch (the loss
     a sum over them divided by 30); every step's gradients."""
