@@ -29,16 +29,21 @@ def _by_dtype(tensors):
     return groups
 
 
+def _copy_out(flat, tensors):
+    """Fill ``tensors`` in order from the flat buffer ``flat``."""
+    offset = 0
+    for tensor in tensors:
+        tensor.copy_(flat[offset:offset + tensor.numel()].view_as(tensor))
+        offset += tensor.numel()
+
+
 def allreduce_sum(comm, tensors, kind):
     """Sum ``tensors`` (CPU, the same shapes in the same order on every rank) over the ranks, in
     place, through one flat buffer per dtype."""
     for group in _by_dtype(tensors).values():
         flat = torch.cat([t.reshape(-1) for t in group])
         comm.Allreduce(flat, kind=kind)
-        offset = 0
-        for tensor in group:
-            tensor.copy_(flat[offset:offset + tensor.numel()].view_as(tensor))
-            offset += tensor.numel()
+        _copy_out(flat, group)
 
 
 def assign_owners(costs, size):
@@ -77,10 +82,7 @@ def broadcast_from_owners(comm, owners, tensors_of, store, kind):
                     else torch.empty(sum(t.numel() for t in group), dtype=group[0].dtype))
             comm.Bcast(flat, root=root, kind=kind)
             if comm.rank != root:
-                offset = 0
-                for tensor in group:
-                    tensor.copy_(flat[offset:offset + tensor.numel()].view_as(tensor))
-                    offset += tensor.numel()
+                _copy_out(flat, group)
         if comm.rank != root:
             entries = {}
             for (name, key, _, _), tensor in zip(layout, tensors):

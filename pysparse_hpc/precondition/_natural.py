@@ -65,6 +65,7 @@ class NaturalGradientMaker(PreconditionedGradientMaker):
         if strategy not in STRATEGIES:
             raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
         self.strategy = strategy
+        self._owner_of = None   # module name -> inverting rank, assigned on first use
         self.fisher_type = canonical_fisher_type(fisher_type)
         if loss_type not in LOSS_TYPES:
             raise ValueError(f"loss_type must be one of {LOSS_TYPES}, got {loss_type!r}")
@@ -165,7 +166,7 @@ class NaturalGradientMaker(PreconditionedGradientMaker):
 
     def _store_inverses(self, name, entries):
         state = self._factors[name]
-        if entries:   # none: the owner kept the previous ones (a failed inversion)
+        if entries:   # none: the owner has no inverses yet (every inversion so far failed)
             for key in [k for k in state if k.endswith(_INVERSE_SUFFIXES)]:
                 del state[key]
             state.update(entries)
@@ -175,14 +176,17 @@ class NaturalGradientMaker(PreconditionedGradientMaker):
         constant): the cube of each stored square factor's size, the size of a diagonal."""
         cost = 0.0
         for key, shape in self._expected_shapes(name).items():
-            if not key.endswith(_INVERSE_SUFFIXES):
-                cost += float(shape[0]) ** 3 if len(shape) == 2 and shape[0] == shape[-1] \
-                    else float(torch.Size(shape).numel())
+            if key.endswith(_INVERSE_SUFFIXES):
+                continue
+            if len(shape) == 2 and shape[0] == shape[1]:
+                cost += float(shape[0]) ** 3
+            else:
+                cost += float(torch.Size(shape).numel())
         return cost
 
     def _owners(self):
         """Module name -> the rank that inverts it (greedy by cost; rank 0 alone)."""
-        if getattr(self, "_owner_of", None) is None:
+        if self._owner_of is None:
             size = self.comm.size if self._distributed else 1
             self._owner_of = assign_owners({n: self._inversion_cost(n) for n in self._modules},
                                            size)
