@@ -19,12 +19,16 @@ This module owns `RootGradientMaker`, the base of the makers that precondition t
 
   1. compute: ``G_b G_b^T`` and ``G_b^T G_b`` of every block, from ``.grad``
      (``_compute_statistics``);
-  2. reduce: ``_reduce_statistics`` (the identity in one process);
+  2. reduce: ``_reduce_statistics`` (the identity: with a communicator the gradients are
+     already summed over the ranks, so the owner's statistics are the one-process ones);
   3. accumulate: refuse NaN/inf (a ``RuntimeWarning``; the block keeps its previous state),
      then sum or moving average (``_accumulate_statistics``, in the subclass);
-  4. roots: ``_update_roots(names)`` for the parameters ``_root_owners()`` returns (all, here);
+  4. roots: ``_update_roots(names)`` for the parameters ``_root_owners()`` returns (all in one
+     process; with a communicator each parameter's owner rank, steps 1-4 alike, then with
+     ``strategy="inverse"`` a broadcast of the roots);
   5. precondition: ``L^-1/4 G R^-1/4`` per block, grafting per parameter, ``.grad`` replaced
-     in place (``_precondition_parameters``);
+     in place (``_precondition_parameters``; with ``strategy="gradient"`` each owner its own
+     matrices, then a broadcast of the preconditioned gradients);
 
 * grafting: the preconditioned step of each parameter rescaled to the norm of a first-order
   step: ``"sgd"`` (the gradient), ``"adagrad"`` (``G / (sqrt(sum G^2) + epsilon)``), None;
@@ -44,6 +48,7 @@ from collections import Counter, OrderedDict
 import torch
 from torch import nn
 
+from ._kaisa import STRATEGIES, assign_owners, broadcast_from_owners
 from ._maker import PreconditionedGradientMaker, _all_finite
 from ._roots import block_bounds, finite_norm
 
@@ -117,10 +122,16 @@ class RootGradientMaker(PreconditionedGradientMaker):
     _requires_data_size = False
     _block_keys = {}
     _statistics_keys = ("L", "R")
+    #: Where a block keeps its roots (what an owner broadcasts).
+    _root_keys = ("L_root", "R_root")
     _skipped_statistics = "the update is skipped"
 
     def __init__(self, model, config, block_size=None, *, grafting=None, grafting_epsilon=1e-8,
-                 check_finite=True, comm=None):
+                 check_finite=True, comm=None, strategy="inverse"):
+        if strategy not in STRATEGIES:
+            raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
+        self.strategy = strategy
+        self._owner_of = None   # parameter name -> rank refreshing its roots, on first use
         self.block_size = _check_block_size(block_size)
         if grafting not in GRAFTINGS:
             raise ValueError(f"grafting must be one of {GRAFTINGS}, got {grafting!r}")
@@ -220,17 +231,59 @@ class RootGradientMaker(PreconditionedGradientMaker):
         self._accumulate_statistics(self._reduce_statistics(pending))
 
     def update_preconditioner(self):
-        """Refresh the roots of the parameters this process owns (step 4)."""
+        """Refresh the roots of the parameters this process owns (step 4); with
+        ``strategy="inverse"`` over ranks, broadcast every parameter's roots from its owner."""
         self._update_roots(self._root_owners())
+        if self._distributed and self.strategy == "inverse":
+            broadcast_from_owners(self.comm, self._owners(), self._block_roots,
+                                  self._store_block_roots, "inverse broadcast")
 
     def precondition(self):
-        """Replace the ``.grad`` of every preconditioned parameter in place (step 5)."""
-        self._precondition_parameters(list(self._matrices), list(self._vectors))
+        """Replace the ``.grad`` of every preconditioned parameter in place (step 5); with
+        ``strategy="gradient"`` over ranks, each owner its own matrices, then a broadcast."""
+        if not (self._distributed and self.strategy == "gradient"):
+            self._precondition_parameters(list(self._matrices), list(self._vectors))
+            return
+        self._precondition_parameters(self._root_owners(), list(self._vectors))
+
+        def store(name, entries):
+            self._matrices[name].param.grad.copy_(entries["grad"])
+        broadcast_from_owners(self.comm, self._owners(),
+                              lambda name: {"grad": self._matrices[name].param.grad}, store,
+                              "gradient broadcast")
+
+    # ------------------------------------------------------------------ ownership
+    def _owners(self):
+        """Parameter name -> the rank that keeps its statistics and refreshes its roots:
+        greedy by the cost of the roots (the cube of every block's sides; rank 0 alone)."""
+        if self._owner_of is None:
+            costs = {name: sum(float(rows) ** 3 + float(cols) ** 3
+                               for rows, cols in map(matrix.block_dims,
+                                                     range(len(matrix.blocks))))
+                     for name, matrix in self._matrices.items()}
+            self._owner_of = assign_owners(costs, self.comm.size if self._distributed else 1)
+        return self._owner_of
+
+    def _owned(self):
+        if not self._distributed:
+            return list(self._matrices)
+        return [name for name, owner in self._owners().items() if owner == self.comm.rank]
+
+    def _block_roots(self, name):
+        """``{"k:key": tensor}``: the roots each block of parameter `name` holds."""
+        return {f"{k}:{key}": state[key] for k, state in enumerate(self._blocks[name])
+                for key in self._root_keys if key in state}
+
+    def _store_block_roots(self, name, entries):
+        for label, tensor in entries.items():
+            k, key = label.split(":", 1)
+            self._blocks[name][int(k)][key] = tensor
 
     # ------------------------------------------------------------------ steps 1-3
     def _statistics_owners(self):
-        """The matrices whose statistics this process computes (all of them in one process)."""
-        return list(self._matrices)
+        """The matrices whose statistics this process computes: all of them in one process,
+        its own with a communicator."""
+        return self._owned()
 
     def _compute_statistics(self, names):
         """``{name: [(G_b G_b^T, G_b^T G_b) for each block]}`` for those with a gradient."""
@@ -298,8 +351,9 @@ class RootGradientMaker(PreconditionedGradientMaker):
 
     # ------------------------------------------------------------------ step 4
     def _root_owners(self):
-        """The matrices whose roots this process refreshes (all of them in one process)."""
-        return list(self._matrices)
+        """The matrices whose roots this process refreshes: all of them in one process, its
+        own with a communicator."""
+        return self._owned()
 
     def _update_roots(self, names):
         raise NotImplementedError

@@ -78,6 +78,7 @@ class JorgeGradientMaker(RootGradientMaker):
         As for `ShampooGradientMaker`; a non-finite refresh keeps the previous roots and
         drops the gathered statistics.
     comm : pysparse_hpc.distributed.Communicator, optional
+    strategy : {"inverse", "gradient"}, default "inverse"
         As for `ShampooGradientMaker`.
 
     Attributes
@@ -100,11 +101,12 @@ class JorgeGradientMaker(RootGradientMaker):
     _block_keys = {"Lh": "L", "Rh": "R", "L_stat": "L", "R_stat": "R", "stat_decay": None}
     # Statistics gathered since the last refresh of the roots (and the decay they carry).
     _statistics_keys = ("L_stat", "R_stat")
+    _root_keys = ("Lh", "Rh")
     _skipped_statistics = "they are skipped; the gathered statistics and the roots are kept"
 
     def __init__(self, model, config, block_size=None, *, grafting="sgd", grafting_epsilon=1e-8,
                  init="identity", series_radius=0.5, symmetrize=True, check_finite=True,
-                 comm=None):
+                 comm=None, strategy="inverse"):
         if getattr(config, "ema_decay", None) == 1.0:
             raise ValueError("JorgeGradientMaker needs ema_decay < 1 (or -1: sums): with 1 the "
                              "old statistics get the weight b = 0 and Lh^4 M / b is undefined")
@@ -116,7 +118,7 @@ class JorgeGradientMaker(RootGradientMaker):
         self.clipped_updates = 0
         super().__init__(model, config, block_size, grafting=grafting,
                          grafting_epsilon=grafting_epsilon, check_finite=check_finite,
-                         comm=comm)
+                         comm=comm, strategy=strategy)
 
     def _statistics_added(self, state):
         state["stat_decay"] = state.get("stat_decay", 1.0) * self._decay

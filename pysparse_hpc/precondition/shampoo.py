@@ -58,9 +58,14 @@ class ShampooGradientMaker(RootGradientMaker):
         eigendecomposition keeps the previous roots, and a non-finite preconditioned gradient
         leaves the gradient as it is.
     comm : pysparse_hpc.distributed.Communicator, optional
-        Gradients summed over the ranks after each backward (see
-        `PreconditionedGradientMaker`); the statistics come from the summed gradients, so
-        every rank computes the same roots (each rank computes every root for now).
+        Over the ranks, KAISA-style: gradients summed after each backward (see
+        `PreconditionedGradientMaker`); each parameter has one owner rank (greedy by the cost
+        of its roots) that keeps its statistics, computed from the summed gradient, and
+        refreshes its roots. Every rank ends with the one-process preconditioned gradient.
+    strategy : {"inverse", "gradient"}, default "inverse"
+        With `comm`: broadcast the roots (every rank preconditions every parameter), or
+        precondition on the owner and broadcast the preconditioned gradients. Either way a
+        rank's ``state_dict`` holds the statistics of its own parameters only.
 
     Notes
     -----
@@ -98,14 +103,15 @@ class ShampooGradientMaker(RootGradientMaker):
     _skipped_statistics = "the update is skipped and the previous statistics and roots are kept"
 
     def __init__(self, model, config, block_size=None, sync_group=None, *, grafting=None,
-                 grafting_epsilon=1e-8, relative_damping=False, check_finite=True, comm=None):
+                 grafting_epsilon=1e-8, relative_damping=False, check_finite=True, comm=None,
+                 strategy="inverse"):
         if sync_group is not None:
             raise NotImplementedError("sync_group (ASDL's distributed Shampoo) is not "
                                       "implemented; use sync_group=None")
         self.relative_damping = bool(relative_damping)
         super().__init__(model, config, block_size, grafting=grafting,
                          grafting_epsilon=grafting_epsilon, check_finite=check_finite,
-                         comm=comm)
+                         comm=comm, strategy=strategy)
 
     def _update_roots(self, names):
         damping = self.config.damping

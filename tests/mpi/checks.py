@@ -292,8 +292,9 @@ def _precondition_run(make_maker, rows, steps=4):
 
 def check_precondition():
     """K-FAC (both KAISA strategies, with and without a moving average, empirical and exact
-    Fisher), the diagonal Fisher, Shampoo and Jorge on a batch split over the ranks give the
-    one-process preconditioned gradients."""
+    Fisher), the diagonal Fisher, Shampoo (blocks, Adagrad grafting) and Jorge (intervals),
+    each of those with both strategies, on a batch split over the ranks give the one-process
+    preconditioned gradients."""
     from pysparse_hpc import precondition as P
     mine = np.array_split(np.arange(30), size)[rank]
     everything = np.arange(30)
@@ -310,10 +311,13 @@ def check_precondition():
                                                   fisher_type=f, comm=c, strategy=st)))
     cases.append(("diag gradient", lambda m, c: P.DiagNaturalGradientMaker(
         m, P.PreconditioningConfig(**plain), fisher_type="emp", comm=c, strategy="gradient")))
-    cases.append(("shampoo", lambda m, c: P.ShampooGradientMaker(
-        m, P.PreconditioningConfig(**plain), comm=c)))
-    cases.append(("jorge", lambda m, c: P.JorgeGradientMaker(
-        m, P.PreconditioningConfig(**plain), comm=c)))
+    intervals = dict(damping=1e-3, curvature_upd_interval=2, preconditioner_upd_interval=2)
+    for strategy in ("inverse", "gradient"):
+        cases.append((f"shampoo {strategy}", lambda m, c, st=strategy: P.ShampooGradientMaker(
+            m, P.PreconditioningConfig(**plain), block_size=6, grafting="adagrad", comm=c,
+            strategy=st)))
+        cases.append((f"jorge {strategy}", lambda m, c, st=strategy: P.JorgeGradientMaker(
+            m, P.PreconditioningConfig(**intervals), comm=c, strategy=st)))
     for label, make in cases:
         reference = on_root_then_broadcast(
             lambda: _precondition_run(lambda m: make(m, None), everything))
