@@ -10,7 +10,8 @@ import os
 import sys
 
 from .._config import get_num_threads, set_num_threads
-from . import convert, distributed, firstrun, gnn, positive_int, reorder, sddmm, spmm
+from . import (convert, distributed, firstrun, gnn, positive_int, precondition, reorder, sddmm,
+               spmm)
 from ._data import DATA_ENV, data_dir
 
 __all__ = ["COMMANDS", "build_parser", "main"]
@@ -23,6 +24,7 @@ COMMANDS = {
     "gnn": gnn,
     "distributed": distributed,
     "firstrun": firstrun,
+    "precondition": precondition,
 }
 
 
