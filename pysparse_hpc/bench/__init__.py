@@ -9,7 +9,7 @@ import gc
 import math
 import time
 
-__all__ = ["best_times", "geometric_mean", "positive_int"]
+__all__ = ["best_times", "geometric_mean", "positive_int", "write_outputs"]
 
 
 def best_times(functions, repeat, warmup=1, statistic=min):
@@ -77,3 +77,12 @@ def positive_int(text):
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
     return value
+
+
+def write_outputs(args, out, results, write_csv, write_plot, *details):
+    """Write the CSV (``--csv``) and the plot (``--plot``) a command was asked for, each as
+    ``write_x(results, path, *details)``, and say where on ``out``."""
+    for path, write in ((args.csv, write_csv), (args.plot, write_plot)):
+        if path:
+            write(results, path, *details)
+            print(f"wrote {path}", file=out)

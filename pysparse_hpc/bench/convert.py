@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 from tqdm import tqdm
 
-from . import best_times, geometric_mean
+from . import best_times, geometric_mean, write_outputs
 from ._data import find_matrices, index_variants, load_matrix, scipy_index_dtype
 
 __all__ = ["HELP", "TARGET_RATIO", "ConvertResult", "add_arguments", "measure", "run"]
@@ -281,10 +281,5 @@ def run(args, out=sys.stdout):
     print(format_table(results), file=out)
     for line in verdict(results):
         print(line, file=out)
-    if args.csv:
-        write_csv(results, args.csv, args.threads, args.repeat)
-        print(f"wrote {args.csv}", file=out)
-    if args.plot:
-        write_plot(results, args.plot, args.threads, args.repeat)
-        print(f"wrote {args.plot}", file=out)
+    write_outputs(args, out, results, write_csv, write_plot, args.threads, args.repeat)
     return 0

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from tqdm import tqdm
 
-from . import positive_int
+from . import positive_int, write_outputs
 from ._data import DATA_ENV
 
 __all__ = ["HELP", "JOBS", "TARGET_RATIO", "FirstRunResult", "add_arguments", "measure", "run"]
@@ -173,10 +173,5 @@ def run(args, out=None):
     print(format_table(results), file=out)
     for line in verdict(results):
         print(line, file=out)
-    if args.csv:
-        write_csv(results, args.csv, args.threads, args.rounds)
-        print(f"wrote {args.csv}", file=out)
-    if args.plot:
-        write_plot(results, args.plot, args.threads, args.rounds)
-        print(f"wrote {args.plot}", file=out)
+    write_outputs(args, out, results, write_csv, write_plot, args.threads, args.rounds)
     return 0

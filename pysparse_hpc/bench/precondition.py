@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from tqdm import tqdm
 
-from . import geometric_mean
+from . import geometric_mean, write_outputs
 
 __all__ = ["HELP", "WORKLOADS", "METHODS", "StepResult", "add_arguments", "measure", "run"]
 
@@ -273,10 +273,5 @@ def run(args, out=None):
     print(format_table(results), file=out)
     for line in verdict(results):
         print(line, file=out)
-    if args.csv:
-        write_csv(results, args.csv, args.threads, args.repeat)
-        print(f"wrote {args.csv}", file=out)
-    if args.plot:
-        write_plot(results, args.plot, args.threads, args.repeat)
-        print(f"wrote {args.plot}", file=out)
+    write_outputs(args, out, results, write_csv, write_plot, args.threads, args.repeat)
     return 0
