@@ -4,6 +4,7 @@
 import argparse
 import importlib.util
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -13,6 +14,7 @@ import numpy as np
 from . import block_stats, datasets, sddmm
 from ._compiling import compile_ahead, compile_messages
 from ._config import get_num_threads
+from .optim import COMPRESSIONS, MOMENTUM_SYNC
 
 
 def _format_bytes(n):
@@ -208,6 +210,14 @@ def run_train(args, out=None):
     from .distributed.training import train
 
     comm = init()  # under mpiexec: a rank that raises ends the job with its message
+    if comm.size > 1:
+        # A rank killed outright (SIGKILL, the OOM killer) cannot say who it was, and MPICH's
+        # launcher names only its PID: this line maps PIDs to ranks.
+        where = comm.allgather((os.getpid(), socket.gethostname()))
+        if comm.rank == 0:
+            print("pysparse_hpc train: " + ", ".join(
+                f"rank {r} is PID {pid} on {host}" for r, (pid, host) in enumerate(where)),
+                file=sys.stderr, flush=True)
     if args.threads is not None:
         import torch
         set_num_threads(args.threads)
@@ -217,8 +227,13 @@ def run_train(args, out=None):
                        weight_decay=args.weight_decay, seed=args.seed, dtype=args.dtype,
                        random_features=args.random_features, comm=comm,
                        progress=not args.no_progress, balance=args.balance,
-                       preconditioner=None if args.optimizer == "adam" else args.optimizer,
-                       curvature_interval=args.curvature_interval)
+                       preconditioner=(None if args.optimizer in ("adam", "lion")
+                                       else args.optimizer),
+                       curvature_interval=args.curvature_interval,
+                       optimizer="lion" if args.optimizer == "lion" else "adam",
+                       compression=args.compression, momentum_sync=args.momentum_sync,
+                       checkpoint=args.checkpoint, checkpoint_every=args.checkpoint_every,
+                       resume=args.resume)
     except (FileNotFoundError, ValueError) as exc:  # raised alike on every rank
         if comm.rank == 0:
             print(f"python -m pysparse_hpc train: error: {exc}", file=sys.stderr)
@@ -233,14 +248,12 @@ def report_train(result, threads):
     ranks = f"{result.ranks} rank{'s' if result.ranks > 1 else ''}"
     lines = [f"{result.model.upper()} on {result.dataset}, {ranks} x {threads} "
              f"thread{'s' if threads > 1 else ''}, {result.partition_method} partition, "
-             f"{result.epochs} epochs, "
-             + ("Adam" if result.optimizer == "adam" else f"Adam on {result.optimizer} "
-                "preconditioned gradients"),
+             f"{result.epochs} epochs, " + _optimizer_label(result),
              f"  test accuracy {100 * result.test_accuracy:.1f}% (best validation accuracy "
              f"{100 * result.val_accuracy:.1f}% at epoch {result.best_epoch + 1}), final "
              f"training loss {result.losses[-1]:.4f}" if result.losses else "  no epoch run",
              f"  {1e3 * result.seconds_per_epoch:.1f} ms per training epoch "
-             f"({'median' if result.optimizer == 'adam' else 'mean'}), "
+             f"({'mean' if result.optimizer in PRECONDITIONER_NAMES else 'median'}), "
              f"{result.seconds_total:.1f} s in all"]
     if result.ranks > 1:
         share = (100 * result.halo_bytes_per_epoch / result.cagnet_bytes_per_epoch
@@ -250,11 +263,32 @@ def report_train(result, threads):
                   f"{_format_mb(result.cagnet_bytes_per_epoch)}, {share:.1f}% of it",
                   f"  gradient and metric allreduce per epoch: "
                   f"{_format_mb(result.allreduce_bytes_per_epoch)}"]
-        if result.optimizer != "adam":
+        if result.optimizer in PRECONDITIONER_NAMES:
             lines.append(f"  preconditioner sums and broadcasts per epoch: "
-                         f"{_format_mb(result.preconditioner_bytes_per_epoch)}")
+                         f"{_format_mb(result.optimizer_bytes_per_epoch)}")
+        elif result.optimizer == "lion":
+            what = "gradient allreduce" if result.compression == "none" else "votes"
+            lines.append(f"  Lion's {what} per epoch: "
+                         f"{_format_mb(result.optimizer_bytes_per_epoch)}")
+    if result.resumed_after is not None:
+        lines.insert(1, f"  resumed from the checkpoint after epoch {result.resumed_after}")
+    if result.skipped_epochs:
+        lines.append(f"  steps skipped for a non-finite loss or gradient: "
+                     f"{len(result.skipped_epochs)} (epochs "
+                     f"{', '.join(str(e + 1) for e in result.skipped_epochs)})")
         lines.append(f"  partition: {result.partition_summary}")
     return "\n".join(lines)
+
+
+PRECONDITIONER_NAMES = ("kfac", "shampoo", "jorge")
+
+
+def _optimizer_label(result):
+    if result.optimizer in PRECONDITIONER_NAMES:
+        return f"Adam on {result.optimizer} preconditioned gradients"
+    if result.optimizer == "lion":
+        return f"Lion ({result.compression} compression)"
+    return "Adam"
 
 
 def _balance(text):
@@ -303,15 +337,41 @@ def main(argv=None):
     train.add_argument("--dtype", default="float32", choices=("float32", "float64"))
     train.add_argument("--random-features", type=int, metavar="WIDTH",
                        help="seeded random features of this width (graphs without features)")
-    train.add_argument("--optimizer", default="adam", choices=("adam", "kfac", "shampoo", "jorge"),
-                       help="adam, or Adam on gradients preconditioned by K-FAC, Shampoo or "
-                            "Jorge (KAISA-style over the ranks; default: adam)")
+    train.add_argument("--optimizer", default="adam",
+                       choices=("adam", "lion") + PRECONDITIONER_NAMES,
+                       help="adam; lion (its lr and decay scaled from the model's Adam "
+                            "settings); or Adam on gradients preconditioned by K-FAC, Shampoo "
+                            "or Jorge (KAISA-style over the ranks; default: adam)")
+    train.add_argument("--compression", default="none", choices=COMPRESSIONS,
+                       help="with --optimizer lion over several ranks: what crosses the "
+                            "network: none (gradient allreduce), signs (packed sign bits, "
+                            "allgathered), votes (packed vote sums), int8, 1bit "
+                            "(default: none)")
+    train.add_argument("--momentum-sync", choices=MOMENTUM_SYNC,
+                       help="with a compressed Lion: keep each rank's momentum (local), "
+                            "average it every step (always) or at growing intervals "
+                            "(default: growing)")
     train.add_argument("--curvature-interval", type=int, default=10, metavar="N",
                        help="steps between the preconditioner's curvature updates (default: 10)")
+    train.add_argument("--checkpoint", metavar="DIR",
+                       help="save checkpoints in DIR (asynchronous, atomic, the last 3 kept)")
+    train.add_argument("--checkpoint-every", type=int, default=10, metavar="K",
+                       help="epochs between checkpoints (default: 10; the last epoch too)")
+    train.add_argument("--resume", action="store_true",
+                       help="continue from the newest good checkpoint in --checkpoint DIR "
+                            "(--epochs is the total: only the epochs left are trained)")
     train.add_argument("--no-progress", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
     if args.command == "train":
-        for name in ("epochs", "threads", "random_features", "curvature_interval"):
+        if args.optimizer != "lion" and (args.compression != "none"
+                                         or args.momentum_sync is not None):
+            parser.error("--compression and --momentum-sync need --optimizer lion")
+        if args.compression == "none" and args.momentum_sync not in (None, "local"):
+            parser.error("--momentum-sync applies to a compressed Lion (--compression)")
+        if args.resume and args.checkpoint is None:
+            parser.error("--resume needs --checkpoint DIR")
+        for name in ("epochs", "threads", "random_features", "curvature_interval",
+                     "checkpoint_every"):
             value = getattr(args, name)
             if value is not None and value < (0 if name == "epochs" else 1):
                 parser.error(f"--{name.replace('_', '-')} must be at least "

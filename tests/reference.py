@@ -170,3 +170,45 @@ def reference_rabbit(neighbours):
             order.append(v)
             stack.extend(reversed(children[v]))
     return np.array(order, dtype=np.int64)
+
+
+def reference_lion_agreement(directions, sizes, compression):
+    """The update direction every rank of a compressed Lion step takes, from every rank's
+    ``c = beta1 m + (1 - beta1) g`` (``directions``: one flat float array per rank), with
+    per-coordinate Python loops: the majority of bit votes (c > 0 votes +1, ties give 0), the
+    sign of summed L1-scaled int8 levels (scaled per tensor of ``sizes``), or the 1-bit
+    pairwise combine (ties: +1 at odd coordinates, -1 at even ones) folded and doubled as the
+    library's 1-bit allreduce does."""
+    ranks, size = len(directions), len(directions[0])
+    agreed = np.zeros(size)
+    if compression in ("signs", "votes"):
+        for i in range(size):
+            plus = sum(1 for c in directions if c[i] > 0)
+            agreed[i] = np.sign(2 * plus - ranks)
+        return agreed
+    if compression == "int8":
+        levels, start = 127 // ranks, 0
+        totals = [0] * size
+        for n in sizes:
+            for c in directions:
+                scale = sum(abs(v) for v in c[start:start + n]) / n
+                for i in range(start, start + n):
+                    q = 0 if scale == 0 else round(c[i] / scale * levels / 2)
+                    totals[i] += max(-levels, min(levels, q))
+            start += n
+        return np.sign(np.array(totals, dtype=float))
+
+    def combine(a, b):  # a tie gives +1 at odd coordinates, -1 at even ones
+        return [x if x == y else i % 2 for i, (x, y) in enumerate(zip(a, b))]
+
+    bits = [[1 if v > 0 else 0 for v in c] for c in directions]
+    paired = 1
+    while paired * 2 <= ranks:
+        paired *= 2
+    partial = [bits[r] if r + paired >= ranks else combine(bits[r], bits[r + paired])
+               for r in range(paired)]
+    distance = 1
+    while distance < paired:
+        partial = [combine(partial[r], partial[r ^ distance]) for r in range(paired)]
+        distance *= 2
+    return np.array([1.0 if b else -1.0 for b in partial[0]])

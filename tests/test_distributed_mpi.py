@@ -109,3 +109,12 @@ def test_train_command_reports_a_missing_file_on_every_rank():
     assert status == 2, (status, err[-3000:])
     assert "no such file: 'no/such/graph.npz'" in err
     assert "Traceback" not in err
+
+
+@requires_mpi
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_checkpoints_save_fall_back_and_reload_at_another_size(ranks):
+    """Asynchronous per-rank checkpoints: bit-exact reload, one rank's corrupt shard makes every
+    rank fall back alike, one rank's failed write raises everywhere, and per-node state reloads
+    by global id under another split and another number of ranks."""
+    run_checks(ranks, "checkpoint", timeout=120)

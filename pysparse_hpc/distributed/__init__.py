@@ -9,6 +9,9 @@ partition       owner rank of every node: METIS, contiguous blocks, random; with
 Partition       an owner array with edge cut, communication volume and balance
 DistGraph       a graph distributed by rows with its halo-exchange plan (``nn`` layers take it)
 DataParallel    bucketed gradient allreduce launched from gradient hooks (needs torch)
+Checkpointer    asynchronous, atomic, verified checkpoints; reloadable at another number of ranks
+Checkpoint      what `Checkpointer.load` returns
+rng_states      the global random generators' states, to checkpoint (``restore_rng_states``)
 training        ``train``: what ``python -m pysparse_hpc train`` runs
 
 Launch a script with ``mpiexec -n P python script.py``; started without ``mpiexec`` the same
@@ -16,6 +19,7 @@ script is a one-rank job. mpi4py is the engine (``pip install mpi4py mpich``, an
 cluster); without it only one-rank jobs run.
 """
 from ._comm import Communicator, init, launched_ranks
+from .checkpoint import Checkpoint, Checkpointer, restore_rng_states, rng_states
 from .graph import DistGraph, HaloPlan
 from .partition import PARTITION_METHODS, Partition, partition
 
@@ -28,5 +32,6 @@ def __getattr__(name):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["Communicator", "DataParallel", "DistGraph", "HaloPlan", "PARTITION_METHODS",
-           "Partition", "init", "launched_ranks", "partition"]
+__all__ = ["Checkpoint", "Checkpointer", "Communicator", "DataParallel", "DistGraph", "HaloPlan",
+           "PARTITION_METHODS", "Partition", "init", "launched_ranks", "partition",
+           "restore_rng_states", "rng_states"]

@@ -214,6 +214,15 @@ class Communicator:
         self._count(kind, 0, 0, 1, view.nbytes)
         return _Request(self.mpi.Irecv(view, source=source, tag=tag), self, kind)
 
+    def Sendrecv(self, sendbuf, dest, recvbuf, source, tag=0, kind="sendrecv"):
+        """Send ``sendbuf`` to rank ``dest`` while receiving ``recvbuf`` from rank ``source``
+        (one blocking exchange, deadlock-free between two partners); returns ``recvbuf``."""
+        send, recv = _as_buffer(sendbuf, "sendbuf"), _as_buffer(recvbuf, "recvbuf")
+        self.mpi.Sendrecv(send, dest=dest, sendtag=tag, recvbuf=recv, source=source,
+                          recvtag=tag)
+        self._count(kind, 1, send.nbytes, 1, recv.nbytes)
+        return recvbuf
+
     def Barrier(self):
         if self.size > 1:
             self.mpi.Barrier()

@@ -6,21 +6,22 @@ than its piece); every rank then builds the same model from the same seed and tr
 it is a one-rank run of the same code.
 """
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from .. import datasets
 from ._comm import init
 from .graph import DistGraph, comm_sum
-from .partition import PARTITION_METHODS, partition as make_partition
+from .partition import PARTITION_METHODS, Partition, partition as make_partition
 
 __all__ = ["DistributedTrainResult", "train"]
 
 _DTYPES = ("float32", "float64")
-#: The communicator's kinds of the preconditioners' collectives (`pysparse_hpc.precondition`).
-_PRECONDITIONER_KINDS = ("gradient allreduce", "curvature allreduce", "inverse broadcast",
-                         "gradient broadcast")
+#: The communicator's kinds of the optimizers' own collectives: the preconditioners'
+#: (`pysparse_hpc.precondition`) and `pysparse_hpc.optim.DistributedLion`'s.
+_OPTIMIZER_KINDS = ("gradient allreduce", "curvature allreduce", "inverse broadcast",
+                    "gradient broadcast", "lion votes", "momentum sync")
 
 
 @dataclass
@@ -51,10 +52,18 @@ class DistributedTrainResult:
         Gradient and metric allreduce payload, all ranks together.
     partition_summary : str
     optimizer : str
-        ``"adam"``, or the preconditioner Adam applied (``"kfac"``, ``"shampoo"``, ``"jorge"``).
-    preconditioner_bytes_per_epoch : float
-        The preconditioner's gradient and curvature sums and broadcasts, all ranks together
-        (its gradient sums replace `DataParallel`'s allreduce).
+        ``"adam"``, the preconditioner Adam applied (``"kfac"``, ``"shampoo"``, ``"jorge"``),
+        or ``"lion"``.
+    compression : str
+        Lion's (`pysparse_hpc.optim.DistributedLion`); ``"none"`` otherwise.
+    optimizer_bytes_per_epoch : float
+        The optimizer's own collectives, all ranks together: a preconditioner's gradient and
+        curvature sums and broadcasts, or Lion's gradient allreduce or votes and momentum
+        synchronisations (either replaces `DataParallel`'s allreduce).
+    skipped_epochs : list of int
+        Epochs whose step every rank skipped for a non-finite loss or gradient.
+    resumed_after : int or None
+        The epochs of the checkpoint the run resumed from (None: a run from the start).
     """
 
     dataset: str
@@ -73,7 +82,10 @@ class DistributedTrainResult:
     allreduce_bytes_per_epoch: float
     partition_summary: str
     optimizer: str = "adam"
-    preconditioner_bytes_per_epoch: float = 0.0
+    compression: str = "none"
+    optimizer_bytes_per_epoch: float = 0.0
+    skipped_epochs: list = field(default_factory=list)
+    resumed_after: int = None
 
 
 def _load(dataset, random_features, seed):
@@ -91,7 +103,8 @@ def _load(dataset, random_features, seed):
 def train(dataset="cora", model="gcn", partition="metis", *, epochs=None, lr=None,
           weight_decay=None, seed=0, dtype="float32", random_features=None, comm=None,
           progress=True, description=None, balance=None, preconditioner=None,
-          curvature_interval=10):
+          curvature_interval=10, optimizer="adam", compression="none", momentum_sync=None,
+          checkpoint=None, checkpoint_every=10, resume=False, keep_checkpoints=3):
     """Train a node classifier on a graph distributed over the communicator's ranks.
 
     Every rank calls it with the same arguments.
@@ -125,6 +138,21 @@ def train(dataset="cora", model="gcn", partition="metis", *, epochs=None, lr=Non
         KAISA-style over the ranks.
     curvature_interval : int
         Steps between the preconditioner's curvature updates.
+    optimizer : {"adam", "lion"}
+        Lion's default ``lr`` and ``weight_decay`` are the model's Adam settings scaled by
+        `pysparse_hpc.nn.train.LION_SCALING`.
+    compression, momentum_sync : str
+        How Lion's ranks agree on the update (`pysparse_hpc.optim.DistributedLion`).
+    checkpoint : str or path, optional
+        A directory for checkpoints (`Checkpointer`, the last ``keep_checkpoints`` kept),
+        saved after every ``checkpoint_every`` epochs and the last. It is tied to this run's
+        settings (dataset, model, optimizer, seed, dtype, learning rate, ...): another run's
+        directory is refused. One that already holds checkpoints needs ``resume``.
+    resume : bool
+        Continue from the newest checkpoint that verifies (none: start from the beginning).
+        ``epochs`` is the total: only the epochs left are trained, and a run already finished
+        reports its result. On as many ranks as saved it, the partition is the saved one and
+        the run continues bit for bit; on another number, the graph is partitioned anew.
 
     Returns
     -------
@@ -133,7 +161,7 @@ def train(dataset="cora", model="gcn", partition="metis", *, epochs=None, lr=Non
     import torch
 
     from ..nn import models
-    from ..nn.train import fit, normalize_features
+    from ..nn.train import LION_SCALING, fit, normalize_features
 
     comm = init() if comm is None else comm
     if model not in models.MODELS:
@@ -145,15 +173,35 @@ def train(dataset="cora", model="gcn", partition="metis", *, epochs=None, lr=Non
                          f"{partition!r}")
     model_class = models.MODELS[model]
     settings = dict(model_class.training)
+    if optimizer == "lion":
+        settings = {k: v * LION_SCALING.get(k, 1) for k, v in settings.items()}
     overrides = dict(epochs=epochs, lr=lr, weight_decay=weight_decay)
     settings.update({k: v for k, v in overrides.items() if v is not None})
+
+    checkpointer, state = _checkpoints(
+        comm, checkpoint, resume, keep_checkpoints,
+        fingerprint=dict(dataset=getattr(dataset, "name", str(dataset)), model=model,
+                         optimizer=preconditioner or optimizer, compression=compression,
+                         momentum_sync=momentum_sync, dtype=dtype, seed=seed,
+                         random_features=random_features, lr=settings["lr"],
+                         weight_decay=settings["weight_decay"]))
+    saved_owner = None
+    if state is not None and state.ranks_saved == comm.size:
+        saved_owner = state.shared.get("partition")
 
     error, data, parts = None, None, None
     if comm.rank == 0:
         try:
             data = _load(dataset, random_features, seed)
-            parts = (make_partition(data.adj, comm.size, partition, seed=seed, balance=balance)
-                     if isinstance(partition, str) else partition)
+            if saved_owner is not None:  # the same split: the run continues bit for bit
+                parts = Partition.from_owner(data.adj, saved_owner, comm.size,
+                                             method=state.shared.get("partition_method",
+                                                                     "given"))
+            elif isinstance(partition, str):
+                parts = make_partition(data.adj, comm.size, partition, seed=seed,
+                                       balance=balance)
+            else:
+                parts = partition
         except Exception as exc:  # noqa: BLE001 -- raised on every rank below
             error = exc
     comm.raise_if_any(error)
@@ -183,15 +231,22 @@ def train(dataset="cora", model="gcn", partition="metis", *, epochs=None, lr=Non
     result = fit(classifier, x, graph, y, masks, progress=progress,
                  description=description or f"{model} on {name}, {comm.size} rank"
                  f"{'s' if comm.size > 1 else ''}", preconditioner=preconditioner,
-                 curvature_interval=curvature_interval, **settings)
+                 curvature_interval=curvature_interval, optimizer=optimizer,
+                 compression=compression, momentum_sync=momentum_sync,
+                 checkpointer=checkpointer, checkpoint_every=checkpoint_every,
+                 resume_from=state, checkpoint_extras=None if parts is None else dict(
+                     partition=parts.owner, partition_method=parts.method), **settings)
+    if checkpointer is not None:
+        checkpointer.close()
     seconds_total = time.perf_counter() - start
     stats = comm.stats()
     received = np.array([stats.get(kind, {}).get("bytes_received", 0)
-                         for kind in ("halo", "reverse_halo", "allreduce", *_PRECONDITIONER_KINDS)],
+                         for kind in ("halo", "reverse_halo", "allreduce", *_OPTIMIZER_KINDS)],
                         dtype=np.float64)
     received = comm_sum(comm, received)
     row_bytes = graph.plan.exchanged_row_bytes - row_bytes_before
-    n_epochs = max(settings["epochs"], 1)
+    # Traffic counted in this run: the epochs it trained, not those before its checkpoint.
+    n_epochs = max(settings["epochs"] - (0 if state is None else state.step), 1)
     seconds = comm_sum(comm, np.array([result.seconds_per_epoch]))  # mean over ranks
     return DistributedTrainResult(
         dataset=name, model=model,
@@ -202,5 +257,31 @@ def train(dataset="cora", model="gcn", partition="metis", *, epochs=None, lr=Non
         halo_bytes_per_epoch=float(received[0] + received[1]) / n_epochs,
         cagnet_bytes_per_epoch=float(row_bytes * (comm.size - 1) * graph.shape[0]) / n_epochs,
         allreduce_bytes_per_epoch=float(received[2]) / n_epochs, partition_summary=summary,
-        optimizer=preconditioner or "adam",
-        preconditioner_bytes_per_epoch=float(received[3:].sum()) / n_epochs)
+        optimizer=preconditioner or optimizer, compression=compression,
+        optimizer_bytes_per_epoch=float(received[3:].sum()) / n_epochs,
+        skipped_epochs=result.skipped_epochs,
+        resumed_after=None if state is None else state.step)
+
+
+def _checkpoints(comm, directory, resume, keep, fingerprint):
+    """The run's `Checkpointer` (None without a directory) and the checkpoint to resume from
+    (None for a run from the start)."""
+    if directory is None:
+        if resume:
+            raise ValueError("resume needs a checkpoint directory")
+        return None, None
+    from .checkpoint import Checkpointer
+
+    checkpointer = Checkpointer(directory, comm, keep=keep, fingerprint=fingerprint)
+    latest = comm.bcast(checkpointer.latest())  # rank 0's view, so all ranks decide alike
+    if not resume:
+        if latest is not None:
+            checkpointer.close()
+            raise ValueError(f"{directory} holds checkpoints (the newest after {latest} "
+                             "epochs): resume from them (resume=True, --resume) or use "
+                             "another directory")
+        return checkpointer, None
+    try:
+        return checkpointer, checkpointer.load()
+    except FileNotFoundError:  # nothing saved yet: a run from the start
+        return checkpointer, None

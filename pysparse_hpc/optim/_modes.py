@@ -1,0 +1,50 @@
+"""The modes of `DistributedLion` and the bytes each sends: no torch, so the command line
+can offer them without importing it."""
+from . import _votes
+
+__all__ = ["COMPRESSIONS", "MOMENTUM_SYNC", "bytes_per_step"]
+
+COMPRESSIONS = ("none", "signs", "votes", "int8", "1bit")
+MOMENTUM_SYNC = ("local", "always", "growing")
+
+
+def bytes_per_step(compression, size, ranks, rank=0, itemsize=4):
+    """Bytes one rank sends (and as many it receives) per step under ``compression``, as the
+    communicator counts them, momentum synchronisations left out.
+
+    Parameters
+    ----------
+    compression : str
+        One of `COMPRESSIONS`.
+    size : int
+        Coordinates of all parameters that have a gradient.
+    ranks : int
+    rank : int
+        Matters only for ``"1bit"`` on a number of ranks that is not a power of two (the ranks
+        past the largest power of two hand their bits to a partner and get the result back).
+    itemsize : int
+        Bytes per gradient element of ``"none"`` (4 for float32).
+
+    Returns
+    -------
+    int
+    """
+    if compression not in COMPRESSIONS:
+        raise ValueError(f"compression must be one of {COMPRESSIONS}, got {compression!r}")
+    if ranks == 1:
+        return 0
+    sign_bytes = -(-size // 8)
+    if compression == "none":
+        return size * itemsize
+    if compression == "signs":
+        return (ranks - 1) * sign_bytes
+    if compression == "votes":
+        per_word = 64 // _votes.field_bits(ranks)
+        return 8 * -(-size // per_word)
+    if compression == "int8":
+        return size
+    paired = 1 << (ranks.bit_length() - 1)
+    stages = paired.bit_length() - 1
+    if rank >= paired:
+        return sign_bytes
+    return (stages + (rank < ranks - paired)) * sign_bytes

@@ -1,0 +1,257 @@
+"""Lion over a communicator, with the update's sign agreed by compressed votes.
+
+Modes (``compression=``), with the bytes one rank sends (and receives) per step as the
+communicator counts them (`bytes_per_step`), for ``d`` coordinates on ``P`` ranks:
+
+``"none"``
+    The gradients, full precision, allreduced: Lion under data parallelism, every rank taking
+    the step one process would. ``d * itemsize`` bytes.
+``"signs"``
+    Distributed Lion (Liu et al., 2024): each rank's sign bits, packed and allgathered; the
+    update is their majority. ``(P - 1) * ceil(d / 8)`` bytes.
+``"votes"``
+    Lion Cub (Ishikawa et al., 2025): votes in {0, 1} packed in fields of
+    ``p = bit_length(P)`` bits, ``k = 64 // p`` to a uint64, summed by one integer allreduce
+    (no field can carry into the next); the same majority. ``8 * ceil(d / k)`` bytes.
+``"int8"``
+    Lion Cub's L1-scaled int8 levels (scaled per tensor, at most ``floor(127 / P)`` so the sum
+    cannot overflow), SUM allreduced; the update is the sign of the sum, a vote weighted by
+    magnitude. ``d`` bytes.
+``"1bit"``
+    Lion Cub's 1-bit allreduce: packed signs combined pairwise by recursive doubling and
+    re-signed at every stage, ties split by coordinate parity: an approximate majority.
+    ``ceil(d / 8)`` bytes per stage, ``log2`` of the largest power of two <= ``P`` stages (plus
+    one on ranks that fold in a rank past it).
+
+The majority of ``s`` votes of +1 among ``P`` is ``sign(2 s - P)``; a tie (even ``P``) leaves
+the coordinate where it is, apart from weight decay. A bit cannot say 0, so in ``signs``,
+``votes`` and ``1bit`` a coordinate whose ``c = beta1 m + (1 - beta1) g`` is exactly zero votes
+-1; parameters whose ``.grad`` is None are skipped in every mode.
+
+In the compressed modes each rank updates its momentum with its own gradient. With
+``momentum_sync="local"`` (Distributed Lion) the momenta are never synchronised; ``"always"``
+averages them over the ranks after every step (a full-precision allreduce); ``"growing"`` (the
+default, Lion Cub's) at growing intervals: the gap between two synchronisations is
+``floor(2 ** (j / k))`` steps after the j-th, with ``k = sync_doubling`` (16: the gap doubles
+every 16 synchronisations). On a GCN over two ranks the local momenta cost 2 points of
+accuracy with sign votes and 18 with the 1-bit allreduce, and the growing schedule none
+(BENCHMARKS.md).
+"""
+import math
+
+import numpy as np
+import torch
+
+from ..distributed._comm import init
+from . import _votes
+from ._modes import COMPRESSIONS, MOMENTUM_SYNC
+from .lion import Lion, apply_update, interpolate
+
+__all__ = ["DistributedLion", "VOTE_KIND", "GRADIENT_KIND", "MOMENTUM_KIND"]
+
+#: The communicator's traffic kinds of `DistributedLion` (`Communicator.stats`).
+VOTE_KIND = "lion votes"
+GRADIENT_KIND = "gradient allreduce"
+MOMENTUM_KIND = "momentum sync"
+
+
+def _one_bit_allreduce(comm, packed, kind):
+    """The 1-bit majority of every rank's ``packed`` signs, on every rank (recursive doubling
+    over the largest power of two of ranks; the others fold in first and get the result)."""
+    paired = 1 << (comm.size.bit_length() - 1)
+    received = np.empty_like(packed)
+    rank = comm.rank
+    if rank >= paired:  # hand my bits to a partner, get the result back from it
+        comm.Isend(packed, rank - paired, 7, kind).wait()
+        comm.Irecv(packed, rank - paired, 8, kind).wait()
+        return packed
+    if rank + paired < comm.size:
+        comm.Irecv(received, rank + paired, 7, kind).wait()
+        packed = _votes.combine_one_bit(packed, received)
+    distance = 1
+    while distance < paired:
+        comm.Sendrecv(packed, rank ^ distance, received, rank ^ distance, 9, kind)
+        packed = _votes.combine_one_bit(packed, received)
+        distance <<= 1
+    if rank + paired < comm.size:
+        comm.Isend(packed, rank + paired, 8, kind).wait()
+    return packed
+
+
+class DistributedLion(Lion):
+    """Lion whose update is agreed over the ranks of a communicator, compressed or not.
+
+    Every rank calls `step` after its own backward pass; the parameters stay equal on every
+    rank (they start equal: broadcast them, or build the model from the same seed).
+
+    Parameters
+    ----------
+    params : iterable of tensors or of dicts
+        CPU parameters, as for `Lion`.
+    comm : Communicator, optional
+        Default: `pysparse_hpc.distributed.init()` (one rank without ``mpiexec``).
+    lr, betas, weight_decay
+        As for `Lion`.
+    compression : {"none", "signs", "votes", "int8", "1bit"}
+        What crosses the network (the module docstring's table).
+    momentum_sync : {"local", "always", "growing"}, optional
+        In the compressed modes: keep each rank's momentum, average it every step, or at
+        Lion Cub's growing intervals (the default). With ``"none"`` the momenta are equal
+        anyway: only ``"local"`` (the default there) is accepted.
+    average : bool
+        ``"none"`` divides the gradients' sum by the ranks (each rank's loss a mean over its
+        share of the batch). False keeps the sum, when every rank's loss is already normalised
+        by the global batch (the full-graph GNN trainer). The votes do not depend on it.
+    sync_doubling : int
+        Lion Cub's ``k`` of ``momentum_sync="growing"``.
+
+    Attributes
+    ----------
+    steps_taken, momentum_syncs : int
+
+    Examples
+    --------
+    >>> import torch
+    >>> from pysparse_hpc.optim import DistributedLion
+    >>> model = torch.nn.Linear(4, 2)
+    >>> optimizer = DistributedLion(model.parameters(), lr=1e-4, compression="votes")
+    >>> model(torch.ones(3, 4)).sum().backward()
+    >>> optimizer.step()
+    """
+
+    def __init__(self, params, comm=None, lr=1e-4, betas=(0.9, 0.99), weight_decay=0.0, *,
+                 compression="votes", momentum_sync=None, average=True, sync_doubling=16):
+        if compression not in COMPRESSIONS:
+            raise ValueError(f"compression must be one of {COMPRESSIONS}, got {compression!r}")
+        if momentum_sync is None:
+            momentum_sync = "local" if compression == "none" else "growing"
+        if momentum_sync not in MOMENTUM_SYNC:
+            raise ValueError(f"momentum_sync must be one of {MOMENTUM_SYNC}, got "
+                             f"{momentum_sync!r}")
+        if compression == "none" and momentum_sync != "local":
+            raise ValueError("compression='none' keeps the momenta equal on every rank: "
+                             f"momentum_sync must be 'local', got {momentum_sync!r}")
+        if isinstance(sync_doubling, bool) or not isinstance(sync_doubling, int) \
+                or sync_doubling < 1:
+            raise ValueError(f"sync_doubling must be a positive int, got {sync_doubling!r}")
+        super().__init__(params, lr=lr, betas=betas, weight_decay=weight_decay)
+        for group in self.param_groups:
+            for param in group["params"]:
+                if param.device.type != "cpu":
+                    raise ValueError(f"DistributedLion exchanges host memory; a parameter is "
+                                     f"on {param.device}")
+        self.comm = init() if comm is None else comm
+        self.compression, self.momentum_sync = compression, momentum_sync
+        self.average, self.sync_doubling = average, sync_doubling
+        self.steps_taken, self.momentum_syncs = 0, 0
+        self._next_sync = 1
+
+    # ------------------------------------------------------------------ the step
+    @torch.no_grad()
+    def step(self, closure=None):
+        """One step of every parameter that has a gradient, agreed over the ranks."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        entries = [(group, param) for group in self.param_groups for param in group["params"]
+                   if param.grad is not None]
+        if entries:
+            if self.compression == "none":
+                self._step_on_reduced_gradients(entries)
+            else:
+                self._step_on_votes(entries)
+            self.steps_taken += 1
+            if self._sync_due():
+                self._synchronise_momenta([self.momentum(param) for _, param in entries])
+        return loss
+
+    def _step_on_reduced_gradients(self, entries):
+        grads = torch.cat([param.grad.reshape(-1) for _, param in entries])
+        self.comm.Allreduce(grads, "sum", kind=GRADIENT_KIND)
+        if self.average and self.comm.size > 1:
+            grads /= self.comm.size
+        start = 0
+        for group, param in entries:
+            grad = grads[start:start + param.numel()].view_as(param)
+            start += param.numel()
+            momentum = self.momentum(param)
+            direction = interpolate(momentum, grad, group["betas"][0]).sign_()
+            apply_update(param, direction, momentum, grad, group["lr"], group["weight_decay"],
+                         group["betas"][1])
+
+    def _step_on_votes(self, entries):
+        directions = torch.cat([interpolate(self.momentum(param), param.grad,
+                                            group["betas"][0]).reshape(-1)
+                                for group, param in entries])
+        agreed = torch.from_numpy(self._agree(directions.numpy(),
+                                              [param.numel() for _, param in entries]))
+        start = 0
+        for group, param in entries:
+            direction = agreed[start:start + param.numel()].view_as(param).to(param.dtype)
+            start += param.numel()
+            apply_update(param, direction, self.momentum(param), param.grad, group["lr"],
+                         group["weight_decay"], group["betas"][1])
+
+    def _agree(self, direction, sizes):
+        """The agreed update (float32 in {-1, 0, 1}) from this rank's ``direction``."""
+        comm, ranks = self.comm, self.comm.size
+        if self.compression == "signs":
+            packed = _votes.pack_signs(direction)
+            gathered = np.empty((ranks, packed.size), dtype=np.uint8)
+            comm.Allgatherv(packed, gathered, [packed.size] * ranks, kind=VOTE_KIND)
+            return _votes.majority(_votes.count_packed_signs(gathered, direction.size), ranks)
+        if self.compression == "votes":
+            bits = _votes.field_bits(ranks)
+            words = comm.Allreduce(_votes.pack_vote_fields(direction, bits), "sum",
+                                   kind=VOTE_KIND)
+            return _votes.majority(_votes.count_vote_fields(words, bits, direction.size), ranks)
+        if self.compression == "int8":
+            offsets = np.concatenate([[0], np.cumsum(sizes)])
+            levels = comm.Allreduce(_votes.quantize_int8(direction, offsets, ranks), "sum",
+                                    kind=VOTE_KIND)
+            return np.sign(levels).astype(np.float32)
+        packed = _votes.pack_signs(direction)
+        if ranks > 1:
+            packed = _one_bit_allreduce(comm, packed, VOTE_KIND)
+        plus = np.unpackbits(packed, count=direction.size)
+        return (2.0 * plus - 1.0).astype(np.float32)
+
+    # ------------------------------------------------------------------ momentum
+    def _sync_due(self):
+        if self.comm.size == 1 or self.momentum_sync == "local":
+            return False
+        if self.momentum_sync == "always":
+            return True
+        return self.steps_taken >= self._next_sync
+
+    def _synchronise_momenta(self, momenta):
+        flat = torch.cat([m.reshape(-1) for m in momenta])
+        self.comm.Allreduce(flat, "sum", kind=MOMENTUM_KIND)
+        flat /= self.comm.size
+        start = 0
+        for momentum in momenta:
+            momentum.copy_(flat[start:start + momentum.numel()].view_as(momentum))
+            start += momentum.numel()
+        self.momentum_syncs += 1
+        gap = math.floor(2.0 ** (self.momentum_syncs / self.sync_doubling))
+        self._next_sync = self.steps_taken + gap
+
+    # ------------------------------------------------------------------ checkpoints
+    def state_dict(self):
+        """Torch's optimizer state (this rank's momenta) and the step and sync counters."""
+        state = super().state_dict()
+        state["distributed_lion"] = dict(steps_taken=self.steps_taken,
+                                         momentum_syncs=self.momentum_syncs,
+                                         next_sync=self._next_sync,
+                                         compression=self.compression)
+        return state
+
+    def load_state_dict(self, state_dict):
+        state_dict = dict(state_dict)
+        counters = state_dict.pop("distributed_lion", None)
+        super().load_state_dict(state_dict)
+        if counters is not None:
+            self.steps_taken = counters["steps_taken"]
+            self.momentum_syncs = counters["momentum_syncs"]
+            self._next_sync = counters["next_sync"]

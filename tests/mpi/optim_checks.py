@@ -1,0 +1,188 @@
+"""Optimizer checks under ``mpiexec -n P`` (launched by tests/test_optim_mpi.py); the same
+conventions as checks.py: ``python optim_checks.py NAME [NAME ...]``, rank 0 prints
+``PASSED NAME`` after each check that passed on every rank.
+"""
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from checks import ALONE, comm, on_root_then_broadcast, rank, size
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from reference import reference_lion_agreement  # noqa: E402
+
+from pysparse_hpc.optim import COMPRESSIONS, DistributedLion, Lion, bytes_per_step  # noqa: E402
+from pysparse_hpc.optim.distributed_lion import (  # noqa: E402
+    GRADIENT_KIND, MOMENTUM_KIND, VOTE_KIND)
+from pysparse_hpc.optim.lion import interpolate  # noqa: E402
+
+LR, DECAY, BETA1 = 1e-2, 0.1, 0.9
+EXAMPLES = 30
+
+
+def _model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(),
+                               torch.nn.Linear(16, 3)).double()
+
+
+def _batch(rows, step):
+    generator = torch.Generator().manual_seed(step)
+    data = torch.randn(EXAMPLES, 8, dtype=torch.float64, generator=generator)
+    target = torch.randint(0, 3, (EXAMPLES,), generator=generator)
+    return data[rows], target[rows]
+
+
+def _flat(tensors):
+    return torch.cat([t.detach().reshape(-1) for t in tensors])
+
+
+def _lion_run(optimizer_for, rows, steps, on_step=None):
+    """``steps`` steps of the MLP on ``rows`` of each step's batch (mean loss over them)."""
+    model = _model()
+    optimizer = optimizer_for(model)
+    for step in range(steps):
+        optimizer.zero_grad()
+        data, target = _batch(rows, step)
+        torch.nn.functional.cross_entropy(model(data), target).backward()
+        before = on_step(model, optimizer) if on_step else None
+        optimizer.step()
+        if on_step:
+            on_step(model, optimizer, before)
+    return model, optimizer
+
+
+def check_lion_modes():
+    """Every compression and momentum synchronisation on a batch split over the ranks: the
+    step follows the plain reference's agreed direction from every rank's votes, parameters
+    stay equal on every rank, the bytes equal `bytes_per_step`, and the uncompressed mode is
+    one-process Lion on the whole batch."""
+    mine = np.array_split(np.arange(EXAMPLES), size)[rank]
+    steps = 4
+    for compression in COMPRESSIONS:
+        syncs = ("local",) if compression == "none" else ("local", "always", "growing")
+        for sync in syncs:
+            label = f"{compression}/{sync}"
+
+            def follow_reference(model, optimizer, before=None):
+                params = list(model.parameters())
+                if before is None:  # ahead of the step: every rank's c, the parameters
+                    directions = _flat(interpolate(optimizer.momentum(p), p.grad, BETA1)
+                                       for p in params).numpy()
+                    return comm.allgather(directions), _flat(params)
+                if compression == "none":
+                    return
+                directions, start = before
+                agreed = reference_lion_agreement(directions, [p.numel() for p in params],
+                                                  compression)
+                expected = start * (1 - LR * DECAY) - LR * torch.from_numpy(agreed)
+                torch.testing.assert_close(_flat(params), expected, rtol=0, atol=1e-12,
+                                           msg=label)
+
+            comm.reset_stats()
+            model, optimizer = _lion_run(
+                lambda m: DistributedLion(m.parameters(), comm, lr=LR, weight_decay=DECAY,
+                                          compression=compression, momentum_sync=sync),
+                mine, steps, follow_reference)
+            params = _flat(model.parameters())
+            everyone = comm.allgather(params.numpy())
+            assert all(np.array_equal(everyone[0], p) for p in everyone), label
+            stats = comm.stats()
+            kind = GRADIENT_KIND if compression == "none" else VOTE_KIND
+            counted = stats.get(kind, {"bytes_sent": 0, "bytes_received": 0})
+            formula = steps * bytes_per_step(compression, params.numel(), size, rank=rank,
+                                             itemsize=8)
+            assert counted["bytes_sent"] == counted["bytes_received"] == formula, \
+                (label, counted, formula)
+            momenta = _flat(optimizer.momentum(p) for p in model.parameters()).numpy()
+            synced = stats.get(MOMENTUM_KIND, {}).get("bytes_sent", 0)
+            if sync == "local":
+                assert synced == 0, label
+            else:
+                assert optimizer.momentum_syncs == steps  # growing: every step at first
+                assert synced == steps * momenta.nbytes, label
+                everyone = comm.allgather(momenta)
+                assert all(np.array_equal(everyone[0], m) for m in everyone), label
+            if compression == "none":
+                reference = on_root_then_broadcast(lambda: _flat(_lion_run(
+                    lambda m: Lion(m.parameters(), lr=LR, weight_decay=DECAY),
+                    np.arange(EXAMPLES), steps)[0].parameters()))
+                torch.testing.assert_close(params, reference, rtol=1e-10, atol=1e-12)
+
+
+def check_lion_training():
+    """``train(optimizer="lion")``: uncompressed, P ranks give the one-rank losses (float64);
+    every compressed mode trains and reports its vote bytes."""
+    from pysparse_hpc.distributed.training import train
+    options = dict(epochs=3, dtype="float64", progress=False, optimizer="lion")
+    reference = on_root_then_broadcast(
+        lambda: train("cora", "gcn", "contiguous", comm=ALONE, **options))
+    result = train("cora", "gcn", "metis", comm=comm, **options)
+    np.testing.assert_allclose(result.losses, reference.losses, rtol=1e-10)
+    assert result.optimizer == "lion" and result.optimizer_bytes_per_epoch > 0
+    for compression in COMPRESSIONS[1:]:
+        result = train("cora", "gcn", "metis", comm=comm, compression=compression, **options)
+        assert result.compression == compression and result.optimizer_bytes_per_epoch > 0
+        assert result.losses[-1] < result.losses[0], (compression, result.losses)
+
+
+class _PoisonedOnOneRank(torch.nn.Module):
+    """A GCN whose output is NaN on the last rank in one epoch."""
+
+    def __init__(self, model, epoch):
+        super().__init__()
+        self.model, self.epoch, self.calls = model, epoch, 0
+
+    def forward(self, x, adj):
+        out = self.model(x, adj)
+        if self.training:
+            if self.calls == self.epoch and rank == size - 1:
+                out = out * float("nan")
+            self.calls += 1
+        return out
+
+
+def check_nonfinite_step_skipped_everywhere():
+    """A NaN loss on one rank: every rank skips that step (with Adam's allreduce and with
+    Lion's votes), the replicas stay equal and finite, training goes on."""
+    import warnings
+
+    import pysparse_hpc as sph
+    from pysparse_hpc.distributed import DistGraph, partition
+    from pysparse_hpc.nn import models
+    from pysparse_hpc.nn.train import fit, node_tensors
+    cora = sph.datasets.load("cora")
+    graph = DistGraph(cora.adj, partition(cora.adj, size, "contiguous"), comm)
+    x, y, *masks = (torch.from_numpy(graph.scatter_rows(t.numpy()))
+                    for t in node_tensors(cora))
+    for optimizer in ("adam", "lion"):
+        torch.manual_seed(0)
+        model = _PoisonedOnOneRank(models.GCN(x.shape[1], 16, cora.num_classes), epoch=1)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            result = fit(model, x, graph, y, masks, epochs=4, progress=False,
+                         optimizer=optimizer,
+                         compression="none" if optimizer == "adam" else "votes")
+        assert result.skipped_epochs == [1], result.skipped_epochs
+        assert np.isfinite(result.losses[3])
+        if rank == 0:
+            assert any(f"{size - 1}; step skipped on every rank" in str(w.message)
+                       for w in caught), \
+                [str(w.message) for w in caught]
+        params = _flat(model.parameters()).numpy()
+        assert np.isfinite(params).all()
+        everyone = comm.allgather(params)
+        assert all(np.array_equal(everyone[0], p) for p in everyone), optimizer
+
+
+CHECKS = {name[len("check_"):]: fn for name, fn in globals().items()
+          if name.startswith("check_")}
+
+if __name__ == "__main__":
+    for name in [a for a in sys.argv[1:] if a in CHECKS]:
+        CHECKS[name]()
+        comm.Barrier()
+        if rank == 0:
+            print(f"PASSED {name}", flush=True)

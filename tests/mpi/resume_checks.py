@@ -1,0 +1,71 @@
+"""Checkpoint-and-resume checks under ``mpiexec -n P`` (launched by
+tests/test_resume_mpi.py); the conventions of checks.py: ``python resume_checks.py NAME
+[NAME ...] [--dir DIR]``, rank 0 prints ``PASSED NAME`` after each check that passed on every
+rank.
+"""
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+from checks import comm, rank, size
+
+from pysparse_hpc.distributed.training import train
+
+RUNS = {"adam": dict(), "lion-votes": dict(optimizer="lion", compression="votes"),
+        "kfac": dict(preconditioner="kfac", curvature_interval=3)}
+
+
+def _option(name):
+    return sys.argv[sys.argv.index(name) + 1]
+
+
+def _shared_directory():
+    """A new directory every rank writes in (these ranks share one machine's disk)."""
+    return comm.bcast(tempfile.mkdtemp(prefix="resume-") if rank == 0 else None)
+
+
+def check_resume_is_bit_exact():
+    """20 epochs in one go against 10, stop, and 10 more resumed from the checkpoint: the
+    same losses bit for bit and the same test accuracy, for Adam, compressed Lion (momenta
+    per rank) and K-FAC (KAISA's owners); a finished run resumed trains nothing."""
+    for label, options in RUNS.items():
+        options = dict(options, dtype="float64", progress=False, comm=comm)
+        directory = str(Path(_shared_directory()) / label)
+        whole = train("cora", "gcn", epochs=20, **options)
+        train("cora", "gcn", epochs=10, checkpoint=directory, **options)
+        resumed = train("cora", "gcn", epochs=20, checkpoint=directory, resume=True, **options)
+        assert resumed.resumed_after == 10, (label, resumed.resumed_after)
+        assert resumed.losses == whole.losses, (label, resumed.losses, whole.losses)
+        assert resumed.test_accuracy == whole.test_accuracy, label
+        finished = train("cora", "gcn", epochs=20, checkpoint=directory, resume=True,
+                         **options)
+        assert finished.resumed_after == 20 and finished.losses == whole.losses, label
+
+
+def check_save_for_another_size():
+    """Train 10 of 20 epochs with checkpoints in ``--dir``."""
+    train("cora", "gcn", epochs=10, checkpoint=_option("--dir"), dtype="float64",
+          progress=False, comm=comm)
+
+
+def check_resume_at_another_size():
+    """Resume ``--dir``'s checkpoint (saved on another number of ranks) to 20 epochs: the
+    graph is partitioned for this size and the losses are the one-process run's within
+    float64 rounding."""
+    resumed = train("cora", "gcn", epochs=20, checkpoint=_option("--dir"), resume=True,
+                    dtype="float64", progress=False, comm=comm)
+    assert resumed.resumed_after == 10, resumed.resumed_after
+    if rank == 0:
+        Path(_option("--dir"), "losses.json").write_text(json.dumps(resumed.losses))
+
+
+CHECKS = {name[len("check_"):]: fn for name, fn in globals().items()
+          if name.startswith("check_")}
+
+if __name__ == "__main__":
+    for name in [a for a in sys.argv[1:] if a in CHECKS]:
+        CHECKS[name]()
+        comm.Barrier()
+        if rank == 0:
+            print(f"PASSED {name} on {size} ranks", flush=True)

@@ -1,0 +1,396 @@
+"""Checkpoints on one rank: bit-exact round trips, the asynchronous copy, atomic commits,
+verification and fallback, keep-k, clear errors, and gathering per-node rows by global id."""
+import hashlib
+import json
+import os
+import random
+import threading
+from collections import OrderedDict
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from pysparse_hpc.distributed import Checkpoint, Checkpointer, Communicator  # noqa: E402
+from pysparse_hpc.distributed import checkpoint as ckpt  # noqa: E402
+
+
+def make(directory, **kwargs):
+    return Checkpointer(directory, comm=Communicator(None), **kwargs)
+
+
+def assert_same(a, b, path="state"):
+    """Equal trees with equal types; arrays and tensors equal bit for bit (NaNs included)."""
+    assert type(a) is type(b), (path, type(a), type(b))
+    if isinstance(a, torch.Tensor):
+        assert a.dtype == b.dtype and a.shape == b.shape, path
+        assert a.requires_grad == b.requires_grad, path
+        assert torch.equal(a.detach().contiguous().reshape(-1).view(torch.uint8),
+                           b.detach().contiguous().reshape(-1).view(torch.uint8)), path
+    elif isinstance(a, (np.ndarray, np.generic)):
+        assert a.dtype == b.dtype and np.shape(a) == np.shape(b), path
+        assert np.asarray(a).tobytes() == np.asarray(b).tobytes(), path
+    elif isinstance(a, dict):
+        assert list(a) == list(b), path
+        for key in a:
+            assert_same(a[key], b[key], f"{path}[{key!r}]")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), path
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_same(x, y, f"{path}[{i}]")
+    elif isinstance(a, float) and a != a:
+        assert b != b, path
+    else:
+        assert a == b, (path, a, b)
+
+
+def training_state(seed=0):
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.BatchNorm1d(5),
+                                torch.nn.Linear(5, 3))
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    model(torch.randn(8, 6)).square().sum().backward()
+    optimizer.step()
+    return model, optimizer
+
+
+def nested_state():
+    model, optimizer = training_state()
+    rng = np.random.default_rng(1)
+    return {
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(),
+                "python": random.getstate()},
+        "tensors": [torch.randn(3, 4, dtype=torch.float64), torch.arange(7, dtype=torch.int32),
+                    torch.randn(2, 3).to(torch.bfloat16), torch.randn(4).half(),
+                    torch.tensor([True, False, True]), torch.randn(2, dtype=torch.complex64),
+                    torch.zeros(0, 5), torch.tensor(3.25), torch.randn(4, 6)[:, ::2],
+                    torch.nn.Parameter(torch.randn(2, 2)),
+                    torch.tensor([float("nan"), -0.0, float("inf")])],
+        "arrays": (rng.standard_normal((3, 2)).astype(np.float32), np.arange(10)[::3],
+                   np.array(["ab", "c"]), np.zeros((2, 0)), np.array(7, dtype=np.uint16),
+                   np.array([(1, 2.5)], dtype=[("a", "<i4"), ("b", "<f8")])),
+        "scalars": [np.float32(1.5), np.int64(-3), np.bool_(True)],
+        "plain": {"step": 12, "lr": 0.1 + 0.2, "name": "gcn \u00e9", "none": None, "flag": False,
+                  "big": 2 ** 80, "nan": float("nan"), "bytes": b"\x00\xff", 3: "int key",
+                  (1, "a"): "tuple key", "torch": (torch.float16, torch.Size([2, 3]),
+                                                   torch.device("cpu"))},
+        "ordered": OrderedDict(b=1, a=2),
+    }
+
+
+def test_round_trip_is_bit_exact(tmp_path):
+    state = nested_state()
+    shared = {"partition": np.arange(20) % 3, "config": {"hidden": 16}}
+    checkpoints = make(tmp_path / "run")
+    checkpoints.save(5, state, shared=shared)
+    assert checkpoints.wait() == 5
+    loaded = checkpoints.load()
+    assert isinstance(loaded, Checkpoint)
+    assert (loaded.step, loaded.ranks_saved, loaded.nodes) == (5, 1, None)
+    assert_same(state, loaded.shard)
+    assert_same(shared, loaded.shared)
+    assert loaded.shard["model"]._metadata == state["model"]._metadata
+    assert isinstance(loaded.shard["tensors"][9], torch.nn.Parameter)
+    # The loaded state restores a model, an optimizer and the generators.
+    model, optimizer = training_state(seed=1)
+    model.load_state_dict(loaded.shard["model"])
+    optimizer.load_state_dict(loaded.shard["optimizer"])
+    np.random.seed(0)
+    np.random.set_state(loaded.shard["rng"]["numpy"])
+    random.setstate(loaded.shard["rng"]["python"])
+    torch.set_rng_state(loaded.shard["rng"]["torch"])
+
+
+def test_rng_states_round_trip(tmp_path):
+    checkpoints = make(tmp_path)
+    checkpoints.save(0, {"rng": ckpt.rng_states()}, blocking=True)
+    expected = (random.random(), np.random.rand(), torch.rand(1).item())
+    ckpt.restore_rng_states(checkpoints.load().shard["rng"])
+    assert (random.random(), np.random.rand(), torch.rand(1).item()) == expected
+
+
+def test_save_returns_before_writing_and_copies_the_state(tmp_path, monkeypatch):
+    release, writing = threading.Event(), threading.Event()
+    original = ckpt._write_atomic
+
+    def held_write(path, chunks, threads=1):
+        writing.set()
+        assert release.wait(10)
+        return original(path, chunks, threads)
+
+    checkpoints = make(tmp_path)
+    monkeypatch.setattr(ckpt, "_write_atomic", held_write)
+    weights = torch.arange(6, dtype=torch.float32)
+    array = np.ones(4)
+    state = {"w": weights, "a": array, "items": [1, 2], "step": 3}
+    checkpoints.save(1, state)
+    assert writing.wait(10)  # save() returned while the file is still being written
+    assert not os.path.exists(tmp_path / "step-000000001" / "manifest.json")
+    weights.add_(100)
+    array[:] = -1
+    state["items"].append(3)
+    state["step"] = 4
+    release.set()
+    checkpoints.wait()
+    loaded = checkpoints.load().shard
+    assert torch.equal(loaded["w"], torch.arange(6, dtype=torch.float32))
+    assert np.array_equal(loaded["a"], np.ones(4))
+    assert loaded["items"] == [1, 2] and loaded["step"] == 3
+
+
+def test_wait_commits_a_manifest_of_verified_files(tmp_path):
+    checkpoints = make(tmp_path, fingerprint={"dataset": "cora"})
+    checkpoints.save(7, {"w": torch.ones(3)}, shared={"s": 1},
+                     nodes={"node_ids": np.arange(4), "h": np.zeros((4, 2))})
+    checkpoints.wait()
+    step_dir = tmp_path / "step-000000007"
+    manifest = json.loads((step_dir / "manifest.json").read_text())
+    assert sorted(manifest["files"]) == ["nodes-00000.ckpt", "rank-00000.ckpt", "shared.ckpt"]
+    assert manifest["step"] == 7 and manifest["ranks"] == 1
+    assert manifest["fingerprint"] == {"dataset": "cora"}
+    for name, entry in manifest["files"].items():
+        data = (step_dir / name).read_bytes()
+        assert entry == {"bytes": len(data), "sha256": [[len(data),
+                                                         hashlib.sha256(data).hexdigest()]]}
+    assert sorted(os.listdir(step_dir)) == sorted([*manifest["files"], "manifest.json"])
+    assert sorted(os.listdir(tmp_path)) == ["CHECKPOINTS", "step-000000007"]  # no temporaries
+    assert checkpoints.steps() == [7] and checkpoints.latest() == 7
+
+
+def test_blocking_save_is_committed_on_return(tmp_path):
+    checkpoints = make(tmp_path)
+    checkpoints.save(0, {"w": torch.ones(2)}, blocking=True)
+    assert (tmp_path / "step-000000000" / "manifest.json").is_file()
+    assert checkpoints.wait() is None
+
+
+def test_keep_last_k(tmp_path):
+    checkpoints = make(tmp_path, keep=2)
+    for step in (1, 3, 5):
+        checkpoints.save(step, {"step": step})
+    checkpoints.wait()
+    assert checkpoints.steps() == [3, 5]
+    checkpoints.save(8, {"step": 8})
+    # Step 8 is being written: the older ones go only once it is committed.
+    assert checkpoints.steps() == [3, 5]
+    checkpoints.wait()
+    assert checkpoints.steps() == [5, 8]
+    checkpoints.close()  # and the files of the older ones are deleted
+    assert checkpoints.steps() == [5, 8]
+    assert sorted(os.listdir(tmp_path)) == ["CHECKPOINTS", "step-000000005", "step-000000008"]
+    with make(tmp_path, keep=None) as everything:
+        for step in (9, 10, 11):
+            everything.save(step, {})
+    assert make(tmp_path).steps() == [5, 8, 9, 10, 11]
+
+
+def save_three(directory, **kwargs):
+    checkpoints = make(directory, **kwargs)
+    for step in (1, 2, 3):
+        checkpoints.save(step, {"step": step, "w": torch.full((1000,), float(step))},
+                         shared={"s": step})
+    checkpoints.wait()
+    return checkpoints
+
+
+@pytest.mark.parametrize("damage, message", [
+    ("truncate", "rank-00000.ckpt has 3 bytes but the manifest says"),
+    ("flip", "rank-00000.ckpt does not match its SHA-256 checksum"),
+    ("delete", "rank-00000.ckpt is missing"),
+    ("shared", "shared.ckpt does not match its SHA-256 checksum"),
+    ("manifest", "manifest.json does not match its own checksum"),
+    ("torn", "manifest.json is missing (an interrupted save)"),
+])
+def test_damaged_newest_checkpoint_falls_back_with_a_warning(tmp_path, damage, message):
+    checkpoints = save_three(tmp_path)
+    step_dir = tmp_path / "step-000000003"
+    shard = step_dir / "rank-00000.ckpt"
+    if damage == "truncate":
+        shard.write_bytes(shard.read_bytes()[:3])
+    elif damage == "flip":
+        data = bytearray(shard.read_bytes())
+        data[len(data) // 2] ^= 0x10
+        shard.write_bytes(bytes(data))
+    elif damage == "delete":
+        shard.unlink()
+    elif damage == "shared":
+        data = bytearray((step_dir / "shared.ckpt").read_bytes())
+        data[-1] ^= 1
+        (step_dir / "shared.ckpt").write_bytes(bytes(data))
+    elif damage == "manifest":
+        manifest = json.loads((step_dir / "manifest.json").read_text())
+        manifest["files"]["rank-00000.ckpt"]["bytes"] += 1
+        (step_dir / "manifest.json").write_text(json.dumps(manifest))
+    else:
+        (step_dir / "manifest.json").unlink()
+    with pytest.warns(UserWarning, match="step 3 in .* is damaged") as caught:
+        loaded = checkpoints.load()
+    assert message in str(caught[0].message) and "loading step 2 instead" in str(
+        caught[0].message)
+    assert loaded.step == 2 and loaded.shared == {"s": 2}
+    assert torch.equal(loaded.shard["w"], torch.full((1000,), 2.0))
+    if damage == "torn":
+        assert checkpoints.steps() == [1, 2]  # a checkpoint without a manifest does not exist
+    else:
+        # The damaged step can be saved again (the damaged copy is moved aside).
+        checkpoints.save(3, {"step": 3, "w": torch.zeros(2)}, blocking=True)
+        assert checkpoints.load().step == 3
+
+
+def test_every_checkpoint_damaged_or_none_is_a_clear_error(tmp_path):
+    checkpoints = save_three(tmp_path)
+    for step in (1, 2, 3):
+        path = tmp_path / f"step-{step:09d}" / "rank-00000.ckpt"
+        path.write_bytes(path.read_bytes()[:-1])
+    with pytest.raises(ValueError, match=f"no usable checkpoint in {tmp_path}: step 3: "
+                                         "rank-00000.ckpt has"):
+        checkpoints.load()
+    with pytest.raises(ValueError, match="step 2: rank-00000.ckpt has"):
+        checkpoints.load(step=2)  # no fallback from an explicit step
+    with pytest.raises(FileNotFoundError, match="no checkpoint of step 9 in"):
+        checkpoints.load(step=9)
+    with pytest.raises(FileNotFoundError, match=f"no checkpoint in {tmp_path / 'empty'}"):
+        make(tmp_path / "empty").load()
+
+
+def test_fingerprint_of_another_run(tmp_path):
+    make(tmp_path / "a", fingerprint={"dataset": "cora", "seed": 0, "model": "gcn"})
+    make(tmp_path / "a", fingerprint={"dataset": "cora", "seed": 0, "model": "gcn"})
+    with pytest.raises(ValueError, match=r"another run .*'model' \(saved 'gcn', given 'gat'\), "
+                                         r"'seed' \(saved 0, given 1\)"):
+        make(tmp_path / "a", fingerprint={"dataset": "cora", "seed": 1, "model": "gat"})
+    # A directory made without a fingerprint: the manifests' fingerprints are checked on load.
+    make(tmp_path / "b")
+    make(tmp_path / "b", fingerprint={"seed": 0}).save(1, {}, blocking=True)
+    with pytest.raises(ValueError, match=r"step 1\): the fingerprint differs in 'lr' \(saved "
+                                         r"<absent>, given 0.1\), 'seed'"):
+        make(tmp_path / "b", fingerprint={"seed": 2, "lr": 0.1}).load()
+    assert make(tmp_path / "b").load().step == 1
+    with pytest.raises(TypeError, match="fingerprint must be a dict of JSON values"):
+        make(tmp_path / "c", fingerprint={"x": object()})
+
+
+def test_bad_arguments_are_clear_errors(tmp_path):
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(NotADirectoryError, match="is a file"):
+        make(tmp_path / "file")
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("x")
+    with pytest.raises(ValueError, match="is not a checkpoint directory .*'notes.txt'"):
+        make(tmp_path / "other")
+    with pytest.raises(ValueError, match="keep must be at least 1"):
+        make(tmp_path / "k", keep=0)
+    with pytest.raises(TypeError, match="keep must be a positive int"):
+        make(tmp_path / "k", keep="3")
+    checkpoints = make(tmp_path / "run")
+    for step, kind in ((-1, ValueError), (1.5, TypeError), (True, TypeError), ("3", TypeError)):
+        with pytest.raises(kind, match="step must be a non-negative int"):
+            checkpoints.save(step, {})
+    checkpoints.save(np.int64(4), {}, blocking=True)
+    with pytest.raises(FileExistsError, match="checkpoint step 4 already exists"):
+        checkpoints.save(4, {})
+    with pytest.raises(TypeError, match=r"shard\['a'\]\[1\] is a builtins.object"):
+        checkpoints.save(5, {"a": [1, object()]})
+    with pytest.raises(TypeError, match=r"shared\['x'\] is a NumPy array of dtype object"):
+        checkpoints.save(5, {}, shared={"x": np.array([None])})
+    with pytest.raises(TypeError, match=r"shard\['s'\] is a torch.sparse_coo tensor"):
+        checkpoints.save(5, {"s": torch.eye(2).to_sparse()})
+    with pytest.raises(TypeError, match=r"shard has a key of type frozenset"):
+        checkpoints.save(5, {frozenset(): 1})
+    loop = []
+    loop.append(loop)
+    with pytest.raises(TypeError, match=r"shard\[0\] contains itself"):
+        checkpoints.save(5, loop)
+    with pytest.raises(ValueError, match=r"nodes\['h'\] has shape \(2, 3\) but there are 3 node"):
+        checkpoints.save(5, {}, nodes={"node_ids": np.arange(3), "h": np.zeros((2, 3))})
+    with pytest.raises(ValueError, match="repeated ids"):
+        checkpoints.save(5, {}, nodes={"node_ids": np.array([1, 1])})
+    with pytest.raises(TypeError, match="1-D array of integer node ids"):
+        checkpoints.save(5, {}, nodes={"node_ids": np.zeros(2)})
+    assert checkpoints.steps() == [4]  # nothing was half-saved
+    checkpoints.save(5, {}, blocking=True)
+    assert checkpoints.steps() == [4, 5]
+
+
+def test_a_failed_background_write_surfaces(tmp_path, monkeypatch):
+    def failing_write(path, chunks, threads=1):
+        raise OSError(28, "No space left on device")
+
+    checkpoints = make(tmp_path)
+    monkeypatch.setattr(ckpt, "_write_atomic", failing_write)
+    checkpoints.save(1, {"w": torch.ones(3)})
+    with pytest.raises(OSError, match="No space left") as caught:
+        checkpoints.wait()
+    assert any("saving checkpoint step 1" in note for note in caught.value.__notes__)
+    checkpoints.save(2, {"w": torch.ones(3)})  # the next save() raises it too
+    with pytest.raises(OSError, match="No space left"):
+        checkpoints.save(3, {"w": torch.ones(3)})
+    assert checkpoints.steps() == []
+    monkeypatch.undo()
+    checkpoints.save(2, {"w": torch.ones(3)})  # the failed save's leftovers are replaced
+    checkpoints.close()
+    assert checkpoints.steps() == [2] and checkpoints.load().step == 2
+    assert sorted(os.listdir(tmp_path)) == ["CHECKPOINTS", "step-000000002"]
+
+
+def split_nodes(ids_by_part, features, labels):
+    return [{"node_ids": ids, "h": features[ids], "y": torch.from_numpy(labels[ids])}
+            for ids in ids_by_part]
+
+
+def test_gather_node_rows_by_global_id():
+    rng = np.random.default_rng(0)
+    n = 40
+    features = rng.standard_normal((n, 3)).astype(np.float32)
+    labels = rng.integers(0, 5, n)
+    parts = split_nodes(np.array_split(rng.permutation(n), 3), features, labels)
+    parts.insert(1, {"node_ids": np.zeros(0, np.int64), "h": np.zeros((0, 3), np.float32),
+                     "y": torch.zeros(0, dtype=torch.int64)})  # a rank without nodes
+    for wanted in (np.arange(n)[::-1], rng.permutation(n)[:17], np.zeros(0, np.int64),
+                   torch.tensor([5, 5, 0])):
+        rows = ckpt.gather_node_rows(wanted, parts)
+        ids = np.asarray(wanted)
+        assert np.array_equal(rows["node_ids"], ids)
+        assert rows["h"].dtype == np.float32 and np.array_equal(rows["h"], features[ids])
+        assert torch.equal(rows["y"], torch.from_numpy(labels[ids]))
+    with pytest.raises(ValueError, match=r"2 of the 3 node ids are in no part, e.g. \[40, 99\]"):
+        ckpt.gather_node_rows([40, 1, 99], parts)
+    with pytest.raises(ValueError, match="node 3 is held by more than one part"):
+        ckpt.gather_node_rows([3], parts + [parts[0]])
+    with pytest.raises(ValueError, match="different per-node arrays"):
+        ckpt.gather_node_rows([3], parts + [{"node_ids": np.array([50])}])
+
+
+def test_per_node_state_loads_by_node_id(tmp_path):
+    n = 30
+    features = np.arange(n * 2, dtype=np.float64).reshape(n, 2)
+    order = np.random.default_rng(3).permutation(n)
+    checkpoints = make(tmp_path)
+    checkpoints.save(1, {}, nodes={"node_ids": order, "h": features[order],
+                                   "m": torch.from_numpy(features[order]).float()})
+    loaded = checkpoints.load()
+    assert np.array_equal(loaded.nodes["node_ids"], order)
+    assert np.array_equal(loaded.nodes["h"], features[order])
+    wanted = np.array([29, 0, 7, 3])
+    loaded = checkpoints.load(node_ids=wanted)
+    assert np.array_equal(loaded.nodes["h"], features[wanted])
+    assert torch.equal(loaded.nodes["m"], torch.from_numpy(features[wanted]).float())
+    with pytest.raises(ValueError, match=r"step 1 in .*: 1 of the 2 node ids are in no part"):
+        checkpoints.load(node_ids=[1, 30])
+
+
+def test_the_next_save_commits_the_previous_one(tmp_path):
+    checkpoints = make(tmp_path)
+    checkpoints.save(1, {"w": torch.ones(2)})
+    checkpoints.save(2, {"w": torch.ones(2)})   # commits step 1 in its background thread
+    while checkpoints.writing:
+        threading.Event().wait(0.001)
+    assert checkpoints.steps() == [1]
+    with pytest.raises(TypeError, match="builtins.object"):
+        checkpoints.save(3, {"w": object()})   # a failing save still commits step 2
+    assert checkpoints.steps() == [1, 2]
+    checkpoints.save(3, {"w": torch.zeros(2)})
+    assert checkpoints.load().step == 3   # load() commits first

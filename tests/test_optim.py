@@ -1,0 +1,281 @@
+"""Lion against lion-pytorch, the compressed vote formats against plain loops, and
+`DistributedLion` on one rank (the mpiexec runs are in test_optim_mpi.py)."""
+import copy
+
+import numpy as np
+import pytest
+import torch
+
+from pysparse_hpc.optim import COMPRESSIONS, DistributedLion, Lion, bytes_per_step
+from pysparse_hpc.optim import _votes
+
+from .reference import reference_lion_agreement
+
+
+def _mlp(seed=0, dtype=torch.float64):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(6, 9), torch.nn.Tanh(),
+                               torch.nn.Linear(9, 3)).to(dtype)
+
+
+def _train(model, optimizer, steps, seed=1):
+    generator = torch.Generator().manual_seed(seed)
+    dtype = next(model.parameters()).dtype
+    for _ in range(steps):
+        x = torch.randn(16, 6, generator=generator, dtype=dtype)
+        target = torch.randn(16, 3, generator=generator, dtype=dtype)
+        optimizer.zero_grad()
+        torch.nn.functional.mse_loss(model(x), target).backward()
+        optimizer.step()
+    return [p.detach().clone() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("weight_decay", [0.0, 0.3])
+def test_lion_equals_lion_pytorch_after_100_steps(weight_decay):
+    lion_pytorch = pytest.importorskip("lion_pytorch")
+    theirs, ours = _mlp(), _mlp()
+    expected = _train(theirs, lion_pytorch.Lion(theirs.parameters(), lr=1e-3,
+                                                weight_decay=weight_decay), 100)
+    got = _train(ours, Lion(ours.parameters(), lr=1e-3, weight_decay=weight_decay), 100)
+    for e, g in zip(expected, got):
+        torch.testing.assert_close(g, e, rtol=0, atol=1e-12)
+
+
+def test_lion_defaults_groups_and_state_dict_resume():
+    model = _mlp()
+    optimizer = Lion([{"params": model[0].parameters(), "lr": 1e-2},
+                      {"params": model[2].parameters()}])
+    assert optimizer.defaults == dict(lr=1e-4, betas=(0.9, 0.99), weight_decay=0.0)
+    _train(model, optimizer, 3)
+    assert set(optimizer.state[model[0].weight]) == {"exp_avg"}
+    resumed_model = copy.deepcopy(model)
+    resumed = Lion([{"params": resumed_model[0].parameters(), "lr": 1e-2},
+                    {"params": resumed_model[2].parameters()}])
+    resumed.load_state_dict(copy.deepcopy(optimizer.state_dict()))  # as if from a file
+    expected = _train(model, optimizer, 4, seed=5)
+    got = _train(resumed_model, resumed, 4, seed=5)
+    for e, g in zip(expected, got):
+        assert torch.equal(e, g)
+
+
+def test_lion_skips_parameters_without_gradient_and_zero_direction_stays():
+    model = _mlp()
+    frozen = model[2].weight.detach().clone()
+    optimizer = Lion(model[0].parameters(), lr=0.1)
+    model(torch.ones(2, 6, dtype=torch.float64)).sum().backward()
+    model[0].bias.grad.zero_()
+    bias = model[0].bias.detach().clone()
+    optimizer.step()
+    assert torch.equal(model[2].weight, frozen)
+    assert torch.equal(model[0].bias, bias)  # sign(0) = 0: no move without weight decay
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(lr=0.0), "lr must be"), (dict(lr=-1.0), "lr must be"),
+    (dict(betas=(0.9, 1.5)), "betas must be"), (dict(betas=(0.9,)), "betas must be"),
+    (dict(weight_decay=-1.0), "weight_decay must be"),
+])
+def test_lion_rejects_bad_hyperparameters(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        Lion(_mlp().parameters(), **kwargs)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(compression="bf16"), "compression must be"),
+    (dict(momentum_sync="sometimes"), "momentum_sync must be"),
+    (dict(compression="none", momentum_sync="always"), "must be 'local'"),
+    (dict(sync_doubling=0), "sync_doubling must be"),
+])
+def test_distributed_lion_rejects_bad_modes(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        DistributedLion(_mlp().parameters(), **kwargs)
+
+
+# ---------------------------------------------------------------- wire formats
+@pytest.mark.parametrize("ranks, bits", [(1, 1), (2, 2), (3, 2), (4, 3), (7, 3), (8, 4),
+                                         (255, 8), (256, 9)])
+def test_field_bits_hold_every_count(ranks, bits):
+    assert _votes.field_bits(ranks) == bits
+    assert ranks <= 2 ** bits - 1
+
+
+@pytest.mark.parametrize("ranks", [1, 2, 3, 4, 5, 7, 8])
+@pytest.mark.parametrize("size", [1, 7, 64, 65, 200])
+def test_vote_formats_count_the_votes(ranks, size):
+    rng = np.random.default_rng(ranks * 1000 + size)
+    directions = [rng.standard_normal(size).astype(np.float32) for _ in range(ranks)]
+    directions[0][::5] = 0.0  # exact zeros vote -1
+    expected = reference_lion_agreement(directions, [size], "votes")
+
+    gathered = np.stack([_votes.pack_signs(c) for c in directions])
+    assert gathered.shape == (ranks, -(-size // 8))
+    plus = _votes.count_packed_signs(gathered, size)
+    np.testing.assert_array_equal(_votes.majority(plus, ranks), expected)
+
+    bits = _votes.field_bits(ranks)
+    words = sum(_votes.pack_vote_fields(c, bits) for c in directions)  # an integer SUM
+    assert words.dtype == np.uint64 and words.size == -(-size // (64 // bits))
+    np.testing.assert_array_equal(_votes.count_vote_fields(words, bits, size), plus)
+
+
+@pytest.mark.parametrize("ranks", [1, 2, 3, 5])
+def test_int8_levels_sum_without_overflow_and_match_the_reference(ranks):
+    rng = np.random.default_rng(ranks)
+    sizes = [13, 1, 30]
+    directions = [rng.standard_normal(sum(sizes)) * 10.0 ** rng.integers(-3, 3)
+                  for _ in range(ranks)]
+    directions[-1][13] = 0.0  # a one-element tensor that is zero: no vote
+    offsets = np.concatenate([[0], np.cumsum(sizes)])
+    levels = [_votes.quantize_int8(c, offsets, ranks) for c in directions]
+    bound = _votes.int8_levels(ranks)
+    assert all(np.abs(q).max() <= bound for q in levels)
+    total = np.sum(levels, axis=0, dtype=np.int64)
+    assert np.abs(total).max() <= 127
+    np.testing.assert_array_equal(np.sign(total),
+                                  reference_lion_agreement(directions, sizes, "int8"))
+
+
+def test_one_bit_combine_breaks_ties_by_parity():
+    mine, theirs = np.packbits([1, 0] * 8), np.packbits([0, 1] * 8)
+    combined = np.unpackbits(_votes.combine_one_bit(mine, theirs))
+    np.testing.assert_array_equal(combined, [0, 1] * 8)
+    agree = np.packbits([1, 1, 0, 0, 1, 0, 1, 0])
+    np.testing.assert_array_equal(_votes.combine_one_bit(agree, agree), agree)
+
+
+@pytest.mark.parametrize("compression, ranks, rank, expected", [
+    ("none", 2, 0, 4000), ("none", 1, 0, 0), ("signs", 2, 0, 125), ("signs", 3, 1, 250),
+    ("votes", 2, 0, 8 * 32), ("votes", 3, 0, 8 * 32), ("votes", 4, 0, 8 * 48),
+    ("int8", 3, 2, 1000), ("1bit", 2, 0, 125), ("1bit", 3, 0, 250), ("1bit", 3, 1, 125),
+    ("1bit", 3, 2, 125), ("1bit", 4, 3, 250),
+])
+def test_bytes_per_step_formulas(compression, ranks, rank, expected):
+    assert bytes_per_step(compression, 1000, ranks, rank=rank) == expected
+
+
+# ---------------------------------------------------------------- one rank
+@pytest.mark.parametrize("compression", COMPRESSIONS)
+def test_distributed_lion_on_one_rank_is_lion_where_no_direction_is_zero(compression):
+    reference, model = _mlp(), _mlp()
+    expected = _train(reference, Lion(reference.parameters(), lr=1e-3, weight_decay=0.1), 20)
+    optimizer = DistributedLion(model.parameters(), lr=1e-3, weight_decay=0.1,
+                                compression=compression)
+    got = _train(model, optimizer, 20)
+    assert optimizer.steps_taken == 20
+    if compression == "int8":
+        # Levels below half a step of mean|c| / 63.5 round to 0 and do not move: nearly all
+        # coordinates match, the rest differ by whole steps of lr.
+        moved = sum(int((e != g).sum()) for e, g in zip(expected, got))
+        assert moved <= 0.1 * sum(e.numel() for e in expected)
+        return
+    for e, g in zip(expected, got):
+        torch.testing.assert_close(g, e, rtol=0, atol=1e-12)
+
+
+class _TwinComm:
+    """A two-rank communicator whose other rank holds what this one holds."""
+    rank, size = 0, 2
+
+    def Allreduce(self, buffer, op="sum", kind=None):
+        buffer *= 2
+        return buffer
+
+
+def test_growing_momentum_sync_schedule():
+    model = _mlp()
+    optimizer = DistributedLion(model.parameters(), comm=_TwinComm(), compression="int8",
+                                momentum_sync="growing", sync_doubling=2)
+    synced_at = []
+    for step in range(1, 30):
+        before = optimizer.momentum_syncs
+        _train(model, optimizer, 1, seed=step)
+        if optimizer.momentum_syncs > before:
+            synced_at.append(step)
+    # gaps floor(2 ** (j / 2)) after the j-th sync: 1, 2, 2, 4, 5, 8, 11
+    assert synced_at == [1, 2, 4, 6, 10, 15, 23]
+    state = optimizer.state_dict()
+    resumed = DistributedLion(_mlp().parameters(), comm=_TwinComm(), compression="int8",
+                              momentum_sync="growing", sync_doubling=2)
+    resumed.load_state_dict(state)
+    assert (resumed.steps_taken, resumed.momentum_syncs, resumed._next_sync) == \
+        (29, 7, 34)
+
+
+# ---------------------------------------------------------------- in the trainer
+def _cora():
+    import pysparse_hpc as sph
+    from pysparse_hpc.nn.train import node_tensors
+    cora = sph.datasets.load("cora")
+    return cora, node_tensors(cora)
+
+
+@pytest.mark.parametrize("compression", ["none", "int8"])
+def test_fit_with_lion_trains(compression):
+    from pysparse_hpc.nn import models
+    from pysparse_hpc.nn.train import fit
+    cora, (x, y, *masks) = _cora()
+    torch.manual_seed(0)
+    result = fit(models.GCN(x.shape[1], 16, cora.num_classes), x, cora.adj, y, masks,
+                 epochs=30, progress=False, optimizer="lion", compression=compression)
+    assert result.losses[-1] < 0.8 * result.losses[0] and result.val_accuracy > 0.5
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(optimizer="sgd"), "optimizer must be one of"),
+    (dict(compression="votes"), "apply to optimizer='lion'"),
+    (dict(optimizer="lion", preconditioner="kfac"), "takes none"),
+    (dict(optimizer="lion", compression="zip"), "compression must be one of"),
+])
+def test_fit_rejects_bad_optimizer_settings(kwargs, message):
+    from pysparse_hpc.nn import models
+    from pysparse_hpc.nn.train import fit
+    cora, (x, y, *masks) = _cora()
+    with pytest.raises(ValueError, match=message):
+        fit(models.GCN(x.shape[1], 4, cora.num_classes), x, cora.adj, y, masks, epochs=1,
+            progress=False, **kwargs)
+
+
+class _NanInEpoch(torch.nn.Module):
+    def __init__(self, model, epoch):
+        super().__init__()
+        self.model, self.epoch, self.calls = model, epoch, 0
+
+    def forward(self, x, adj):
+        out = self.model(x, adj)
+        if self.training:
+            out = out * float("nan") if self.calls == self.epoch else out
+            self.calls += 1
+        return out
+
+
+@pytest.mark.parametrize("optimizer", ["adam", "lion"])
+def test_fit_skips_a_nonfinite_step_and_says_so(optimizer):
+    from pysparse_hpc.nn import models
+    from pysparse_hpc.nn.train import fit
+    cora, (x, y, *masks) = _cora()
+    torch.manual_seed(0)
+    model = _NanInEpoch(models.GCN(x.shape[1], 8, cora.num_classes), epoch=2)
+    with pytest.warns(RuntimeWarning, match="epoch 3: non-finite loss or gradient on rank 0"):
+        result = fit(model, x, cora.adj, y, masks, epochs=5, progress=False,
+                     optimizer=optimizer)
+    assert result.skipped_epochs == [2] and np.isnan(result.losses[2])
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+    assert np.isfinite(result.losses[4])
+
+    torch.manual_seed(0)
+    model = _NanInEpoch(models.GCN(x.shape[1], 8, cora.num_classes), epoch=2)
+    result = fit(model, x, cora.adj, y, masks, epochs=4, progress=False, optimizer=optimizer,
+                 skip_nonfinite=False)
+    assert result.skipped_epochs == []
+    if optimizer == "adam":  # NaN weights. Lion's momentum turns NaN instead, and
+        assert not np.isfinite(result.losses[3])  # sign(NaN) = 0 stops it silently.
+
+
+def test_train_command_with_lion(capsys):
+    from pysparse_hpc.__main__ import main
+    assert main(["train", "--optimizer", "lion", "--epochs", "3", "--no-progress"]) == 0
+    assert "Lion (none compression)" in capsys.readouterr().out
+    for bad in (["--compression", "votes"], ["--optimizer", "lion", "--momentum-sync", "always"]):
+        with pytest.raises(SystemExit):
+            main(["train", "--no-progress", *bad])
+    assert "need --optimizer lion" in capsys.readouterr().err
