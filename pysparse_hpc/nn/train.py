@@ -197,7 +197,7 @@ def fit(model, x, adj, y, masks, *, epochs=200, lr=0.01, weight_decay=5e-4, prog
     run = _Progress()
     saved = _Saved(model, step_optimizer, maker, run)
     if resume_from is not None:
-        saved.restore(resume_from, graph)
+        saved.restore(resume_from)
     if isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, int) \
             or checkpoint_every < 1:
         raise ValueError(f"checkpoint_every must be a positive int, got {checkpoint_every!r}")
@@ -291,9 +291,9 @@ class _Saved:
         checkpointer.save(self.progress.epochs_done, own,
                           shared=shared if checkpointer.comm.rank == 0 else None)
 
-    def restore(self, checkpoint, graph):
+    def restore(self, checkpoint):
         from ..distributed.checkpoint import restore_rng_states
-        shared = checkpoint.shared
+        shared = checkpoint.shared or {}
         missing = {"model", "progress", "optimizer", "rng"} - set(shared)
         if missing:
             raise ValueError(f"checkpoint {checkpoint.path} is not one of fit's: it lacks "

@@ -1,0 +1,91 @@
+"""Checkpointed training in one process: resuming is bit for bit, and a directory, a
+checkpoint or a command that does not fit the run is refused with a clear error (the mpiexec
+runs, a killed rank included, are in test_resume_mpi.py)."""
+import warnings
+
+import pytest
+import torch
+
+from pysparse_hpc.__main__ import main
+from pysparse_hpc.distributed import Checkpointer
+from pysparse_hpc.distributed.training import train
+
+OPTIONS = dict(progress=False, dtype="float64")
+
+
+def test_resume_continues_bit_for_bit_and_a_finished_run_trains_nothing(tmp_path):
+    whole = train("cora", "gcn", epochs=6, **OPTIONS)
+    train("cora", "gcn", epochs=3, checkpoint=tmp_path, checkpoint_every=2, **OPTIONS)
+    assert Checkpointer(tmp_path).steps() == [2, 3]  # every 2 epochs, and the last
+    resumed = train("cora", "gcn", epochs=6, checkpoint=tmp_path, resume=True, **OPTIONS)
+    assert resumed.resumed_after == 3 and resumed.losses == whole.losses
+    assert resumed.test_accuracy == whole.test_accuracy
+    finished = train("cora", "gcn", epochs=6, checkpoint=tmp_path, resume=True, **OPTIONS)
+    assert finished.resumed_after == 6 and finished.losses == whole.losses
+
+
+def test_resume_skips_a_corrupt_newest_checkpoint(tmp_path):
+    whole = train("cora", "gcn", epochs=6, **OPTIONS)
+    train("cora", "gcn", epochs=4, checkpoint=tmp_path, checkpoint_every=2, **OPTIONS)
+    shard = tmp_path / "step-000000004" / "shared.ckpt"
+    data = bytearray(shard.read_bytes())
+    data[-10] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    with pytest.warns(UserWarning, match="step 4 .* damaged: shared.ckpt .* loading step 2"):
+        resumed = train("cora", "gcn", epochs=6, checkpoint=tmp_path, resume=True, **OPTIONS)
+    assert resumed.resumed_after == 2 and resumed.losses == whole.losses
+
+
+def test_resume_without_a_checkpoint_starts_from_the_beginning(tmp_path):
+    result = train("cora", "gcn", epochs=2, checkpoint=tmp_path / "new", resume=True,
+                   **OPTIONS)
+    assert result.resumed_after is None and len(result.losses) == 2
+
+
+def test_a_run_that_does_not_match_is_refused(tmp_path):
+    train("cora", "gcn", epochs=2, checkpoint=tmp_path, **OPTIONS)
+    with pytest.raises(ValueError, match="holds checkpoints .* resume"):
+        train("cora", "gcn", epochs=4, checkpoint=tmp_path, **OPTIONS)
+    with pytest.raises(ValueError, match="'seed'"):
+        train("cora", "gcn", epochs=4, checkpoint=tmp_path, resume=True, seed=1, **OPTIONS)
+    with pytest.raises(ValueError, match="'model'"):
+        train("cora", "gat", epochs=4, checkpoint=tmp_path, resume=True, **OPTIONS)
+    with pytest.raises(ValueError, match="needs a checkpoint directory"):
+        train("cora", "gcn", epochs=4, resume=True, **OPTIONS)
+
+
+def test_fit_refuses_a_checkpoint_of_another_model(tmp_path):
+    import pysparse_hpc as sph
+    from pysparse_hpc.nn import models
+    from pysparse_hpc.nn.train import fit, node_tensors
+    cora = sph.datasets.load("cora")
+    x, y, *masks = node_tensors(cora)
+    with Checkpointer(tmp_path) as checkpoints:
+        fit(models.GCN(x.shape[1], 16, cora.num_classes), x, cora.adj, y, masks, epochs=1,
+            progress=False, checkpointer=checkpoints)
+        saved = checkpoints.load()
+    with pytest.raises(ValueError, match="holds another model"):
+        fit(models.GCN(x.shape[1], 32, cora.num_classes), x, cora.adj, y, masks, epochs=2,
+            progress=False, resume_from=saved)
+    with Checkpointer(tmp_path / "other") as checkpoints:
+        checkpoints.save(1, {"weights": torch.zeros(3)}, blocking=True)
+        foreign = checkpoints.load()
+    with pytest.raises(ValueError, match="is not one of fit's"):
+        fit(models.GCN(x.shape[1], 16, cora.num_classes), x, cora.adj, y, masks, epochs=2,
+            progress=False, resume_from=foreign)
+
+
+def test_train_command_checkpoints_and_resumes(tmp_path, capsys):
+    directory = str(tmp_path / "run")
+    assert main(["train", "--epochs", "2", "--no-progress", "--checkpoint", directory]) == 0
+    assert main(["train", "--epochs", "3", "--no-progress", "--checkpoint", directory,
+                 "--resume"]) == 0
+    out = capsys.readouterr().out
+    assert "resumed from the checkpoint after epoch 2" in out and "test accuracy" in out
+    assert main(["train", "--epochs", "3", "--no-progress", "--checkpoint", directory]) == 2
+    assert "holds checkpoints" in capsys.readouterr().err
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for bad in (["--resume"], ["--checkpoint", directory, "--checkpoint-every", "0"]):
+            with pytest.raises(SystemExit):
+                main(["train", "--no-progress", *bad])
