@@ -9,6 +9,7 @@ import torch
 from pysparse_hpc.optim import COMPRESSIONS, DistributedLion, Lion, bytes_per_step
 from pysparse_hpc.optim import _votes
 
+from .faults import NanInEpoch
 from .reference import reference_lion_agreement
 
 
@@ -235,26 +236,13 @@ def test_fit_rejects_bad_optimizer_settings(kwargs, message):
             progress=False, **kwargs)
 
 
-class _NanInEpoch(torch.nn.Module):
-    def __init__(self, model, epoch):
-        super().__init__()
-        self.model, self.epoch, self.calls = model, epoch, 0
-
-    def forward(self, x, adj):
-        out = self.model(x, adj)
-        if self.training:
-            out = out * float("nan") if self.calls == self.epoch else out
-            self.calls += 1
-        return out
-
-
 @pytest.mark.parametrize("optimizer", ["adam", "lion"])
 def test_fit_skips_a_nonfinite_step_and_says_so(optimizer):
     from pysparse_hpc.nn import models
     from pysparse_hpc.nn.train import fit
     cora, (x, y, *masks) = _cora()
     torch.manual_seed(0)
-    model = _NanInEpoch(models.GCN(x.shape[1], 8, cora.num_classes), epoch=2)
+    model = NanInEpoch(models.GCN(x.shape[1], 8, cora.num_classes), epoch=2)
     with pytest.warns(RuntimeWarning, match="epoch 3: non-finite loss or gradient on rank 0"):
         result = fit(model, x, cora.adj, y, masks, epochs=5, progress=False,
                      optimizer=optimizer)
@@ -263,7 +251,7 @@ def test_fit_skips_a_nonfinite_step_and_says_so(optimizer):
     assert np.isfinite(result.losses[4])
 
     torch.manual_seed(0)
-    model = _NanInEpoch(models.GCN(x.shape[1], 8, cora.num_classes), epoch=2)
+    model = NanInEpoch(models.GCN(x.shape[1], 8, cora.num_classes), epoch=2)
     result = fit(model, x, cora.adj, y, masks, epochs=4, progress=False, optimizer=optimizer,
                  skip_nonfinite=False)
     assert result.skipped_epochs == []

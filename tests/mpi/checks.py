@@ -427,12 +427,21 @@ def check_checkpoint():
         shutil.rmtree(directory)
 
 
-CHECKS = {name[len("check_"):]: fn for name, fn in globals().items()
-          if name.startswith("check_")}
+def checks_in(namespace):
+    """``{name: function}`` of a module's ``check_<name>`` functions."""
+    return {name[len("check_"):]: fn for name, fn in namespace.items()
+            if name.startswith("check_")}
 
-if __name__ == "__main__":
-    for name in [a for a in sys.argv[1:] if a in CHECKS]:
-        CHECKS[name]()
+
+def run_named(checks, argv):
+    """Run the checks named in ``argv`` in order; rank 0 prints ``PASSED NAME`` after each
+    that passed on every rank."""
+    for name in [a for a in argv if a in checks]:
+        checks[name]()
         comm.Barrier()
         if rank == 0:
             print(f"PASSED {name}", flush=True)
+
+
+if __name__ == "__main__":
+    run_named(checks_in(globals()), sys.argv[1:])

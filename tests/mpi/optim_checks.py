@@ -8,9 +8,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from checks import ALONE, comm, on_root_then_broadcast, rank, size
+from checks import ALONE, checks_in, comm, on_root_then_broadcast, rank, run_named, size
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from faults import NanInEpoch  # noqa: E402
 from reference import reference_lion_agreement  # noqa: E402
 
 from pysparse_hpc.optim import COMPRESSIONS, DistributedLion, Lion, bytes_per_step  # noqa: E402
@@ -128,22 +129,6 @@ def check_lion_training():
         assert result.losses[-1] < result.losses[0], (compression, result.losses)
 
 
-class _PoisonedOnOneRank(torch.nn.Module):
-    """A GCN whose output is NaN on the last rank in one epoch."""
-
-    def __init__(self, model, epoch):
-        super().__init__()
-        self.model, self.epoch, self.calls = model, epoch, 0
-
-    def forward(self, x, adj):
-        out = self.model(x, adj)
-        if self.training:
-            if self.calls == self.epoch and rank == size - 1:
-                out = out * float("nan")
-            self.calls += 1
-        return out
-
-
 def check_nonfinite_step_skipped_everywhere():
     """A NaN loss on one rank: every rank skips that step (with Adam's allreduce and with
     Lion's votes), the replicas stay equal and finite, training goes on."""
@@ -159,7 +144,8 @@ def check_nonfinite_step_skipped_everywhere():
                     for t in node_tensors(cora))
     for optimizer in ("adam", "lion"):
         torch.manual_seed(0)
-        model = _PoisonedOnOneRank(models.GCN(x.shape[1], 16, cora.num_classes), epoch=1)
+        model = NanInEpoch(models.GCN(x.shape[1], 16, cora.num_classes), epoch=1,
+                           poisoned=rank == size - 1)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             result = fit(model, x, graph, y, masks, epochs=4, progress=False,
@@ -177,12 +163,5 @@ def check_nonfinite_step_skipped_everywhere():
         assert all(np.array_equal(everyone[0], p) for p in everyone), optimizer
 
 
-CHECKS = {name[len("check_"):]: fn for name, fn in globals().items()
-          if name.startswith("check_")}
-
 if __name__ == "__main__":
-    for name in [a for a in sys.argv[1:] if a in CHECKS]:
-        CHECKS[name]()
-        comm.Barrier()
-        if rank == 0:
-            print(f"PASSED {name}", flush=True)
+    run_named(checks_in(globals()), sys.argv[1:])

@@ -8,7 +8,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from checks import comm, rank, size
+from checks import checks_in, comm, rank, run_named
 
 from pysparse_hpc.distributed.training import train
 
@@ -60,12 +60,5 @@ def check_resume_at_another_size():
         Path(_option("--dir"), "losses.json").write_text(json.dumps(resumed.losses))
 
 
-CHECKS = {name[len("check_"):]: fn for name, fn in globals().items()
-          if name.startswith("check_")}
-
 if __name__ == "__main__":
-    for name in [a for a in sys.argv[1:] if a in CHECKS]:
-        CHECKS[name]()
-        comm.Barrier()
-        if rank == 0:
-            print(f"PASSED {name} on {size} ranks", flush=True)
+    run_named(checks_in(globals()), sys.argv[1:])
