@@ -181,6 +181,9 @@ def fit(model, x, adj, y, masks, *, epochs=200, lr=0.01, weight_decay=5e-4, prog
     if n_train == 0:
         raise ValueError("the training mask selects no node")
     n_val, n_test = max(n_val, 1.0), max(n_test, 1.0)  # empty splits report accuracy 0
+    if isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, int) \
+            or checkpoint_every < 1:
+        raise ValueError(f"checkpoint_every must be a positive int, got {checkpoint_every!r}")
     groups = (model.param_groups(weight_decay) if hasattr(model, "param_groups")
               else [dict(params=model.parameters(), weight_decay=weight_decay)])
     step_optimizer = _optimizer(optimizer, groups, lr, graph, compression, momentum_sync,
@@ -198,9 +201,6 @@ def fit(model, x, adj, y, masks, *, epochs=200, lr=0.01, weight_decay=5e-4, prog
     saved = _Saved(model, step_optimizer, maker, run)
     if resume_from is not None:
         saved.restore(resume_from)
-    if isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, int) \
-            or checkpoint_every < 1:
-        raise ValueError(f"checkpoint_every must be a positive int, got {checkpoint_every!r}")
     show = progress and (graph is None or graph.comm.rank == 0)
     bar = tqdm(range(run.epochs_done, epochs), desc=description, disable=not show, leave=False,
                mininterval=0.5, initial=run.epochs_done, total=epochs)
