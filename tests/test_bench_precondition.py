@@ -1,10 +1,23 @@
-"""``python -m pysparse_hpc.bench precondition`` on its smallest workload (one round, one step)."""
+"""``python -m pysparse_hpc.bench precondition`` on its smallest workload (one round, one step),
+its PubMed workload, and the ``--distributed`` part on one rank and under ``mpiexec -n 2``."""
+import importlib.util
+import math
+
 import pytest
 
 pytest.importorskip("torch")
 
 from pysparse_hpc.bench.__main__ import main  # noqa: E402
-from pysparse_hpc.bench.precondition import StepResult, verdict  # noqa: E402
+from pysparse_hpc.bench.precondition import (DistributedResult, StepResult,  # noqa: E402
+                                             format_distributed_table, measure,
+                                             measure_distributed, verdict)
+from pysparse_hpc.bench._data import data_dir  # noqa: E402
+from pysparse_hpc.distributed import Communicator  # noqa: E402
+from pysparse_hpc.distributed._comm import mpiexec_path  # noqa: E402
+
+requires_mpi = pytest.mark.skipif(
+    importlib.util.find_spec("mpi4py") is None or mpiexec_path() is None,
+    reason="needs mpi4py and mpiexec (pip install mpi4py mpich, or the [mpi] extra)")
 
 
 def test_precondition_benchmark_runs(tmp_path, capsys):
@@ -12,8 +25,9 @@ def test_precondition_benchmark_runs(tmp_path, capsys):
     assert main(["precondition", "--workload", "mlp", "--repeat", "1", "--steps", "1",
                  "--csv", str(table)]) == 0
     out = capsys.readouterr().out
-    for label in ("mlp       sgd", "mlp       kfac/1", "mlp       kfac/10", "mlp       shampoo",
-                  "mlp       jorge", "target: kfac >= 2x ASDL", "target: Jorge's step"):
+    for label in ("mlp         sgd", "mlp         kfac/1", "mlp         kfac/10",
+                  "mlp         shampoo", "mlp         jorge", "target: kfac >= 2x ASDL",
+                  "target: Jorge's step"):
         assert label in out, out
     rows = table.read_text().splitlines()
     assert rows[0].startswith("workload,method,interval,ours_ms,asdl_ms") and len(rows) == 6
@@ -28,3 +42,59 @@ def test_precondition_verdict_and_bad_steps(capsys):
     assert lines[2].endswith("5.00x, MET")
     assert main(["precondition", "--steps", "0"]) == 2
     assert "--steps must be at least 1" in capsys.readouterr().err
+
+
+def test_gcn_on_pubmed_is_timed():
+    try:
+        shared = data_dir()
+    except FileNotFoundError:
+        pytest.skip("no shared data directory")
+    if not (shared / "pubmed_structure.npz").is_file():
+        pytest.skip("pubmed_structure.npz is not in the shared data")
+    results = measure("gcn-pubmed", 1, 1, None, data_dir=shared)
+    assert [(r.method, r.interval) for r in results] == [
+        ("sgd", 1), ("kfac", 1), ("kfac", 10), ("shampoo", 1), ("jorge", 1)]
+    assert all(r.workload == "gcn-pubmed" and r.ours_ms > 0 and math.isnan(r.asdl_ms)
+               for r in results)
+
+
+def test_distributed_configurations_on_one_rank():
+    from pysparse_hpc.bench._precondition_worker import KIND_COLUMNS, measure_configurations
+    config = dict(workloads=["mlp"], methods=[["sgd", 1], ["kfac", 1], ["jorge", 1]], steps=1)
+    results = measure_configurations(config, Communicator(None))
+    assert [(r["method"], r["strategy"], r["ranks"]) for r in results] == [
+        ("sgd", None, 1), ("kfac", None, 1), ("jorge", None, 1)]
+    for r in results:
+        assert r["ms_per_step"] > 0 and len(r["losses"]) == 1 and r["losses"][0] > 0
+        assert r["bytes_per_step"] == {column: 0 for column in KIND_COLUMNS}
+
+
+def test_distributed_table_and_usage(capsys):
+    results = [DistributedResult("mlp", "kfac", 10, None, 1, 2, 5.0, {}, [2.0, 1.5]),
+               DistributedResult("mlp", "kfac", 10, "gradient", 2, 1, 4.0,
+                                 {"gradient allreduce": 2e6, "gradient broadcast": 1e6},
+                                 [2.0, 1.5], 1e-7)]
+    table = format_distributed_table(results).splitlines()
+    assert table[0].split()[:6] == ["workload", "method", "strategy", "P", "ms/step", "vs"]
+    assert table[2].split()[:6] == ["mlp", "kfac/10", "gradient", "2", "4.00", "0.80x"]
+    assert table[2].split()[-2:] == ["3.000", "1.0e-07"]
+    assert main(["precondition", "--distributed", "--workload", "cnn"]) == 2
+    assert "--distributed runs mlp, gcn, not cnn" in capsys.readouterr().err
+
+
+@pytest.mark.mpi
+@requires_mpi
+def test_distributed_kfac_under_mpiexec():
+    results = measure_distributed(["mlp"], steps=1, rounds=1, threads=2, timeout=120,
+                                  mpiexec=mpiexec_path(), methods=[("kfac", 1)])
+    assert [(r.ranks, r.strategy) for r in results] == [
+        (1, None), (2, "inverse"), (2, "gradient")]
+    single, inverse, gradient = results
+    assert single.total_bytes == 0 and math.isnan(single.loss_rel_diff)
+    for r in (inverse, gradient):
+        assert r.bytes_per_step["gradient allreduce"] > 0 < r.bytes_per_step["curvature allreduce"]
+        assert r.loss_rel_diff < 1e-5   # two ranks reproduce one
+    assert inverse.bytes_per_step["inverse broadcast"] > 0 == inverse.bytes_per_step[
+        "gradient broadcast"]
+    assert gradient.bytes_per_step["gradient broadcast"] > 0 == gradient.bytes_per_step[
+        "inverse broadcast"]

@@ -640,8 +640,9 @@ def _stop(process):
             continue
 
 
-def launch(ranks, threads_per_rank, config, timeout, mpiexec=None):
-    """Run the worker on ``ranks`` ranks (a plain process for 1) and return its result dict.
+def launch(ranks, threads_per_rank, config, timeout, mpiexec=None, worker=WORKER):
+    """Run the worker module ``worker`` (default: this benchmark's) on ``ranks`` ranks (a plain
+    process for 1) and return its result dict.
 
     Raises
     ------
@@ -657,7 +658,7 @@ def launch(ranks, threads_per_rank, config, timeout, mpiexec=None):
     with tempfile.TemporaryDirectory(prefix="pysparse_hpc_dist_") as folder:
         config_path, result_path = Path(folder, "config.json"), Path(folder, "result.json")
         config_path.write_text(json.dumps(dict(config, threads_per_rank=threads_per_rank)))
-        command = [sys.executable, "-m", WORKER, str(config_path), str(result_path)]
+        command = [sys.executable, "-m", worker, str(config_path), str(result_path)]
         if ranks > 1:
             command = [mpiexec, "-n", str(ranks)] + command
         process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,

@@ -6,7 +6,10 @@ Workloads (float32, the shared thread count, SGD applying the gradients):
 - ``cnn``: Conv2d(3, 8, 3) - ReLU - Conv2d(8, 16, 3, stride 2) - ReLU - 4x4 average pooling -
   Linear(256, 10), batch 64 of 3x16x16 images;
 - ``gcn``: the library's two-layer GCN on Cora (full batch, the loss on the 140 training nodes
-  through the placeholder's mask), whose ``conv.lin`` Linear modules ASDL hooks as well.
+  through the placeholder's mask), whose ``conv.lin`` Linear modules ASDL hooks as well;
+- ``gcn-pubmed``: the same GCN on the shared PubMed structure (19,717 nodes, its labels and 60
+  training nodes) with seeded standard-normal features 500 wide, the file having no feature
+  matrix: only the time is meaningful.
 
 Methods, each run by ours and by ASDL (``asdfghjkl``) on the same model, data and
 configuration: K-FAC with the empirical Fisher, curvature and inverses every step
@@ -18,6 +21,20 @@ rounds, medians.
 The project's targets (geometric mean over the workloads): K-FAC at least 2x faster per step
 than ASDL's (both intervals), Shampoo at least 5x; Jorge's step at least 3x cheaper than our
 Shampoo's.
+
+``--distributed`` measures instead our makers over MPI (KAISA), at P = 1 (one process on
+``--threads`` threads) and P = 2 (``mpiexec -n 2``, ``threads // 2`` threads per rank, the same
+total), both subprocesses running `pysparse_hpc.bench._precondition_worker`: the ``mlp``
+workload with the batch of 128 split over the ranks, and ``gcn`` on Cora partitioned by METIS
+(`pysparse_hpc.distributed.DistGraph`). Methods: SGD (`DataParallel`'s gradient allreduce),
+K-FAC with curvature and inverses every step and every 10 steps, Shampoo and Jorge with
+statistics and roots every 10 steps, each under both strategies (``"inverse"``: owners
+broadcast the inverses or roots; ``"gradient"``: owners precondition their modules and
+broadcast the gradients). Per configuration: milliseconds per step (the mean over the timed
+steps of the slowest rank's time, median over ``--repeat`` rounds of the two jobs) and the
+bytes received per step by all ranks together, by kind (`Communicator.stats`): gradient
+allreduce, curvature allreduce, inverse broadcast, gradient broadcast and, for the GCN, the halo
+exchanges; and the largest relative difference of the P = 2 losses from the P = 1 ones.
 """
 import csv
 import math
@@ -25,21 +42,31 @@ import statistics
 import sys
 import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tqdm import tqdm
 
-from . import geometric_mean, write_outputs
+from . import geometric_mean, positive_int, write_outputs
 
-__all__ = ["HELP", "WORKLOADS", "METHODS", "StepResult", "add_arguments", "measure", "run"]
+__all__ = ["DISTRIBUTED_METHODS", "DISTRIBUTED_WORKLOADS", "DistributedResult", "HELP",
+           "METHODS", "StepResult", "WORKLOADS", "add_arguments", "measure",
+           "measure_distributed", "run"]
 
 HELP = "gradient preconditioning (K-FAC, Shampoo, Jorge) step time against ASDL's"
 
-WORKLOADS = ("mlp", "cnn", "gcn")
+WORKLOADS = ("mlp", "cnn", "gcn", "gcn-pubmed")
+PUBMED_FEATURES = 500
 #: (method, curvature interval); ASDL runs all but jorge.
 METHODS = (("sgd", 1), ("kfac", 1), ("kfac", 10), ("shampoo", 1), ("jorge", 1))
 TARGETS = {"kfac": 2.0, "shampoo": 5.0}
 JORGE_TARGET = 3.0
+
+#: ``--distributed``: its workloads, (method, interval) pairs and rank counts.
+DISTRIBUTED_WORKLOADS = ("mlp", "gcn")
+DISTRIBUTED_METHODS = (("sgd", 1), ("kfac", 1), ("kfac", 10), ("shampoo", 10), ("jorge", 10))
+DISTRIBUTED_RANKS = (1, 2)
+DISTRIBUTED_WORKER = "pysparse_hpc.bench._precondition_worker"
+STRATEGIES = ("inverse", "gradient")
 
 
 @dataclass(frozen=True)
@@ -58,10 +85,16 @@ class StepResult:
 
 def add_arguments(parser):
     parser.add_argument("--workload", action="append", choices=WORKLOADS,
-                        help="workload to run (repeatable; default: all)")
+                        help="workload to run (repeatable; default: all; with --distributed: "
+                             "mlp and gcn)")
     parser.add_argument("--steps", type=int, default=10, metavar="N",
                         help="timed steps per run (at least 1; default 10; runs with an "
                              "interval of 10 take 2N)")
+    parser.add_argument("--distributed", action="store_true",
+                        help="instead of the comparison with ASDL, time our makers over MPI "
+                             "at P=1 and P=2 with bytes per step (needs mpiexec)")
+    parser.add_argument("--timeout", type=positive_int, default=900, metavar="S",
+                        help="--distributed: seconds before a job is stopped (default 900)")
 
 
 def _asdl():
@@ -74,8 +107,9 @@ def _asdl():
     return asdl
 
 
-def _workload(name):
-    """``(make_model, inputs, target, mask)``; ``make_model()`` gives the same weights."""
+def _workload(name, data_dir=None):
+    """``(make_model, inputs, target, mask)``; ``make_model()`` gives the same weights.
+    ``data_dir``: the shared data (PubMed's structure), default the bench's."""
     import torch
     from torch import nn
 
@@ -95,30 +129,49 @@ def _workload(name):
                                  nn.AdaptiveAvgPool2d(4), nn.Flatten(), nn.Linear(256, 10))
         return make, (torch.randn(64, 3, 16, 16, generator=generator),), \
             torch.randint(0, 10, (64,), generator=generator), None
-    from .. import datasets
-    from ..nn import models, train
-    cora = datasets.load("cora")
-    x, y, train_mask, *_ = train.node_tensors(cora)
+    graph, x, y, train_mask = _graph_workload(name, data_dir)
 
     def make():
+        from ..nn import models
         torch.manual_seed(0)
-        return models.GCN(x.shape[1], out_channels=cora.num_classes, hidden=16)
-    return make, (x, cora.adj), y, train_mask
+        return models.GCN(x.shape[1], out_channels=graph.num_classes, hidden=16)
+    return make, (x, graph.adj), y, train_mask
 
 
-def _maker(library, method, interval, model, data_size):
-    """A gradient maker of ``library`` (our package or the asdl module), or None for SGD."""
+def _graph_workload(name, data_dir):
+    """``(dataset, x, y, train_mask)`` of a GCN workload."""
+    import torch
+
+    from .. import datasets
+    from ..nn import train
+    if name == "gcn":
+        cora = datasets.load("cora")
+        x, y, train_mask, *_ = train.node_tensors(cora)
+        return cora, x, y, train_mask
+    from ._data import data_dir as shared_data_dir
+    path = shared_data_dir(data_dir) / "pubmed_structure.npz"
+    if not path.is_file():
+        raise FileNotFoundError(f"pubmed_structure.npz not found in {path.parent}")
+    pubmed = datasets.load_file(path, random_features=PUBMED_FEATURES, seed=0, name="pubmed")
+    _, y, train_mask, *_ = train.node_tensors(pubmed)
+    return pubmed, torch.from_numpy(pubmed.x), y, train_mask
+
+
+def _maker(library, method, interval, model, data_size, **distribution):
+    """A gradient maker of ``library`` (our package or the asdl module), or None for SGD;
+    ``distribution``: ours' ``comm`` and ``strategy``."""
     if method == "sgd":
         return None
     if method == "kfac":
         config = library.PreconditioningConfig(data_size=data_size, damping=1e-3,
                                                curvature_upd_interval=interval,
                                                preconditioner_upd_interval=interval)
-        return library.KfacGradientMaker(model, config, fisher_type="fisher_emp")
-    config = library.PreconditioningConfig(damping=1e-4)
+        return library.KfacGradientMaker(model, config, fisher_type="fisher_emp", **distribution)
+    config = library.PreconditioningConfig(damping=1e-4, curvature_upd_interval=interval,
+                                           preconditioner_upd_interval=interval)
     if method == "shampoo":
-        return library.ShampooGradientMaker(model, config)
-    return library.JorgeGradientMaker(model, config, grafting=None)
+        return library.ShampooGradientMaker(model, config, **distribution)
+    return library.JorgeGradientMaker(model, config, grafting=None, **distribution)
 
 
 def _ms_per_step(maker, model, inputs, target, mask, warmup, steps):
@@ -153,11 +206,29 @@ def _ms_per_step(maker, model, inputs, target, mask, warmup, steps):
     return (time.perf_counter() - start) / steps * 1e3
 
 
-def measure(workload, repeat, steps, asdl, progress=None):
-    """The `StepResult` of every method on ``workload``."""
+def measure(workload, repeat, steps, asdl, progress=None, data_dir=None):
+    """The `StepResult` of every method on ``workload``.
+
+    Parameters
+    ----------
+    workload : str
+        One of `WORKLOADS`.
+    repeat, steps : int
+        Interleaved rounds, and timed steps per run (twice as many with an interval of 10).
+    asdl : module or None
+        ASDL's ``asdl`` module; None times ours only.
+    progress : tqdm, optional
+        Advanced by one per round.
+    data_dir : path-like, optional
+        The shared data (``gcn-pubmed``); default: the bench's.
+
+    Returns
+    -------
+    list of StepResult
+    """
     from .. import precondition as ours
 
-    make, inputs, target, mask = _workload(workload)
+    make, inputs, target, mask = _workload(workload, data_dir)
     data_size = int(mask.sum()) if mask is not None else target.shape[0]
     sides = [("ours", ours)] + ([("asdl", asdl)] if asdl is not None else [])
     times = {}
@@ -182,13 +253,13 @@ def measure(workload, repeat, steps, asdl, progress=None):
 
 
 def format_table(results):
-    lines = [f"{'workload':<10}{'method':<10}{'ours ms':>10}{'ASDL ms':>10}{'ASDL/ours':>11}"
+    lines = [f"{'workload':<12}{'method':<10}{'ours ms':>10}{'ASDL ms':>10}{'ASDL/ours':>11}"
              f"{'vs SGD':>9}"]
     sgd = {r.workload: r.ours_ms for r in results if r.method == "sgd"}
     for r in results:
         label = r.method if r.method in ("sgd", "shampoo", "jorge") else f"{r.method}/{r.interval}"
         ratio = f"{r.speedup:>10.2f}x" if not math.isnan(r.speedup) else f"{'':>11}"
-        lines.append(f"{r.workload:<10}{label:<10}{r.ours_ms:>10.2f}"
+        lines.append(f"{r.workload:<12}{label:<10}{r.ours_ms:>10.2f}"
                      f"{r.asdl_ms:>10.2f}{ratio}"
                      f"{r.ours_ms / sgd[r.workload]:>8.1f}x")
     return "\n".join(lines)
@@ -256,6 +327,8 @@ def run(args, out=None):
     if args.steps < 1:
         print(f"error: --steps must be at least 1, got {args.steps}", file=sys.stderr)
         return 2
+    if args.distributed:
+        return run_distributed(args, out)
     import torch
     torch.set_num_threads(args.threads)
     asdl = _asdl()
@@ -267,11 +340,229 @@ def run(args, out=None):
     with tqdm(total=len(workloads) * args.repeat, desc="precondition", unit="round") as progress:
         for workload in workloads:
             progress.set_postfix_str(workload)
-            results += measure(workload, args.repeat, args.steps, asdl, progress)
+            try:
+                results += measure(workload, args.repeat, args.steps, asdl, progress,
+                                   args.data_dir)
+            except FileNotFoundError as exc:
+                print(f"error: {exc}", file=sys.stderr)
+                return 2
     print(f"Preconditioned SGD steps, {args.threads} threads, median of {args.repeat} "
           f"interleaved rounds of {args.steps} steps (kfac/10: {2 * args.steps})", file=out)
     print(format_table(results), file=out)
     for line in verdict(results):
         print(line, file=out)
     write_outputs(args, out, results, write_csv, write_plot, args.threads, args.repeat)
+    return 0
+
+
+# --- distributed (KAISA) -------------------------------------------------------------------
+
+@dataclass
+class DistributedResult:
+    """One configuration of a ``--distributed`` job.
+
+    Attributes
+    ----------
+    workload, method : str
+    interval : int
+    strategy : str or None
+        None for SGD and at P = 1 (nothing is shared).
+    ranks, threads_per_rank : int
+    ms_per_step : float
+        Mean of the slowest rank's step times, median over the rounds.
+    bytes_per_step : dict
+        Bytes received per step by all ranks together, by
+        `pysparse_hpc.bench._precondition_worker.KIND_COLUMNS`.
+    losses : list of float
+        Per timed step, summed over the ranks.
+    loss_rel_diff : float
+        Largest relative difference of ``losses`` from the P = 1 run's (NaN at P = 1).
+    """
+
+    workload: str
+    method: str
+    interval: int
+    strategy: object
+    ranks: int
+    threads_per_rank: int
+    ms_per_step: float
+    bytes_per_step: dict = field(default_factory=dict)
+    losses: list = field(default_factory=list)
+    loss_rel_diff: float = math.nan
+
+    @property
+    def label(self):
+        return self.method if self.method in ("sgd", "shampoo", "jorge") and self.interval == 1 \
+            else f"{self.method}/{self.interval}"
+
+    @property
+    def total_bytes(self):
+        return sum(self.bytes_per_step.values())
+
+
+def _distributed_results(job):
+    return [DistributedResult(c["workload"], c["method"], c["interval"], c["strategy"],
+                              job["ranks"], job["threads_per_rank"], c["ms_per_step"],
+                              c["bytes_per_step"], c["losses"]) for c in job["cases"]]
+
+
+def _merge_rounds(rounds):
+    """One result per configuration: the first round's, with the median time of all."""
+    merged = {}
+    for results in rounds:
+        for r in results:
+            key = (r.workload, r.method, r.interval, r.strategy, r.ranks)
+            merged.setdefault(key, (r, []))[1].append(r.ms_per_step)
+    out = []
+    for first, times in merged.values():
+        first.ms_per_step = statistics.median(times)
+        out.append(first)
+    return out
+
+
+def _compare_losses(results):
+    """Set every P > 1 result's `loss_rel_diff` against the P = 1 run of its method."""
+    single = {(r.workload, r.method, r.interval): r.losses for r in results if r.ranks == 1}
+    for r in results:
+        reference = single.get((r.workload, r.method, r.interval))
+        if r.ranks > 1 and reference:
+            r.loss_rel_diff = max(abs(a - b) / max(abs(b), 1e-30)
+                                  for a, b in zip(r.losses, reference))
+
+
+def measure_distributed(workloads, steps, rounds, threads, timeout, mpiexec, progress=None,
+                        methods=DISTRIBUTED_METHODS):
+    """Run the ``--distributed`` jobs: P = 1 on ``threads`` threads, then P = 2 on
+    ``threads // 2`` per rank, ``rounds`` times in turns.
+
+    Parameters
+    ----------
+    workloads : sequence of str
+        Among `DISTRIBUTED_WORKLOADS`.
+    steps, rounds, threads, timeout : int
+    mpiexec : str
+        The launcher (`pysparse_hpc.distributed._comm.mpiexec_path`).
+    progress : tqdm, optional
+        Advanced by one per job.
+    methods : sequence of (str, int)
+        (method, interval) pairs.
+
+    Returns
+    -------
+    list of DistributedResult
+    """
+    from .distributed import launch
+    config = dict(workloads=list(workloads), methods=[list(m) for m in methods],
+                  steps=steps)
+    rounds_by_ranks = {ranks: [] for ranks in DISTRIBUTED_RANKS}
+    for _ in range(rounds):
+        for ranks in DISTRIBUTED_RANKS:
+            job = launch(ranks, max(1, threads // ranks), config, timeout, mpiexec,
+                         worker=DISTRIBUTED_WORKER)
+            rounds_by_ranks[ranks].append(_distributed_results(job))
+            if progress is not None:
+                progress.update()
+    results = [r for ranks in DISTRIBUTED_RANKS for r in _merge_rounds(rounds_by_ranks[ranks])]
+    _compare_losses(results)
+    return results
+
+
+def _megabytes(count):
+    return f"{count / 1e6:.3f}" if count else "0"
+
+
+def format_distributed_table(results):
+    """ms per step (and against P = 1) and MB received per step by kind."""
+    from ._precondition_worker import KIND_COLUMNS
+    heads = {"gradient allreduce": "grad AR", "curvature allreduce": "curv AR",
+             "inverse broadcast": "inv bc", "gradient broadcast": "grad bc", "halo": "halo"}
+    lines = [f"{'workload':<9}{'method':<11}{'strategy':<10}{'P':>2}{'ms/step':>9}"
+             f"{'vs P=1':>8}" + "".join(f"{heads[k]:>9}" for k in KIND_COLUMNS)
+             + f"{'MB total':>10}{'loss diff':>11}"]
+    single = {(r.workload, r.method, r.interval): r.ms_per_step for r in results
+              if r.ranks == 1}
+    for r in results:
+        versus = r.ms_per_step / single.get((r.workload, r.method, r.interval), math.nan)
+        diff = "" if math.isnan(r.loss_rel_diff) else f"{r.loss_rel_diff:.1e}"
+        lines.append(f"{r.workload:<9}{r.label:<11}{r.strategy or '-':<10}{r.ranks:>2}"
+                     f"{r.ms_per_step:>9.2f}{versus:>7.2f}x"
+                     + "".join(f"{_megabytes(r.bytes_per_step.get(k, 0)):>9}"
+                               for k in KIND_COLUMNS)
+                     + f"{_megabytes(r.total_bytes):>10}{diff:>11}")
+    return "\n".join(lines)
+
+
+def write_distributed_csv(results, path, threads, repeat):
+    from ._precondition_worker import KIND_COLUMNS
+    with open(path, "w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["workload", "method", "interval", "strategy", "ranks",
+                         "threads_per_rank", "ms_per_step"]
+                        + [f"{k.replace(' ', '_')}_bytes" for k in KIND_COLUMNS]
+                        + ["loss_rel_diff", "rounds"])
+        for r in results:
+            writer.writerow([r.workload, r.method, r.interval, r.strategy or "", r.ranks,
+                             r.threads_per_rank, f"{r.ms_per_step:.4f}"]
+                            + [f"{r.bytes_per_step.get(k, 0):.0f}" for k in KIND_COLUMNS]
+                            + [f"{r.loss_rel_diff:.3e}", repeat])
+
+
+def write_distributed_plot(results, path, threads, repeat):
+    """ms per step of every configuration, P = 1 beside P = 2 under each strategy."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # lazy: optional dependency
+    from matplotlib.figure import Figure
+
+    configurations = list(dict.fromkeys((r.workload, r.label) for r in results))
+    series = {}
+    for r in results:
+        # SGD shares no preconditioner: its P > 1 step stands under both strategies.
+        strategies = [r.strategy] if r.strategy else ([None] if r.ranks == 1 else STRATEGIES)
+        for strategy in strategies:
+            name = "P=1" if r.ranks == 1 else f"P={r.ranks} {strategy}"
+            series.setdefault(name, {})[(r.workload, r.label)] = r.ms_per_step
+    figure = Figure(figsize=(max(6.0, 0.9 * len(configurations)), 4))
+    FigureCanvasAgg(figure)
+    axes = figure.add_subplot()
+    width = 0.8 / len(series)
+    for i, (name, times) in enumerate(series.items()):
+        axes.bar([p + (i - (len(series) - 1) / 2) * width for p in range(len(configurations))],
+                 [times.get(c, math.nan) for c in configurations], width, label=name)
+    axes.set_xticks(range(len(configurations)), [f"{w}\n{m}" for w, m in configurations],
+                    fontsize=7)
+    axes.set_yscale("log")
+    axes.set_ylabel("ms per training step")
+    axes.set_title(f"Preconditioned steps over MPI ({threads} threads in all, median of "
+                   f"{repeat})")
+    axes.legend(fontsize=7)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+
+
+def run_distributed(args, out):
+    """``--distributed``: the P = 1 and P = 2 jobs, their table and outputs."""
+    from .distributed import RunError, find_mpiexec
+    workloads = args.workload or list(DISTRIBUTED_WORKLOADS)
+    unknown = [w for w in workloads if w not in DISTRIBUTED_WORKLOADS]
+    mpiexec = find_mpiexec()
+    if unknown or mpiexec is None:
+        print("error: " + (f"--distributed runs {', '.join(DISTRIBUTED_WORKLOADS)}, not "
+                           f"{', '.join(unknown)}" if unknown else
+                           "--distributed needs mpiexec (pip install mpi4py mpich)"),
+              file=sys.stderr)
+        return 2
+    total = args.repeat * len(DISTRIBUTED_RANKS)
+    try:
+        with tqdm(total=total, desc="precondition --distributed", unit="job") as progress:
+            results = measure_distributed(workloads, args.steps, args.repeat, args.threads,
+                                          args.timeout, mpiexec, progress)
+    except RunError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(f"Preconditioned SGD steps over MPI, {args.threads} threads in all (P=2: "
+          f"{max(1, args.threads // 2)} per rank), median of {args.repeat} round(s) of "
+          f"{args.steps} timed steps ({2 * args.steps} with an interval of 10); MB received "
+          "per step by all ranks", file=out)
+    print(format_distributed_table(results), file=out)
+    write_outputs(args, out, results, write_distributed_csv, write_distributed_plot,
+                  args.threads, args.repeat)
     return 0

@@ -1,0 +1,34 @@
+"""``python -m pysparse_hpc.bench checkpoint`` on a tiny state (one round)."""
+import pytest
+
+pytest.importorskip("torch")
+
+from pysparse_hpc.bench.__main__ import main  # noqa: E402
+from pysparse_hpc.bench.checkpoint import CheckpointResult, measure, verdict  # noqa: E402
+
+
+def test_checkpoint_benchmark_measures_a_tiny_state(tmp_path):
+    result = measure("large", megabytes=1, repeat=1, steps=1, directory=tmp_path)
+    assert result.state == "large" and 0.9 < result.megabytes < 1.1
+    assert all(t > 0 for t in (result.sync_save, result.async_stall, result.torch_save,
+                               result.load, result.torch_load))
+    assert list(tmp_path.iterdir()) == []  # its temporary folder is gone
+
+
+def test_checkpoint_benchmark_command(tmp_path, capsys):
+    table = tmp_path / "checkpoint.csv"
+    assert main(["checkpoint", "--state", "gcn", "--repeat", "1", "--steps", "1", "--dir",
+                 str(tmp_path), "--csv", str(table)]) == 0
+    out = capsys.readouterr().out
+    assert "gcn " in out and "target: an asynchronous save stalls training at most 1/5" in out
+    rows = table.read_text().splitlines()
+    assert rows[0].startswith("state,megabytes,sync_save_seconds,async_stall_seconds")
+    assert len(rows) == 2 and rows[1].startswith("gcn,")
+    assert main(["checkpoint", "--dir", str(tmp_path / "missing")]) == 2
+
+
+def test_checkpoint_verdict():
+    fast = CheckpointResult("a", 10.0, 1.0, 0.1, 1.0, 1.2, 1.0, 0.5, 0.5)
+    slow = CheckpointResult("b", 10.0, 1.0, 0.3, 1.0, 1.2, 1.0, 0.5, 0.5)
+    assert verdict([fast])[0].endswith("worst 0.100 (a), MET")
+    assert verdict([fast, slow])[0].endswith("worst 0.300 (b), NOT MET")
