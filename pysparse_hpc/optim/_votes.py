@@ -1,7 +1,8 @@
 """The wire formats of the compressed Lion modes, on flat NumPy arrays: no MPI, no torch.
 
 Each function turns this rank's Lion direction ``c`` (the interpolated momentum, float) into
-the buffer a collective moves, or a received buffer back into per-coordinate counts. The
+the buffer a collective moves, or received buffers into the agreed update (float32 in
+{-1, 0, 1}), in one pass of a Numba kernel (`pysparse_hpc.kernels.cpu.votes`). The
 collectives themselves are `DistributedLion`'s; tests compare these against plain loops.
 
 Votes are bits: a coordinate votes +1 where ``c > 0`` and -1 elsewhere (a bit cannot say 0).
@@ -10,8 +11,10 @@ an even ``P`` can have, so a tied coordinate does not move.
 """
 import numpy as np
 
-__all__ = ["field_bits", "pack_signs", "count_packed_signs", "pack_vote_fields",
-           "count_vote_fields", "majority", "int8_levels", "quantize_int8",
+from ..kernels.cpu import votes as _kernels
+
+__all__ = ["field_bits", "pack_signs", "packed_signs_majority", "sign_bits_direction",
+           "pack_vote_fields", "vote_fields_majority", "int8_levels", "quantize_int8",
            "combine_one_bit", "TIE_MASK"]
 
 #: Bits of a packed byte where a 1-bit combine breaks a tie toward +1: NumPy packs coordinate
@@ -32,39 +35,37 @@ def pack_signs(direction):
     return np.packbits(direction > 0)
 
 
-def count_packed_signs(gathered, size):
-    """The number of +1 votes per coordinate in ``gathered``, the ranks' `pack_signs` buffers
-    stacked as rows (uint8, shape ``(P, ceil(size / 8))``)."""
-    return np.unpackbits(gathered, axis=1, count=size).sum(axis=0, dtype=np.int64)
+def packed_signs_majority(gathered, size):
+    """The majority of the ranks' `pack_signs` buffers, stacked as the rows of ``gathered``
+    (uint8, shape ``(P, ceil(size / 8))``), for the first ``size`` coordinates."""
+    agreed = np.empty(size, dtype=np.float32)
+    _kernels.packed_signs_majority(gathered, gathered.shape[0], agreed)
+    return agreed
 
 
-def _field_shifts(bits):
-    per_word = 64 // bits
-    return per_word, (np.arange(per_word, dtype=np.uint64) * np.uint64(bits))
+def sign_bits_direction(packed, size):
+    """+1 where a bit of ``packed`` (a `pack_signs` buffer) is set, -1 elsewhere: the first
+    ``size`` coordinates, float32."""
+    direction = np.empty(size, dtype=np.float32)
+    _kernels.packed_signs_direction(packed, direction)
+    return direction
 
 
 def pack_vote_fields(direction, bits):
     """Votes in {0, 1} (1 where ``direction > 0``) packed ``64 // bits`` to a uint64 word, each
     in a field of ``bits`` bits: ``ceil(d / (64 // bits))`` words, summed by an integer
     allreduce as they are."""
-    per_word, shifts = _field_shifts(bits)
-    words = -(-direction.size // per_word)
-    votes = np.zeros(words * per_word, dtype=np.uint64)
-    votes[:direction.size] = direction > 0
-    return np.bitwise_or.reduce(votes.reshape(words, per_word) << shifts, axis=1)
+    words = np.empty(-(-direction.size // (64 // bits)), dtype=np.uint64)
+    _kernels.pack_vote_fields(direction, bits, words)
+    return words
 
 
-def count_vote_fields(words, bits, size):
-    """The field values of summed `pack_vote_fields` words: the number of +1 votes of each of
-    the first ``size`` coordinates."""
-    _, shifts = _field_shifts(bits)
-    mask = np.uint64((1 << bits) - 1)
-    return ((words[:, None] >> shifts) & mask).reshape(-1)[:size].astype(np.int64)
-
-
-def majority(plus_votes, ranks):
-    """``sign(2 s - P)`` per coordinate as float32 in {-1, 0, 1}: 0 where the vote is tied."""
-    return np.sign(2 * plus_votes - ranks).astype(np.float32)
+def vote_fields_majority(words, bits, ranks, size):
+    """The majority of ``ranks`` votes from summed `pack_vote_fields` words: the first
+    ``size`` coordinates, float32."""
+    agreed = np.empty(size, dtype=np.float32)
+    _kernels.vote_fields_majority(words, bits, ranks, agreed)
+    return agreed
 
 
 def int8_levels(ranks):
@@ -87,21 +88,14 @@ def quantize_int8(direction, offsets, ranks):
     -------
     ndarray of int8
         ``clip(round(c / mean|c| * s / 2), -s, s)`` with ``s = int8_levels(ranks)``, the mean
-        taken over each tensor; 0 for a tensor that is all zeros.
+        taken over each tensor, rounding half to even; 0 for a tensor that is all zeros or
+        holds a non-finite value (no vote rather than garbage: the trainer's non-finite
+        check skips such a step everywhere).
     """
-    levels = int8_levels(ranks)
-    quantized = np.empty(direction.size, dtype=np.int8)
-    for start, stop in zip(offsets[:-1], offsets[1:]):
-        segment = direction[start:stop]
-        scale = np.abs(segment).mean(dtype=np.float64) if stop > start else 0.0
-        if scale == 0.0 or not np.isfinite(scale):
-            # All zeros (no direction), or a non-finite value: send no vote rather than
-            # garbage; the trainer's non-finite check skips such a step everywhere.
-            quantized[start:stop] = 0
-            continue
-        scaled = np.rint(segment * (levels / (2.0 * scale)))
-        quantized[start:stop] = np.clip(scaled, -levels, levels)
-    return quantized
+    levels = np.empty(direction.size, dtype=np.int8)
+    _kernels.quantize_int8(direction, np.asarray(offsets, dtype=np.int64), int8_levels(ranks),
+                           levels)
+    return levels
 
 
 def combine_one_bit(mine, theirs):

@@ -200,12 +200,12 @@ class DistributedLion(Lion):
             packed = _votes.pack_signs(direction)
             gathered = np.empty((ranks, packed.size), dtype=np.uint8)
             comm.Allgatherv(packed, gathered, [packed.size] * ranks, kind=VOTE_KIND)
-            return _votes.majority(_votes.count_packed_signs(gathered, direction.size), ranks)
+            return _votes.packed_signs_majority(gathered, direction.size)
         if self.compression == "votes":
             bits = _votes.field_bits(ranks)
             words = comm.Allreduce(_votes.pack_vote_fields(direction, bits), "sum",
                                    kind=VOTE_KIND)
-            return _votes.majority(_votes.count_vote_fields(words, bits, direction.size), ranks)
+            return _votes.vote_fields_majority(words, bits, ranks, direction.size)
         if self.compression == "int8":
             offsets = np.concatenate([[0], np.cumsum(sizes)])
             levels = comm.Allreduce(_votes.quantize_int8(direction, offsets, ranks), "sum",
@@ -214,8 +214,7 @@ class DistributedLion(Lion):
         packed = _votes.pack_signs(direction)
         if ranks > 1:
             packed = _one_bit_allreduce(comm, packed, VOTE_KIND)
-        plus = np.unpackbits(packed, count=direction.size)
-        return (2.0 * plus - 1.0).astype(np.float32)
+        return _votes.sign_bits_direction(packed, direction.size)
 
     # ------------------------------------------------------------------ momentum
     def _sync_due(self):
