@@ -10,8 +10,8 @@ import os
 import sys
 
 from .._config import get_num_threads, set_num_threads
-from . import (convert, distributed, firstrun, gnn, positive_int, precondition, reorder, sddmm,
-               spmm)
+from . import (checkpoint, convergence, convert, distributed, firstrun, gnn, lion,
+               positive_int, precondition, reorder, sddmm, spmm)
 from ._data import DATA_ENV, data_dir
 
 __all__ = ["COMMANDS", "build_parser", "main"]
@@ -25,6 +25,9 @@ COMMANDS = {
     "distributed": distributed,
     "firstrun": firstrun,
     "precondition": precondition,
+    "convergence": convergence,
+    "checkpoint": checkpoint,
+    "lion": lion,
 }
 
 
