@@ -94,7 +94,7 @@ class DistributedLion(Lion):
     lr, betas, weight_decay
         As for `Lion`.
     compression : {"none", "signs", "votes", "int8", "1bit"}
-        What crosses the network (the module docstring's table).
+        What crosses the network (the module docstring lists the modes and their bytes).
     momentum_sync : {"local", "always", "growing"}, optional
         In the compressed modes: keep each rank's momentum, average it every step, or at
         Lion Cub's growing intervals (the default). With ``"none"`` the momenta are equal
