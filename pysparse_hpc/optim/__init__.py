@@ -3,8 +3,7 @@
 Classes and functions
 ---------------------
 Lion             the Lion optimizer (the update and defaults of PyPI's ``lion-pytorch``)
-DistributedLion  Lion agreed over a communicator: full-precision allreduce, Distributed Lion's
-                 packed sign votes, Lion Cub's packed vote sums, int8 levels or 1-bit allreduce
+DistributedLion  Lion agreed over a communicator, compressed or not (COMPRESSIONS)
 bytes_per_step   what each mode sends per rank and step
 COMPRESSIONS     the modes of `DistributedLion`
 MOMENTUM_SYNC    how `DistributedLion` keeps the ranks' momenta (local, always, growing)

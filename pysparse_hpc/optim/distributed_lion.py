@@ -248,6 +248,8 @@ class DistributedLion(Lion):
         return state
 
     def load_state_dict(self, state_dict):
+        """Restore what `state_dict` returned: this rank's momenta and the counters, so the
+        momentum schedule continues where it was."""
         state_dict = dict(state_dict)
         counters = state_dict.pop("distributed_lion", None)
         super().load_state_dict(state_dict)
