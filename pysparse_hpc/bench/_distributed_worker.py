@@ -28,7 +28,6 @@ global node id, reseeded before every step) and must give the same losses in the
 steps before any step is timed. Rank 0 writes the results as JSON.
 """
 import dataclasses
-import json
 import statistics
 import sys
 import time
@@ -38,14 +37,13 @@ import scipy.sparse
 import torch
 import torch.nn.functional as F
 
-from .. import distributed
-from .._config import set_num_threads
 from .._csr import csr_array
 from ..distributed.graph import DistGraph, comm_sum
 from ..nn import _backend, _graph, functional
 from ..nn.gcn import choose_order
 from ..nn.models import GCN
 from ..nn.norm import gcn_norm
+from ._worker import finish, start
 
 __all__ = ["CagnetGCN", "CagnetOperator", "LossMismatch", "cagnet_spmm", "main"]
 
@@ -386,17 +384,12 @@ def main(argv=None):
     """Run the configured jobs on this rank; rank 0 writes the result file. Returns the exit
     status (1 when the CAGNET peer disagrees with ours)."""
     argv = sys.argv[1:] if argv is None else argv
-    if len(argv) != 2:
-        print("usage: python -m pysparse_hpc.bench._distributed_worker CONFIG.json "
-              "RESULT.json", file=sys.stderr)
+    started = start(argv, "pysparse_hpc.bench._distributed_worker")
+    if started is None:
         return 2
-    with open(argv[0]) as handle:
-        config = json.load(handle)
-    threads = int(config["threads_per_rank"])
-    set_num_threads(threads)
-    torch.set_num_threads(threads)
-    comm = distributed.init()
-    result = dict(ranks=comm.size, threads_per_rank=threads, cases=[], rates=[], error=None)
+    config, comm = started
+    result = dict(ranks=comm.size, threads_per_rank=config["threads_per_rank"], cases=[],
+                  rates=[], error=None)
     status = 0
     try:
         if config.get("mode") == "rates":
@@ -406,10 +399,7 @@ def main(argv=None):
                 result["cases"] += _run_graph(name, config, comm) or []
     except LossMismatch as exc:  # raised on every rank alike
         result["error"], status = str(exc), 1
-    if comm.rank == 0:
-        with open(argv[1], "w") as handle:
-            json.dump(result, handle)
-    comm.Barrier()
+    finish(argv, comm, result)
     return status
 
 

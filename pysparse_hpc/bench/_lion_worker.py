@@ -24,7 +24,6 @@ communicator's byte counters and blocked seconds are read before and after it. B
 collectives are timed too (`TimedCommunicator`), so a step's time less its blocked time is the
 rank's own work. Rank 0 writes the results as JSON.
 """
-import json
 import sys
 import time
 
@@ -32,10 +31,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .. import distributed
-from .._config import set_num_threads
 from ..distributed._comm import Communicator
 from ..distributed.graph import comm_sum
+from ._worker import finish, start
 
 __all__ = ["MLP_BATCH", "MLP_WIDTHS", "TimedCommunicator", "digits_split", "main",
            "make_mlp", "measure_accuracy", "measure_steps"]
@@ -374,27 +372,18 @@ def main(argv=None):
     """Run the configured job (``"mode"``: ``"steps"`` or ``"accuracy"``) on this rank; rank 0
     writes the result file. Returns the exit status."""
     argv = sys.argv[1:] if argv is None else argv
-    if len(argv) != 2:
-        print("usage: python -m pysparse_hpc.bench._lion_worker CONFIG.json RESULT.json",
-              file=sys.stderr)
+    started = start(argv, "pysparse_hpc.bench._lion_worker")
+    if started is None:
         return 2
-    with open(argv[0]) as handle:
-        config = json.load(handle)
-    threads = int(config["threads_per_rank"])
-    set_num_threads(threads)
-    torch.set_num_threads(threads)
-    comm = distributed.init()
-    start = time.perf_counter()
+    config, comm = started
+    began = time.perf_counter()
     if config["mode"] == "steps":
         cases = measure_steps(config, comm)
     else:
         cases = measure_accuracy(config, comm)
-    seconds = float(comm_sum(comm, np.array([time.perf_counter() - start]))[0]) / comm.size
-    if comm.rank == 0:
-        with open(argv[1], "w") as handle:
-            json.dump(dict(ranks=comm.size, threads_per_rank=threads, cases=cases,
-                           seconds=seconds, error=None), handle)
-    comm.Barrier()
+    seconds = float(comm_sum(comm, np.array([time.perf_counter() - began]))[0]) / comm.size
+    finish(argv, comm, dict(ranks=comm.size, threads_per_rank=config["threads_per_rank"],
+                            cases=cases, seconds=seconds, error=None))
     return 0
 
 

@@ -19,7 +19,6 @@ barrier and is reseeded (the GCN's dropout masks are keyed by global node id, so
 the one-process masks); its time is the slowest rank's, and the communicator's byte counters
 are read before and after it. Rank 0 writes the results as JSON.
 """
-import json
 import statistics
 import sys
 import time
@@ -29,9 +28,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .. import distributed, precondition
-from .._config import set_num_threads
+from .. import precondition
 from ..distributed.graph import comm_sum
+from ._worker import finish, start
 from .precondition import _maker, _workload
 
 __all__ = ["KIND_COLUMNS", "STRATEGIES", "main", "measure_configurations"]
@@ -202,22 +201,13 @@ def main(argv=None):
     """Run the configured measurements on this rank; rank 0 writes the result file. Returns
     the exit status."""
     argv = sys.argv[1:] if argv is None else argv
-    if len(argv) != 2:
-        print("usage: python -m pysparse_hpc.bench._precondition_worker CONFIG.json "
-              "RESULT.json", file=sys.stderr)
+    started = start(argv, "pysparse_hpc.bench._precondition_worker")
+    if started is None:
         return 2
-    with open(argv[0]) as handle:
-        config = json.load(handle)
-    threads = int(config["threads_per_rank"])
-    set_num_threads(threads)
-    torch.set_num_threads(threads)
-    comm = distributed.init()
+    config, comm = started
     results = measure_configurations(config, comm)
-    if comm.rank == 0:
-        with open(argv[1], "w") as handle:
-            json.dump(dict(ranks=comm.size, threads_per_rank=threads, cases=results,
-                           error=None), handle)
-    comm.Barrier()
+    finish(argv, comm, dict(ranks=comm.size, threads_per_rank=config["threads_per_rank"],
+                            cases=results, error=None))
     return 0
 
 
