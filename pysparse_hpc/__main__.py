@@ -292,14 +292,14 @@ def _optimizer_label(result):
 
 
 def _balance(text):
-    """``--balance``: "rows", "nnz" or a number."""
-    if text in ("rows", "nnz"):
+    """``--balance``: "rows", "nnz", "rows+nnz" or a number."""
+    if text in ("rows", "nnz", "rows+nnz"):
         return text
     try:
         return float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected rows, nnz or a number, got {text!r}") \
-            from None
+        raise argparse.ArgumentTypeError(
+            f"expected rows, nnz, rows+nnz or a number, got {text!r}") from None
 
 
 def main(argv=None):
@@ -326,9 +326,10 @@ def main(argv=None):
     train.add_argument("--model", default="gcn", choices=("gcn", "gat", "agnn"))
     train.add_argument("--partition", default="metis", choices=("metis", "contiguous", "random"))
     train.add_argument("--balance", type=_balance,
-                       help="what the partition balances: rows, nnz, or a number c (each node "
-                            "weighs its stored entries + c; default: rows for metis and "
-                            "random, nnz for contiguous)")
+                       help="what the partition balances: rows, nnz, rows+nnz (both at once, "
+                            "metis only), or a number c (each node weighs its stored entries + "
+                            "c; default: rows+nnz for metis, rows for random, nnz for "
+                            "contiguous)")
     train.add_argument("--epochs", type=int, help="default: the model's published setting")
     train.add_argument("--lr", type=float, help="default: the model's published setting")
     train.add_argument("--weight-decay", type=float, help="default: the model's published setting")

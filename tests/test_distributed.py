@@ -327,3 +327,21 @@ def test_callers_data_is_left_untouched(cora):
     for array, saved in zip((adj.indptr, adj.indices, adj.data), before):
         assert np.array_equal(array, saved)
     assert np.array_equal(owner, owner_before) and np.array_equal(features, features_before)
+
+
+def test_train_balances_rows_and_entries_with_metis_by_default(monkeypatch):
+    from pysparse_hpc.distributed import _metis, training
+    assert training._default_balance("metis", None) == "rows+nnz"
+    assert training._default_balance("metis", 30.0) == 30.0
+    assert training._default_balance("contiguous", None) is None  # the method's default
+    # Without METIS's C functions, the trainer falls back to nodes rather than failing.
+    monkeypatch.setattr(training, "multi_constraint_available", lambda: False)
+    assert training._default_balance("metis", None) == "rows"
+    monkeypatch.setattr(_metis, "_LIBRARY", None)
+    monkeypatch.setattr(_metis.ctypes, "CDLL", _no_library)
+    assert not _metis.multi_constraint_available()
+    monkeypatch.setattr(_metis, "_LIBRARY", None)
+
+
+def _no_library(path):
+    raise OSError(f"cannot open {path}")

@@ -414,9 +414,43 @@ def test_balance_rows_or_entries():
     assert work.max() / work.mean() < 1.1
     assert np.array_equal(partition(A, 4, "contiguous", balance=1).owner,
                           partition(A, 4, "contiguous", balance="nnz").owner)
-    with pytest.raises(ValueError, match="balance must be 'rows', 'nnz' or a number"):
+    with pytest.raises(ValueError, match="balance must be 'rows', 'nnz', 'rows\\+nnz' or a"):
         partition(A, 4, "metis", balance="edges")
+    with pytest.raises(ValueError, match="balance must be 'rows', 'nnz' or a number >= 0 for "
+                                         "method 'contiguous'"):
+        partition(A, 4, "contiguous", balance="rows+nnz")
     with pytest.raises(ValueError, match="must be finite and >= 0"):
         partition(A, 4, "metis", balance=-1.0)
     with pytest.raises(ValueError, match="balance must be 'rows' for method 'random'"):
         partition(A, 4, "random", balance="nnz")
+
+
+@pytest.mark.parametrize("nparts", [2, 3, 4, 9])  # 9: k-way rather than recursive bisection
+def test_balance_rows_and_entries_at_once(nparts):
+    """"rows+nnz" (METIS's two constraints) evens out both, where each alone skews the other."""
+    from pysparse_hpc.generators import rmat
+    A = rmat(12, 8, seed=1)
+    both = partition(A, nparts, "metis", balance="rows+nnz", seed=3)
+    assert both.row_balance < 1.1 and both.nnz_balance < 1.1
+    assert partition(A, nparts, "metis").nnz_balance > 1.3
+    assert partition(A, nparts, "metis", balance="nnz").row_balance > 1.3
+    # Same seed, same partition.
+    again = partition(A, nparts, "metis", balance="rows+nnz", seed=3)
+    np.testing.assert_array_equal(both.owner, again.owner)
+    # Quality figures agree with a partition rebuilt from the owners.
+    rebuilt = Partition.from_owner(A, both.owner, nparts)
+    assert rebuilt.communication_volume == both.communication_volume
+
+
+def test_balance_rows_and_entries_needs_the_c_functions(monkeypatch, cora):
+    from pysparse_hpc.distributed import _metis
+    monkeypatch.setattr(_metis, "_LIBRARY", None)
+    monkeypatch.setattr(_metis.ctypes, "CDLL", _refuse_library)
+    with pytest.raises(RuntimeError, match="needs METIS's C functions.*balance='rows'"):
+        partition(cora, 2, "metis", balance="rows+nnz")
+    assert partition(cora, 2, "metis", balance="nnz").nparts == 2  # pymetis's own API
+    monkeypatch.setattr(_metis, "_LIBRARY", None)  # not the refused one for later tests
+
+
+def _refuse_library(path):
+    raise OSError(f"cannot open {path}")

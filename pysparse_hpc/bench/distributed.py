@@ -7,13 +7,14 @@ with the measured figure):
    threads training the library's 2-layer GCN on the whole graph; P = ``R`` is ``mpiexec -n R``
    with ``threads // R`` threads per rank (the same total), the graph partitioned on rank 0
    and scattered, one job per partitioner of ``--run-methods`` (default: METIS balancing node
-   counts, "metis", and METIS balancing the measured work, "metis-work": each node weighs its
-   stored entries + c, c = t_row / t_entry_step from the kernel rates below, one job per
-   hidden width since c depends on it; "metis-nnz", METIS balancing stored entries, is
-   available). All are subprocesses
-   running `pysparse_hpc.bench._distributed_worker`, which writes its results as JSON. At
-   P > 1 two configurations are timed in turns from the same seed: ours (halo exchange
-   overlapped with the owned-column product, `DataParallel` gradient allreduce) and the
+   counts, "metis", and METIS balancing node counts and stored entries at once with two
+   constraints, "metis-rows+nnz"; also available: "metis-nnz", METIS balancing stored
+   entries, and "metis-work", METIS balancing the measured work: each node weighs its stored
+   entries + c, c = t_row / t_entry_step from the kernel rates below, one job per hidden
+   width since c depends on it). All are subprocesses running
+   `pysparse_hpc.bench._distributed_worker`, which writes its results as JSON. At P > 1 two
+   configurations are timed in turns from the same seed: ours (halo exchange overlapped with
+   the owned-column product, `DataParallel` gradient allreduce) and the
    CAGNET-1D peer (every SpMM gathers all of H on every rank; its backward reduce-scatters
    ``A_local^T dY``; ``--cagnet-methods`` picks the partitions it runs on), whose losses must
    equal ours before anything is timed. Per configuration: the epoch (median of the timed
@@ -28,7 +29,8 @@ with the measured figure):
    the same total threads, and exposed communication is at most 20 % of the epoch.
 2. **Exact plans** for P = 2, 4, ..., ``--max-ranks`` (powers of two): METIS balancing nodes
    ("metis"), stored entries ("metis-nnz", vertex weights = entries + 1) or work
-   ("metis-work", vertex weights = entries + c, one plan per hidden width), contiguous blocks
+   ("metis-work", vertex weights = entries + c, one plan per hidden width) or both nodes and
+   entries ("metis-rows+nnz", two constraints), contiguous blocks
    after the library's rabbit or RCM reordering, contiguous blocks of the order given
    (``--methods contiguous``), and random partitions (`pysparse_hpc.distributed.partition`):
    halo volume against CAGNET-1D's ``(P - 1) n`` rows, messages per rank (peers, max and
@@ -106,15 +108,20 @@ DEFAULT_GRAPHS = ("pubmed", "generated", "rmat")
 #: Partitioners of the plans: METIS balancing nodes, stored entries or the measured work
 #: (entries + c per node, c = `Rates.work_ratio`), contiguous blocks after a reordering (or
 #: of the given order), random.
-METHODS = ("metis", "metis-nnz", "metis-work", "rabbit", "rcm", "contiguous", "random")
-DEFAULT_METHODS = ("metis", "metis-nnz", "metis-work", "rabbit", "rcm", "random")
+METHODS = ("metis", "metis-nnz", "metis-work", "metis-rows+nnz", "rabbit", "rcm", "contiguous",
+           "random")
+DEFAULT_METHODS = ("metis", "metis-nnz", "metis-work", "metis-rows+nnz", "rabbit", "rcm",
+                   "random")
+#: The METIS partitioners, whose volumes the plan verdicts print.
+METIS_METHODS = ("metis", "metis-nnz", "metis-work", "metis-rows+nnz")
 #: The balance of "metis-work": replaced by the measured work ratio c of the graph and hidden
 #: width (`partition_graph`'s ``work_ratio``).
 WORK = "work"
 #: The methods that partition the graph as given, and their `partition` arguments
 #: ``(method, balance)``; "rabbit" and "rcm" are "contiguous" after that reordering.
 PARTITIONERS = {"metis": ("metis", "rows"), "metis-nnz": ("metis", "nnz"),
-                "metis-work": ("metis", WORK), "contiguous": ("contiguous", "nnz"),
+                "metis-work": ("metis", WORK), "metis-rows+nnz": ("metis", "rows+nnz"),
+                "contiguous": ("contiguous", "nnz"),
                 "random": ("random", "rows")}
 #: Methods whose partition depends on the hidden width (through c): one plan and one real
 #: job per width.
@@ -123,7 +130,7 @@ REORDERINGS = ("rabbit", "rcm")
 #: Partitioners the real runs can use (the graph as given, partitioned on rank 0), and those
 #: they run by default.
 RUN_METHODS = tuple(PARTITIONERS)
-DEFAULT_RUN_METHODS = ("metis", "metis-work")
+DEFAULT_RUN_METHODS = ("metis", "metis-rows+nnz")
 #: The partitioner of CAGNET-1D's rows in the projection and of the volume target.
 RUN_METHOD = "metis"
 #: The label of CAGNET-1D in the projection.
@@ -350,7 +357,8 @@ def _plan_of(name, part, indptr, indices, hat_lengths, seconds, hidden=0, work_r
 def partition_graph(adj, nparts, method, seed=0, work_ratio=None):
     """`pysparse_hpc.distributed.partition` of ``adj`` for a method of `PARTITIONERS`, its
     `Partition.method` set to that name ("metis-nnz": METIS with ``balance="nnz"``,
-    "metis-work": METIS with ``balance=work_ratio``, the c of `Rates.work_ratio`).
+    "metis-rows+nnz": with ``balance="rows+nnz"``, "metis-work": METIS with
+    ``balance=work_ratio``, the c of `Rates.work_ratio`).
 
     Raises
     ------
@@ -866,7 +874,7 @@ def format_runs(runs):
     """The real runs' table: one line per (graph, hidden, configuration)."""
     single = _singles(runs)
     heading = (f"{'graph':<10} {'nodes':>7} {'edges':>8} {'hidden':>6} {'P':>2} "
-               f"{'partition':<10} {'run':<7} {'thr':>3} {'ms/epoch':>9} {'vs P=1':>7} "
+               f"{'partition':<14} {'run':<7} {'thr':>3} {'ms/epoch':>9} {'vs P=1':>7} "
                f"{'exposed ms':>10} {'exp %':>6} "
                f"{'halo MB':>8} {'rev MB':>7} {'allred MB':>9} {'MB/epoch':>9}")
     lines = [heading, "-" * len(heading)]
@@ -879,7 +887,7 @@ def format_runs(runs):
         ratio = f"{r.epoch / base.epoch:>6.2f}x" if base else f"{'-':>7}"
         lines.append(
             f"{r.graph:<10} {r.nodes:>7} {r.edges:>8} {r.hidden:>6} {r.ranks:>2} "
-            f"{r.method or '-':<10} {r.config:<7} {r.threads_per_rank:>3} "
+            f"{r.method or '-':<14} {r.config:<7} {r.threads_per_rank:>3} "
             f"{r.epoch * 1e3:>9.2f} {ratio} {r.exposed * 1e3:>10.2f} "
             f"{100 * r.exposed_fraction:>5.1f}% "
             f"{_megabytes(r.bytes_received['halo']):>8.2f} "
@@ -1089,7 +1097,7 @@ def model_check_lines(runs, rates, plans):
 
 def format_plans(plans):
     """The exact plans: one line per (graph, method, P)."""
-    heading = (f"{'graph':<10} {'method':<14} {'P':>5} {'volume rows':>12} {'% CAGNET':>9} "
+    heading = (f"{'graph':<10} {'method':<18} {'P':>5} {'volume rows':>12} {'% CAGNET':>9} "
                f"{'max halo':>9} {'peers max':>9} {'mean':>7} {'bal rows':>8} {'bal nnz':>8} "
                f"{'cut %':>6} {'part s':>7}")
     lines = [heading, "-" * len(heading)]
@@ -1099,7 +1107,7 @@ def format_plans(plans):
             lines.append("")
         previous = p.graph, p.label
         cut = 100 * p.edge_cut / p.nnz if p.nnz else 0.0
-        lines.append(f"{p.graph:<10} {p.label:<14} {p.ranks:>5} {p.volume:>12} "
+        lines.append(f"{p.graph:<10} {p.label:<18} {p.ranks:>5} {p.volume:>12} "
                      f"{100 * p.fraction:>8.2f}% {p.max_halo:>9} {p.peers_max:>9} "
                      f"{p.peers_mean:>7.1f} {p.row_balance:>8.3f} {p.nnz_balance:>8.3f} "
                      f"{cut:>5.1f}% {p.seconds:>7.2f}")
@@ -1111,8 +1119,7 @@ def plan_verdicts(plans):
     other graphs, and METIS balanced by entries beside it, without a verdict)."""
     lines = []
     for p in plans:
-        if (p.method not in ("metis", "metis-nnz", "metis-work")
-                or p.ranks != TARGET_VOLUME_RANKS):
+        if p.method not in METIS_METHODS or p.ranks != TARGET_VOLUME_RANKS:
             continue
         figure = (f"METIS halo volume at P={p.ranks} on {p.graph}: {p.volume} rows = "
                   f"{100 * p.fraction:.2f}% of CAGNET-1D's {p.cagnet_volume}")
@@ -1123,6 +1130,11 @@ def plan_verdicts(plans):
         elif p.method == "metis-work":
             lines.append(f"METIS balanced by work (metis-work h{p.hidden}, c {p.work_ratio:.1f}):"
                          f" halo volume at P={p.ranks} on {p.graph}: {p.volume} rows = "
+                         f"{100 * p.fraction:.2f}% of CAGNET-1D's (entries balance "
+                         f"{p.nnz_balance:.3f}, rows {p.row_balance:.3f})")
+        elif p.method == "metis-rows+nnz":
+            lines.append(f"METIS balanced by rows and entries (metis-rows+nnz): halo volume at "
+                         f"P={p.ranks} on {p.graph}: {p.volume} rows = "
                          f"{100 * p.fraction:.2f}% of CAGNET-1D's (entries balance "
                          f"{p.nnz_balance:.3f}, rows {p.row_balance:.3f})")
         elif p.graph in TARGET_VOLUME_GRAPHS:
@@ -1168,10 +1180,10 @@ def format_projection(projections, ranks):
         lines.append(f"{graph} h{hidden}, network {network.name} (alpha {1e6 * network.alpha:g} "
                      f"us, beta {network.beta / 1e9:g} GB/s), T1 = {1e3 * single:.1f} ms; "
                      "cells: projected ms per epoch / efficiency")
-        header = f"  {'method':<10}" + "".join(f" {'P=' + str(P):>13}" for P in ranks)
+        header = f"  {'method':<14}" + "".join(f" {'P=' + str(P):>13}" for P in ranks)
         lines.append(header)
         for method in methods:
-            row = f"  {method:<10}"
+            row = f"  {method:<14}"
             for P in ranks:
                 p = cells.get((method, P))
                 row += (f" {1e3 * p.epoch:>7.2f}/{100 * p.efficiency:>4.0f}%" if p
@@ -1200,7 +1212,7 @@ def projection_summary(projections):
             best = max((p for p in at.values() if p.method != CAGNET),
                        key=lambda p: p.efficiency)
             text = f"P={P}"
-            for method in ("metis", "metis-nnz", "metis-work"):
+            for method in METIS_METHODS:
                 if method in at:
                     text += f" {method} {100 * at[method].efficiency:.0f}%"
             if CAGNET in at:
@@ -1374,7 +1386,7 @@ def add_arguments(parser):
                              f"{','.join(DEFAULT_RUN_METHODS)}; metis-nnz: METIS balancing "
                              "stored entries; metis-work: entries + c per node, c = t_row / "
                              "t_entry_step measured per graph and hidden width, one job per "
-                             "width)")
+                             "width; metis-rows+nnz: nodes and entries at once)")
     parser.add_argument("--cagnet-methods", default=None, metavar="A,B",
                         help="the run methods whose jobs also time the CAGNET-1D peer, or "
                              "'none' (default: all of --run-methods)")
@@ -1490,7 +1502,8 @@ def run(args, out=None):
               f"mpiexec -n {args.run_ranks}, {per_rank} thread(s) per rank, one job per "
               f"partition ({', '.join(args.run_methods)}; metis-nnz: METIS balancing stored "
               "entries; metis-work: METIS balancing entries + c per node, c = t_row / "
-              "t_entry_step of the graph and hidden width, one job per width); "
+              "t_entry_step of the graph and hidden width, one job per width; "
+              "metis-rows+nnz: METIS balancing nodes and entries at once); "
               f"epoch = median of {args.epochs} timed steps (each after a barrier, the slowest "
               f"rank's time) after {args.warmup} warm-up steps{rounds}; exposed = seconds "
               "blocked in waits on exchanges and the gradient allreduce (largest rank); MB = bytes "

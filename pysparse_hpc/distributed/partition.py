@@ -1,14 +1,14 @@
 """Row partitions of a graph for distributed training, and what they cost in communication.
 
-A 1D row partition gives every node (a row of the adjacency and of the node features) one
-owner rank. Rank ``p`` computes the rows it owns and receives, per exchange, the rows of the
-nodes its rows reference but other ranks own: its halo. This module owns the partitioners
-(`partition`: METIS through the optional ``pymetis``, contiguous blocks balanced by stored
-entries, and balanced random) and `Partition`, which holds the owner of every node and the
-figures that decide the cost of a distributed layer: edge cut, halo sizes and communication
-volume, peers (messages per exchange) and load balance, beside the volume that CAGNET's 1D
-algorithm (every rank receives all of H) would move. The communication plan itself is built
-elsewhere, from a `Partition`.
+A 1D row partition gives every node (a row of the adjacency and of the node features) one owner
+rank. Rank ``p`` computes the rows it owns and receives, per exchange, the rows of the nodes
+its rows reference but other ranks own: its halo. This module owns the partitioners
+(`partition`: METIS through the optional ``pymetis``, with one or two balance constraints,
+contiguous blocks balanced by stored entries, and balanced random) and `Partition`, which holds
+the owner of every node and the figures that decide the cost of a distributed layer: edge cut,
+halo sizes and communication volume, peers (messages per exchange) and load balance, beside the
+volume that CAGNET's 1D algorithm (every rank receives all of H) would move. The communication
+plan itself is built elsewhere, from a `Partition`.
 
 Convention: row ``i`` of the adjacency holds the edges into node ``i``; a stored entry
 ``(i, j)`` means that whoever owns ``i`` needs the row of node ``j``. Only the pattern matters
@@ -24,6 +24,7 @@ import scipy.sparse
 from .._base import sparray
 from .._csr import csr_array
 from .._reorder import _symmetric_graph
+from ._metis import import_pymetis, part_graph
 
 __all__ = ["PARTITION_METHODS", "Partition", "partition"]
 
@@ -378,12 +379,17 @@ class Partition:
 # -- partitioners ---------------------------------------------------------------------------
 
 def _node_weights(indptr, balance):
-    """What each node weighs for ``balance``: 1 ("rows"), its stored entries + 1 ("nnz"), or
-    its stored entries + ``balance`` (a number), rounded to integers for METIS."""
+    """What each node weighs for ``balance``, one column per balance constraint: 1 ("rows"),
+    its stored entries + 1 ("nnz"), its stored entries + ``balance`` (a number), rounded to
+    integers for METIS, or both 1 and its entries + 1 ("rows+nnz")."""
+    ones = np.ones(indptr.size - 1, dtype=np.int64)
     if balance == "rows":
-        return np.ones(indptr.size - 1, dtype=np.int64)
+        return ones[:, None]
+    entries = np.diff(indptr).astype(np.int64)
+    if balance == ROWS_AND_NNZ:
+        return np.stack([ones, entries + 1], axis=1)
     per_row = 1.0 if balance == "nnz" else float(balance)
-    return np.rint(np.diff(indptr) + per_row).astype(np.int64)
+    return np.rint(entries + per_row).astype(np.int64)[:, None]
 
 
 def _contiguous_owner(indptr, n, nparts, balance="nnz"):
@@ -391,7 +397,7 @@ def _contiguous_owner(indptr, n, nparts, balance="nnz"):
     ``nparts <= n``, node ``i`` in part ``i`` otherwise."""
     if nparts >= n:
         return np.arange(n, dtype=np.int64)
-    weights = _node_weights(indptr, balance)
+    weights = _node_weights(indptr, balance)[:, 0]
     ends = np.cumsum(weights)
     total = int(ends[-1])
     # A row belongs to the part whose share [p W / P, (p + 1) W / P) holds its midpoint;
@@ -407,19 +413,8 @@ def _contiguous_owner(indptr, n, nparts, balance="nnz"):
     return np.repeat(np.arange(nparts, dtype=np.int64), sizes)
 
 
-def _import_pymetis():
-    try:
-        import pymetis
-    except ImportError as exc:
-        raise ModuleNotFoundError(
-            "partition(method='metis') needs pymetis, which is not installed: "
-            "pip install pymetis (or the pysparse_hpc[mpi] extra); method='contiguous' "
-            "after pysparse_hpc.reorder needs no extra dependency") from exc
-    return pymetis
-
-
 def _metis_owner(indptr, indices, n, nparts, seed, balance="rows"):
-    pymetis = _import_pymetis()
+    import_pymetis()  # asked for METIS: say so even where the special cases need none
     if nparts == 1:
         return np.zeros(n, dtype=np.int64)
     if nparts >= n:
@@ -430,29 +425,15 @@ def _metis_owner(indptr, indices, n, nparts, seed, balance="rows"):
     xadj, adjncy = _symmetric_graph(pattern)
     if adjncy.size == 0:
         # No edges between distinct nodes: every balanced split cuts nothing.
-        return _contiguous_owner(indptr, n, nparts, balance)
-    idx = pymetis.zero_copy_dtype() if hasattr(pymetis, "zero_copy_dtype") else np.int64
-    xadj = np.ascontiguousarray(xadj, dtype=idx)
-    adjncy = np.ascontiguousarray(adjncy, dtype=idx)
-    options = pymetis.Options(seed=int(seed))
-    weights = None if balance == "rows" else np.ascontiguousarray(
-        _node_weights(indptr, balance), dtype=idx)
-    if hasattr(pymetis, "CSRAdjacency"):
-        result = pymetis.part_graph(nparts, pymetis.CSRAdjacency(xadj, adjncy),
-                                    vweights=weights, options=options)
-    else:  # pymetis before 2025.2
-        result = pymetis.part_graph(nparts, xadj=xadj, adjncy=adjncy, vweights=weights,
-                                    options=options)
-    owner = np.asarray(result[1], dtype=np.int64)
-    if owner.shape != (n,) or (n and (owner.min() < 0 or owner.max() >= nparts)):
-        raise RuntimeError(
-            f"METIS returned an invalid partition (shape {owner.shape}, expected ({n},), with "
-            f"parts in [0, {nparts}))")
-    return owner
+        return _contiguous_owner(indptr, n, nparts, "nnz" if balance == ROWS_AND_NNZ else balance)
+    weights = None if balance == "rows" else _node_weights(indptr, balance)
+    return part_graph(xadj, adjncy, weights, nparts, seed)
 
 
 #: What `partition` can balance, and each method's default.
-BALANCES = ("rows", "nnz")
+#: "rows+nnz" is METIS's two-constraint partitioning: equal node counts and equal entries.
+ROWS_AND_NNZ = "rows+nnz"
+BALANCES = ("rows", "nnz", ROWS_AND_NNZ)
 _DEFAULT_BALANCE = {"metis": "rows", "contiguous": "nnz", "random": "rows"}
 
 
@@ -496,7 +477,7 @@ def partition(adj, nparts, method="metis", seed=0, balance=None):
           benchmarks.
     seed : int, default 0
         Seed of METIS or of the random assignment, in ``[0, 2**63)``; "contiguous" ignores it.
-    balance : {"rows", "nnz"} or float, optional
+    balance : {"rows", "nnz", "rows+nnz"} or float, optional
         What the parts hold equal amounts of: nodes ("rows", METIS's and random's default),
         stored entries with each node weighing its entries + 1 ("nnz", the contiguous default;
         METIS then gets these as vertex weights), or work: a number ``c`` weighs each node as
@@ -505,7 +486,11 @@ def partition(adj, nparts, method="metis", seed=0, balance=None):
         even out the dense work, equal entries the SpMMs; on graphs with skewed degrees
         (R-MAT, power laws) either alone leaves one part slower than the other, and the
         measured ratio (about 30-60 for a 2-layer GCN on a CPU, see BENCHMARKS.md) balances
-        the step. "random" balances rows only.
+        the step's total. "rows+nnz" (METIS only) balances both at once, each within METIS's
+        tolerance, with METIS's multi-constraint partitioning: every phase of a step, the
+        entry-bound products and the row-bound dense work, is then even, which one weight per
+        node cannot promise; it usually cuts more edges than "rows". "random" balances rows
+        only.
 
     Returns
     -------
@@ -522,6 +507,9 @@ def partition(adj, nparts, method="metis", seed=0, balance=None):
         ``seed`` is negative, or ``method`` or ``balance`` is unknown.
     ModuleNotFoundError
         If ``method="metis"`` and ``pymetis`` is not installed.
+    RuntimeError
+        If METIS fails, or ``balance="rows+nnz"`` and the installed pymetis does not expose
+        METIS's C functions.
 
     See Also
     --------
@@ -548,8 +536,10 @@ def partition(adj, nparts, method="metis", seed=0, balance=None):
     if numeric and not (np.isfinite(balance) and balance >= 0):
         raise ValueError(f"a numeric balance (work per row, in stored entries) must be finite "
                          f"and >= 0, got {balance!r}")
-    if (not numeric and balance not in BALANCES) or (method == "random" and balance != "rows"):
-        allowed = "'rows'" if method == "random" else "'rows', 'nnz' or a number >= 0"
+    allowed = {"random": "'rows'", "contiguous": "'rows', 'nnz' or a number >= 0"}.get(
+        method, "'rows', 'nnz', 'rows+nnz' or a number >= 0")
+    if ((not numeric and balance not in BALANCES) or (method == "random" and balance != "rows")
+            or (method == "contiguous" and balance == ROWS_AND_NNZ)):
         raise ValueError(f"balance must be {allowed} for method {method!r}, got "
                          f"{balance!r}")
     indptr, indices, n = _as_pattern(adj)

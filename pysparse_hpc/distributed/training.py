@@ -13,7 +13,9 @@ import numpy as np
 from .. import datasets
 from ._comm import init
 from .graph import DistGraph, comm_sum
-from .partition import PARTITION_METHODS, Partition, partition as make_partition
+from ._metis import multi_constraint_available
+from .partition import (PARTITION_METHODS, ROWS_AND_NNZ, Partition,
+                        partition as make_partition)
 
 __all__ = ["DistributedTrainResult", "train"]
 
@@ -88,6 +90,14 @@ class DistributedTrainResult:
     resumed_after: int = None
 
 
+def _default_balance(method, balance):
+    """``train``'s balance: the one asked for, else both rows and entries for METIS (where
+    METIS's multi-constraint partitioning is available), else the method's default."""
+    if balance is not None or method != "metis":
+        return balance
+    return ROWS_AND_NNZ if multi_constraint_available() else "rows"
+
+
 def _load(dataset, random_features, seed):
     if isinstance(dataset, datasets.Dataset):
         return dataset
@@ -118,10 +128,13 @@ def train(dataset="cora", model="gcn", partition="metis", *, epochs=None, lr=Non
         With its published architecture (`pysparse_hpc.nn.models`).
     partition : {"metis", "contiguous", "random"} or Partition
         How rank 0 splits the nodes (a `Partition` for ``comm.size`` parts is used as given).
-    balance : {"rows", "nnz"} or float, optional
+    balance : {"rows", "nnz", "rows+nnz"} or float, optional
         What the partitioner balances (`pysparse_hpc.distributed.partition`): nodes, stored
-        entries, or entries + this much per row (better on graphs with skewed degrees).
-        Default: the method's.
+        entries, both at once (METIS only), or entries + this much per row. Default: both
+        ("rows+nnz") for METIS, where the installed pymetis exposes METIS's C functions (it
+        evens out every phase of a step on graphs with skewed degrees, and costs nothing
+        measurable on the others, see BENCHMARKS.md), else nodes; the method's own default
+        for the others.
     epochs, lr, weight_decay : optional
         Default: the model's published settings.
     seed : int
@@ -199,7 +212,7 @@ def train(dataset="cora", model="gcn", partition="metis", *, epochs=None, lr=Non
                                                                      "given"))
             elif isinstance(partition, str):
                 parts = make_partition(data.adj, comm.size, partition, seed=seed,
-                                       balance=balance)
+                                       balance=_default_balance(partition, balance))
             else:
                 parts = partition
         except Exception as exc:  # noqa: BLE001 -- raised on every rank below
