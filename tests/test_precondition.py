@@ -115,6 +115,52 @@ def test_matches_asdl(name, fisher, schedule):
     assert_grads_close(expected, train(ours, model, x, t, 6))
 
 
+def bag_of_words(n=48, d=300, density=0.01, seed=2, dtype=DTYPE):
+    """Nonnegative rows with about ``density`` nonzeros, like a graph's word features."""
+    generator = torch.Generator().manual_seed(seed)
+    keep = torch.rand(n, d, generator=generator) < density
+    return torch.rand(n, d, generator=generator, dtype=dtype) * keep
+
+
+@requires_asdl
+@pytest.mark.parametrize("fisher", ["emp", "exact"])
+def test_matches_asdl_on_sparse_inputs(fisher):
+    """Inputs with 1 % nonzeros take the sparse input factor (`_gram`); still ASDL's."""
+    from pysparse_hpc.precondition import _gram
+    x = bag_of_words()
+    assert int(torch.count_nonzero(x)) < _gram.SPARSE_DENSITY * x.numel()
+    t = torch.randint(0, 3, (x.shape[0],), generator=torch.Generator().manual_seed(3))
+
+    def make():
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(300, 16), nn.ReLU(), nn.Linear(16, 3)).to(DTYPE)
+    config = dict(data_size=x.shape[0], damping=1e-3)
+    expected = train(asdl_maker(model := make(), fisher, **config), model, x, t, 4)
+    ours = P.KfacGradientMaker(model := make(), P.PreconditioningConfig(**config),
+                               fisher_type=fisher)
+    assert_grads_close(expected, train(ours, model, x, t, 4))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("density", [0.0, 0.005, 0.02, 0.5])
+@pytest.mark.parametrize("shape", [(40, 200), (1, 130), (7, 4), (30, 301)])
+def test_gram_equals_dense_product(shape, density, dtype):
+    """Sparse (few nonzeros, wide), blocked dense (wide) and plain dense paths all give
+    x^T x; the sparse sum is exactly symmetric."""
+    from pysparse_hpc.precondition._gram import gram
+    x = bag_of_words(*shape, density=density, dtype=dtype) - 0.3 * bag_of_words(
+        *shape, density=density, seed=4, dtype=dtype)   # negative values too
+    expected = x.T.mm(x)
+    result = gram(x)
+    assert result.dtype == dtype and result.shape == expected.shape
+    torch.testing.assert_close(result, expected, rtol=1e-5 if dtype == torch.float32 else 1e-12,
+                               atol=1e-6 if dtype == torch.float32 else 1e-14)
+    if shape[1] >= 128 and density <= 0.005:
+        assert torch.equal(result, result.T)
+    # A view with strides (a transposed matrix's rows) gives the same.
+    torch.testing.assert_close(gram(x.T.contiguous().T), expected, rtol=1e-5, atol=1e-6)
+
+
 @requires_asdl
 @pytest.mark.parametrize("fisher", ["exact", "mc"])
 def test_matches_asdl_mse(fisher):
