@@ -115,3 +115,15 @@ def test_bad_names_and_a_run_without_adam():
     with pytest.raises(ValueError, match="no Adam run"):
         summarize([_run("cora", "sgd", 0.1, 0, _curve(3, 0.5))])
     assert convergence.lr_grid("sgd", "gcn") != convergence.lr_grid("sgd", "mlp")
+
+
+def test_damping_option_reaches_the_maker(capsys):
+    import torch
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3))
+    assert convergence._maker("kfac", model, 10).config.damping == 1e-2   # fit's
+    assert convergence._maker("kfac", model, 10, damping=0.3).config.damping == 0.3
+    assert convergence._maker("adam", model, 10, damping=0.3) is None
+    for bad in ("0", "-1", "nan", "x"):
+        with pytest.raises(SystemExit):
+            main(["convergence", "--damping", bad])
+        assert "expected a positive number" in capsys.readouterr().err

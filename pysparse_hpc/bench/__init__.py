@@ -79,6 +79,17 @@ def positive_int(text):
     return value
 
 
+def positive_float(text):
+    """argparse type: a finite number above 0, with a message that says what was given."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {value}")
+    return value
+
+
 def write_outputs(args, out, results, write_csv, write_plot, *details):
     """Write the CSV (``--csv``) and the plot (``--plot``) a command was asked for, each as
     ``write_x(results, path, *details)``, and say where on ``out``."""

@@ -60,7 +60,7 @@ from functools import partial
 import numpy as np
 from tqdm import tqdm
 
-from . import geometric_mean, positive_int, write_outputs
+from . import geometric_mean, positive_float, positive_int, write_outputs
 
 __all__ = ["HELP", "METHODS", "WORKLOADS", "GridPoint", "Problem", "Run", "add_arguments",
            "load_problem", "lr_grid", "measure", "run", "summarize", "train_run", "verdict"]
@@ -339,13 +339,15 @@ def _optimizer(method, model, lr, weight_decay):
     return torch.optim.Adam(groups, lr=lr)
 
 
-def _maker(method, model, data_size):
-    """``fit``'s gradient maker for ``method`` (None for Adam and SGD)."""
+def _maker(method, model, data_size, damping=None):
+    """``fit``'s gradient maker for ``method`` (None for Adam and SGD); ``damping``: in place
+    of ``fit``'s."""
     if method not in PRECONDITIONED:
         return None
     from .. import precondition
     from ..nn.train import PRECONDITIONERS
-    maker_name, damping = PRECONDITIONERS[method]
+    maker_name, default_damping = PRECONDITIONERS[method]
+    damping = default_damping if damping is None else damping
     config = precondition.PreconditioningConfig(
         data_size=data_size, damping=damping, curvature_upd_interval=CURVATURE_INTERVAL,
         preconditioner_upd_interval=CURVATURE_INTERVAL)
@@ -372,7 +374,7 @@ def _step(model, maker, optimizer, inputs, labels, loss_fn):
     return loss
 
 
-def train_run(problem, method, lr, seed, epochs=None):
+def train_run(problem, method, lr, seed, epochs=None, damping=None):
     """Train ``problem``'s model with ``method`` at learning rate ``lr`` from seed ``seed``.
 
     Parameters
@@ -385,6 +387,8 @@ def train_run(problem, method, lr, seed, epochs=None):
         Seeds the weights, the dropout masks and the batch order.
     epochs : int, optional
         Default: the problem's.
+    damping : float, optional
+        The preconditioners' damping; default: ``fit``'s (`train.PRECONDITIONERS`).
 
     Returns
     -------
@@ -394,7 +398,7 @@ def train_run(problem, method, lr, seed, epochs=None):
     torch.manual_seed(seed)
     model = problem.make_model()
     optimizer = _optimizer(method, model, lr, problem.weight_decay)
-    maker = _maker(method, model, problem.data_size)
+    maker = _maker(method, model, problem.data_size, damping)
     loss_fn = partial(_summed_cross_entropy, count=float(problem.data_size))
     generator = torch.Generator().manual_seed(seed)
     result = Run(problem.name, method, lr, seed)
@@ -416,7 +420,7 @@ def train_run(problem, method, lr, seed, epochs=None):
     return result
 
 
-def measure(problem, methods=METHODS, epochs=None, seeds=None, progress=None):
+def measure(problem, methods=METHODS, epochs=None, seeds=None, progress=None, damping=None):
     """Every run of ``problem``: each method, learning rate of its grid and seed.
 
     Parameters
@@ -428,18 +432,20 @@ def measure(problem, methods=METHODS, epochs=None, seeds=None, progress=None):
         Default: the problem's.
     progress : tqdm, optional
         Advanced by one per run.
+    damping : float, optional
+        The preconditioners' damping; default: ``fit``'s.
 
     Returns
     -------
     list of Run
     """
     for method in methods:   # untimed: kernels compile and caches fill before any clock runs
-        train_run(problem, method, lr_grid(method, problem.kind)[0], 0, WARMUP_EPOCHS)
+        train_run(problem, method, lr_grid(method, problem.kind)[0], 0, WARMUP_EPOCHS, damping)
     runs = []
     for seed in range(seeds or problem.seeds):
         for method in methods:
             for lr in lr_grid(method, problem.kind):
-                runs.append(train_run(problem, method, lr, seed, epochs))
+                runs.append(train_run(problem, method, lr, seed, epochs, damping))
                 if progress is not None:
                     progress.update()
     return runs
@@ -701,6 +707,9 @@ def add_arguments(parser):
                              "citeseer and pubmed)")
     parser.add_argument("--grid", action="store_true",
                         help="also print every learning rate's row")
+    parser.add_argument("--damping", type=positive_float, metavar="D",
+                        help="damping of K-FAC, Shampoo and Jorge (default: the training "
+                             "command's, pysparse_hpc.nn.train.PRECONDITIONERS)")
 
 
 def run(args, out=None):
@@ -723,13 +732,15 @@ def run(args, out=None):
     with tqdm(total=total, desc="convergence", unit="run") as progress:
         for problem in problems:
             progress.set_postfix_str(problem.name)
-            runs += measure(problem, methods[problem.name], progress=progress)
+            runs += measure(problem, methods[problem.name], progress=progress,
+                            damping=args.damping)
     studies = summarize(runs)
     print(f"Convergence to a target validation accuracy, {args.threads} threads; medians over "
           "seeds; each method at its headline learning rate (fewest epochs to T)", file=out)
     for problem in problems:
         print(f"  {problem.name}: {problem.epochs} epochs, {problem.seeds} seed(s), "
               f"{', '.join(methods[problem.name])}"
+              + (f"; preconditioner damping {args.damping:g}" if args.damping else "")
               + (f"; {problem.note}" if problem.note else ""), file=out)
     print(format_table(studies, grid=args.grid), file=out)
     for line in verdict(studies):
