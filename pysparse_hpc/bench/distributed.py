@@ -105,9 +105,9 @@ HELP = ("full-graph GCN training over MPI: P=1/2 runs against CAGNET-1D, exact p
 GRAPHS = ("cora", "citeseer", "pubmed", "generated", "rmat")
 DEFAULT_GRAPHS = ("pubmed", "generated", "rmat")
 
-#: Partitioners of the plans: METIS balancing nodes, stored entries or the measured work
-#: (entries + c per node, c = `Rates.work_ratio`), contiguous blocks after a reordering (or
-#: of the given order), random.
+#: Partitioners of the plans: METIS balancing nodes, stored entries, the measured work
+#: (entries + c per node, c = `Rates.work_ratio`) or nodes and entries at once (two
+#: constraints), contiguous blocks after a reordering (or of the given order), random.
 METHODS = ("metis", "metis-nnz", "metis-work", "metis-rows+nnz", "rabbit", "rcm", "contiguous",
            "random")
 DEFAULT_METHODS = ("metis", "metis-nnz", "metis-work", "metis-rows+nnz", "rabbit", "rcm",
