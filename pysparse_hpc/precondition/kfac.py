@@ -76,10 +76,25 @@ def damped_cholesky(matrix, damping):
     """The lower Cholesky factor of ``matrix + damping I``; None when not positive definite."""
     damped = matrix.clone()
     damped.diagonal().add_(damping)
-    factor, info = torch.linalg.cholesky_ex(damped)
+    # LAPACK leaves its results column-major; the upper factor's transpose is the lower
+    # factor in row-major order (see `_row_major`).
+    factor, info = torch.linalg.cholesky_ex(damped, upper=True)
     if int(info) != 0:
         return None
-    return factor
+    return factor.mT
+
+
+def _row_major(symmetric):
+    """An exactly symmetric matrix in row-major order: its transpose where that is the
+    row-major view (no copy), else a copy.
+
+    Every stored inverse and factor is row-major because a checkpoint and a broadcast hand
+    them back row-major, and a product with a column-major operand is another BLAS call
+    that rounds differently: a run resumed from a checkpoint, or a rank that received its
+    inverses, would drift from the one that computed them."""
+    if symmetric.is_contiguous():
+        return symmetric
+    return symmetric.mT if symmetric.mT.is_contiguous() else symmetric.contiguous()
 
 
 class _Inverse:
@@ -347,7 +362,7 @@ class KfacGradientMaker(NaturalGradientMaker):
                 if once:
                     state[key + "_chol"] = chol
                 else:
-                    state[key + "_inv"] = torch.cholesky_inverse(chol)
+                    state[key + "_inv"] = _row_major(torch.cholesky_inverse(chol))
 
     # ------------------------------------------------------------------ precondition
     def _precondition_modules(self, names):
