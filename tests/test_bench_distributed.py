@@ -68,6 +68,45 @@ def test_plans_match_partition(cora):
     assert metis8.volume < random8.volume / 3
 
 
+def test_planted_plans_deal_whole_communities_in_blocks():
+    """"planted" gives each rank whole communities, consecutive ones, as evenly as they
+    divide; its halo is the brute-force count of the remote neighbours; without communities
+    there is no such plan."""
+    from pysparse_hpc.generators import planted_partition
+    adj, communities = planted_partition(10, 8, 4.0, 2.0, seed=3, shuffle=True)
+    owner = bench.planted_owner(communities, 4)
+    for c in range(10):  # one owner per community, never decreasing with the community
+        assert len(set(owner[communities == c])) == 1
+    assert [int(owner[communities == c][0]) for c in range(10)] == [0, 0, 0, 1, 1, 2, 2, 2, 3, 3]
+    plans = bench.make_plans("g", adj, ["planted", "random"], [4], communities=communities)
+    assert [p.method for p in plans] == ["planted", "random"]
+    csr = adj.tocsr()
+    halo = [len({int(j) for i in np.flatnonzero(owner == r)
+                 for j in csr.indices[csr.indptr[i]:csr.indptr[i + 1]] if owner[j] != r})
+            for r in range(4)]
+    np.testing.assert_array_equal(plans[0].halo_rows, halo)
+    assert plans[0].volume == sum(halo) and plans[0].cagnet_volume == 3 * 80
+    assert [p.method for p in bench.make_plans("g", adj, ["planted", "random"], [4])] == [
+        "random"]
+
+
+@requires_metis
+def test_mixing_sweep_keeps_the_degree_and_the_target_follows_the_share_outside():
+    sweep = bench.mixing_plans([4.0, 0.5], quick=True)
+    assert [external for external, _ in sweep] == [4.0, 0.5]
+    metis = {external: next(p for p in plans if p.method == "metis") for external, plans in sweep}
+    planted = {external: next(p for p in plans if p.method == "planted")
+               for external, plans in sweep}
+    # Same nodes, about the same edges (expected degree 12 either way).
+    assert metis[4.0].nodes == metis[0.5].nodes == 200 * 32
+    assert metis[0.5].nnz == pytest.approx(metis[4.0].nnz, rel=0.15)
+    assert metis[4.0].fraction > 0.3 > 0.1 > metis[0.5].fraction
+    assert planted[4.0].fraction > 0.3 and planted[0.5].fraction < 0.1
+    lines = bench.mixing_lines(sweep)
+    assert lines[2].split()[:3] == ["generated", "ext=4", "0.333"]
+    assert lines[2].endswith("NOT MET") and lines[3].endswith(" MET")
+
+
 @requires_metis
 def test_metis_nnz_balances_the_entries_of_a_skewed_graph():
     # R-MAT's hubs gather in a few of METIS's equal node counts; weighting every node by its
@@ -254,7 +293,7 @@ def test_plans_and_projection_cli(tmp_path, capsys):
     table, plot = tmp_path / "dist.csv", tmp_path / "dist.png"
     status = main(["distributed", "--data", str(REPO_ROOT), "--graphs", "cora,generated",
                    "--quick", "--skip-runs", "--max-ranks", "8", "--hidden", "16", "--repeat",
-                   "1", "--csv", str(table), "--plot", str(plot)])
+                   "1", "--mixing", "4,0.5", "--csv", str(table), "--plot", str(plot)])
     out = capsys.readouterr().out
     assert status == 0
     assert "== exact plans" in out and "== projection (alpha-beta): 25GB/s: alpha 2 us, beta " \
@@ -274,15 +313,28 @@ def test_plans_and_projection_cli(tmp_path, capsys):
     verdict = [line for line in out.splitlines()
                if line.startswith("target: METIS halo volume at P=8 on generated")]
     assert len(verdict) == 1 and verdict[0].endswith(("): MET", "): NOT MET"))
+    planted = out.splitlines()[out.splitlines().index(verdict[0]) + 1]
+    assert planted.startswith("  planted communities in blocks at P=8 on generated: ")
+    # The quick planted graph: a third of the edges go anywhere, METIS beats the planted split.
+    assert "METIS does better than the generator's own communities" in planted
+    sweep = out.split("== mixing sweep")[1].split("\n\n")[0].splitlines()
+    assert [line.split()[1] for line in sweep[3:]] == ["ext=4", "ext=0.5"]
+    assert sweep[3].endswith("NOT MET") and sweep[4].endswith(" MET")
     assert "== real runs" not in out
     with open(table, newline="") as handle:
         rows = list(csv.DictReader(handle))
     assert tuple(rows[0].keys()) == bench.CSV_COLUMNS
     plans = [r for r in rows if r["section"] == "plan"]
     projections = [r for r in rows if r["section"] == "projection"]
-    assert len(plans) == 2 * len(bench.DEFAULT_METHODS) * 3
+    # "planted": on the generated graph only (cora has no planted communities).
+    assert len(plans) == (2 * len(bench.DEFAULT_METHODS) - 1) * 3
+    assert {r["graph"] for r in plans if r["method"] == "planted"} == {"generated"}
+    mixing = [r for r in rows if r["section"] == "mixing"]
+    assert [(r["graph"], r["method"], r["ranks"]) for r in mixing] == [
+        ("generated ext=4", "metis", "8"), ("generated ext=4", "planted", "8"),
+        ("generated ext=0.5", "metis", "8"), ("generated ext=0.5", "planted", "8")]
     # Per graph: (methods + CAGNET-1D) x 2 networks x 3 rank counts.
-    assert len(projections) == 2 * (len(bench.DEFAULT_METHODS) + 1) * 2 * 3
+    assert len(projections) == (2 * (len(bench.DEFAULT_METHODS) + 1) - 1) * 2 * 3
     assert not [r for r in rows if r["section"] == "run"]
     metis = next(r for r in plans if (r["graph"], r["method"], r["ranks"]) == ("cora", "metis",
                                                                                "4"))
@@ -321,6 +373,8 @@ def test_plans_and_projection_cli(tmp_path, capsys):
     (["--max-ranks", "1"], "--max-ranks must be at least 2, got 1"),
     (["--run-ranks", "1"], "--run-ranks must be at least 2, got 1"),
     (["--run-methods", "metis,rabbit"], "unknown run method 'rabbit'"),
+    (["--mixing", "1,x"], "--mixing must be comma-separated numbers or 'none', got '1,x'"),
+    (["--mixing", "13"], "--mixing degrees must lie in [0, 12], got 13"),
     (["--run-methods", "metis", "--cagnet-methods", "metis-nnz"],
      "unknown CAGNET method 'metis-nnz'"),
 ])

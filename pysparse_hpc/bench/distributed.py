@@ -83,7 +83,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -107,11 +107,14 @@ DEFAULT_GRAPHS = ("pubmed", "generated", "rmat")
 
 #: Partitioners of the plans: METIS balancing nodes, stored entries, the measured work
 #: (entries + c per node, c = `Rates.work_ratio`) or nodes and entries at once (two
-#: constraints), contiguous blocks after a reordering (or of the given order), random.
+#: constraints), contiguous blocks after a reordering (or of the given order), random, and
+#: for a generated graph its planted communities in contiguous blocks of communities (the
+#: split its generator knows to be best; other graphs have no plan of it).
 METHODS = ("metis", "metis-nnz", "metis-work", "metis-rows+nnz", "rabbit", "rcm", "contiguous",
-           "random")
+           "random", "planted")
 DEFAULT_METHODS = ("metis", "metis-nnz", "metis-work", "metis-rows+nnz", "rabbit", "rcm",
-                   "random")
+                   "random", "planted")
+PLANTED = "planted"
 #: The METIS partitioners, whose volumes the plan verdicts print.
 METIS_METHODS = ("metis", "metis-nnz", "metis-work", "metis-rows+nnz")
 #: The balance of "metis-work": replaced by the measured work ratio c of the graph and hidden
@@ -147,6 +150,10 @@ RMAT_FEATURES, RMAT_CLASSES, RMAT_SPLIT = 128, 10, (200, 500, 1000)
 QUICK_GENERATED = dict(n_communities=200, community_size=32, internal_degree=8.0,
                        external_degree=4.0, seed=1, shuffle=True)
 QUICK_RMAT = dict(scale=12, edge_factor=8, seed=1)
+#: ``--mixing``: the expected edges per node that go anywhere (outside the community) in the
+#: planted graphs of the mixing sweep, each at the generated graph's expected degree (12).
+DEFAULT_MIXING = (4.0, 2.0, 1.0, 0.5)
+MIXING_METHODS = ("metis", PLANTED)
 
 #: Bytes of one exchanged value (float32).
 VALUE_BYTES = 4
@@ -214,11 +221,12 @@ def build_case(name, data_dir, quick=False):
     """
     from ..generators import planted_partition, rmat
     if name == "generated" and quick:
-        adj = planted_partition(**QUICK_GENERATED)[0]
+        adj, communities = planted_partition(**QUICK_GENERATED)
         note = (f"planted_partition({QUICK_GENERATED['n_communities']} x "
                 f"{QUICK_GENERATED['community_size']}, ids shuffled) (--quick), random features")
-        return gnn._random_node_data(name, adj, gnn.GENERATED_FEATURES, gnn.GENERATED_CLASSES,
-                                     gnn.GENERATED_SPLIT, 1, note)
+        return replace(gnn._random_node_data(name, adj, gnn.GENERATED_FEATURES,
+                                             gnn.GENERATED_CLASSES, gnn.GENERATED_SPLIT, 1, note),
+                       communities=communities)
     if name == "rmat":
         settings = QUICK_RMAT if quick else RMAT
         adj = _unit_weights(rmat(**settings, symmetric=True, self_loops=False))
@@ -377,7 +385,8 @@ def partition_graph(adj, nparts, method, seed=0, work_ratio=None):
     return part
 
 
-def make_plans(name, adj, methods, ranks, progress=None, seed=0, work_ratios=None):
+def make_plans(name, adj, methods, ranks, progress=None, seed=0, work_ratios=None,
+               communities=None):
     """The `Plan` of every (method, P) on one graph, and of every (method, hidden width, P)
     for the methods of `PER_WIDTH`.
 
@@ -395,6 +404,9 @@ def make_plans(name, adj, methods, ranks, progress=None, seed=0, work_ratios=Non
     work_ratios : dict of int to float, optional
         This graph's c per hidden width (`Rates.work_ratio`); needed by "metis-work", which
         plans each width with its own c.
+    communities : ndarray of int, optional
+        The planted community of every node (`GraphCase.communities`); "planted" makes no
+        plans without it.
 
     Returns
     -------
@@ -411,11 +423,78 @@ def make_plans(name, adj, methods, ranks, progress=None, seed=0, work_ratios=Non
     hat_lengths = _hat_row_lengths(adj)
     plans = []
     for method in methods:
+        if method == PLANTED:
+            if communities is not None:
+                plans += _planted_plans(name, adj, communities, ranks, progress, hat_lengths)
+            continue
         widths = sorted(work_ratios.items()) if method in PER_WIDTH else [(0, None)]
         for hidden, ratio in widths:
             plans += _method_plans(name, adj, method, ranks, progress, seed, hat_lengths,
                                    hidden, ratio)
     return plans
+
+
+def planted_owner(communities, nparts):
+    """Owner of every node when the planted communities (numbered 0, 1, ...) are dealt to
+    ``nparts`` ranks in contiguous blocks of communities (equal-sized communities: balanced
+    rows)."""
+    communities = np.asarray(communities, dtype=np.int64)
+    count = int(communities.max()) + 1 if communities.size else 1
+    return communities * nparts // count
+
+
+def _planted_plans(name, adj, communities, ranks, progress, hat_lengths):
+    """`make_plans` of "planted"."""
+    from ..distributed.partition import Partition
+    csr = adj.tocsr()
+    indptr, indices = np.asarray(csr.indptr), np.asarray(csr.indices)
+    plans = []
+    for nparts in ranks:
+        part = Partition(adj, planted_owner(communities, nparts), nparts, method=PLANTED)
+        plans.append(_plan_of(name, part, indptr, indices, hat_lengths, 0.0))
+        if progress is not None:
+            progress.update()
+    return plans
+
+
+def mixing_plans(external_degrees, quick=False, seed=0):
+    """The METIS and planted plans at P = `TARGET_VOLUME_RANKS` of planted graphs like
+    "generated" (same size and expected degree, ids shuffled) with ``external_degree`` of each
+    node's expected edges going anywhere instead of inside its community: how the halo volume
+    target depends on how much of the graph no split can keep local.
+
+    Returns
+    -------
+    list of (float, list of Plan)
+        Per external degree, its plans (graph name ``generated ext=D``).
+    """
+    from ..generators import planted_partition
+    settings = dict(QUICK_GENERATED if quick else gnn.GENERATED)
+    degree = settings["internal_degree"] + settings["external_degree"]
+    sweep = []
+    for external in external_degrees:
+        adj, communities = planted_partition(**dict(settings, internal_degree=degree - external,
+                                                    external_degree=external))
+        sweep.append((external, make_plans(f"generated ext={external:g}", adj, MIXING_METHODS,
+                                           [TARGET_VOLUME_RANKS], seed=seed,
+                                           communities=communities)))
+    return sweep
+
+
+def mixing_lines(sweep):
+    """The mixing sweep: one line per external degree, METIS's and the planted split's halo
+    volume against the target."""
+    lines = [f"{'graph':<20} {'external share':>14} {'stored edges':>12} "
+             f"{'METIS % CAGNET':>14} {'planted %':>9} {'target':>8}"]
+    lines.append("-" * len(lines[0]))
+    for external, plans in sweep:
+        by_method = {p.method: p for p in plans}
+        metis, planted = by_method["metis"], by_method[PLANTED]
+        degree = gnn.GENERATED["internal_degree"] + gnn.GENERATED["external_degree"]
+        lines.append(f"{metis.graph:<20} {external / degree:>14.3f} {metis.nnz:>12} "
+                     f"{100 * metis.fraction:>13.2f}% {100 * planted.fraction:>8.2f}% "
+                     f"{_verdict(metis.fraction <= TARGET_VOLUME):>8}")
+    return lines
 
 
 def _method_plans(name, adj, method, ranks, progress, seed, hat_lengths, hidden, ratio):
@@ -1114,10 +1193,22 @@ def format_plans(plans):
     return "\n".join(lines)
 
 
+def _planted_line(metis, planted):
+    """METIS's volume against the planted communities' on the same graph and P."""
+    limit = ("METIS does better than the generator's own communities, so no split along them "
+             "meets the target: the limit is the graph's edges outside its communities"
+             if metis.volume <= planted.volume else
+             "METIS does worse than the generator's own communities")
+    return (f"  planted communities in blocks at P={planted.ranks} on {planted.graph}: "
+            f"{planted.volume} rows = {100 * planted.fraction:.2f}% of CAGNET-1D's; {limit}")
+
+
 def plan_verdicts(plans):
     """The volume target at P = `TARGET_VOLUME_RANKS`, judged on "metis" (METIS's figure on
     other graphs, and METIS balanced by entries beside it, without a verdict)."""
     lines = []
+    planted = {p.graph: p for p in plans
+               if p.method == PLANTED and p.ranks == TARGET_VOLUME_RANKS}
     for p in plans:
         if p.method not in METIS_METHODS or p.ranks != TARGET_VOLUME_RANKS:
             continue
@@ -1140,6 +1231,8 @@ def plan_verdicts(plans):
         elif p.graph in TARGET_VOLUME_GRAPHS:
             lines.append(f"target: {figure} (<= {100 * TARGET_VOLUME:.0f}%): "
                          f"{_verdict(p.fraction <= TARGET_VOLUME)}")
+            if p.graph in planted:
+                lines.append(_planted_line(p, planted[p.graph]))
         else:
             lines.append(f"{figure} (no target on this graph)")
     if not any(line.startswith(("target", "METIS halo")) for line in lines):
@@ -1239,8 +1332,9 @@ def _ratio_text(ratio):
     return "" if ratio is None else f"{ratio:.4f}"
 
 
-def write_csv(path, runs, plans, projections):
-    """All figures, one row per run, plan and projection (`CSV_COLUMNS`)."""
+def write_csv(path, runs, plans, projections, sweep=()):
+    """All figures, one row per run, plan, projection and plan of the mixing sweep (section
+    "mixing"; `CSV_COLUMNS`)."""
     single = _singles(runs)
     with open(path, "w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=CSV_COLUMNS, restval="")
@@ -1264,9 +1358,10 @@ def write_csv(path, runs, plans, projections):
                 rank_compute_ms="/".join(f"{1e3 * t:.4f}" for t in r.rank_compute),
                 rank_blocked_ms="/".join(f"{1e3 * t:.4f}" for t in r.rank_blocked),
                 work_ratio=_ratio_text(r.work_ratio)))
-        for p in plans:
+        mixing = [(p, "mixing") for _, sweep_plans in sweep for p in sweep_plans]
+        for p, section in [(p, "plan") for p in plans] + mixing:
             writer.writerow(dict(
-                section="plan", graph=p.graph, method=p.method, ranks=p.ranks, nodes=p.nodes,
+                section=section, graph=p.graph, method=p.method, ranks=p.ranks, nodes=p.nodes,
                 nnz=p.nnz, volume_rows=p.volume, cagnet_volume_rows=p.cagnet_volume,
                 volume_fraction=f"{p.fraction:.6f}", max_halo_rows=p.max_halo,
                 peers_max=p.peers_max, peers_mean=f"{p.peers_mean:.4f}",
@@ -1405,8 +1500,30 @@ def add_arguments(parser):
                         help="only the plans and the projection (no MPI jobs)")
     parser.add_argument("--quick", action="store_true",
                         help="small generated graphs (for tests)")
+    parser.add_argument("--mixing", default=",".join(f"{d:g}" for d in DEFAULT_MIXING),
+                        metavar="D,D",
+                        help="external degrees of the mixing sweep's planted graphs (edges per "
+                             "node going anywhere, of 12), comma-separated, or 'none' (default:"
+                             f" {','.join(f'{d:g}' for d in DEFAULT_MIXING)})")
     parser.add_argument("--seed", type=int, default=0,
                         help="seed of the weights, dropout, METIS and random partitions")
+
+
+def _external_degrees(text):
+    """``--mixing``'s degrees, or `UsageError`."""
+    if text.strip() == "none":
+        return []
+    degree = gnn.GENERATED["internal_degree"] + gnn.GENERATED["external_degree"]
+    try:
+        degrees = [float(d) for d in text.split(",")]
+    except ValueError:
+        raise UsageError(f"--mixing must be comma-separated numbers or 'none', got {text!r}") \
+            from None
+    bad = [d for d in degrees if not 0 <= d <= degree]
+    if bad:
+        raise UsageError(f"--mixing degrees must lie in [0, {degree:g}], got "
+                         f"{', '.join(f'{d:g}' for d in bad)}")
+    return list(dict.fromkeys(degrees))
 
 
 def _check_arguments(args):
@@ -1426,6 +1543,7 @@ def _check_arguments(args):
         raise UsageError(f"--run-ranks must be at least 2, got {args.run_ranks}")
     if args.seed < 0:
         raise UsageError(f"--seed must be non-negative, got {args.seed}")
+    args.mixing = _external_degrees(args.mixing)
     ranks = [2 ** k for k in range(1, int(math.log2(args.max_ranks)) + 1)]
     return graphs, methods, ranks
 
@@ -1464,11 +1582,14 @@ def run(args, out=None):
     work_ratios = {(r.graph, r.hidden): r.work_ratio for r in rates}
 
     plans = []
-    count = sum(len(args.hidden) if m in PER_WIDTH else 1 for m in methods)
+    count = sum(len(args.hidden) if m in PER_WIDTH else 1 for m in methods if m != PLANTED)
+    count += (PLANTED in methods) * sum(c.communities is not None for c in cases.values())
     with tqdm(total=len(graphs) * count * len(ranks), desc="plans", unit="plan") as progress:
         for name, case in cases.items():
             plans += make_plans(name, case.adj, methods, ranks, progress, seed=args.seed,
-                                work_ratios={h: work_ratios[name, h] for h in args.hidden})
+                                work_ratios={h: work_ratios[name, h] for h in args.hidden},
+                                communities=case.communities)
+    sweep = mixing_plans(args.mixing, args.quick, args.seed) if args.mixing else []
 
     runs, loads = [], []
     if not args.skip_runs:
@@ -1531,6 +1652,14 @@ def run(args, out=None):
     print(format_plans(plans), file=out)
     for line in plan_verdicts(plans):
         print(line, file=out)
+    if sweep:
+        print(f"\n== mixing sweep: planted graphs like generated (expected degree "
+              f"{gnn.GENERATED['internal_degree'] + gnn.GENERATED['external_degree']:g}, "
+              f"ids shuffled) with another share of edges going anywhere; halo volume at "
+              f"P={TARGET_VOLUME_RANKS} against the target (<= {100 * TARGET_VOLUME:.0f}% of "
+              f"CAGNET-1D's)", file=out)
+        for line in mixing_lines(sweep):
+            print(line, file=out)
     print("\n== projection (alpha-beta): " + ", ".join(
         f"{n.name}: alpha {1e6 * n.alpha:g} us, beta {n.beta / 1e9:g} GB/s" for n in NETWORKS),
         file=out)
@@ -1539,7 +1668,7 @@ def run(args, out=None):
     for line in format_projection(projections, ranks) + projection_summary(projections):
         print(line, file=out)
     if args.csv:
-        write_csv(args.csv, runs, plans, projections)
+        write_csv(args.csv, runs, plans, projections, sweep)
         print(f"wrote {args.csv}", file=out)
     if args.plot:
         write_plot(args.plot, plans, projections, args.hidden[0])

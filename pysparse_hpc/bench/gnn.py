@@ -228,6 +228,9 @@ class GraphCase:
     num_classes : int
     note : str
         How the features and labels were made, empty for real ones.
+    communities : ndarray of int64, optional
+        A generated graph's planted community of every node (what its generator knows to be
+        the best split); None for other graphs.
     """
 
     name: str
@@ -239,6 +242,7 @@ class GraphCase:
     test_mask: object
     num_classes: int
     note: str = ""
+    communities: object = None
 
     @property
     def nodes(self):
@@ -433,7 +437,7 @@ def load_graph(name, data_dir):
         return _random_node_data(name, adj, PUBMED_FEATURES, PUBMED_CLASSES, PUBMED_SPLIT, 0,
                                  note)
     from ..generators import planted_partition
-    adj = planted_partition(**GENERATED)[0]
+    adj, communities = planted_partition(**GENERATED)
     if adj.nnz < GENERATED_MIN_EDGES:
         raise RuntimeError(f"the generated graph has {adj.nnz} stored edges, fewer than "
                            f"{GENERATED_MIN_EDGES}")
@@ -442,8 +446,9 @@ def load_graph(name, data_dir):
             f"{GENERATED['internal_degree']:g} inside + {GENERATED['external_degree']:g} anywhere,"
             f" ids shuffled) with random features ({GENERATED_FEATURES} wide) and random labels "
             f"({GENERATED_CLASSES} classes): only the timing is meaningful")
-    return _random_node_data(name, adj, GENERATED_FEATURES, GENERATED_CLASSES, GENERATED_SPLIT,
-                             1, note)
+    return replace(
+        _random_node_data(name, adj, GENERATED_FEATURES, GENERATED_CLASSES, GENERATED_SPLIT, 1,
+                          note), communities=communities)
 
 
 def edge_index_of(adj):
