@@ -93,15 +93,39 @@ def test_distributed_lion_rejects_bad_modes(kwargs, message):
 
 
 # ---------------------------------------------------------------- wire formats
-@pytest.mark.parametrize("ranks, bits", [(1, 1), (2, 2), (3, 2), (4, 3), (7, 3), (8, 4),
-                                         (255, 8), (256, 9)])
-def test_field_bits_hold_every_count(ranks, bits):
-    assert _votes.field_bits(ranks) == bits
-    assert ranks <= 2 ** bits - 1
+@pytest.mark.parametrize("ranks, base, digits", [
+    (1, 2, 64), (2, 3, 40), (3, 4, 32), (4, 5, 27), (5, 8, 21), (6, 8, 21), (7, 8, 21),
+    (8, 9, 20), (9, 10, 19), (10, 16, 16), (255, 256, 8), (256, 512, 7)])
+def test_vote_digits_fill_a_word_without_carrying(ranks, base, digits):
+    """Digits of a base above P, as many as fit: the largest sum of P words, base^k - 1 at
+    most, still fits in 64 bits, one more digit would not. The base is P + 1 where that packs
+    at least a sixth more votes into a word than bit_length(P)-bit fields, else the fields."""
+    assert (_votes.vote_base(ranks), _votes.vote_digits(ranks)) == (base, digits)
+    assert base > ranks and base ** digits <= 2 ** 64 < base ** (digits + 1)
+    fields = 64 // ranks.bit_length()
+    assert (base == ranks + 1 and digits >= fields * 7 / 6) or (
+        base == 2 ** ranks.bit_length() and digits == fields)
 
 
-@pytest.mark.parametrize("ranks", [1, 2, 3, 4, 5, 7, 8])
-@pytest.mark.parametrize("size", [1, 7, 64, 65, 200])
+def test_vote_digits_sum_at_the_largest_counts():
+    """Every vote +1 on every rank, in a full word and in a short last word: each digit of
+    the SUM of P packed words is P (with base P + 1, the word is base^k - 1, its largest
+    value) and reads back as unanimous +1."""
+    for ranks in (2, 3, 4, 5, 8, 9):
+        base, digits = _votes.vote_base(ranks), _votes.vote_digits(ranks)
+        size = 2 * digits + 3
+        words = sum(_votes.pack_vote_digits(np.ones(size, dtype=np.float32), ranks)
+                    for _ in range(ranks))
+        assert int(words[0]) == ranks * (base ** digits - 1) // (base - 1)
+        assert int(words[2]) == ranks * (base ** 3 - 1) // (base - 1)
+        if base == ranks + 1:  # every digit at its largest value
+            assert int(words[0]) == base ** digits - 1
+        np.testing.assert_array_equal(_votes.vote_digits_majority(words, ranks, size),
+                                      np.ones(size, dtype=np.float32))
+
+
+@pytest.mark.parametrize("ranks", [1, 2, 3, 4, 5, 6, 7, 8, 9])
+@pytest.mark.parametrize("size", [1, 7, 40, 41, 64, 65, 200])
 def test_vote_formats_give_the_majority(ranks, size):
     rng = np.random.default_rng(ranks * 1000 + size)
     directions = [rng.standard_normal(size).astype(np.float32) for _ in range(ranks)]
@@ -112,11 +136,9 @@ def test_vote_formats_give_the_majority(ranks, size):
     assert gathered.shape == (ranks, -(-size // 8))
     np.testing.assert_array_equal(_votes.packed_signs_majority(gathered, size), expected)
 
-    bits = _votes.field_bits(ranks)
-    words = sum(_votes.pack_vote_fields(c, bits) for c in directions)  # an integer SUM
-    assert words.dtype == np.uint64 and words.size == -(-size // (64 // bits))
-    np.testing.assert_array_equal(_votes.vote_fields_majority(words, bits, ranks, size),
-                                  expected)
+    words = sum(_votes.pack_vote_digits(c, ranks) for c in directions)  # an integer SUM
+    assert words.dtype == np.uint64 and words.size == -(-size // _votes.vote_digits(ranks))
+    np.testing.assert_array_equal(_votes.vote_digits_majority(words, ranks, size), expected)
     if ranks == 1:
         np.testing.assert_array_equal(_votes.sign_bits_direction(gathered[0], size), expected)
 
@@ -148,7 +170,8 @@ def test_one_bit_combine_breaks_ties_by_parity():
 
 @pytest.mark.parametrize("compression, ranks, rank, expected", [
     ("none", 2, 0, 4000), ("none", 1, 0, 0), ("signs", 2, 0, 125), ("signs", 3, 1, 250),
-    ("votes", 2, 0, 8 * 32), ("votes", 3, 0, 8 * 32), ("votes", 4, 0, 8 * 48),
+    # votes: 1000 coordinates in words of 40 (P = 2), 32 (P = 3) and 27 (P = 4) digits.
+    ("votes", 2, 0, 8 * 25), ("votes", 3, 0, 8 * 32), ("votes", 4, 0, 8 * 38),
     ("int8", 3, 2, 1000), ("1bit", 2, 0, 125), ("1bit", 3, 0, 250), ("1bit", 3, 1, 125),
     ("1bit", 3, 2, 125), ("1bit", 4, 3, 250),
 ])

@@ -39,8 +39,7 @@ def bytes_per_step(compression, size, ranks, rank=0, itemsize=4):
     if compression == "signs":
         return (ranks - 1) * sign_bytes
     if compression == "votes":
-        per_word = 64 // _votes.field_bits(ranks)
-        return 8 * -(-size // per_word)
+        return 8 * -(-size // _votes.vote_digits(ranks))
     if compression == "int8":
         return size
     paired = 1 << (ranks.bit_length() - 1)

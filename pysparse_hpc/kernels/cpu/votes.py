@@ -12,16 +12,18 @@ _JIT = dict(cache=True, nogil=True)
 
 
 @njit(**_JIT)
-def pack_vote_fields(direction, bits, out):
-    """Votes ``direction > 0`` into fields of ``bits`` bits, ``64 // bits`` per word of
-    ``out`` (uint64, zeroed here)."""
-    per_word = 64 // bits
+def pack_vote_digits(direction, powers, out):
+    """Votes ``direction > 0`` as the digits of numbers in the base whose powers are
+    ``powers`` (uint64, one per digit of a word of ``out``): coordinate ``start + j`` of a word
+    is its digit ``j``. A sum of independent terms, not Horner's chain of multiplications,
+    so the loop over a word's digits vectorises."""
+    digits = powers.size
     size = direction.size
     for word in range(out.size):
+        start = word * digits
         packed = np.uint64(0)
-        start = word * per_word
-        for j in range(min(per_word, size - start)):
-            packed |= np.uint64(direction[start + j] > 0) << np.uint64(j * bits)
+        for j in range(min(digits, size - start)):
+            packed += powers[j] if direction[start + j] > 0 else np.uint64(0)
         out[word] = packed
 
 
@@ -31,18 +33,38 @@ def _sign(twice):
 
 
 @njit(**_JIT)
-def vote_fields_majority(words, bits, ranks, out):
-    """``sign(2 s - ranks)`` into ``out`` (float32) from summed vote fields ``s``."""
-    per_word = 64 // bits
-    mask = (np.uint64(1) << np.uint64(bits)) - np.uint64(1)
-    shift = np.uint64(bits)
+def vote_digits_majority(words, base, digits, ranks, table, out):
+    """``sign(2 s - ranks)`` into ``out`` (float32) from summed vote digits ``s``.
+
+    ``table[r, t]`` is the majority of digit ``t`` of a chunk of digits worth ``r``
+    (``table.shape[1]`` digits a chunk): one division per chunk instead of one per digit, for
+    a division by a number known only at run time costs tens of cycles. Where ``base`` is a
+    power of two the digits are bit fields, read by shifts."""
     size = out.size
+    if base & (base - 1) == 0:
+        shift = 0
+        while (1 << shift) < base:
+            shift += 1
+        bits, mask = np.uint64(shift), np.uint64(base - 1)
+        for word in range(words.size):
+            fields = words[word]
+            start = word * digits
+            for j in range(min(digits, size - start)):
+                out[start + j] = _sign(2 * np.int64(fields & mask) - ranks)
+                fields >>= bits
+        return
+    chunk = table.shape[1]
+    chunk_radix = np.uint64(base) ** np.uint64(chunk)
     for word in range(words.size):
-        fields = words[word]
-        start = word * per_word
-        for j in range(min(per_word, size - start)):
-            out[start + j] = _sign(2 * np.int64(fields & mask) - ranks)
-            fields >>= shift
+        value = words[word]
+        start = word * digits
+        count = min(digits, size - start)
+        for low in range(0, count, chunk):
+            quotient = value // chunk_radix
+            row = np.int64(value - quotient * chunk_radix)
+            for t in range(min(chunk, count - low)):
+                out[start + low + t] = table[row, t]
+            value = quotient
 
 
 @njit(**_JIT)
