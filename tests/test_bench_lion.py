@@ -3,6 +3,7 @@
 import importlib.util
 import math
 
+import numpy as np
 import pytest
 
 pytest.importorskip("torch")
@@ -138,8 +139,12 @@ def test_verdicts():
                _result("signs/local", compute=0.001)]
     lines = lion.bytes_verdict(results)
     assert lines[0].startswith("target: packed votes (votes) send >= 30x fewer bytes")
-    assert "P=2: 16.0x" in lines[0] and lines[0].endswith("NOT MET")
-    assert "at most 16x" in lines[1] and "signs/local: P=2 32.0x" in lines[2]
+    # 1024 votes in 26 words of 40 base-3 digits: 4096 / 208 bytes; the bound 32 / log2(3).
+    assert "P=2: 19.7x" in lines[0] and lines[0].endswith("NOT MET")
+    assert lines[1] == ("  limit: bytes -- a vote count takes P + 1 values, log2(P + 1) = 1.58 "
+                        "bits per coordinate at P=2 in any format an integer SUM allreduce adds "
+                        "(packed here in 1.60), so at most 20.2x against 32 fp32 bits")
+    assert "signs/local: P=2 32.0x" in lines[2]
     link = lion.links()[0]
     projections = [lion.project(r, link) for r in results]
     verdict = lion.projection_verdict(projections, link.name)
@@ -150,13 +155,23 @@ def test_verdicts():
     verdict = lion.projection_verdict(slow, link.name)
     assert verdict[0].endswith("NOT MET") and verdict[2].startswith(
         "  limit at P=2 (signs/local): compute")
-    accuracies = [lion.AccuracyResult("gcn-cora", "none", 2, [0.80, 0.82]),
-                  lion.AccuracyResult("gcn-cora", "votes", 2, [0.80, 0.81]),
-                  lion.AccuracyResult("gcn-cora", "1bit", 2, [0.78, 0.80])]
+    accuracies = [lion.AccuracyResult("gcn-cora", "none", 2, [0.80, 0.82, 0.81]),
+                  lion.AccuracyResult("gcn-cora", "votes", 2, [0.80, 0.815, 0.80]),
+                  lion.AccuracyResult("gcn-cora", "1bit", 2, [0.78, 0.80, 0.79]),
+                  lion.AccuracyResult("gcn-cora", "int8", 2, [0.75, 0.83, 0.81])]
     lines = lion.accuracy_verdict(accuracies)
     assert lines[0].endswith("gcn-cora worst 1bit -2.0, NOT MET")
-    assert lines[1] == "  below: 1bit on gcn-cora -2.0 points"
+    # 1bit: 2 points below with every seed (no spread); int8: 2 below on average, seeds apart.
+    assert lines[1] == ("  below: 1bit on gcn-cora -2.0 points (95 % CI -2.0 to -2.0), int8 "
+                        "on gcn-cora -1.3 points (95 % CI -9.3 to +6.7)")
+    assert lines[2] == ("  paired by seed, the shortfall is beyond 1 point with 95 % "
+                        "confidence for: 1bit on gcn-cora; the others are within the seeds' "
+                        "resolution")
     assert lion.accuracy_verdict(accuracies[:2])[0].endswith("worst votes -0.5, MET")
+    mean, half = lion.paired_difference(accuracies[3], accuracies[0])
+    assert mean == pytest.approx(-0.04 / 3)
+    differences = np.array([-0.05, 0.01, 0.0])
+    assert half == pytest.approx(4.302653 * differences.std(ddof=1) / np.sqrt(3), rel=1e-6)
 
 
 def test_report_and_outputs(tmp_path, capsys):
@@ -209,5 +224,5 @@ def test_two_ranks_count_what_bytes_per_step_says():
     by_label = {r.label: r for r in results}
     assert by_label["none"].vote_bytes == 4 * 1_126_410 == by_label["adam"].vote_bytes
     assert by_label["signs"].window_syncs == 2 and by_label["signs/local"].window_syncs == 0
-    assert by_label["none"].vote_bytes / by_label["votes"].vote_bytes == pytest.approx(16.0,
+    assert by_label["none"].vote_bytes / by_label["votes"].vote_bytes == pytest.approx(20.0,
                                                                                        rel=1e-4)

@@ -64,7 +64,7 @@ from dataclasses import dataclass, field
 from tqdm import tqdm
 
 from ..optim import COMPRESSIONS, MOMENTUM_SYNC, bytes_per_step
-from ..optim._votes import field_bits
+from ..optim._votes import vote_digits
 from . import best_times, positive_int, write_outputs
 from .distributed import (VALUE_BYTES, Network, RunError, allreduce_seconds,
                           exchange_seconds, find_mpiexec, launch)
@@ -491,10 +491,12 @@ def bytes_verdict(results):
              f"step than the fp32 allreduce: {by_ranks} (momentum syncs amortised: "
              f"{worst[1][1]:.1f}x on {worst[0][0]} P={worst[0][1]}), {_state(met)}"]
     if not met:
-        bits = field_bits(worst[0][1])
-        lines.append(f"  limit: bytes -- a vote sum that an integer allreduce cannot carry "
-                     f"needs bit_length(P) = {bits} bits per coordinate at P={worst[0][1]}, so "
-                     f"at most {32 / bits:g}x against 32 fp32 bits")
+        ranks = worst[0][1]
+        bits = 64 / vote_digits(ranks)
+        lines.append(f"  limit: bytes -- a vote count takes P + 1 values, log2(P + 1) = "
+                     f"{math.log2(ranks + 1):.2f} bits per coordinate at P={ranks} in any "
+                     f"format an integer SUM allreduce adds (packed here in {bits:.2f}), so "
+                     f"at most {32 / math.log2(ranks + 1):.1f}x against 32 fp32 bits")
     for label in sorted({r.label for r in results} - {FP32, PACKED, "adam"}):
         found = _ratios(results, label)
         if found:
@@ -502,6 +504,22 @@ def bytes_verdict(results):
                 f"P={p} {min(v[0] for (w, q), v in found.items() if q == p):.1f}x"
                 for p in sorted({p for _, p in found})))
     return lines
+
+
+def paired_difference(result, reference):
+    """Mean of ``result``'s accuracy minus ``reference``'s, seed by seed (the same seeds in
+    the same order), and the half-width of its 95 % confidence interval (Student's t; 0 for a
+    single seed).
+
+    Pairing removes what a seed does to every mode alike (the weights, the dropout masks), so
+    the interval is that of the mode's own effect."""
+    differences = [a - b for a, b in zip(result.accuracies, reference.accuracies)]
+    mean = statistics.fmean(differences)
+    if len(differences) < 2:
+        return mean, 0.0
+    from scipy.stats import t
+    spread = statistics.stdev(differences) / math.sqrt(len(differences))
+    return mean, float(t.ppf(0.975, len(differences) - 1)) * spread
 
 
 def accuracy_verdict(accuracies):
@@ -521,8 +539,18 @@ def accuracy_verdict(accuracies):
     lines = [f"target: every compressed mode ends no more than {TARGET_POINTS:g} point below "
              f"uncompressed Lion (mean test accuracy): {summary}, {_state(not failed)}"]
     if failed:
-        lines.append("  below: " + ", ".join(f"{a.label} on {a.workload} {d:+.1f} points"
-                                             for d, a in failed))
+        references = {(a.workload, a.ranks): a for a in accuracies if a.label == FP32}
+        intervals = {id(a): paired_difference(a, references[(a.workload, a.ranks)])
+                     for _, a in failed}
+        lines.append("  below: " + ", ".join(
+            f"{a.label} on {a.workload} {d:+.1f} points (95 % CI "
+            f"{100 * (intervals[id(a)][0] - intervals[id(a)][1]):+.1f} to "
+            f"{100 * (intervals[id(a)][0] + intervals[id(a)][1]):+.1f})" for d, a in failed))
+        resolved = ", ".join(f"{a.label} on {a.workload}" for _, a in failed
+                             if sum(intervals[id(a)]) < -TARGET_POINTS / 100)
+        lines.append(f"  paired by seed, the shortfall is beyond {TARGET_POINTS:g} point with "
+                     f"95 % confidence for: {resolved or 'none'}; the others are within the "
+                     "seeds' resolution")
     return lines
 
 
@@ -626,15 +654,21 @@ def format_projection(projections, networks):
 def format_accuracy(accuracies):
     """Mean test accuracy per workload and contender, against Lion's and Adam's."""
     reference = {(a.workload, a.ranks, a.label): a.mean for a in accuracies}
-    lines = [f"{'workload':<13}{'P':>2}  {'mode':<12}{'mean %':>8}{'vs Lion':>9}{'vs Adam':>9}"
-             "  per seed"]
+    lion = {(a.workload, a.ranks): a for a in accuracies if a.label == FP32}
+    lines = [f"{'workload':<13}{'P':>2}  {'mode':<12}{'mean %':>8}{'vs Lion':>9}{'95% CI':>14}"
+             f"{'vs Adam':>9}  per seed"]
     for a in accuracies:
         versus = [reference.get((a.workload, a.ranks, other)) for other in (FP32, "adam")]
-        diffs = "".join(f"{100 * (a.mean - v):>+9.1f}" if v is not None else f"{'-':>9}"
-                        for v in versus)
+        diffs = [f"{100 * (a.mean - v):>+9.1f}" if v is not None else f"{'-':>9}"
+                 for v in versus]
+        interval = f"{'-':>14}"
+        if (a.workload, a.ranks) in lion and a.label != FP32:
+            mean, half = paired_difference(a, lion[(a.workload, a.ranks)])
+            interval = f"{100 * (mean - half):>+7.1f}..{100 * (mean + half):+.1f}".rjust(14)
         note = "" if a.replicas_equal else "  REPLICAS DIFFER"
-        lines.append(f"{a.workload:<13}{a.ranks:>2}  {a.label:<12}{100 * a.mean:>8.1f}{diffs}  "
-                     + " ".join(f"{100 * x:.1f}" for x in a.accuracies) + note)
+        lines.append(f"{a.workload:<13}{a.ranks:>2}  {a.label:<12}{100 * a.mean:>8.1f}{diffs[0]}"
+                     f"{interval}{diffs[1]}  " + " ".join(f"{100 * x:.1f}" for x in a.accuracies)
+                     + note)
     return "\n".join(lines)
 
 
