@@ -14,8 +14,9 @@ import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 
 from pysparse_hpc import precondition as P  # noqa: E402
+from pysparse_hpc.precondition import jorge as jorge_module  # noqa: E402
 from pysparse_hpc.precondition._roots import (block_bounds, inverse_root,  # noqa: E402
-                                              series_root_update)
+                                              series_root_update, series_root_update_factored)
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
@@ -279,6 +280,54 @@ def test_jorge_matches_reference(name, case, block):
                                     **spec["ref"])
     assert_grads_close(expected, actual)
     assert gm.clipped_updates == clips > 0
+
+
+@pytest.mark.parametrize("decay, radius, symmetrize", [
+    (1.0, 0.5, True), (1.0, 1e3, False), (0.9, 0.5, False), (0.9, 1e3, True)])
+def test_factored_series_update_equals_the_dense_one(decay, radius, symmetrize):
+    """Statistics F F^T of rank 5 on a 40 x 40 root: the thin products give the dense update
+    (1e-12 relative), clipped (radius 0.5) or not, with and without decay and symmetry."""
+    rng = np.random.default_rng(3)
+    q, _ = np.linalg.qr(rng.standard_normal((40, 40)))
+    root = torch.from_numpy((q * rng.uniform(0.5, 2.0, 40)) @ q.T)
+    factor = torch.from_numpy(rng.standard_normal((40, 5)) * 0.05)
+    dense, dense_clipped = series_root_update(root, factor @ factor.T, decay, radius, symmetrize)
+    thin, thin_clipped = series_root_update_factored(root, factor, decay, radius, symmetrize)
+    assert dense_clipped == thin_clipped == (radius == 0.5)
+    torch.testing.assert_close(thin, dense, rtol=1e-12, atol=1e-12 * float(dense.abs().max()))
+    bad = factor.clone()
+    bad[3, 1] = float("nan")
+    assert series_root_update_factored(root, bad, decay, radius, symmetrize) == (None, False)
+
+
+@pytest.mark.parametrize("case, factored", [("identity-sums-not-symmetrized", True),
+                                            ("identity-ema-every-step", False),
+                                            ("first-stats-sums-roots-every-2", False)])
+def test_jorge_refreshes_thin_blocks_from_the_gradient(monkeypatch, case, factored):
+    """With summed statistics gathered in the step that refreshes them, a root whose block
+    is thin (the MLP's 8 x 16 and 3 x 8 weights: right sides of 16 and 8 against 8 and 3
+    rows) refreshes from the gradient itself, and the run still equals the NumPy formulas;
+    a moving average (its damping term is not of low rank) or statistics of two steps take
+    the dense update."""
+    calls = []
+
+    def counted(root, factor, *args):
+        calls.append(tuple(factor.shape))
+        return series_root_update_factored(root, factor, *args)
+    monkeypatch.setattr(jorge_module, "series_root_update_factored", counted)
+    x, t = batch((32, 20))
+    spec = JORGE_CASES[case]
+    symmetrize = spec.get("symmetrize", True)
+    config = P.PreconditioningConfig(damping=1e-3, **spec["config"])
+    gm = P.JorgeGradientMaker(model := mlp(), config, init=spec["init"], symmetrize=symmetrize)
+    actual = train(gm, model, x, t, 7)
+    expected, _ = reference_run(mlp(), x, t, 7, method="jorge", damping=1e-3, grafting="sgd",
+                                init=spec["init"], symmetrize=symmetrize, **spec["ref"])
+    assert_grads_close(expected, actual)
+    if factored:  # 7 steps, each refreshing the two thin roots (from eps^-1/4 I first)
+        assert sorted(set(calls)) == [(8, 3), (16, 8)] and len(calls) == 2 * 7
+    else:
+        assert calls == []
 
 
 def test_series_update_is_exact_to_second_order_when_commuting():

@@ -7,7 +7,8 @@ validation (the makers check their input):
 * `inverse_root`: ``(M + eps I)^(-1/p)`` of a symmetric positive semi-definite ``M`` by
   eigendecomposition, the damping added to the (clamped) eigenvalues, never to ``M``;
 * `series_root_update`: Jorge's update of a stored inverse fourth root ``Lh ~ L^(-1/4)`` by
-  matrix products only (see its docstring for the formula and the normalisation);
+  matrix products only (see its docstring for the formula and the normalisation), and
+  `series_root_update_factored`, the same update for statistics ``F F^T`` of low rank;
 * `finite_norm`: a Euclidean norm that does not overflow where the tensor is finite.
 """
 import math
@@ -17,7 +18,7 @@ import torch
 from ._maker import _all_finite
 
 __all__ = ["block_bounds", "finite_norm", "inverse_root", "series_root_update",
-           "SERIES_COEFFICIENTS"]
+           "series_root_update_factored", "SERIES_COEFFICIENTS"]
 
 #: ``(1 + x)^(-1/4) = 1 - x/4 + (5/32) x^2 - (15/128) x^3 + ...``: the terms Jorge keeps.
 SERIES_COEFFICIENTS = (1.0, -0.25, 5.0 / 32.0)
@@ -130,6 +131,57 @@ def series_root_update(root, statistics, decay, radius, symmetrize=True):
     y = torch.mm(root, x)
     new = torch.addmm(root, y, x, beta=1.0, alpha=SERIES_COEFFICIENTS[2])
     new.add_(y, alpha=SERIES_COEFFICIENTS[1])
+    if decay != 1.0:
+        new.mul_(decay ** -0.25)
+    if symmetrize:
+        new = new.add(new.T).mul_(0.5)
+    return new, clipped
+
+
+def series_root_update_factored(root, factor, decay, radius, symmetrize=True):
+    """`series_root_update` for statistics ``M = F F^T`` given by their factor ``F``
+    (``n x k``), in ``O(n^2 k)`` operations instead of ``O(n^3)``.
+
+    With ``A = Lh^4 F`` (``n x k``) the series' matrix is ``X = s A F^T`` (``s`` the scale of
+    the decay and the clipping), of rank ``k``, so every product stays thin:
+
+        ``||X||_F^2 = s^2 tr((A^T A)(F^T F))``,
+        ``Lh X = s B F^T`` and ``Lh X^2 = s^2 B (F^T A) F^T`` with ``B = Lh A``,
+        ``Lh (I - X/4 + (5/32) X^2) = Lh + B (-s/4 I + (5/32) s^2 F^T A) F^T``.
+
+    About ``12 n^2 k`` flops against the dense update's ``10 n^3``: a Shampoo factor of a
+    layer with few outputs (a GNN layer's ``16 x 1433`` weight: ``n = 1433``, ``k = 16``)
+    refreshes 50-100x faster. The result is the dense update's up to rounding (the products
+    are associated differently).
+
+    Parameters
+    ----------
+    root : torch.Tensor
+        The current ``Lh`` (``n x n``).
+    factor : torch.Tensor
+        ``F`` (``n x k``).
+    decay, radius, symmetrize
+        As for `series_root_update`.
+
+    Returns
+    -------
+    (torch.Tensor or None, bool)
+        As `series_root_update`.
+    """
+    thin = factor
+    for _ in range(4):
+        thin = torch.mm(root, thin)                  # A = Lh^4 F
+    square_norm = float((torch.mm(thin.T, thin) * torch.mm(factor.T, factor)).sum())
+    if not math.isfinite(square_norm):
+        return None, False
+    norm = math.sqrt(max(square_norm, 0.0)) / decay
+    scale = 1.0 / decay
+    clipped = norm > radius
+    if clipped:
+        scale *= radius / norm
+    core = torch.mm(factor.T, thin).mul_(SERIES_COEFFICIENTS[2] * scale * scale)
+    core.diagonal().add_(SERIES_COEFFICIENTS[1] * scale)
+    new = torch.addmm(root, torch.mm(torch.mm(root, thin), core), factor.T)
     if decay != 1.0:
         new.mul_(decay ** -0.25)
     if symmetrize:
