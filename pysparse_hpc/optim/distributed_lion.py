@@ -42,6 +42,7 @@ every 16 synchronisations). The schedule trades bytes for accuracy: on the GCN o
 where local momenta lose 1.1 points on Cora and 3.5 on CiteSeer, but in a 200-step training its
 syncs are full-precision allreduces on a quarter of the steps.
 """
+import functools
 import math
 
 import numpy as np
@@ -50,7 +51,8 @@ import torch
 from ..distributed._comm import init
 from . import _votes
 from ._modes import COMPRESSIONS, MOMENTUM_SYNC
-from .lion import Lion, apply_update, interpolate
+from .lion import (Lion, apply_update, interpolate, kernel_arrays, kernel_scalars, lion_step,
+                   written)
 
 __all__ = ["DistributedLion", "VOTE_KIND", "GRADIENT_KIND", "MOMENTUM_KIND"]
 
@@ -180,23 +182,46 @@ class DistributedLion(Lion):
         for group, param in entries:
             grad = grads[start:start + param.numel()].view_as(param)
             start += param.numel()
-            momentum = self.momentum(param)
-            direction = interpolate(momentum, grad, group["betas"][0]).sign_()
-            apply_update(param, direction, momentum, grad, group["lr"], group["weight_decay"],
-                         group["betas"][1])
+            lion_step(param, self.momentum(param), grad, group["lr"], group["weight_decay"],
+                      *group["betas"])
 
     def _step_on_votes(self, entries):
-        directions = torch.cat([interpolate(self.momentum(param), param.grad,
-                                            group["betas"][0]).reshape(-1)
-                                for group, param in entries])
-        agreed = torch.from_numpy(self._agree(directions.numpy(),
-                                              [param.numel() for _, param in entries]))
+        from ..kernels.cpu import lion as kernels
+        sizes = [param.numel() for _, param in entries]
+        dtype = functools.reduce(torch.promote_types, [param.dtype for _, param in entries])
+        directions = torch.empty(sum(sizes), dtype=dtype)
         start = 0
-        for group, param in entries:
-            direction = agreed[start:start + param.numel()].view_as(param).to(param.dtype)
-            start += param.numel()
-            apply_update(param, direction, self.momentum(param), param.grad, group["lr"],
-                         group["weight_decay"], group["betas"][1])
+        for (group, param), size in zip(entries, sizes):
+            out = directions[start:start + size]
+            arrays = kernel_arrays(self.momentum(param), param.grad, out)
+            if arrays is None:
+                out.copy_(interpolate(self.momentum(param), param.grad,
+                                      group["betas"][0]).reshape(-1))
+            else:
+                beta1 = group["betas"][0]
+                kernels.lion_interpolate(*arrays, *kernel_scalars(param.dtype, beta1,
+                                                                  1.0 - beta1))
+            start += size
+        agreed = self._agree(directions.numpy(), sizes)
+        start = 0
+        for (group, param), size in zip(entries, sizes):
+            self._apply_agreed(group, param, agreed[start:start + size])
+            start += size
+
+    def _apply_agreed(self, group, param, agreed):
+        """The rest of ``param``'s step once the ranks agreed on its direction (float32 NumPy
+        values in {-1, 0, 1})."""
+        momentum = self.momentum(param)
+        lr, weight_decay, beta2 = group["lr"], group["weight_decay"], group["betas"][1]
+        arrays = kernel_arrays(param, momentum, param.grad)
+        if arrays is None:
+            direction = torch.from_numpy(agreed).view_as(param).to(param.dtype)
+            apply_update(param, direction, momentum, param.grad, lr, weight_decay, beta2)
+            return
+        from ..kernels.cpu import lion as kernels
+        kernels.lion_apply(*arrays, agreed, *kernel_scalars(param.dtype, 1.0 - lr * weight_decay,
+                                                            -lr, beta2, 1.0 - beta2))
+        written(param, momentum)
 
     def _agree(self, direction, sizes):
         """The agreed update (float32 in {-1, 0, 1}) from this rank's ``direction``."""

@@ -7,11 +7,16 @@ One step per parameter ``p`` with gradient ``g`` and momentum ``m``::
     m <- beta2 * m + (1 - beta2) g
 
 `DistributedLion` runs the same step over a communicator, with the update's sign agreed by
-compressed votes.
+compressed votes. On CPU tensors of float32 or float64 a step is one pass of a Numba kernel
+(`pysparse_hpc.kernels.cpu.lion`) with torch's arithmetic, so the same bits as the tensor
+operations, which remain for every other tensor (GPU, half precision, strided).
 """
+import numpy as np
 import torch
 
-__all__ = ["Lion", "check_hyperparameters"]
+__all__ = ["Lion", "check_hyperparameters", "lion_step"]
+
+_KERNEL_DTYPES = {torch.float32: np.float32, torch.float64: np.float64}
 
 
 def check_hyperparameters(lr, betas, weight_decay):
@@ -24,6 +29,32 @@ def check_hyperparameters(lr, betas, weight_decay):
         raise ValueError(f"weight_decay must be a non-negative number, got {weight_decay!r}")
 
 
+def kernel_arrays(*tensors):
+    """Flat NumPy views of ``tensors`` when the CPU kernels can update them in place (dense,
+    contiguous CPU tensors of one dtype, float32 or float64), else None."""
+    first = tensors[0]
+    for tensor in tensors:
+        if (tensor.device.type != "cpu" or tensor.dtype != first.dtype
+                or tensor.dtype not in _KERNEL_DTYPES or tensor.layout != torch.strided
+                or not tensor.is_contiguous()):
+            return None
+    return [tensor.detach().view(-1).numpy() for tensor in tensors]
+
+
+def kernel_scalars(dtype, *values):
+    """``values`` rounded to ``dtype`` (torch's float32 or float64) as the kernels take them,
+    the way torch rounds a Python scalar for a tensor of that dtype."""
+    kind = _KERNEL_DTYPES[dtype]
+    return tuple(kind(value) for value in values)
+
+
+def written(*tensors):
+    """Tell autograd that a kernel changed ``tensors`` in place (their version counters), as a
+    torch in-place operation would: a graph that saved one of them then refuses to
+    backpropagate instead of using the new values."""
+    torch.autograd.graph.increment_version(list(tensors))
+
+
 def interpolate(momentum, grad, beta1):
     """``beta1 * m + (1 - beta1) g``, the vector whose sign is Lion's update (a new tensor)."""
     return momentum.mul(beta1).add_(grad, alpha=1.0 - beta1)
@@ -34,6 +65,20 @@ def apply_update(param, direction, momentum, grad, lr, weight_decay, beta2):
     param.mul_(1.0 - lr * weight_decay)
     param.add_(direction, alpha=-lr)
     momentum.mul_(beta2).add_(grad, alpha=1.0 - beta2)
+
+
+def lion_step(param, momentum, grad, lr, weight_decay, beta1, beta2):
+    """One Lion step of ``param`` and ``momentum`` in place from ``grad``: one kernel pass on
+    CPU float32 or float64 tensors, the tensor operations otherwise (the same results)."""
+    arrays = kernel_arrays(param, momentum, grad)
+    if arrays is None:
+        apply_update(param, interpolate(momentum, grad, beta1).sign_(), momentum, grad, lr,
+                     weight_decay, beta2)
+        return
+    from ..kernels.cpu import lion as kernels
+    kernels.lion_step(*arrays, *kernel_scalars(param.dtype, 1.0 - lr * weight_decay, -lr,
+                                               beta1, 1.0 - beta1, beta2, 1.0 - beta2))
+    written(param, momentum)
 
 
 class Lion(torch.optim.Optimizer):
@@ -91,8 +136,6 @@ class Lion(torch.optim.Optimizer):
             for param in group["params"]:
                 if param.grad is None:
                     continue
-                momentum = self.momentum(param)
-                direction = interpolate(momentum, param.grad, beta1).sign_()
-                apply_update(param, direction, momentum, param.grad, group["lr"],
-                             group["weight_decay"], beta2)
+                lion_step(param, self.momentum(param), param.grad, group["lr"],
+                          group["weight_decay"], beta1, beta2)
         return loss

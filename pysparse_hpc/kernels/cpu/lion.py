@@ -1,0 +1,62 @@
+"""Lion's update on the CPU, one pass over a parameter's flat arrays (`pysparse_hpc.optim`).
+
+Lion written as tensor operations (``lion-pytorch``, and this package's fallback) passes over
+the parameter, its momentum and its gradient five times and allocates the direction; here each
+coordinate is read and written once. The arithmetic is torch's, operation for operation, so
+the results are the same bits: a product, then a fused multiply-add where torch adds a scaled
+tensor (``a.add(b, alpha=s)`` is ``fma(b, s, a)`` in torch's vectorised CPU kernels), with the
+scalars rounded to the arrays' dtype first as torch rounds them.
+
+Serial kernels: a pass over a million coordinates takes under a millisecond, and a parallel
+region's start-up is not worth it at that size. Inputs are trusted (`pysparse_hpc.optim.lion`
+checks dtypes, devices and layouts and falls back to tensor operations).
+"""
+import numpy as np
+from numba import njit, types
+from numba.extending import intrinsic
+
+__all__ = ["fused_multiply_add", "lion_step", "lion_interpolate", "lion_apply"]
+
+_JIT = dict(cache=True, nogil=True)
+
+
+@intrinsic
+def fused_multiply_add(typingctx, a, b, c):
+    """``a * b + c`` rounded once (LLVM's ``fma``), for three floats of one type."""
+    if not (isinstance(a, types.Float) and a == b == c):
+        return None
+
+    def codegen(context, builder, signature, args):
+        return builder.fma(*args)
+    return a(a, b, c), codegen
+
+
+@njit(**_JIT)
+def lion_step(param, momentum, grad, decay, neg_lr, beta1, rest1, beta2, rest2):
+    """One Lion step in place: ``p <- p * decay - lr * sign(beta1 m + rest1 g)``,
+    ``m <- beta2 m + rest2 g`` (``rest = 1 - beta``, ``neg_lr = -lr``)."""
+    for i in range(param.size):
+        m = momentum[i]
+        g = grad[i]
+        direction = np.sign(fused_multiply_add(g, rest1, m * beta1))
+        param[i] = fused_multiply_add(direction, neg_lr, param[i] * decay)
+        momentum[i] = fused_multiply_add(g, rest2, m * beta2)
+
+
+@njit(**_JIT)
+def lion_interpolate(momentum, grad, out, beta1, rest1):
+    """``out <- beta1 m + rest1 g``: the vector whose sign is the update (the one a
+    distributed Lion's ranks vote on)."""
+    for i in range(out.size):
+        out[i] = fused_multiply_add(grad[i], rest1, momentum[i] * beta1)
+
+
+@njit(**_JIT)
+def lion_apply(param, momentum, grad, direction, decay, neg_lr, beta2, rest2):
+    """The rest of a step once the ranks agreed on ``direction`` (float32 in {-1, 0, 1}):
+    ``p <- p * decay - lr * direction``, ``m <- beta2 m + rest2 g``."""
+    for i in range(param.size):
+        # -lr times a direction in {-1, 0, 1} is exact, so one rounding of the sum is torch's
+        # fma(direction, -lr, p * decay).
+        param[i] = param[i] * decay + neg_lr * direction[i]
+        momentum[i] = fused_multiply_add(grad[i], rest2, momentum[i] * beta2)
