@@ -32,11 +32,15 @@ with the measured figure):
    ("metis-work", vertex weights = entries + c, one plan per hidden width) or both nodes and
    entries ("metis-rows+nnz", two constraints), contiguous blocks
    after the library's rabbit or RCM reordering, contiguous blocks of the order given
-   (``--methods contiguous``), and random partitions (`pysparse_hpc.distributed.partition`):
+   (``--methods contiguous``), random partitions (`pysparse_hpc.distributed.partition`), and
+   on the planted-community graph its own communities dealt out in blocks ("planted"):
    halo volume against CAGNET-1D's ``(P - 1) n`` rows, messages per rank (peers, max and
    mean), balance (rows and stored entries), edge cut. Target: METIS's volume at most 10 % of
    CAGNET-1D's at P = 8 on PubMed and the planted-community graph (judged on "metis"; the
-   "metis-nnz" figure is printed beside it).
+   other METIS figures and the planted split's are printed beside it). The **mixing sweep**
+   (``--mixing``) plans METIS and the planted split at P = 8 on planted graphs of the same
+   size and degree with fewer or more edges outside the communities: what the target needs
+   of the graph.
 3. **Projection** of the epoch time and parallel efficiency to large P from the exact plans,
    kernel rates measured here on one thread and an alpha-beta network model, for a 25 GB/s
    and a 100 GB/s network with 2 us latency (`NETWORKS`); CAGNET-1D is projected on the METIS
@@ -459,9 +463,10 @@ def _planted_plans(name, adj, communities, ranks, progress, hat_lengths):
 
 def mixing_plans(external_degrees, quick=False, seed=0):
     """The METIS and planted plans at P = `TARGET_VOLUME_RANKS` of planted graphs like
-    "generated" (same size and expected degree, ids shuffled) with ``external_degree`` of each
-    node's expected edges going anywhere instead of inside its community: how the halo volume
-    target depends on how much of the graph no split can keep local.
+    "generated" (same size and expected degree, ids shuffled) with each of
+    ``external_degrees`` of a node's expected edges going anywhere instead of inside its
+    community: how the halo volume target depends on how much of the graph no split can keep
+    local.
 
     Returns
     -------
@@ -487,10 +492,10 @@ def mixing_lines(sweep):
     lines = [f"{'graph':<20} {'external share':>14} {'stored edges':>12} "
              f"{'METIS % CAGNET':>14} {'planted %':>9} {'target':>8}"]
     lines.append("-" * len(lines[0]))
+    degree = gnn.GENERATED["internal_degree"] + gnn.GENERATED["external_degree"]
     for external, plans in sweep:
         by_method = {p.method: p for p in plans}
         metis, planted = by_method["metis"], by_method[PLANTED]
-        degree = gnn.GENERATED["internal_degree"] + gnn.GENERATED["external_degree"]
         lines.append(f"{metis.graph:<20} {external / degree:>14.3f} {metis.nnz:>12} "
                      f"{100 * metis.fraction:>13.2f}% {100 * planted.fraction:>8.2f}% "
                      f"{_verdict(metis.fraction <= TARGET_VOLUME):>8}")
