@@ -38,9 +38,10 @@ averages them over the ranks after every step (a full-precision allreduce); ``"g
 default, Lion Cub's) at growing intervals: the gap between two synchronisations is
 ``floor(2 ** (j / k))`` steps after the j-th, with ``k = sync_doubling`` (16: the gap doubles
 every 16 synchronisations). The schedule trades bytes for accuracy: on the GCN over two ranks
-(BENCHMARKS.md) it keeps every compressed mode within a point of uncompressed Lion on Cora,
-where local momenta lose 1.1 points on Cora and 3.5 on CiteSeer, but in a 200-step training its
-syncs are full-precision allreduces on a quarter of the steps.
+(BENCHMARKS.md, 20 seeds) it keeps every compressed mode within a point of uncompressed Lion
+on Cora and all but ``"1bit"`` on CiteSeer, where local momenta lose 2.2 points on Cora and 3.3
+on CiteSeer, but in a 200-step training its syncs are full-precision allreduces on a quarter
+of the steps.
 """
 import functools
 import math
