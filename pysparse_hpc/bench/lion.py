@@ -522,11 +522,16 @@ def paired_difference(result, reference):
     return mean, float(t.ppf(0.975, len(differences) - 1)) * spread
 
 
+def _lion_results(accuracies):
+    """Uncompressed Lion's `AccuracyResult` per (workload, ranks): what the modes compare to."""
+    return {(a.workload, a.ranks): a for a in accuracies if a.label == FP32}
+
+
 def accuracy_verdict(accuracies):
     """Lines judging every compressed mode's mean accuracy against uncompressed Lion's."""
-    reference = {(a.workload, a.ranks): a.mean for a in accuracies if a.label == FP32}
-    drops = [(100 * (a.mean - reference[(a.workload, a.ranks)]), a) for a in accuracies
-             if a.label not in (FP32, "adam") and (a.workload, a.ranks) in reference]
+    lion = _lion_results(accuracies)
+    drops = [(100 * (a.mean - lion[(a.workload, a.ranks)].mean), a) for a in accuracies
+             if a.label not in (FP32, "adam") and (a.workload, a.ranks) in lion]
     if not drops:
         return [f"target: compressed modes within {TARGET_POINTS:g} point of Lion's accuracy: "
                 "not measured (needs the accuracy runs of none and a compressed mode)"]
@@ -539,8 +544,7 @@ def accuracy_verdict(accuracies):
     lines = [f"target: every compressed mode ends no more than {TARGET_POINTS:g} point below "
              f"uncompressed Lion (mean test accuracy): {summary}, {_state(not failed)}"]
     if failed:
-        references = {(a.workload, a.ranks): a for a in accuracies if a.label == FP32}
-        intervals = {id(a): paired_difference(a, references[(a.workload, a.ranks)])
+        intervals = {id(a): paired_difference(a, lion[(a.workload, a.ranks)])
                      for _, a in failed}
         lines.append("  below: " + ", ".join(
             f"{a.label} on {a.workload} {d:+.1f} points (95 % CI "
@@ -654,7 +658,7 @@ def format_projection(projections, networks):
 def format_accuracy(accuracies):
     """Mean test accuracy per workload and contender, against Lion's and Adam's."""
     reference = {(a.workload, a.ranks, a.label): a.mean for a in accuracies}
-    lion = {(a.workload, a.ranks): a for a in accuracies if a.label == FP32}
+    lion = _lion_results(accuracies)
     lines = [f"{'workload':<13}{'P':>2}  {'mode':<12}{'mean %':>8}{'vs Lion':>9}{'95% CI':>14}"
              f"{'vs Adam':>9}  per seed"]
     for a in accuracies:

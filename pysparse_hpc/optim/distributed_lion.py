@@ -50,6 +50,7 @@ import numpy as np
 import torch
 
 from ..distributed._comm import init
+from ..kernels.cpu import lion as kernels
 from . import _votes
 from ._modes import COMPRESSIONS, MOMENTUM_SYNC
 from .lion import (Lion, apply_update, interpolate, kernel_arrays, kernel_scalars, lion_step,
@@ -187,7 +188,6 @@ class DistributedLion(Lion):
                       *group["betas"])
 
     def _step_on_votes(self, entries):
-        from ..kernels.cpu import lion as kernels
         sizes = [param.numel() for _, param in entries]
         dtype = functools.reduce(torch.promote_types, [param.dtype for _, param in entries])
         directions = torch.empty(sum(sizes), dtype=dtype)
@@ -219,7 +219,6 @@ class DistributedLion(Lion):
             direction = torch.from_numpy(agreed).view_as(param).to(param.dtype)
             apply_update(param, direction, momentum, param.grad, lr, weight_decay, beta2)
             return
-        from ..kernels.cpu import lion as kernels
         kernels.lion_apply(*arrays, agreed, *kernel_scalars(param.dtype, 1.0 - lr * weight_decay,
                                                             -lr, beta2, 1.0 - beta2))
         written(param, momentum)

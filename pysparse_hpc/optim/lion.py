@@ -14,6 +14,8 @@ operations, which remain for every other tensor (GPU, half precision, strided).
 import numpy as np
 import torch
 
+from ..kernels.cpu import lion as kernels
+
 __all__ = ["Lion", "check_hyperparameters", "lion_step"]
 
 _KERNEL_DTYPES = {torch.float32: np.float32, torch.float64: np.float64}
@@ -75,7 +77,6 @@ def lion_step(param, momentum, grad, lr, weight_decay, beta1, beta2):
         apply_update(param, interpolate(momentum, grad, beta1).sign_(), momentum, grad, lr,
                      weight_decay, beta2)
         return
-    from ..kernels.cpu import lion as kernels
     kernels.lion_step(*arrays, *kernel_scalars(param.dtype, 1.0 - lr * weight_decay, -lr,
                                                beta1, 1.0 - beta1, beta2, 1.0 - beta2))
     written(param, momentum)
