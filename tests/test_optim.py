@@ -155,8 +155,9 @@ def test_vote_digits_sum_at_the_largest_counts():
         assert int(words[2]) == ranks * (base ** 3 - 1) // (base - 1)
         if base == ranks + 1:  # every digit at its largest value
             assert int(words[0]) == base ** digits - 1
-        np.testing.assert_array_equal(_votes.vote_digits_majority(words, ranks, size),
-                                      np.ones(size, dtype=np.float32))
+        np.testing.assert_array_equal(
+            _votes.directions(*_votes.vote_digits_majority(words, ranks, size), size),
+            np.ones(size, dtype=np.float32))
 
 
 @pytest.mark.parametrize("ranks", [1, 2, 3, 4, 5, 6, 7, 8, 9])
@@ -169,13 +170,58 @@ def test_vote_formats_give_the_majority(ranks, size):
 
     gathered = np.stack([_votes.pack_signs(c) for c in directions])
     assert gathered.shape == (ranks, -(-size // 8))
-    np.testing.assert_array_equal(_votes.packed_signs_majority(gathered, size), expected)
+    np.testing.assert_array_equal(gathered, np.stack([np.packbits(c > 0) for c in directions]))
+    agreed = _votes.directions(*_votes.signs_majority(gathered, size), size)
+    np.testing.assert_array_equal(agreed, expected)
 
     words = sum(_votes.pack_vote_digits(c, ranks) for c in directions)  # an integer SUM
     assert words.dtype == np.uint64 and words.size == -(-size // _votes.vote_digits(ranks))
-    np.testing.assert_array_equal(_votes.vote_digits_majority(words, ranks, size), expected)
+    agreed = _votes.directions(*_votes.vote_digits_majority(words, ranks, size), size)
+    np.testing.assert_array_equal(agreed, expected)
     if ranks == 1:
-        np.testing.assert_array_equal(_votes.sign_bits_direction(gathered[0], size), expected)
+        agreed = _votes.directions(*_votes.signs_as_masks(gathered[0], size), size)
+        np.testing.assert_array_equal(agreed, expected)
+
+
+@pytest.mark.parametrize("ranks", [1, 2, 3, 4, 7, 8])
+def test_masks_count_every_number_of_plus_votes(ranks):
+    """Each coordinate of a word sees another number of +1 votes, 0..P, so the bit-sliced
+    counts and both comparisons with P / 2 meet every case; the tie only at even P."""
+    size = 64 * 3 + 5
+    counts = np.arange(size) % (ranks + 1)
+    gathered = np.stack([np.packbits(counts > r) for r in range(ranks)])
+    plus, minus = _votes.signs_majority(gathered, size)
+    np.testing.assert_array_equal(_votes.directions(plus, minus, size),
+                                  np.sign(2 * counts - ranks))
+    np.testing.assert_array_equal(_votes.directions(plus, minus, 9, start=60),
+                                  np.sign(2 * counts[60:69] - ranks))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_votes_packed_tensor_by_tensor_at_unaligned_offsets(dtype):
+    """A rank packs each tensor's votes from its momentum and gradient where the tensor
+    starts in the whole vote, mid-byte and mid-word: the same buffers as packing the whole
+    interpolation at once, with torch's rounding of beta1 m + (1 - beta1) g."""
+    rng = np.random.default_rng(5)
+    sizes = [3, 13, 1, 64, 45, 7, 130]
+    momenta = [rng.standard_normal(n).astype(dtype) for n in sizes]
+    grads = [rng.standard_normal(n).astype(dtype) for n in sizes]
+    grads[1][:4] = -momenta[1][:4] * 9  # c exactly 0 or a rounding away from it
+    beta1, rest1 = dtype(0.9), dtype(1 - 0.9)
+    whole = np.concatenate([torch.from_numpy(m).mul(0.9).add_(torch.from_numpy(g),
+                                                              alpha=1 - 0.9).numpy()
+                            for m, g in zip(momenta, grads)])
+    packed = np.zeros(_votes.sign_bytes(sum(sizes)), dtype=np.uint8)
+    for ranks in (2, 3):
+        words = np.zeros(_votes.digit_words(sum(sizes), ranks), dtype=np.uint64)
+        start = 0
+        for m, g in zip(momenta, grads):
+            if ranks == 2:
+                _votes.add_sign_bits(packed, start, m, g, beta1, rest1)
+            _votes.add_vote_digits(words, start, ranks, m, g, beta1, rest1)
+            start += m.size
+        np.testing.assert_array_equal(words, _votes.pack_vote_digits(whole, ranks))
+    np.testing.assert_array_equal(packed, np.packbits(whole > 0))
 
 
 @pytest.mark.parametrize("ranks", [1, 2, 3, 5])
@@ -191,8 +237,10 @@ def test_int8_levels_sum_without_overflow_and_match_the_reference(ranks):
     assert all(np.abs(q).max() <= bound for q in levels)
     total = np.sum(levels, axis=0, dtype=np.int64)
     assert np.abs(total).max() <= 127
-    np.testing.assert_array_equal(np.sign(total),
-                                  reference_lion_agreement(directions, sizes, "int8"))
+    expected = reference_lion_agreement(directions, sizes, "int8")
+    np.testing.assert_array_equal(np.sign(total), expected)
+    agreed = _votes.directions(*_votes.levels_as_masks(total.astype(np.int8)), total.size)
+    np.testing.assert_array_equal(agreed, expected)
 
 
 def test_one_bit_combine_breaks_ties_by_parity():
@@ -231,6 +279,35 @@ def test_distributed_lion_on_one_rank_is_lion_where_no_direction_is_zero(compres
         return
     for e, g in zip(expected, got):
         torch.testing.assert_close(g, e, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("compression", ["signs", "votes", "int8", "1bit"])
+def test_distributed_lion_tensor_operations_equal_the_kernels(compression):
+    """Parameters the kernels cannot read (a transposed view, float16) vote and step by
+    tensor operations, at their offsets in the vote: in float32 the same bits as the
+    kernels'; the float16 one moves too."""
+    torch.manual_seed(4)
+    weight, bias = torch.randn(5, 7), torch.randn(13)
+    plain = [torch.nn.Parameter(bias.clone()), torch.nn.Parameter(weight.clone())]
+    strided = [torch.nn.Parameter(bias.clone()),  # the transposed view starts mid-byte
+               torch.nn.Parameter(weight.clone().t().contiguous().t())]
+    half = torch.nn.Parameter(torch.randn(70).half())  # starts at coordinate 48, mid-word
+    before = half.detach().clone()
+    settings = dict(lr=1e-2, weight_decay=0.1, compression=compression)
+    optimizers = [DistributedLion(plain, **settings),
+                  DistributedLion(strided + [half], **settings)]
+    for _ in range(4):
+        grads = torch.randn(13), torch.randn(5, 7)
+        for params in (plain, strided):
+            for param, grad in zip(params, grads):
+                param.grad = grad.clone()
+        half.grad = torch.randn(70).half()
+        for optimizer in optimizers:
+            optimizer.step()
+    assert not strided[1].is_contiguous()
+    for mine, theirs in zip(plain, strided):
+        assert torch.equal(mine, theirs)
+    assert not torch.equal(half, before)
 
 
 class _TwinComm:

@@ -1,9 +1,12 @@
 """The wire formats of the compressed Lion modes, on flat NumPy arrays: no MPI, no torch.
 
-Each function turns this rank's Lion direction ``c`` (the interpolated momentum, float) into
-the buffer a collective moves, or received buffers into the agreed update (float32 in
-{-1, 0, 1}), in one pass of a Numba kernel (`pysparse_hpc.kernels.cpu.votes`). The
-collectives themselves are `DistributedLion`'s; tests compare these against plain loops.
+A rank's votes are packed from its momentum and gradient, one tensor at a time at its offset
+in the whole vote (``c = beta1 m + (1 - beta1) g`` is computed on the way, never stored), or
+from a plain vector ``c``; received buffers become the agreed update as two bit masks (`masks`:
++1 and -1 coordinates; neither on a tie), which `pysparse_hpc.kernels.cpu.votes.apply_agreed`
+reads or `directions` expands. One pass of a Numba kernel each
+(`pysparse_hpc.kernels.cpu.votes`). The collectives themselves are `DistributedLion`'s; tests
+compare these against plain loops.
 
 Votes are bits: a coordinate votes +1 where ``c > 0`` and -1 elsewhere (a bit cannot say 0).
 The majority of ``P`` ranks of which ``s`` vote +1 is ``sign(2 s - P)``: 0 on a tie, which only
@@ -15,9 +18,11 @@ import numpy as np
 
 from ..kernels.cpu import votes as _kernels
 
-__all__ = ["vote_base", "vote_digits", "pack_signs", "packed_signs_majority", "sign_bits_direction",
-           "pack_vote_digits", "vote_digits_majority", "int8_levels", "quantize_int8",
-           "combine_one_bit", "TIE_MASK"]
+__all__ = ["vote_base", "vote_digits", "sign_bytes", "digit_words", "masks", "directions",
+           "plain_operands",
+           "pack_signs", "add_sign_bits", "signs_majority", "signs_as_masks", "pack_vote_digits",
+           "add_vote_digits", "vote_digits_majority", "int8_levels", "quantize_int8",
+           "levels_as_masks", "combine_one_bit", "TIE_MASK"]
 
 #: Bits of a packed byte where a 1-bit combine breaks a tie toward +1: NumPy packs coordinate
 #: ``i`` into bit ``7 - i % 8``, so ties go to +1 at odd coordinates and to -1 at even ones,
@@ -63,26 +68,63 @@ def vote_digits(ranks):
     return _digits_in_a_word(vote_base(ranks))
 
 
+def sign_bytes(size):
+    """Bytes of ``size`` packed sign bits."""
+    return -(-int(size) // 8)
+
+
+def digit_words(size, ranks):
+    """uint64 words of ``size`` packed vote digits on ``ranks`` ranks."""
+    return -(-int(size) // vote_digits(ranks))
+
+
+def masks(size):
+    """Zeroed ``plus`` and ``minus`` masks of ``size`` coordinates (uint64 words; coordinate
+    ``i`` is bit ``(i % 64) ^ 7`` of word ``i // 64``)."""
+    words = -(-int(size) // 64)
+    return np.zeros(words, dtype=np.uint64), np.zeros(words, dtype=np.uint64)
+
+
+def directions(plus, minus, size, start=0):
+    """Coordinates ``start:start + size`` of the agreed update as float32 in {-1, 0, 1}."""
+    out = np.empty(size, dtype=np.float32)
+    _kernels.mask_directions(plus, minus, int(start), out)
+    return out
+
+
+def plain_operands(direction):
+    """A plain vector ``c`` as the operands ``(m, g, beta1, 1 - beta1)`` of `add_sign_bits` and
+    `add_vote_digits`: ``(c, 0, 1, 0)``, whose interpolation is ``c`` exactly."""
+    one = direction.dtype.type(1)
+    return direction, np.zeros_like(direction), one, one - one
+
+
+def add_sign_bits(out, start, momentum, grad, beta1, rest1):
+    """Add one tensor's votes ``beta1 m + rest1 g > 0`` to the packed sign bits ``out``
+    (uint8, zeroed, `sign_bytes` of the whole vote) from coordinate ``start`` on. The four
+    operands are flat arrays and scalars of one float dtype."""
+    _kernels.pack_sign_bits(momentum, grad, beta1, rest1, out, int(start))
+
+
 def pack_signs(direction):
     """One bit per coordinate, 1 where ``direction > 0``, eight to a byte (NumPy's bit order):
-    ``ceil(d / 8)`` uint8."""
-    return np.packbits(direction > 0)
+    `sign_bytes` uint8."""
+    out = np.zeros(sign_bytes(direction.size), dtype=np.uint8)
+    add_sign_bits(out, 0, *plain_operands(direction))
+    return out
 
 
-def packed_signs_majority(gathered, size):
-    """The majority of the ranks' `pack_signs` buffers, stacked as the rows of ``gathered``
-    (uint8, shape ``(P, ceil(size / 8))``), for the first ``size`` coordinates."""
-    agreed = np.empty(size, dtype=np.float32)
-    _kernels.packed_signs_majority(gathered, gathered.shape[0], agreed)
-    return agreed
+def signs_majority(gathered, size):
+    """The `masks` of the majority of the ranks' packed sign bits, stacked as the rows of
+    ``gathered`` (uint8, shape ``(P, sign_bytes(size))``)."""
+    plus, minus = masks(size)
+    _kernels.sign_majority_masks(gathered, plus, minus)
+    return plus, minus
 
 
-def sign_bits_direction(packed, size):
-    """+1 where a bit of ``packed`` (a `pack_signs` buffer) is set, -1 elsewhere: the first
-    ``size`` coordinates, float32."""
-    direction = np.empty(size, dtype=np.float32)
-    _kernels.packed_signs_direction(packed, direction)
-    return direction
+def signs_as_masks(packed, size):
+    """The `masks` of packed sign bits taken as they are: +1 where a bit is set, else -1."""
+    return signs_majority(packed[None, :], size)
 
 
 #: Largest value of a chunk of digits that `vote_digits_majority` reads by one look-up
@@ -114,27 +156,36 @@ def _majority_table(ranks):
     base = vote_base(ranks)
     chunk = _chunk_digits(base)
     digit = np.arange(base ** chunk)[:, None] // base ** np.arange(chunk) % base
-    table = np.sign(2 * digit - int(ranks)).astype(np.float32)
+    table = np.sign(2 * digit - int(ranks)).astype(np.int8)
     table.setflags(write=False)
     return table
 
 
+def add_vote_digits(out, start, ranks, momentum, grad, beta1, rest1):
+    """Add one tensor's votes ``beta1 m + rest1 g > 0`` (in {0, 1}) to the packed vote digits
+    ``out`` (uint64, zeroed, `digit_words` of the whole vote) from coordinate ``start`` on:
+    coordinate ``i`` is digit ``i % k`` of word ``i // k`` (``k = vote_digits(ranks)``), so
+    an integer SUM allreduce of the words counts the votes."""
+    _kernels.pack_vote_digits(momentum, grad, beta1, rest1, _digit_powers(int(ranks)), out,
+                              int(start))
+
+
 def pack_vote_digits(direction, ranks):
     """Votes in {0, 1} (1 where ``direction > 0``) as digits of base `vote_base`,
-    `vote_digits` to a uint64 word (coordinate ``i`` is digit ``i % k`` of word ``i // k``):
-    ``ceil(d / k)`` words, summed by an integer allreduce as they are."""
-    words = np.empty(-(-direction.size // vote_digits(ranks)), dtype=np.uint64)
-    _kernels.pack_vote_digits(direction, _digit_powers(int(ranks)), words)
-    return words
+    `vote_digits` to a uint64 word: `digit_words` words, summed by an integer allreduce as
+    they are."""
+    out = np.zeros(digit_words(direction.size, ranks), dtype=np.uint64)
+    add_vote_digits(out, 0, ranks, *plain_operands(direction))
+    return out
 
 
 def vote_digits_majority(words, ranks, size):
-    """The majority of ``ranks`` votes from summed `pack_vote_digits` words: the first
-    ``size`` coordinates, float32."""
-    agreed = np.empty(size, dtype=np.float32)
-    _kernels.vote_digits_majority(words, vote_base(ranks), vote_digits(ranks), int(ranks),
-                                  _majority_table(int(ranks)), agreed)
-    return agreed
+    """The `masks` of the majority of ``ranks`` votes from summed vote digit words, for the
+    first ``size`` coordinates."""
+    majorities = np.empty(size, dtype=np.int8)
+    _kernels.digit_majorities(words, vote_base(ranks), vote_digits(ranks), int(ranks),
+                              _majority_table(int(ranks)), majorities)
+    return levels_as_masks(majorities)
 
 
 def int8_levels(ranks):
@@ -165,6 +216,13 @@ def quantize_int8(direction, offsets, ranks):
     _kernels.quantize_int8(direction, np.asarray(offsets, dtype=np.int64), int8_levels(ranks),
                            levels)
     return levels
+
+
+def levels_as_masks(levels):
+    """The `masks` of the signs of ``levels`` (summed int8 levels, or majorities)."""
+    plus, minus = masks(levels.size)
+    _kernels.level_masks(levels, plus, minus)
+    return plus, minus
 
 
 def combine_one_bit(mine, theirs):

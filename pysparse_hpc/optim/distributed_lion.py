@@ -51,6 +51,7 @@ import torch
 
 from ..distributed._comm import init
 from ..kernels.cpu import lion as kernels
+from ..kernels.cpu import votes as vote_kernels
 from . import _votes
 from ._modes import COMPRESSIONS, MOMENTUM_SYNC
 from .lion import (Lion, apply_update, interpolate, kernel_arrays, kernel_scalars, lion_step,
@@ -85,6 +86,14 @@ def _one_bit_allreduce(comm, packed, kind):
     if rank + paired < comm.size:
         comm.Isend(packed, rank + paired, 8, kind).wait()
     return packed
+
+
+def _with_offsets(entries):
+    """``(group, param, start)`` of each entry, ``start`` its first coordinate in the vote."""
+    start = 0
+    for group, param in entries:
+        yield group, param, start
+        start += param.numel()
 
 
 class DistributedLion(Lion):
@@ -154,6 +163,7 @@ class DistributedLion(Lion):
         self.average, self.sync_doubling = average, sync_doubling
         self.steps_taken, self.momentum_syncs = 0, 0
         self._next_sync = 1
+        self._sync_buffer = None
 
     # ------------------------------------------------------------------ the step
     @torch.no_grad()
@@ -188,62 +198,81 @@ class DistributedLion(Lion):
                       *group["betas"])
 
     def _step_on_votes(self, entries):
-        sizes = [param.numel() for _, param in entries]
+        plus, minus = self._agree(entries)
+        for group, param, start in _with_offsets(entries):
+            self._apply_agreed(group, param, plus, minus, start)
+
+    def _vote_operands(self, group, param):
+        """This rank's vote on ``param`` as the packing kernels take it, ``(m, g, beta1,
+        1 - beta1)`` of one float dtype, or ``(c, 0, 1, 0)`` with ``c`` from tensor operations
+        where the kernels cannot read the tensors."""
+        momentum, beta1 = self.momentum(param), group["betas"][0]
+        arrays = kernel_arrays(momentum, param.grad)
+        if arrays is not None:
+            return (*arrays, *kernel_scalars(param.dtype, beta1, 1.0 - beta1))
+        direction = interpolate(momentum, param.grad, beta1).reshape(-1)
+        if direction.dtype != torch.float64:
+            direction = direction.float()  # exact: only the sign is read
+        return _votes.plain_operands(direction.numpy())
+
+    def _agree(self, entries):
+        """The agreed update's `_votes.masks` from this rank's votes."""
+        comm, ranks = self.comm, self.comm.size
+        size = sum(param.numel() for _, param in entries)
+        if self.compression == "int8":
+            return self._agree_on_levels(entries, size)
+        if self.compression == "votes":
+            words = np.zeros(_votes.digit_words(size, ranks), dtype=np.uint64)
+            for group, param, start in _with_offsets(entries):
+                _votes.add_vote_digits(words, start, ranks, *self._vote_operands(group, param))
+            comm.Allreduce(words, "sum", kind=VOTE_KIND)
+            return _votes.vote_digits_majority(words, ranks, size)
+        packed = np.zeros(_votes.sign_bytes(size), dtype=np.uint8)
+        for group, param, start in _with_offsets(entries):
+            _votes.add_sign_bits(packed, start, *self._vote_operands(group, param))
+        if self.compression == "signs":
+            gathered = np.empty((ranks, packed.size), dtype=np.uint8)
+            comm.Allgatherv(packed, gathered, [packed.size] * ranks, kind=VOTE_KIND)
+            return _votes.signs_majority(gathered, size)
+        if ranks > 1:
+            packed = _one_bit_allreduce(comm, packed, VOTE_KIND)
+        return _votes.signs_as_masks(packed, size)
+
+    def _agree_on_levels(self, entries, size):
+        """``"int8"``: levels scaled by each tensor's mean magnitude, so this mode needs the
+        interpolation itself."""
         dtype = functools.reduce(torch.promote_types, [param.dtype for _, param in entries])
-        directions = torch.empty(sum(sizes), dtype=dtype)
-        start = 0
-        for (group, param), size in zip(entries, sizes):
-            out = directions[start:start + size]
+        direction = torch.empty(size, dtype=dtype)
+        offsets = [0]
+        for group, param, start in _with_offsets(entries):
+            out = direction[start:start + param.numel()]
+            beta1 = group["betas"][0]
             arrays = kernel_arrays(self.momentum(param), param.grad, out)
             if arrays is None:
-                out.copy_(interpolate(self.momentum(param), param.grad,
-                                      group["betas"][0]).reshape(-1))
+                out.copy_(interpolate(self.momentum(param), param.grad, beta1).reshape(-1))
             else:
-                beta1 = group["betas"][0]
                 kernels.lion_interpolate(*arrays, *kernel_scalars(param.dtype, beta1,
                                                                   1.0 - beta1))
-            start += size
-        agreed = self._agree(directions.numpy(), sizes)
-        start = 0
-        for (group, param), size in zip(entries, sizes):
-            self._apply_agreed(group, param, agreed[start:start + size])
-            start += size
+            offsets.append(start + param.numel())
+        levels = self.comm.Allreduce(_votes.quantize_int8(direction.numpy(), offsets,
+                                                          self.comm.size), "sum", kind=VOTE_KIND)
+        return _votes.levels_as_masks(levels)
 
-    def _apply_agreed(self, group, param, agreed):
-        """The rest of ``param``'s step once the ranks agreed on its direction (float32 NumPy
-        values in {-1, 0, 1})."""
+    def _apply_agreed(self, group, param, plus, minus, start):
+        """The rest of ``param``'s step once the ranks agreed on the masks, ``param`` at
+        coordinate ``start`` of them."""
         momentum = self.momentum(param)
         lr, weight_decay, beta2 = group["lr"], group["weight_decay"], group["betas"][1]
         arrays = kernel_arrays(param, momentum, param.grad)
         if arrays is None:
-            direction = torch.from_numpy(agreed).view_as(param).to(param.dtype)
-            apply_update(param, direction, momentum, param.grad, lr, weight_decay, beta2)
+            direction = _votes.directions(plus, minus, param.numel(), start)
+            apply_update(param, torch.from_numpy(direction).view_as(param).to(param.dtype),
+                         momentum, param.grad, lr, weight_decay, beta2)
             return
-        kernels.lion_apply(*arrays, agreed, *kernel_scalars(param.dtype, 1.0 - lr * weight_decay,
-                                                            -lr, beta2, 1.0 - beta2))
+        vote_kernels.apply_agreed(*arrays, plus, minus, start,
+                                  *kernel_scalars(param.dtype, 1.0 - lr * weight_decay, -lr,
+                                                  beta2, 1.0 - beta2))
         written(param, momentum)
-
-    def _agree(self, direction, sizes):
-        """The agreed update (float32 in {-1, 0, 1}) from this rank's ``direction``."""
-        comm, ranks = self.comm, self.comm.size
-        if self.compression == "signs":
-            packed = _votes.pack_signs(direction)
-            gathered = np.empty((ranks, packed.size), dtype=np.uint8)
-            comm.Allgatherv(packed, gathered, [packed.size] * ranks, kind=VOTE_KIND)
-            return _votes.packed_signs_majority(gathered, direction.size)
-        if self.compression == "votes":
-            words = comm.Allreduce(_votes.pack_vote_digits(direction, ranks), "sum",
-                                   kind=VOTE_KIND)
-            return _votes.vote_digits_majority(words, ranks, direction.size)
-        if self.compression == "int8":
-            offsets = np.concatenate([[0], np.cumsum(sizes)])
-            levels = comm.Allreduce(_votes.quantize_int8(direction, offsets, ranks), "sum",
-                                    kind=VOTE_KIND)
-            return np.sign(levels).astype(np.float32)
-        packed = _votes.pack_signs(direction)
-        if ranks > 1:
-            packed = _one_bit_allreduce(comm, packed, VOTE_KIND)
-        return _votes.sign_bits_direction(packed, direction.size)
 
     # ------------------------------------------------------------------ momentum
     def _sync_due(self):
@@ -254,12 +283,18 @@ class DistributedLion(Lion):
         return self.steps_taken >= self._next_sync
 
     def _synchronise_momenta(self, momenta):
-        flat = torch.cat([m.reshape(-1) for m in momenta])
+        size = sum(m.numel() for m in momenta)
+        dtype = functools.reduce(torch.promote_types, [m.dtype for m in momenta])
+        # One buffer for every sync: a fresh one would cost its page faults each time.
+        if self._sync_buffer is None or self._sync_buffer.numel() != size \
+                or self._sync_buffer.dtype != dtype:
+            self._sync_buffer = torch.empty(size, dtype=dtype)
+        flat = torch.cat([m.reshape(-1) for m in momenta], out=self._sync_buffer)
         self.comm.Allreduce(flat, "sum", kind=MOMENTUM_KIND)
-        flat /= self.comm.size
         start = 0
         for momentum in momenta:
-            momentum.copy_(flat[start:start + momentum.numel()].view_as(momentum))
+            total = flat[start:start + momentum.numel()].view_as(momentum)
+            torch.div(total, self.comm.size, out=momentum)  # the mean, written back in one pass
             start += momentum.numel()
         self.momentum_syncs += 1
         gap = math.floor(2.0 ** (self.momentum_syncs / self.sync_doubling))

@@ -15,7 +15,7 @@ import numpy as np
 from numba import njit, types
 from numba.extending import intrinsic
 
-__all__ = ["fused_multiply_add", "lion_step", "lion_interpolate", "lion_apply"]
+__all__ = ["fused_multiply_add", "lion_step", "lion_interpolate"]
 
 _JIT = dict(cache=True, nogil=True)
 
@@ -45,18 +45,7 @@ def lion_step(param, momentum, grad, decay, neg_lr, beta1, rest1, beta2, rest2):
 
 @njit(**_JIT)
 def lion_interpolate(momentum, grad, out, beta1, rest1):
-    """``out <- beta1 m + rest1 g``: the vector whose sign is the update (the one a
-    distributed Lion's ranks vote on)."""
+    """``out <- beta1 m + rest1 g``: the vector whose sign is the update (the one Lion Cub's
+    int8 levels quantise; the vote kernels compute it on the way)."""
     for i in range(out.size):
         out[i] = fused_multiply_add(grad[i], rest1, momentum[i] * beta1)
-
-
-@njit(**_JIT)
-def lion_apply(param, momentum, grad, direction, decay, neg_lr, beta2, rest2):
-    """The rest of a step once the ranks agreed on ``direction`` (float32 in {-1, 0, 1}):
-    ``p <- p * decay - lr * direction``, ``m <- beta2 m + rest2 g``."""
-    for i in range(param.size):
-        # -lr times a direction in {-1, 0, 1} is exact, so one rounding of the sum is torch's
-        # fma(direction, -lr, p * decay).
-        param[i] = param[i] * decay + neg_lr * direction[i]
-        momentum[i] = fused_multiply_add(grad[i], rest2, momentum[i] * beta2)

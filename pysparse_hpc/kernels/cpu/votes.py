@@ -1,56 +1,179 @@
 """The compressed Lion votes on the CPU: packing a rank's votes and turning the received
 buffers into the agreed update, one pass over the coordinates each (`pysparse_hpc.optim`).
 
-Serial kernels: a pass is a few milliseconds for a million coordinates, less than a parallel
-region's start-up is worth at that size, and serial kernels compile in a fraction of the
-time. Inputs are trusted (`pysparse_hpc.optim._votes` shapes them).
+A rank votes on ``c = beta1 m + rest1 g`` (Lion's interpolation, torch's rounding): the packing
+kernels read the momentum and the gradient and compute ``c`` on the way, so the vector is never
+stored. They take one tensor at a time, at coordinate ``start`` of the whole vote; a tensor
+that begins or ends inside a byte or a word adds its bits to what its neighbour left there, so
+the output starts zeroed. A plain vector ``c`` packs as ``(c, zeros, 1, 0)``.
+
+The agreed update is kept as two bit masks, ``plus`` and ``minus`` (uint64 words; coordinate
+``i`` is bit ``(i % 64) ^ 7`` of word ``i // 64``, the little-endian words of NumPy's packed
+bits), one bit where the majority says +1 or -1; neither on a tie. The majority of packed signs
+is counted 64 coordinates at a time by bit-sliced adders, and the update reads its direction
+from the masks: an eighth of a float32 vector's bytes, written and read once.
+
+Serial kernels: a pass is a millisecond or less for a million coordinates, less than a parallel
+region's start-up is worth at that size, and serial kernels compile in a fraction of the time.
+Inputs are trusted (`pysparse_hpc.optim._votes` shapes them).
 """
 import numpy as np
 from numba import njit
 
+from .lion import fused_multiply_add
+
 _JIT = dict(cache=True, nogil=True)
 
-
-@njit(**_JIT)
-def pack_vote_digits(direction, powers, out):
-    """Votes ``direction > 0`` as the digits of numbers in the base whose powers are
-    ``powers`` (uint64, one per digit of a word of ``out``): coordinate ``start + j`` of a word
-    is its digit ``j``. A sum of independent terms, not Horner's chain of multiplications,
-    so the loop over a word's digits vectorises."""
-    digits = powers.size
-    size = direction.size
-    for word in range(out.size):
-        start = word * digits
-        packed = np.uint64(0)
-        for j in range(min(digits, size - start)):
-            packed += powers[j] if direction[start + j] > 0 else np.uint64(0)
-        out[word] = packed
+_ONE = np.uint64(1)
 
 
 @njit(inline="always", **_JIT)
-def _sign(twice):
-    return np.float32((twice > 0) - (twice < 0))
+def _votes_plus(momentum, grad, i, beta1, rest1):
+    """Rank's vote at coordinate ``i``: True where ``beta1 m + rest1 g > 0``."""
+    return fused_multiply_add(grad[i], rest1, momentum[i] * beta1) > 0
+
+
+@njit(inline="always", **_JIT)
+def _mask_bit(index):
+    """The bit of coordinate ``index`` in its mask word."""
+    return np.uint64((index & 63) ^ 7)
+
+
+@njit(inline="always", **_JIT)
+def _add_sign_bit(momentum, grad, i, beta1, rest1, out, index):
+    if _votes_plus(momentum, grad, i, beta1, rest1):
+        out[index >> 3] |= np.uint8(1 << (7 - (index & 7)))
 
 
 @njit(**_JIT)
-def vote_digits_majority(words, base, digits, ranks, table, out):
-    """``sign(2 s - ranks)`` into ``out`` (float32) from summed vote digits ``s``.
+def pack_sign_bits(momentum, grad, beta1, rest1, out, start):
+    """Votes ``c > 0`` of one tensor as bits of ``out`` (uint8) from coordinate ``start`` on,
+    NumPy's order (coordinate ``k`` in bit ``7 - k % 8`` of byte ``k // 8``)."""
+    size = momentum.size
+    i = 0
+    while i < size and (start + i) & 63:  # bytes shared with the tensor before, or short
+        _add_sign_bit(momentum, grad, i, beta1, rest1, out, start + i)
+        i += 1
+    # 64 coordinates to a register (an OR reduction, which vectorises), stored as 8 bytes.
+    whole = i + (size - i) // 64 * 64
+    for first in range(i, whole, 64):
+        word = np.uint64(0)
+        for j in range(64):
+            word |= np.uint64(_votes_plus(momentum, grad, first + j, beta1,
+                                          rest1)) << _mask_bit(j)
+        byte = (start + first) >> 3
+        for k in range(8):
+            out[byte + k] = np.uint8((word >> np.uint64(8 * k)) & np.uint64(255))
+    for i in range(whole, size):  # bytes shared with the tensor after
+        _add_sign_bit(momentum, grad, i, beta1, rest1, out, start + i)
+
+
+@njit(**_JIT)
+def pack_vote_digits(momentum, grad, beta1, rest1, powers, out, start):
+    """Votes ``c > 0`` of one tensor as digits of ``out`` (uint64) from coordinate ``start``
+    on: coordinate ``k`` adds ``powers[k % K]`` to word ``k // K`` (``K = powers.size``)."""
+    digits = powers.size
+    size = momentum.size
+    word = start // digits
+    digit = start - word * digits
+    i = 0
+    while i < size and digit:  # a word shared with the tensor before
+        if _votes_plus(momentum, grad, i, beta1, rest1):
+            out[word] += powers[digit]
+        i += 1
+        digit += 1
+        if digit == digits:
+            digit, word = 0, word + 1
+    # Whole words: a sum of independent terms, not Horner's chain, so it vectorises.
+    while i + digits <= size:
+        packed = np.uint64(0)
+        for j in range(digits):
+            plus = _votes_plus(momentum, grad, i + j, beta1, rest1)
+            packed += powers[j] if plus else np.uint64(0)
+        out[word] = packed
+        i += digits
+        word += 1
+    for j in range(size - i):  # a word shared with the tensor after
+        if _votes_plus(momentum, grad, i + j, beta1, rest1):
+            out[word] += powers[j]
+
+
+@njit(inline="always", **_JIT)
+def _word_of_bytes(row, first, stop):
+    """Bytes ``row[first:min(first + 8, stop)]`` as a little-endian uint64 (zeros past
+    ``stop``)."""
+    value = np.uint64(0)
+    if first + 8 <= stop:  # a fixed count, which the compiler turns into one load
+        for k in range(8):
+            value |= np.uint64(row[first + k]) << np.uint64(8 * k)
+        return value
+    for k in range(stop - first):
+        value |= np.uint64(row[first + k]) << np.uint64(8 * k)
+    return value
+
+
+@njit(inline="always", **_JIT)
+def _exceeds(planes, bits, threshold):
+    """Lanes of the bit-sliced counts ``planes[:bits]`` (least significant plane first) whose
+    count exceeds ``threshold``, as a uint64 mask."""
+    greater = np.uint64(0)
+    equal = ~np.uint64(0)
+    for k in range(bits - 1, -1, -1):
+        if (threshold >> k) & 1:
+            equal &= planes[k]
+        else:
+            greater |= equal & planes[k]
+            equal &= ~planes[k]
+    return greater
+
+
+@njit(**_JIT)
+def sign_majority_masks(gathered, plus, minus):
+    """The majority masks of the ranks' packed sign bits, one row of ``gathered`` (uint8) per
+    rank: ``s`` of ``P`` votes +1 is +1 where ``s > P / 2``, -1 where ``s < P / 2``.
+
+    Each word counts its 64 lanes at once: adding a rank's word to bit planes of the counts
+    is a ripple of ANDs and XORs, and the comparisons with ``P / 2`` run on the planes too."""
+    ranks, stop = gathered.shape
+    bits = 1
+    while (1 << bits) <= ranks:
+        bits += 1
+    planes = np.zeros(bits, dtype=np.uint64)
+    above, below = ranks // 2, (ranks + 1) // 2 - 1  # s > above: +1; s > below fails: -1
+    for word in range(plus.size):
+        planes[:] = 0
+        for rank in range(ranks):
+            carry = _word_of_bytes(gathered[rank], 8 * word, stop)
+            for k in range(bits):
+                if carry == 0:
+                    break
+                overflow = planes[k] & carry
+                planes[k] ^= carry
+                carry = overflow
+        plus[word] = _exceeds(planes, bits, above)
+        minus[word] = ~_exceeds(planes, bits, below)
+
+
+@njit(**_JIT)
+def digit_majorities(words, base, digits, ranks, table, out):
+    """The majority (int8: -1, 0 or 1) of each coordinate of ``out`` from summed vote digits.
 
     ``table[r, t]`` is the majority of digit ``t`` of a chunk of digits worth ``r``
-    (``table.shape[1]`` digits a chunk): one division per chunk instead of one per digit, for
-    a division by a number known only at run time costs tens of cycles. Where ``base`` is a
-    power of two the digits are bit fields, read by shifts."""
+    (``table.shape[1]`` digits a chunk): one division per chunk instead of one per digit,
+    for a division by a number known only at run time costs tens of cycles. Where ``base`` is
+    a power of two the digits are bit fields, read by shifts."""
     size = out.size
     if base & (base - 1) == 0:
-        shift = 0
-        while (1 << shift) < base:
-            shift += 1
-        bits, mask = np.uint64(shift), np.uint64(base - 1)
+        width = 0
+        while (1 << width) < base:
+            width += 1
+        bits, field = np.uint64(width), np.uint64(base - 1)
         for word in range(words.size):
             fields = words[word]
             start = word * digits
             for j in range(min(digits, size - start)):
-                out[start + j] = _sign(2 * np.int64(fields & mask) - ranks)
+                twice = 2 * np.int64(fields & field) - ranks
+                out[start + j] = (twice > 0) - (twice < 0)
                 fields >>= bits
         return
     chunk = table.shape[1]
@@ -68,27 +191,65 @@ def vote_digits_majority(words, base, digits, ranks, table, out):
 
 
 @njit(**_JIT)
-def packed_signs_majority(gathered, ranks, out):
-    """``sign(2 s - ranks)`` into ``out`` (float32) from the ranks' packed sign bits, one row
-    of ``gathered`` (uint8) each, NumPy's bit order (coordinate ``i`` in bit ``7 - i % 8``)."""
-    size = out.size
-    plus = np.zeros(8, dtype=np.int64)
-    for byte in range(gathered.shape[1]):
-        plus[:] = 0
-        for rank in range(ranks):
-            bits = gathered[rank, byte]
-            for j in range(8):
-                plus[j] += (bits >> (7 - j)) & 1
-        start = byte * 8
-        for j in range(min(8, size - start)):
-            out[start + j] = _sign(2 * plus[j] - ranks)
+def level_masks(levels, plus, minus):
+    """The masks of the signs of ``levels`` (integers: summed int8 levels, or majorities),
+    64 coordinates to a register, without branches."""
+    size = levels.size
+    for word in range(plus.size):
+        first = 64 * word
+        up = np.uint64(0)
+        down = np.uint64(0)
+        for j in range(min(64, size - first)):
+            up |= np.uint64(levels[first + j] > 0) << _mask_bit(j)
+            down |= np.uint64(levels[first + j] < 0) << _mask_bit(j)
+        plus[word] = up
+        minus[word] = down
+
+
+@njit(inline="always", **_JIT)
+def mask_direction(plus, minus, index):
+    """The agreed direction of coordinate ``index``: 1, -1 or 0 (float32)."""
+    bit = _mask_bit(index)
+    return np.float32(np.int64((plus[index >> 6] >> bit) & _ONE)
+                      - np.int64((minus[index >> 6] >> bit) & _ONE))
 
 
 @njit(**_JIT)
-def packed_signs_direction(packed, out):
-    """+1 where a bit of ``packed`` is set, -1 elsewhere, into ``out`` (float32)."""
+def mask_directions(plus, minus, start, out):
+    """Coordinates ``start:start + out.size`` of the masks as a float32 vector."""
     for i in range(out.size):
-        out[i] = 1.0 if (packed[i >> 3] >> (7 - (i & 7))) & 1 else -1.0
+        out[i] = mask_direction(plus, minus, start + i)
+
+
+@njit(inline="always", **_JIT)
+def _apply_one(param, momentum, grad, i, direction, decay, neg_lr, beta2, rest2):
+    # -lr times a direction in {-1, 0, 1} is exact, so one rounding of the sum is torch's
+    # fma(direction, -lr, p * decay).
+    param[i] = param[i] * decay + neg_lr * direction
+    momentum[i] = fused_multiply_add(grad[i], rest2, momentum[i] * beta2)
+
+
+@njit(**_JIT)
+def apply_agreed(param, momentum, grad, plus, minus, start, decay, neg_lr, beta2, rest2):
+    """The rest of a Lion step once the ranks agreed, for one tensor at coordinate ``start``
+    of the masks: ``p <- p * decay - lr * direction``, ``m <- beta2 m + rest2 g``."""
+    size = param.size
+    i = 0
+    while i < size and (start + i) & 63:
+        _apply_one(param, momentum, grad, i, mask_direction(plus, minus, start + i), decay,
+                   neg_lr, beta2, rest2)
+        i += 1
+    # A whole mask word at a time, its two words read once: the loop vectorises.
+    whole = i + (size - i) // 64 * 64
+    for first in range(i, whole, 64):
+        up, down = plus[(start + first) >> 6], minus[(start + first) >> 6]
+        for j in range(64):
+            bit = _mask_bit(j)
+            direction = np.float32(np.int64((up >> bit) & _ONE) - np.int64((down >> bit) & _ONE))
+            _apply_one(param, momentum, grad, first + j, direction, decay, neg_lr, beta2, rest2)
+    for i in range(whole, size):
+        _apply_one(param, momentum, grad, i, mask_direction(plus, minus, start + i), decay,
+                   neg_lr, beta2, rest2)
 
 
 @njit(**_JIT)
