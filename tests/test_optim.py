@@ -183,6 +183,18 @@ def test_vote_formats_give_the_majority(ranks, size):
         np.testing.assert_array_equal(agreed, expected)
 
 
+@pytest.mark.parametrize("ranks", [10, 255, 256])
+def test_vote_digits_majority_on_many_ranks(ranks):
+    """Bit fields of 16 values, 8-bit fields, and base 512 (one digit a chunk): every count
+    0..P in turn, summed from P packed words."""
+    size = 300
+    counts = np.arange(size) % (ranks + 1)
+    words = sum(_votes.pack_vote_digits((counts > r).astype(np.float32), ranks)
+                for r in range(ranks))
+    agreed = _votes.directions(*_votes.vote_digits_majority(words, ranks, size), size)
+    np.testing.assert_array_equal(agreed, np.sign(2 * counts - ranks))
+
+
 @pytest.mark.parametrize("ranks", [1, 2, 3, 4, 7, 8])
 def test_masks_count_every_number_of_plus_votes(ranks):
     """Each coordinate of a word sees another number of +1 votes, 0..P, so the bit-sliced

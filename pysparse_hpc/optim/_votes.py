@@ -150,15 +150,20 @@ def _digit_powers(ranks):
 
 
 @functools.lru_cache(maxsize=None)
-def _majority_table(ranks):
-    """``table[r, t] = sign(2 * digit_t(r) - ranks)`` for every value ``r`` of a chunk of
-    digits of base `vote_base`."""
+def _majority_patterns(ranks):
+    """For every value ``r`` of a chunk of digits of base `vote_base`, the bits ``t`` of the
+    chunk's digits whose majority ``sign(2 * digit_t(r) - ranks)`` is +1, and those where it
+    is -1 (two uint64 arrays)."""
     base = vote_base(ranks)
     chunk = _chunk_digits(base)
     digit = np.arange(base ** chunk)[:, None] // base ** np.arange(chunk) % base
-    table = np.sign(2 * digit - int(ranks)).astype(np.int8)
-    table.setflags(write=False)
-    return table
+    majority = np.sign(2 * digit - int(ranks))
+    weights = np.left_shift(1, np.arange(chunk)).astype(np.uint64)
+    patterns = ((majority > 0) @ weights).astype(np.uint64), \
+        ((majority < 0) @ weights).astype(np.uint64)
+    for pattern in patterns:
+        pattern.setflags(write=False)
+    return patterns
 
 
 def add_vote_digits(out, start, ranks, momentum, grad, beta1, rest1):
@@ -182,10 +187,11 @@ def pack_vote_digits(direction, ranks):
 def vote_digits_majority(words, ranks, size):
     """The `masks` of the majority of ``ranks`` votes from summed vote digit words, for the
     first ``size`` coordinates."""
-    majorities = np.empty(size, dtype=np.int8)
-    _kernels.digit_majorities(words, vote_base(ranks), vote_digits(ranks), int(ranks),
-                              _majority_table(int(ranks)), majorities)
-    return levels_as_masks(majorities)
+    plus, minus = masks(size)
+    base = vote_base(ranks)
+    _kernels.digit_majority_masks(words, base, vote_digits(ranks), *_majority_patterns(int(ranks)),
+                                  _chunk_digits(base), int(size), plus, minus)
+    return plus, minus
 
 
 def int8_levels(ranks):
@@ -219,7 +225,7 @@ def quantize_int8(direction, offsets, ranks):
 
 
 def levels_as_masks(levels):
-    """The `masks` of the signs of ``levels`` (summed int8 levels, or majorities)."""
+    """The `masks` of the signs of summed int8 ``levels``."""
     plus, minus = masks(levels.size)
     _kernels.level_masks(levels, plus, minus)
     return plus, minus

@@ -154,46 +154,64 @@ def sign_majority_masks(gathered, plus, minus):
         minus[word] = ~_exceeds(planes, bits, below)
 
 
-@njit(**_JIT)
-def digit_majorities(words, base, digits, ranks, table, out):
-    """The majority (int8: -1, 0 or 1) of each coordinate of ``out`` from summed vote digits.
+@njit(inline="always", **_JIT)
+def _reverse_bits_of_bytes(word):
+    """Bit ``b`` of every byte of ``word`` moved to bit ``7 - b``: a mask word filled in
+    coordinate order (coordinate ``i`` at bit ``i % 64``) in the masks' order."""
+    word = ((word >> np.uint64(1)) & np.uint64(0x5555555555555555)) \
+        | ((word & np.uint64(0x5555555555555555)) << np.uint64(1))
+    word = ((word >> np.uint64(2)) & np.uint64(0x3333333333333333)) \
+        | ((word & np.uint64(0x3333333333333333)) << np.uint64(2))
+    return ((word >> np.uint64(4)) & np.uint64(0x0F0F0F0F0F0F0F0F)) \
+        | ((word & np.uint64(0x0F0F0F0F0F0F0F0F)) << np.uint64(4))
 
-    ``table[r, t]`` is the majority of digit ``t`` of a chunk of digits worth ``r``
-    (``table.shape[1]`` digits a chunk): one division per chunk instead of one per digit,
-    for a division by a number known only at run time costs tens of cycles. Where ``base`` is
-    a power of two the digits are bit fields, read by shifts."""
-    size = out.size
-    if base & (base - 1) == 0:
-        width = 0
-        while (1 << width) < base:
-            width += 1
-        bits, field = np.uint64(width), np.uint64(base - 1)
-        for word in range(words.size):
-            fields = words[word]
-            start = word * digits
-            for j in range(min(digits, size - start)):
-                twice = 2 * np.int64(fields & field) - ranks
-                out[start + j] = (twice > 0) - (twice < 0)
-                fields >>= bits
-        return
-    chunk = table.shape[1]
-    chunk_radix = np.uint64(base) ** np.uint64(chunk)
+
+@njit(**_JIT)
+def digit_majority_masks(words, base, digits, plus_patterns, minus_patterns, chunk, size,
+                         plus, minus):
+    """The majority masks of the first ``size`` coordinates from summed vote digits.
+
+    A chunk of ``chunk`` digits worth ``r`` has the majorities ``plus_patterns[r]`` and
+    ``minus_patterns[r]`` (bit ``t`` for digit ``t``): one division and two look-ups per
+    chunk, the patterns appended to two 64-bit registers that are stored when full."""
+    radix = np.uint64(base) ** np.uint64(chunk)
+    shift = np.uint64(0)  # a power-of-two radix (bit fields) is read by shifts
+    while (np.uint64(1) << shift) < radix:
+        shift += np.uint64(1)
+    by_shifts = (np.uint64(1) << shift) == radix
+    up = np.uint64(0)
+    down = np.uint64(0)
+    filled, stored = np.uint64(0), 0
     for word in range(words.size):
         value = words[word]
-        start = word * digits
-        count = min(digits, size - start)
+        count = min(digits, size - word * digits)
         for low in range(0, count, chunk):
-            quotient = value // chunk_radix
-            row = np.int64(value - quotient * chunk_radix)
-            for t in range(min(chunk, count - low)):
-                out[start + low + t] = table[row, t]
+            quotient = value >> shift if by_shifts else value // radix
+            row = value - quotient * radix
             value = quotient
+            taken = np.uint64(min(chunk, count - low))
+            keep = (_ONE << taken) - _ONE
+            up_bits, down_bits = plus_patterns[row] & keep, minus_patterns[row] & keep
+            up |= up_bits << filled
+            down |= down_bits << filled
+            filled += taken
+            if filled >= np.uint64(64):
+                plus[stored] = _reverse_bits_of_bytes(up)
+                minus[stored] = _reverse_bits_of_bytes(down)
+                stored += 1
+                filled -= np.uint64(64)
+                # The pattern's bits that did not fit (none when it filled the word exactly).
+                up = up_bits >> (taken - filled) if filled else np.uint64(0)
+                down = down_bits >> (taken - filled) if filled else np.uint64(0)
+    if filled:
+        plus[stored] = _reverse_bits_of_bytes(up)
+        minus[stored] = _reverse_bits_of_bytes(down)
 
 
 @njit(**_JIT)
 def level_masks(levels, plus, minus):
-    """The masks of the signs of ``levels`` (integers: summed int8 levels, or majorities),
-    64 coordinates to a register, without branches."""
+    """The masks of the signs of summed int8 ``levels``, 64 coordinates to a register,
+    without branches."""
     size = levels.size
     for word in range(plus.size):
         first = 64 * word
