@@ -172,13 +172,13 @@ def reference_rabbit(neighbours):
     return np.array(order, dtype=np.int64)
 
 
-def reference_lion_agreement(directions, sizes, compression):
+def reference_lion_agreement(directions, sizes, compression, step=0):
     """The update direction every rank of a compressed Lion step takes, from every rank's
     ``c = beta1 m + (1 - beta1) g`` (``directions``: one flat float array per rank), with
     per-coordinate Python loops: the majority of bit votes (c > 0 votes +1, ties give 0), the
     sign of summed L1-scaled int8 levels (scaled per tensor of ``sizes``), or the 1-bit
-    pairwise combine (ties: +1 at odd coordinates, -1 at even ones) folded and doubled as the
-    library's 1-bit allreduce does."""
+    pairwise combine (ties: +1 at coordinates i with i + step odd, -1 at the others) folded
+    and doubled as the library's 1-bit allreduce does."""
     ranks, size = len(directions), len(directions[0])
     agreed = np.zeros(size)
     if compression in ("signs", "votes"):
@@ -198,8 +198,8 @@ def reference_lion_agreement(directions, sizes, compression):
             start += n
         return np.sign(np.array(totals, dtype=float))
 
-    def combine(a, b):  # a tie gives +1 at odd coordinates, -1 at even ones
-        return [x if x == y else i % 2 for i, (x, y) in enumerate(zip(a, b))]
+    def combine(a, b):  # a tie gives +1 where i + step is odd, -1 elsewhere
+        return [x if x == y else (i + step) % 2 for i, (x, y) in enumerate(zip(a, b))]
 
     bits = [[1 if v > 0 else 0 for v in c] for c in directions]
     paired = 1

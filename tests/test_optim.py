@@ -255,12 +255,14 @@ def test_int8_levels_sum_without_overflow_and_match_the_reference(ranks):
     np.testing.assert_array_equal(agreed, expected)
 
 
-def test_one_bit_combine_breaks_ties_by_parity():
+def test_one_bit_combine_breaks_ties_by_parity_of_coordinate_and_step():
     mine, theirs = np.packbits([1, 0] * 8), np.packbits([0, 1] * 8)
-    combined = np.unpackbits(_votes.combine_one_bit(mine, theirs))
-    np.testing.assert_array_equal(combined, [0, 1] * 8)
+    for step, plus_at_odd in ((0, True), (1, False), (2, True), (7, False)):
+        combined = np.unpackbits(_votes.combine_one_bit(mine, theirs, step))
+        np.testing.assert_array_equal(combined, [0, 1] * 8 if plus_at_odd else [1, 0] * 8)
     agree = np.packbits([1, 1, 0, 0, 1, 0, 1, 0])
-    np.testing.assert_array_equal(_votes.combine_one_bit(agree, agree), agree)
+    for step in (0, 1):
+        np.testing.assert_array_equal(_votes.combine_one_bit(agree, agree, step), agree)
 
 
 @pytest.mark.parametrize("compression, ranks, rank, expected", [

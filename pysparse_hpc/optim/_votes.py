@@ -19,15 +19,18 @@ import numpy as np
 from ..kernels.cpu import votes as _kernels
 
 __all__ = ["vote_base", "vote_digits", "sign_bytes", "digit_words", "masks", "directions",
-           "plain_operands",
-           "pack_signs", "add_sign_bits", "signs_majority", "signs_as_masks", "pack_vote_digits",
-           "add_vote_digits", "vote_digits_majority", "int8_levels", "quantize_int8",
-           "levels_as_masks", "combine_one_bit", "TIE_MASK"]
+           "plain_operands", "pack_signs", "add_sign_bits", "signs_majority", "signs_as_masks",
+           "pack_vote_digits", "add_vote_digits", "vote_digits_majority", "int8_levels",
+           "quantize_int8", "levels_as_masks", "combine_one_bit", "tie_mask"]
 
-#: Bits of a packed byte where a 1-bit combine breaks a tie toward +1: NumPy packs coordinate
-#: ``i`` into bit ``7 - i % 8``, so ties go to +1 at odd coordinates and to -1 at even ones,
-#: and do not push the parameters one way on average.
-TIE_MASK = np.uint8(0x55)
+
+def tie_mask(step):
+    """The bits of a packed byte where a 1-bit combine breaks a tie toward +1 at step ``step``
+    (counted from 0): coordinates ``i`` with ``i + step`` odd. NumPy packs coordinate ``i``
+    into bit ``7 - i % 8``, so that is 0x55 on even steps and 0xAA on odd ones. Ties push the
+    parameters no way on average over the coordinates, and a coordinate tied step after step
+    moves back and forth instead of drifting one way."""
+    return np.uint8(0xAA if int(step) % 2 else 0x55)
 
 
 #: The fewest words, as a share of bit fields', for which `vote_base` takes the base
@@ -231,8 +234,8 @@ def levels_as_masks(levels):
     return plus, minus
 
 
-def combine_one_bit(mine, theirs):
+def combine_one_bit(mine, theirs, step):
     """The majority of two packed sign buffers, re-signed: where they agree, their vote; where
-    they disagree, +1 at odd coordinates and -1 at even ones (`TIE_MASK`).
+    they disagree, +1 at the coordinates of `tie_mask` for ``step`` and -1 at the others.
     Symmetric, so both partners of an exchange get the same bytes."""
-    return (mine & theirs) | ((mine ^ theirs) & TIE_MASK)
+    return (mine & theirs) | ((mine ^ theirs) & tie_mask(step))

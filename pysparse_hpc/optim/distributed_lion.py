@@ -23,7 +23,8 @@ communicator counts them (`bytes_per_step`), for ``d`` coordinates on ``P`` rank
     magnitude. ``d`` bytes.
 ``"1bit"``
     Lion Cub's 1-bit allreduce: packed signs combined pairwise by recursive doubling and
-    re-signed at every stage, ties split by coordinate parity: an approximate majority.
+    re-signed at every stage, ties split by the parity of coordinate plus step
+    (`pysparse_hpc.optim._votes.tie_mask`): an approximate majority.
     ``ceil(d / 8)`` bytes per stage, ``log2`` of the largest power of two <= ``P`` stages (plus
     one on ranks that fold in a rank past it).
 
@@ -65,7 +66,7 @@ GRADIENT_KIND = "gradient allreduce"
 MOMENTUM_KIND = "momentum sync"
 
 
-def _one_bit_allreduce(comm, packed, kind):
+def _one_bit_allreduce(comm, packed, kind, step):
     """The 1-bit majority of every rank's ``packed`` signs, on every rank (recursive doubling
     over the largest power of two of ranks; the others fold in first and get the result)."""
     paired = 1 << (comm.size.bit_length() - 1)
@@ -77,11 +78,11 @@ def _one_bit_allreduce(comm, packed, kind):
         return packed
     if rank + paired < comm.size:
         comm.Irecv(received, rank + paired, 7, kind).wait()
-        packed = _votes.combine_one_bit(packed, received)
+        packed = _votes.combine_one_bit(packed, received, step)
     distance = 1
     while distance < paired:
         comm.Sendrecv(packed, rank ^ distance, received, rank ^ distance, 9, kind)
-        packed = _votes.combine_one_bit(packed, received)
+        packed = _votes.combine_one_bit(packed, received, step)
         distance <<= 1
     if rank + paired < comm.size:
         comm.Isend(packed, rank + paired, 8, kind).wait()
@@ -235,7 +236,7 @@ class DistributedLion(Lion):
             comm.Allgatherv(packed, gathered, [packed.size] * ranks, kind=VOTE_KIND)
             return _votes.signs_majority(gathered, size)
         if ranks > 1:
-            packed = _one_bit_allreduce(comm, packed, VOTE_KIND)
+            packed = _one_bit_allreduce(comm, packed, VOTE_KIND, self.steps_taken)
         return _votes.signs_as_masks(packed, size)
 
     def _agree_on_levels(self, entries, size):

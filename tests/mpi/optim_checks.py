@@ -72,12 +72,12 @@ def check_lion_modes():
                 if before is None:  # ahead of the step: every rank's c, the parameters
                     directions = _flat(interpolate(optimizer.momentum(p), p.grad, BETA1)
                                        for p in params).numpy()
-                    return comm.allgather(directions), _flat(params)
+                    return comm.allgather(directions), _flat(params), optimizer.steps_taken
                 if compression == "none":
                     return
-                directions, start = before
+                directions, start, step = before
                 agreed = reference_lion_agreement(directions, [p.numel() for p in params],
-                                                  compression)
+                                                  compression, step)
                 expected = start * (1 - LR * DECAY) - LR * torch.from_numpy(agreed)
                 torch.testing.assert_close(_flat(params), expected, rtol=0, atol=1e-12,
                                            msg=label)
