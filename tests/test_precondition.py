@@ -45,6 +45,12 @@ def cnn(seed=0, dtype=DTYPE):
                          nn.Linear(4 * 4 * 4, 3)).to(dtype)
 
 
+def wide_mlp(seed=0, dtype=DTYPE):
+    """100-16-3: a batch of up to 33 rows gives its first input factor low rank."""
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(100, 16), nn.ReLU(), nn.Linear(16, 3)).to(dtype)
+
+
 MODELS = {"mlp": (mlp, (32, 20)), "cnn": (cnn, (32, 2, 8, 8))}
 
 
@@ -139,6 +145,57 @@ def test_matches_asdl_on_sparse_inputs(fisher):
     ours = P.KfacGradientMaker(model := make(), P.PreconditioningConfig(**config),
                                fisher_type=fisher)
     assert_grads_close(expected, train(ours, model, x, t, 4))
+
+
+@requires_asdl
+@pytest.mark.parametrize("schedule", [{}, {"curvature_upd_interval": 3}],
+                         ids=["every-step", "curvature-every-3"])
+@pytest.mark.parametrize("fisher", ["emp", "exact", "mc"])
+def test_matches_asdl_where_the_input_factor_has_low_rank(fisher, schedule):
+    """24 rows into 100 inputs: the first input factor has rank 24 <= 100 / 3 and is
+    inverted through its rows (Woodbury's identity), applied for one step or reused for
+    three; the gradients are still ASDL's, and the stored inverse is the rows' kind."""
+    x, t = batch((24, 100))
+    config = dict(data_size=24, damping=1e-3, **schedule)
+    expected = train(asdl_maker(model := wide_mlp(), fisher, **config), model, x, t, 6)
+    ours = P.KfacGradientMaker(model := wide_mlp(), P.PreconditioningConfig(**config),
+                               fisher_type=fisher)
+    assert_grads_close(expected, train(ours, model, x, t, 6))
+    first, second = ours.factors("0"), ours.factors("2")
+    assert first["A_rows"].shape == (24, 100) and first["A_woodbury_chol"].shape == (24, 24)
+    assert not {"A", "A_inv", "A_chol"} & set(first)  # the rows stand for A
+    assert "A_rows" not in second and "A" in second  # 24 rows of 16 inputs: dense
+    torch.testing.assert_close(first["A_rows"].T.mm(first["A_rows"]), x.T.mm(x) / 24,
+                               rtol=1e-12, atol=1e-14)
+
+
+def test_low_rank_rows_stack_over_calls_and_leave_with_a_larger_batch():
+    """A module called twice in a pass stacks both calls' rows, which stand for its input
+    factor; a pass with more rows than a third of the inputs goes back to the dense factor
+    and inverse and drops the rows."""
+    model = nn.Linear(60, 3).to(DTYPE)
+    gm = P.KfacGradientMaker(model, P.PreconditioningConfig(data_size=8, damping=1e-3),
+                             fisher_type="emp")
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(4, 60, generator=generator, dtype=DTYPE)
+    t = torch.randint(0, 3, (8,), generator=generator)
+
+    def twice(module, inputs):
+        return torch.cat([module(inputs), module(inputs * 2)])
+    dy = gm.setup_model_call(twice, model, x)
+    gm.setup_loss_call(F.cross_entropy, dy, t)
+    gm.forward_and_backward()
+    rows = gm.factors("")["A_rows"]
+    assert rows.shape == (8, 60) and "A" not in gm.factors("")
+    torch.testing.assert_close(rows.T.mm(rows), 5 * x.T.mm(x) / 8, rtol=1e-12, atol=1e-14)
+    wide = torch.randn(30, 60, generator=generator, dtype=DTYPE)
+    dy = gm.setup_model_call(model, wide)
+    gm.setup_loss_call(F.cross_entropy, dy, torch.randint(0, 3, (30,), generator=generator))
+    gm.forward_and_backward()
+    assert {"A_rows", "A_woodbury_chol", "A_woodbury_damping"}.isdisjoint(gm.factors(""))
+    assert {"A", "A_chol"} <= set(gm.factors(""))
+    torch.testing.assert_close(gm.factors("")["A"], wide.T.mm(wide) / 8, rtol=1e-12,
+                               atol=1e-14)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
@@ -333,7 +390,8 @@ def test_module_off_the_loss_path_warns_and_keeps_plain_gradient():
     with pytest.warns(UserWarning, match=r"\['unused'\] saw no input"):
         train(gm, model, x, t, 1)
     assert gm.factors("unused") == {}
-    assert set(gm.factors("used")) == {"A", "B", "A_chol", "B_chol"}
+    # 20 inputs against 3 outputs: A applied by solves, B (3 x 3 against 20) as its inverse.
+    assert set(gm.factors("used")) == {"A", "B", "A_chol", "B_inv"}
 
 
 # ---------------------------------------------------------------------- diagonal Fisher
@@ -580,23 +638,29 @@ RESUME_SCHEDULES = {
 }
 
 
+RESUME_MODELS = {"cnn": (cnn, (32, 2, 8, 8)), "wide": (wide_mlp, (32, 100))}
+
+
 @pytest.mark.parametrize("schedule", list(RESUME_SCHEDULES))
 @pytest.mark.parametrize("maker", ["KfacGradientMaker", "DiagNaturalGradientMaker"])
 @pytest.mark.parametrize("fisher", ["emp", "mc"])
 @pytest.mark.parametrize("layout", ["as saved", "row-major"])
-def test_state_dict_resume_bit_for_bit(fisher, maker, schedule, layout):
+@pytest.mark.parametrize("model_name", list(RESUME_MODELS))
+def test_state_dict_resume_bit_for_bit(fisher, maker, schedule, layout, model_name):
     """Run 8 steps; or run 5, save model, optimizer and maker, load them into fresh objects and
     run 3 more: the weights are equal bit for bit. MC too, with ``seed`` (ASDL's argument) to
     make the labels repeat. "every-step" resumes from a step whose inverses are Cholesky
     factors (the next step inverts again). "row-major": the saved tensors come back in
     row-major order whatever their strides were (what a checkpoint file or a broadcast
     gives), so an inverse kept column-major (LAPACK's order) would resume with another
-    rounding."""
+    rounding. "wide": K-FAC inverts the first input factor through its rows (Woodbury)
+    without a moving average."""
     config = P.PreconditioningConfig(data_size=32, damping=1e-3, **RESUME_SCHEDULES[schedule])
-    x, t = batch((32, 2, 8, 8))
+    make, shape = RESUME_MODELS[model_name]
+    x, t = batch(shape)
 
     def fresh():
-        model = cnn()
+        model = make()
         opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, weight_decay=1e-4)
         return model, opt, getattr(P, maker)(model, config, fisher_type=fisher, seed=11)
 
@@ -627,9 +691,13 @@ def test_state_dict_resume_bit_for_bit(fisher, maker, schedule, layout):
     model.load_state_dict(saved["model"])
     opt.load_state_dict(saved["opt"])
     gm.load_state_dict(saved["gm"])
+    # Every step: an 18 x 18 input factor against 4 outputs is kept as its Cholesky factor,
+    # the output factor (4 x 4 against 18 inputs; 16 x 16 against 100) as its inverse.
     inverses = "_chol" if schedule == "every-step" else "_inv"
-    expected_keys = ({"A", "B", "A" + inverses, "B" + inverses} if maker == "KfacGradientMaker"
+    expected_keys = ({"A", "B", "A" + inverses, "B_inv"} if maker == "KfacGradientMaker"
                      else {"weight", "bias", "weight_inv", "bias_inv"})
+    if maker == "KfacGradientMaker" and model_name == "wide" and schedule != "ema":
+        expected_keys = {"B", "A_rows", "A_woodbury_chol", "A_woodbury_damping", "B_inv"}
     assert gm.step == 5 and set(gm.factors("0")) == expected_keys
     steps(model, opt, gm, 3)
     for e, p in zip(expected, model.parameters()):
@@ -729,19 +797,21 @@ def test_unsupported_module_warns_and_is_listed():
 
 
 # ---------------------------------------------------------------------- non-finite values
-def test_nan_input_skips_step_without_writing_nan():
+@pytest.mark.parametrize("model_name", ["mlp", "wide"])
+def test_nan_input_skips_step_without_writing_nan(model_name):
     """A NaN in a module's input: the curvature is not updated, a RuntimeWarning, every
     gradient zeroed (the NaN gradient never reaches the optimizer), the weights stay finite and
-    training continues once the input is clean."""
-    model = mlp()
+    training continues once the input is clean. "wide": the first input factor is held as
+    its rows (low rank)."""
+    model, shape = (mlp(), (32, 20)) if model_name == "mlp" else (wide_mlp(), (32, 100))
     gm = P.KfacGradientMaker(model, P.PreconditioningConfig(data_size=32, damping=1e-3),
                              fisher_type="emp")
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    x, t = batch((32, 20))
+    x, t = batch(shape)
     bad = x.clone()
     bad[3, 5] = float("nan")
     for step, inputs in enumerate([x, bad, x]):
-        before = {k: copy.copy(gm.factors(k)) for k in ("0", "2", "4")}
+        before = {k: copy.copy(gm.factors(k)) for k in gm.preconditioned_modules()}
         weights = [p.detach().clone() for p in model.parameters()]
         opt.zero_grad()
         dy = gm.setup_model_call(model, inputs)
@@ -762,6 +832,7 @@ def test_nan_input_skips_step_without_writing_nan():
             assert torch.isfinite(p.grad).all() and torch.isfinite(p).all()
             assert torch.equal(p, w) == (step == 1)
     assert gm.step == 3
+    assert ("A_rows" in gm.factors("0")) == (model_name == "wide")
 
 
 def test_non_finite_curvature_keeps_previous_inverses():
@@ -786,7 +857,9 @@ def test_non_finite_curvature_keeps_previous_inverses():
     assert "non-finite curvature (A) in module '0'" in messages[0]
     assert "module '2'" in messages[1]
     assert not gm.last_step_skipped
-    assert set(previous) == {"A", "B", "A_chol", "B_chol"}  # the next step inverts again
+    # The next step inverts again, but 20 inputs against 16 outputs meet more right-hand
+    # sides than half their size: inverses, not Cholesky factors.
+    assert set(previous) == {"A", "B", "A_inv", "B_inv"}
     assert all(gm.factors("0")[key] is value for key, value in previous.items())
     assert all(torch.isfinite(p.grad).all() for p in model.parameters())
 

@@ -32,7 +32,20 @@ from ._maker import PreconditionedGradientMaker, _all_finite
 __all__ = ["NaturalGradientMaker"]
 
 #: Keys of the stored tensors that are inverses (the rest is curvature).
-_INVERSE_SUFFIXES = ("_inv", "_chol")
+_INVERSE_SUFFIXES = ("_inv", "_chol", "_damping")
+#: Curvature kept as rows ``U`` of ``U^T U``: one call's rows stack under the next's.
+_ROWS_SUFFIX = "_rows"
+
+
+def _fixed(shape):
+    """Whether an expected shape is fixed (None stands for any size: a key of one process's
+    low-rank curvature, which is never summed over ranks)."""
+    return None not in shape
+
+
+def _fits(shape, expected):
+    return len(shape) == len(expected) and all(
+        want is None or have == want for have, want in zip(shape, expected))
 
 
 def _check_real(name, value, positive=True):
@@ -101,7 +114,12 @@ class NaturalGradientMaker(PreconditionedGradientMaker):
 
     def _add_pending(self, name, key, contribution):
         entry = self._pending.setdefault(name, {})
-        entry[key] = contribution if key not in entry else entry[key].add_(contribution)
+        if key not in entry:
+            entry[key] = contribution
+        elif key.endswith(_ROWS_SUFFIX):
+            entry[key] = torch.cat([entry[key], contribution])
+        else:
+            entry[key] = entry[key].add_(contribution)
 
     def _complete(self, entry):
         """Whether a module's pending contributions make a curvature (both factors...)."""
@@ -146,7 +164,7 @@ class NaturalGradientMaker(PreconditionedGradientMaker):
                 weight = self._modules[name][0].weight
                 entry = {key: torch.zeros(shape, dtype=weight.dtype)
                          for key, shape in self._expected_shapes(name).items()
-                         if not key.endswith(_INVERSE_SUFFIXES)}
+                         if not key.endswith(_INVERSE_SUFFIXES) and _fixed(shape)}
             reduced[name] = entry
             tensors += [entry[key] for key in sorted(entry)]
         allreduce_sum(self.comm, tensors, "curvature allreduce")
@@ -176,7 +194,7 @@ class NaturalGradientMaker(PreconditionedGradientMaker):
         constant): the cube of each stored square factor's size, the size of a diagonal."""
         cost = 0.0
         for key, shape in self._expected_shapes(name).items():
-            if key.endswith(_INVERSE_SUFFIXES):
+            if key.endswith(_INVERSE_SUFFIXES) or not _fixed(shape):
                 continue
             if len(shape) == 2 and shape[0] == shape[1]:
                 cost += float(shape[0]) ** 3
@@ -303,7 +321,7 @@ class NaturalGradientMaker(PreconditionedGradientMaker):
             weight = self._modules[name][0].weight
             restored[name] = {}
             for key, tensor in entry.items():
-                if tuple(tensor.shape) != expected[key]:
+                if not _fits(tuple(tensor.shape), expected[key]):
                     raise ValueError(f"state_dict factor {key} of {name!r} has shape "
                                      f"{tuple(tensor.shape)}, expected {expected[key]}")
                 restored[name][key] = tensor.to(device=weight.device, dtype=weight.dtype)

@@ -17,9 +17,22 @@ is ``num_embeddings x embedding_dim``), the bias's ``B^-1 g_b``, with
 ``A^-1 = (A + d_A I)^-1`` and ``B^-1 = (B + d_B I)^-1`` by Cholesky and pi-damping
 ``pi = sqrt((tr A / dim A) / (tr B / dim B))``, ``d_A = max(sqrt(damping) pi, 1e-7)``,
 ``d_B = max(sqrt(damping) / pi, 1e-7)``. An inverse that will precondition one step only (the
-next step inverts again) is kept as its Cholesky factor and applied by triangular solves,
-which saves forming it (``cholesky_inverse`` costs about as much as the Cholesky and the two
-products together); one that serves several steps is formed once and applied by products.
+next step inverts again) is kept as its Cholesky factor and applied by triangular solves where
+it meets fewer right-hand sides than half its size (the other factor's size), which saves
+forming it; with more, triangular solves run far below a product's speed and the inverse is
+formed (on one CPU thread, a 785 x 785 factor against 256 right-hand sides: solves 7.5 ms,
+inverse and product 13.8 ms; 256 x 256 against 785: 5.1 against 1.8 ms). One that serves
+several steps is formed once and applied by products.
+
+A factor of low rank is inverted through its rows. Without a moving average and in one
+process, a ``Linear``'s input factor is ``A = U^T U`` with ``U`` the ``k`` captured input rows
+(scaled); where ``k <= dim A / 3`` (an MLP's batch of 128 against 785 inputs), Woodbury's
+identity ``(d I + U^T U)^-1 = (I - U^T (d I + U U^T)^-1 U) / d`` needs the Cholesky factor of
+the ``k x k`` capacitance only, and applying it two thin products: ``k^3 / 3 + 4 k n o``
+flops against ``n^3 / 3 + 2 n^2 o`` for ``o`` output rows. The same matrix, rounded in another
+order. The rows stand for ``A`` (``A_rows``; the ``n x n`` product is never formed, and
+pi-damping reads its trace, the rows' sum of squares), with the capacitance's factor and the
+damping as ``A_woodbury_chol`` and ``A_woodbury_damping``.
 
 The update steps (compute, reduce, accumulate, invert, precondition) are those of
 `NaturalGradientMaker`, kept apart for a later distributed strategy.
@@ -29,6 +42,7 @@ import warnings
 
 import torch
 
+from ._maker import _all_finite
 from ._fisher import FISHER_MC, LOSS_CROSS_ENTROPY
 from ._gram import gram
 from ._layers import conv2d_patches, supported_kind
@@ -38,6 +52,11 @@ __all__ = ["KfacGradientMaker", "pi_damping", "damped_cholesky"]
 
 _MIN_DAMPING = 1e-7
 _FACTOR_KEYS = ("A", "B", "A_inv", "B_inv", "A_chol", "B_chol")
+
+#: The largest share of a factor's size its rows may have for Woodbury's identity: below
+#: about 0.36 applying it (two thin products and two k x k solves) costs less than one product
+#: with the explicit inverse, so a third is cheaper on every schedule.
+LOW_RANK_SHARE = 1 / 3
 
 
 def pi_damping(A, B, damping, use_pi=True, eps=_MIN_DAMPING):
@@ -61,11 +80,15 @@ def pi_damping(A, B, damping, use_pi=True, eps=_MIN_DAMPING):
         ``pi = sqrt((tr A / dim A) / (tr B / dim B))`` (ASDL's pi-damping). When pi is 0, inf
         or NaN (a zero factor) both are `damping`, as in ASDL.
     """
+    return _split_damping(float(torch.diagonal(A).sum()) / A.shape[0],
+                          float(torch.diagonal(B).sum()) / B.shape[0], damping, use_pi, eps)
+
+
+def _split_damping(mean_a, mean_b, damping, use_pi, eps):
+    """`pi_damping` from the factors' mean diagonal entries."""
     root = damping ** 0.5
     if not use_pi:
         return root, root
-    mean_a = float(torch.diagonal(A).sum()) / A.shape[0]
-    mean_b = float(torch.diagonal(B).sum()) / B.shape[0]
     pi = math.sqrt(mean_a / mean_b) if mean_b > 0 and mean_a > 0 else 0.0
     if pi == 0.0 or not math.isfinite(pi):
         return damping, damping
@@ -97,13 +120,29 @@ def _row_major(symmetric):
     return symmetric.mT if symmetric.mT.is_contiguous() else symmetric.contiguous()
 
 
-class _Inverse:
-    """Applies ``(M + d I)^-1``, held as the explicit inverse or as its Cholesky factor."""
-    __slots__ = ("inverse", "cholesky")
+def _solve_left(lower, x):
+    """``(L L^T)^-1 x`` by two triangular solves with the lower Cholesky factor ``lower``."""
+    return torch.linalg.solve_triangular(
+        lower.T, torch.linalg.solve_triangular(lower, x, upper=False), upper=True)
 
-    def __init__(self, inverse=None, cholesky=None):
+
+def _solve_right(lower, x):
+    """``x (L L^T)^-1`` by two triangular solves."""
+    return torch.linalg.solve_triangular(
+        lower, torch.linalg.solve_triangular(lower.T, x, upper=True, left=False),
+        upper=False, left=False)
+
+
+class _Inverse:
+    """Applies ``(M + d I)^-1``, held as the explicit inverse, as its Cholesky factor, or, for
+    ``M = U^T U``, as ``U``, ``d`` and the Cholesky factor of ``d I + U U^T`` (Woodbury)."""
+    __slots__ = ("inverse", "cholesky", "rows", "damping")
+
+    def __init__(self, inverse=None, cholesky=None, rows=None, damping=None):
         self.inverse = inverse
         self.cholesky = cholesky
+        self.rows = rows
+        self.damping = damping
 
     # Two triangular solves rather than torch.cholesky_solve: the same arithmetic, 1.4x-1.7x
     # faster on a CPU thread for the factor sizes of a K-FAC step (785 x 785 against 256
@@ -112,21 +151,25 @@ class _Inverse:
         """``M^-1 x`` for a matrix `x`."""
         if self.inverse is not None:
             return self.inverse.mm(x)
-        lower = self.cholesky
-        return torch.linalg.solve_triangular(
-            lower.T, torch.linalg.solve_triangular(lower, x, upper=False), upper=True)
+        if self.rows is not None:
+            rows = self.rows
+            return x.sub(rows.T.mm(_solve_left(self.cholesky, rows.mm(x)))).div_(self.damping)
+        return _solve_left(self.cholesky, x)
 
     def right(self, x):
         """``x M^-1`` for a matrix `x` (M is symmetric)."""
         if self.inverse is not None:
             return x.mm(self.inverse)
-        lower = self.cholesky
-        return torch.linalg.solve_triangular(
-            lower, torch.linalg.solve_triangular(lower.T, x, upper=True, left=False),
-            upper=False, left=False)
+        if self.rows is not None:
+            rows = self.rows
+            return x.sub(_solve_right(self.cholesky, x.mm(rows.T)).mm(rows)).div_(self.damping)
+        return _solve_right(self.cholesky, x)
 
     @classmethod
     def of(cls, state, key):
+        if key + "_woodbury_chol" in state:
+            return cls(cholesky=state[key + "_woodbury_chol"], rows=state[key + "_rows"],
+                       damping=float(state[key + "_woodbury_damping"]))
         if key + "_inv" in state:
             return cls(inverse=state[key + "_inv"])
         if key + "_chol" in state:
@@ -145,6 +188,10 @@ class _KronKind:
     def input_factor(self, module, x):
         """The unscaled ``A`` contribution of the input `x` of one call."""
         raise NotImplementedError
+
+    def input_rows(self, module, x):
+        """Rows ``U`` with ``U^T U`` the `input_factor` of `x`, or None (not kept)."""
+        return None
 
     def grad_factor(self, module, grad):
         """The unscaled ``B`` contribution of the gradient w.r.t. the output of one call."""
@@ -172,6 +219,9 @@ class _LinearKind(_KronKind):
 
     def input_factor(self, module, x):
         return gram(x.reshape(-1, x.shape[-1]))
+
+    def input_rows(self, module, x):
+        return x.reshape(-1, x.shape[-1])
 
     def grad_factor(self, module, grad):
         grad = grad.reshape(-1, grad.shape[-1])
@@ -323,11 +373,16 @@ class KfacGradientMaker(NaturalGradientMaker):
         # Added with the call's first output gradient, not here: a call whose output gets no
         # gradient (a forward re-run by activation checkpointing inside backward, as
         # GATConv(cache="none") does) must not count twice.
-        return [self._modules[name][1].input_factor(module, x)]
+        kind = self._modules[name][1]
+        if not (self._distributed or self.config.uses_ema):  # else the factor is summed
+            rows = kind.input_rows(module, x)
+            if rows is not None and rows.shape[0] <= LOW_RANK_SHARE * rows.shape[1]:
+                return [("A_rows", rows)]
+        return [("A", kind.input_factor(module, x))]
 
     def _on_output_grad(self, name, module, grad, weight, context):
         if context:
-            self._add_pending(name, "A", context.pop())
+            self._add_pending(name, *context.pop())
         if grad.dtype != module.weight.dtype:
             grad = grad.to(module.weight.dtype)
         contribution = self._modules[name][1].grad_factor(module, grad)
@@ -336,19 +391,56 @@ class KfacGradientMaker(NaturalGradientMaker):
         self._add_pending(name, "B", contribution)
 
     def _complete(self, entry):
-        return "A" in entry and "B" in entry
+        return ("A" in entry or "A_rows" in entry) and "B" in entry
+
+    # ------------------------------------------------------------------ accumulate
+    def _accumulate_factors(self, pending):
+        """The base's accumulation, with finite input rows kept apart: scaled by the square
+        root of the factors' scale (``A = U^T U``) and stored instead of ``A``, or made into
+        ``A`` where calls stacked more of them than `LOW_RANK_SHARE` (or a call gave ``A``)."""
+        rows = {}
+        for name, entry in pending.items():
+            stacked = entry.get("A_rows")
+            if stacked is None or not _all_finite(stacked):
+                continue  # non-finite rows: the base refuses the module's update, as for A
+            del entry["A_rows"]
+            if "A" in entry or stacked.shape[0] > LOW_RANK_SHARE * stacked.shape[1]:
+                dense = gram(stacked)
+                entry["A"] = entry["A"].add_(dense) if "A" in entry else dense
+            else:
+                rows[name] = stacked
+        updated = super()._accumulate_factors(pending)
+        root = math.sqrt(self.scale / self.config.data_size)
+        for name in updated:
+            state = self._factors[name]
+            if name in rows:
+                state["A_rows"] = rows[name].mul(root)  # a view of the input: not in place
+                state.pop("A", None)
+            else:
+                state.pop("A_rows", None)
+        return updated
 
     # ------------------------------------------------------------------ invert
     def _invert(self, names, once=False):
-        """Invert the damped factors of `names`; `once`: keep Cholesky factors (see top)."""
+        """Invert the damped factors of `names`; `once`: keep Cholesky factors where solves are
+        cheaper (see top)."""
         damping = self.config.damping
         for name in names:
             state = self._factors[name]
-            if "A" not in state:
+            if "B" not in state:
                 continue
-            A, B = state["A"], state["B"]
-            damping_a, damping_b = pi_damping(A, B, damping, self.pi_damping)
-            chol_a = damped_cholesky(A, damping_a)
+            B, rows = state["B"], state.get("A_rows")
+            low_rank = rows is not None
+            if low_rank:
+                mean_a = float(rows.pow(2).sum()) / rows.shape[1]  # tr(U^T U) / dim A
+            else:
+                A = state["A"]
+                mean_a = float(torch.diagonal(A).sum()) / A.shape[0]
+            damping_a, damping_b = _split_damping(
+                mean_a, float(torch.diagonal(B).sum()) / B.shape[0], damping, self.pi_damping,
+                _MIN_DAMPING)
+            # Woodbury: the Cholesky factor of the capacitance d I + U U^T, not of A + d I.
+            chol_a = damped_cholesky(rows.mm(rows.T) if low_rank else A, damping_a)
             chol_b = damped_cholesky(B, damping_b)
             if chol_a is None or chol_b is None:
                 warnings.warn(f"step {self.state['step']}: the damped factors of module "
@@ -356,10 +448,18 @@ class KfacGradientMaker(NaturalGradientMaker):
                               f"{damping_a:.3g}, {damping_b:.3g}); the previous inverses are "
                               f"kept", RuntimeWarning, stacklevel=4)
                 continue
-            for key, chol in (("A", chol_a), ("B", chol_b)):
-                state.pop(key + "_inv", None)
-                state.pop(key + "_chol", None)
-                if once:
+            for key in ("A_inv", "A_chol", "B_inv", "B_chol", "A_woodbury_chol",
+                        "A_woodbury_damping"):
+                state.pop(key, None)
+            if low_rank:
+                state["A_woodbury_chol"] = chol_a
+                state["A_woodbury_damping"] = torch.tensor(damping_a, dtype=B.dtype)
+            # Each factor meets the other's size of right-hand sides.
+            dim_a = rows.shape[1] if low_rank else A.shape[0]
+            for key, chol, sides in (("A", chol_a, B.shape[0]), ("B", chol_b, dim_a)):
+                if key == "A" and low_rank:
+                    continue
+                if once and 2 * sides < chol.shape[0]:
                     state[key + "_chol"] = chol
                 else:
                     state[key + "_inv"] = _row_major(torch.cholesky_inverse(chol))
@@ -383,11 +483,19 @@ class KfacGradientMaker(NaturalGradientMaker):
         """The stored tensors of module `name`: ``A``, ``B`` and the inverses.
 
         The inverses are ``A_inv`` and ``B_inv``, or, when they serve one step only,
-        ``A_chol`` and ``B_chol``: the lower Cholesky factors of the damped factors.
+        ``A_chol`` and ``B_chol``: the lower Cholesky factors of the damped factors. An input
+        factor of low rank (see the module docstring) is held as its rows ``A_rows``
+        (``A = A_rows^T A_rows``), its inverse as ``A_woodbury_chol`` and
+        ``A_woodbury_damping``.
         """
         return super().factors(name)
 
     def _expected_shapes(self, name):
         module, kind = self._modules[name]
         dim_a, dim_b = kind.factor_dims(module)
-        return {key: (dim_a, dim_a) if key[0] == "A" else (dim_b, dim_b) for key in _FACTOR_KEYS}
+        shapes = {key: (dim_a, dim_a) if key[0] == "A" else (dim_b, dim_b)
+                  for key in _FACTOR_KEYS}
+        # Low-rank keys: any number k of rows (None), never summed over ranks.
+        shapes.update(A_rows=(None, dim_a), A_woodbury_chol=(None, None),
+                      A_woodbury_damping=())
+        return shapes

@@ -264,13 +264,14 @@ def check_preconditioned_training():
         assert result.optimizer == name and result.optimizer_bytes_per_epoch > 0
 
 
-def _precondition_run(make_maker, rows, steps=4):
+def _precondition_run(make_maker, rows, steps=4, inputs=8):
     """SGD steps of an MLP through the ASDL loop on ``rows`` of a 30-example batch (the loss
     a sum over them divided by 30); every step's gradients."""
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(),
+    model = torch.nn.Sequential(torch.nn.Linear(inputs, 16), torch.nn.Tanh(),
                                 torch.nn.Linear(16, 3)).double()
-    data = torch.randn(30, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    data = torch.randn(30, inputs, dtype=torch.float64,
+                       generator=torch.Generator().manual_seed(1))
     target = torch.randint(0, 3, (30,), generator=torch.Generator().manual_seed(2))
 
     def loss_fn(output, labels, reduction="mean"):
@@ -294,34 +295,37 @@ def check_precondition():
     """K-FAC (both KAISA strategies, with and without a moving average, empirical and exact
     Fisher), the diagonal Fisher, Shampoo (blocks, Adagrad grafting) and Jorge (intervals),
     each of those with both strategies, on a batch split over the ranks give the one-process
-    preconditioned gradients."""
+    preconditioned gradients. "wide": 30 rows into 96 inputs, which one process inverts
+    through the rows (Woodbury) and the ranks, whose factors are summed, densely."""
     from pysparse_hpc import precondition as P
     mine = np.array_split(np.arange(30), size)[rank]
     everything = np.arange(30)
     plain = dict(data_size=30, damping=1e-3)
     ema = dict(data_size=30, damping=1e-3, ema_decay=0.5, curvature_upd_interval=2,
                preconditioner_upd_interval=3)
-    cases = []
+    cases = [("kfac wide", lambda m, c: P.KfacGradientMaker(
+        m, P.PreconditioningConfig(**plain), fisher_type="emp", comm=c), 96)]
     for strategy in ("inverse", "gradient"):
         for fisher in ("emp", "exact"):
             for settings in (plain, ema):
                 cases.append((f"kfac {strategy} {fisher} {settings is ema}",
                               lambda m, c, f=fisher, s=settings, st=strategy:
                               P.KfacGradientMaker(m, P.PreconditioningConfig(**s),
-                                                  fisher_type=f, comm=c, strategy=st)))
+                                                  fisher_type=f, comm=c, strategy=st), 8))
     cases.append(("diag gradient", lambda m, c: P.DiagNaturalGradientMaker(
-        m, P.PreconditioningConfig(**plain), fisher_type="emp", comm=c, strategy="gradient")))
+        m, P.PreconditioningConfig(**plain), fisher_type="emp", comm=c, strategy="gradient"),
+        8))
     intervals = dict(damping=1e-3, curvature_upd_interval=2, preconditioner_upd_interval=2)
     for strategy in ("inverse", "gradient"):
         cases.append((f"shampoo {strategy}", lambda m, c, st=strategy: P.ShampooGradientMaker(
             m, P.PreconditioningConfig(**plain), block_size=6, grafting="adagrad", comm=c,
-            strategy=st)))
+            strategy=st), 8))
         cases.append((f"jorge {strategy}", lambda m, c, st=strategy: P.JorgeGradientMaker(
-            m, P.PreconditioningConfig(**intervals), comm=c, strategy=st)))
-    for label, make in cases:
+            m, P.PreconditioningConfig(**intervals), comm=c, strategy=st), 8))
+    for label, make, inputs in cases:
         reference = on_root_then_broadcast(
-            lambda: _precondition_run(lambda m: make(m, None), everything))
-        got = _precondition_run(lambda m: make(m, comm), mine)
+            lambda: _precondition_run(lambda m: make(m, None), everything, inputs=inputs))
+        got = _precondition_run(lambda m: make(m, comm), mine, inputs=inputs)
         for step, (expected, actual) in enumerate(zip(reference, got)):
             for e, a in zip(expected, actual):
                 torch.testing.assert_close(a, e, rtol=1e-10, atol=1e-13,
