@@ -40,9 +40,8 @@ default, Lion Cub's) at growing intervals: the gap between two synchronisations 
 ``floor(2 ** (j / k))`` steps after the j-th, with ``k = sync_doubling`` (16: the gap doubles
 every 16 synchronisations). The schedule trades bytes for accuracy: on the GCN over two ranks
 (BENCHMARKS.md, 20 seeds) it keeps every compressed mode within a point of uncompressed Lion
-on Cora and all but ``"1bit"`` on CiteSeer, where local momenta lose 2.2 points on Cora and 3.3
-on CiteSeer, but in a 200-step training its syncs are full-precision allreduces on a quarter
-of the steps.
+on Cora and CiteSeer, where local momenta lose 2.2 points on Cora and 3.3 on CiteSeer; but in
+a 200-step training its syncs are full-precision allreduces on a quarter of the steps.
 """
 import functools
 import math
