@@ -45,10 +45,10 @@ def cnn(seed=0, dtype=DTYPE):
                          nn.Linear(4 * 4 * 4, 3)).to(dtype)
 
 
-def wide_mlp(seed=0, dtype=DTYPE):
+def wide_mlp(seed=0, dtype=DTYPE, hidden=16):
     """100-16-3: a batch of up to 33 rows gives its first input factor low rank."""
     torch.manual_seed(seed)
-    return nn.Sequential(nn.Linear(100, 16), nn.ReLU(), nn.Linear(16, 3)).to(dtype)
+    return nn.Sequential(nn.Linear(100, hidden), nn.ReLU(), nn.Linear(hidden, 3)).to(dtype)
 
 
 MODELS = {"mlp": (mlp, (32, 20)), "cnn": (cnn, (32, 2, 8, 8))}
@@ -148,23 +148,28 @@ def test_matches_asdl_on_sparse_inputs(fisher):
 
 
 @requires_asdl
+@pytest.mark.parametrize("hidden", [16, 4])
 @pytest.mark.parametrize("schedule", [{}, {"curvature_upd_interval": 3}],
                          ids=["every-step", "curvature-every-3"])
 @pytest.mark.parametrize("fisher", ["emp", "exact", "mc"])
-def test_matches_asdl_where_the_input_factor_has_low_rank(fisher, schedule):
+def test_matches_asdl_where_the_input_factor_has_low_rank(fisher, schedule, hidden):
     """24 rows into 100 inputs: the first input factor has rank 24 <= 100 / 3 and is
     inverted through its rows (Woodbury's identity), applied for one step or reused for
-    three; the gradients are still ASDL's, and the stored inverse is the rows' kind."""
+    three; the gradients are still ASDL's. Its 24 x 24 capacitance is held as an inverse
+    where it meets at least 12 right-hand sides (16 outputs) or for several steps, else
+    (4 outputs, every step) as its Cholesky factor."""
     x, t = batch((24, 100))
     config = dict(data_size=24, damping=1e-3, **schedule)
-    expected = train(asdl_maker(model := wide_mlp(), fisher, **config), model, x, t, 6)
-    ours = P.KfacGradientMaker(model := wide_mlp(), P.PreconditioningConfig(**config),
-                               fisher_type=fisher)
+    expected = train(asdl_maker(model := wide_mlp(hidden=hidden), fisher, **config), model,
+                     x, t, 6)
+    ours = P.KfacGradientMaker(model := wide_mlp(hidden=hidden),
+                               P.PreconditioningConfig(**config), fisher_type=fisher)
     assert_grads_close(expected, train(ours, model, x, t, 6))
     first, second = ours.factors("0"), ours.factors("2")
-    assert first["A_rows"].shape == (24, 100) and first["A_woodbury_chol"].shape == (24, 24)
+    held = "A_woodbury_chol" if hidden == 4 and not schedule else "A_woodbury_inv"
+    assert first["A_rows"].shape == (24, 100) and first[held].shape == (24, 24)
     assert not {"A", "A_inv", "A_chol"} & set(first)  # the rows stand for A
-    assert "A_rows" not in second and "A" in second  # 24 rows of 16 inputs: dense
+    assert "A_rows" not in second and "A" in second  # 24 rows of `hidden` inputs: dense
     torch.testing.assert_close(first["A_rows"].T.mm(first["A_rows"]), x.T.mm(x) / 24,
                                rtol=1e-12, atol=1e-14)
 
@@ -192,7 +197,8 @@ def test_low_rank_rows_stack_over_calls_and_leave_with_a_larger_batch():
     dy = gm.setup_model_call(model, wide)
     gm.setup_loss_call(F.cross_entropy, dy, torch.randint(0, 3, (30,), generator=generator))
     gm.forward_and_backward()
-    assert {"A_rows", "A_woodbury_chol", "A_woodbury_damping"}.isdisjoint(gm.factors(""))
+    assert {"A_rows", "A_woodbury_chol", "A_woodbury_inv",
+            "A_woodbury_damping"}.isdisjoint(gm.factors(""))
     assert {"A", "A_chol"} <= set(gm.factors(""))
     torch.testing.assert_close(gm.factors("")["A"], wide.T.mm(wide) / 8, rtol=1e-12,
                                atol=1e-14)
@@ -697,7 +703,7 @@ def test_state_dict_resume_bit_for_bit(fisher, maker, schedule, layout, model_na
     expected_keys = ({"A", "B", "A" + inverses, "B_inv"} if maker == "KfacGradientMaker"
                      else {"weight", "bias", "weight_inv", "bias_inv"})
     if maker == "KfacGradientMaker" and model_name == "wide" and schedule != "ema":
-        expected_keys = {"B", "A_rows", "A_woodbury_chol", "A_woodbury_damping", "B_inv"}
+        expected_keys = {"B", "A_rows", "A_woodbury_inv", "A_woodbury_damping", "B_inv"}
     assert gm.step == 5 and set(gm.factors("0")) == expected_keys
     steps(model, opt, gm, 3)
     for e, p in zip(expected, model.parameters()):

@@ -31,8 +31,9 @@ identity ``(d I + U^T U)^-1 = (I - U^T (d I + U U^T)^-1 U) / d`` needs the Chole
 the ``k x k`` capacitance only, and applying it two thin products: ``k^3 / 3 + 4 k n o``
 flops against ``n^3 / 3 + 2 n^2 o`` for ``o`` output rows. The same matrix, rounded in another
 order. The rows stand for ``A`` (``A_rows``; the ``n x n`` product is never formed, and
-pi-damping reads its trace, the rows' sum of squares), with the capacitance's factor and the
-damping as ``A_woodbury_chol`` and ``A_woodbury_damping``.
+pi-damping reads its trace, the rows' sum of squares), with the damping as
+``A_woodbury_damping`` and the capacitance's inverse or Cholesky factor, by the rule above, as
+``A_woodbury_inv`` or ``A_woodbury_chol``.
 
 The update steps (compute, reduce, accumulate, invert, precondition) are those of
 `NaturalGradientMaker`, kept apart for a later distributed strategy.
@@ -46,7 +47,7 @@ from ._maker import _all_finite
 from ._fisher import FISHER_MC, LOSS_CROSS_ENTROPY
 from ._gram import gram
 from ._layers import conv2d_patches, supported_kind
-from ._natural import NaturalGradientMaker
+from ._natural import _INVERSE_SUFFIXES, NaturalGradientMaker
 
 __all__ = ["KfacGradientMaker", "pi_damping", "damped_cholesky"]
 
@@ -135,14 +136,16 @@ def _solve_right(lower, x):
 
 class _Inverse:
     """Applies ``(M + d I)^-1``, held as the explicit inverse, as its Cholesky factor, or, for
-    ``M = U^T U``, as ``U``, ``d`` and the Cholesky factor of ``d I + U U^T`` (Woodbury)."""
-    __slots__ = ("inverse", "cholesky", "rows", "damping")
+    ``M = U^T U``, as ``U``, ``d`` and the inverse of the capacitance ``d I + U U^T`` (itself
+    an `_Inverse`: Woodbury's identity)."""
+    __slots__ = ("inverse", "cholesky", "rows", "damping", "capacitance")
 
-    def __init__(self, inverse=None, cholesky=None, rows=None, damping=None):
+    def __init__(self, inverse=None, cholesky=None, rows=None, damping=None, capacitance=None):
         self.inverse = inverse
         self.cholesky = cholesky
         self.rows = rows
         self.damping = damping
+        self.capacitance = capacitance
 
     # Two triangular solves rather than torch.cholesky_solve: the same arithmetic, 1.4x-1.7x
     # faster on a CPU thread for the factor sizes of a K-FAC step (785 x 785 against 256
@@ -153,7 +156,7 @@ class _Inverse:
             return self.inverse.mm(x)
         if self.rows is not None:
             rows = self.rows
-            return x.sub(rows.T.mm(_solve_left(self.cholesky, rows.mm(x)))).div_(self.damping)
+            return x.sub(rows.T.mm(self.capacitance.left(rows.mm(x)))).div_(self.damping)
         return _solve_left(self.cholesky, x)
 
     def right(self, x):
@@ -162,14 +165,15 @@ class _Inverse:
             return x.mm(self.inverse)
         if self.rows is not None:
             rows = self.rows
-            return x.sub(_solve_right(self.cholesky, x.mm(rows.T)).mm(rows)).div_(self.damping)
+            return x.sub(self.capacitance.right(x.mm(rows.T)).mm(rows)).div_(self.damping)
         return _solve_right(self.cholesky, x)
 
     @classmethod
     def of(cls, state, key):
-        if key + "_woodbury_chol" in state:
-            return cls(cholesky=state[key + "_woodbury_chol"], rows=state[key + "_rows"],
-                       damping=float(state[key + "_woodbury_damping"]))
+        if key + "_woodbury_damping" in state:
+            return cls(rows=state[key + "_rows"],
+                       damping=float(state[key + "_woodbury_damping"]),
+                       capacitance=cls.of(state, key + "_woodbury"))
         if key + "_inv" in state:
             return cls(inverse=state[key + "_inv"])
         if key + "_chol" in state:
@@ -448,17 +452,16 @@ class KfacGradientMaker(NaturalGradientMaker):
                               f"{damping_a:.3g}, {damping_b:.3g}); the previous inverses are "
                               f"kept", RuntimeWarning, stacklevel=4)
                 continue
-            for key in ("A_inv", "A_chol", "B_inv", "B_chol", "A_woodbury_chol",
-                        "A_woodbury_damping"):
-                state.pop(key, None)
-            if low_rank:
-                state["A_woodbury_chol"] = chol_a
-                state["A_woodbury_damping"] = torch.tensor(damping_a, dtype=B.dtype)
-            # Each factor meets the other's size of right-hand sides.
+            for key in [k for k in state if k.endswith(_INVERSE_SUFFIXES)]:
+                del state[key]
+            # Each factor meets the other's size of right-hand sides, and so does the
+            # capacitance of a low-rank one.
             dim_a = rows.shape[1] if low_rank else A.shape[0]
-            for key, chol, sides in (("A", chol_a, B.shape[0]), ("B", chol_b, dim_a)):
-                if key == "A" and low_rank:
-                    continue
+            held = [("A_woodbury" if low_rank else "A", chol_a, B.shape[0]),
+                    ("B", chol_b, dim_a)]
+            if low_rank:
+                state["A_woodbury_damping"] = torch.tensor(damping_a, dtype=B.dtype)
+            for key, chol, sides in held:
                 if once and 2 * sides < chol.shape[0]:
                     state[key + "_chol"] = chol
                 else:
@@ -485,8 +488,8 @@ class KfacGradientMaker(NaturalGradientMaker):
         The inverses are ``A_inv`` and ``B_inv``, or, when they serve one step only,
         ``A_chol`` and ``B_chol``: the lower Cholesky factors of the damped factors. An input
         factor of low rank (see the module docstring) is held as its rows ``A_rows``
-        (``A = A_rows^T A_rows``), its inverse as ``A_woodbury_chol`` and
-        ``A_woodbury_damping``.
+        (``A = A_rows^T A_rows``), its inverse as ``A_woodbury_damping`` and the capacitance's
+        ``A_woodbury_inv`` or ``A_woodbury_chol`` (by the same rule as the factors').
         """
         return super().factors(name)
 
@@ -497,5 +500,5 @@ class KfacGradientMaker(NaturalGradientMaker):
                   for key in _FACTOR_KEYS}
         # Low-rank keys: any number k of rows (None), never summed over ranks.
         shapes.update(A_rows=(None, dim_a), A_woodbury_chol=(None, None),
-                      A_woodbury_damping=())
+                      A_woodbury_inv=(None, None), A_woodbury_damping=())
         return shapes
