@@ -204,6 +204,39 @@ def test_low_rank_rows_stack_over_calls_and_leave_with_a_larger_batch():
                                atol=1e-14)
 
 
+def test_failed_inversion_after_rows_gave_way_keeps_the_plain_gradient(monkeypatch):
+    """Rows, then a batch too wide for them whose damped factor fails to invert: a warning,
+    and the module keeps its plain gradient (the Woodbury inverse has no rows left to apply)
+    instead of failing; the next inversion restores the preconditioning."""
+    from pysparse_hpc.precondition import kfac
+    model = nn.Linear(60, 3).to(DTYPE)
+    gm = P.KfacGradientMaker(model, P.PreconditioningConfig(data_size=30, damping=1e-3),
+                             fisher_type="emp")
+    generator = torch.Generator().manual_seed(0)
+
+    def step(rows):
+        x = torch.randn(rows, 60, generator=generator, dtype=DTYPE)
+        t = torch.randint(0, 3, (rows,), generator=generator)
+        model.zero_grad()
+        dy = gm.setup_model_call(model, x)
+        gm.setup_loss_call(F.cross_entropy, dy, t)
+        gm.forward_and_backward()
+        plain = torch.autograd.grad(F.cross_entropy(model(x), t), model.weight)[0]
+        return model.weight.grad.clone(), plain
+
+    step(8)
+    assert "A_rows" in gm.factors("")
+    working = kfac.damped_cholesky
+    monkeypatch.setattr(kfac, "damped_cholesky", lambda matrix, damping: None)
+    with pytest.warns(RuntimeWarning, match="not positive definite"):
+        preconditioned, plain = step(30)
+    assert "A_rows" not in gm.factors("") and "A_woodbury_damping" in gm.factors("")
+    torch.testing.assert_close(preconditioned, plain, rtol=1e-12, atol=1e-14)
+    monkeypatch.setattr(kfac, "damped_cholesky", working)
+    preconditioned, plain = step(30)
+    assert {"A", "A_chol"} <= set(gm.factors("")) and not torch.allclose(preconditioned, plain)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("density", [0.0, 0.005, 0.02, 0.5])
 @pytest.mark.parametrize("shape", [(40, 200), (1, 130), (7, 4), (30, 301)])

@@ -170,7 +170,10 @@ class _Inverse:
 
     @classmethod
     def of(cls, state, key):
-        if key + "_woodbury_damping" in state:
+        # A dense factor that replaced the rows and then failed to invert leaves a Woodbury
+        # inverse without its rows: it cannot apply, and the plain gradient is kept until an
+        # inversion succeeds (only a non-positive-definite damped factor fails).
+        if key + "_woodbury_damping" in state and key + "_rows" in state:
             return cls(rows=state[key + "_rows"],
                        damping=float(state[key + "_woodbury_damping"]),
                        capacitance=cls.of(state, key + "_woodbury"))
