@@ -81,8 +81,12 @@ def pi_damping(A, B, damping, use_pi=True, eps=_MIN_DAMPING):
         ``pi = sqrt((tr A / dim A) / (tr B / dim B))`` (ASDL's pi-damping). When pi is 0, inf
         or NaN (a zero factor) both are `damping`, as in ASDL.
     """
-    return _split_damping(float(torch.diagonal(A).sum()) / A.shape[0],
-                          float(torch.diagonal(B).sum()) / B.shape[0], damping, use_pi, eps)
+    return _split_damping(_mean_diagonal(A), _mean_diagonal(B), damping, use_pi, eps)
+
+
+def _mean_diagonal(matrix):
+    """``tr(M) / dim M`` as a float."""
+    return float(torch.diagonal(matrix).sum()) / matrix.shape[0]
 
 
 def _split_damping(mean_a, mean_b, damping, use_pi, eps):
@@ -442,10 +446,9 @@ class KfacGradientMaker(NaturalGradientMaker):
                 mean_a = float(rows.pow(2).sum()) / rows.shape[1]  # tr(U^T U) / dim A
             else:
                 A = state["A"]
-                mean_a = float(torch.diagonal(A).sum()) / A.shape[0]
-            damping_a, damping_b = _split_damping(
-                mean_a, float(torch.diagonal(B).sum()) / B.shape[0], damping, self.pi_damping,
-                _MIN_DAMPING)
+                mean_a = _mean_diagonal(A)
+            damping_a, damping_b = _split_damping(mean_a, _mean_diagonal(B), damping,
+                                                  self.pi_damping, _MIN_DAMPING)
             # Woodbury: the Cholesky factor of the capacitance d I + U U^T, not of A + d I.
             chol_a = damped_cholesky(rows.mm(rows.T) if low_rank else A, damping_a)
             chol_b = damped_cholesky(B, damping_b)
