@@ -204,6 +204,35 @@ def test_low_rank_rows_stack_over_calls_and_leave_with_a_larger_batch():
                                atol=1e-14)
 
 
+def test_load_state_dict_refuses_an_incomplete_low_rank_factor():
+    """Rows without their capacitance, or a capacitance of another size than the rows:
+    ValueError naming the module, and the maker keeps its own state."""
+    x, t = batch((24, 100))
+    config = P.PreconditioningConfig(data_size=24, damping=1e-3)
+    gm = P.KfacGradientMaker(wide_mlp(), config, fisher_type="emp")
+    train(gm, gm.model, x, t, 1)
+    state = gm.state_dict()
+    held = "A_woodbury_inv"
+    assert held in state["factors"]["0"]
+    other = P.KfacGradientMaker(wide_mlp(), config, fisher_type="emp")
+    train(other, other.model, x, t, 2)
+    before = {key: value.clone() for key, value in other.factors("0").items()}
+    for damage in ("drop capacitance", "resize capacitance", "drop rows"):
+        bad = copy.deepcopy(state)
+        entry = bad["factors"]["0"]
+        if damage == "drop capacitance":
+            del entry[held]
+        elif damage == "resize capacitance":
+            entry[held] = torch.eye(5, dtype=DTYPE)
+        else:
+            del entry["A_rows"]
+        with pytest.raises(ValueError, match="'0' hold an incomplete low-rank input factor"):
+            other.load_state_dict(bad)
+        assert all(torch.equal(other.factors("0")[k], v) for k, v in before.items())
+    other.load_state_dict(state)
+    assert set(other.factors("0")) == set(state["factors"]["0"])
+
+
 def test_failed_inversion_after_rows_gave_way_keeps_the_plain_gradient(monkeypatch):
     """Rows, then a batch too wide for them whose damped factor fails to invert: a warning,
     and the module keeps its plain gradient (the Woodbury inverse has no rows left to apply)

@@ -286,6 +286,10 @@ class NaturalGradientMaker(PreconditionedGradientMaker):
         """Key -> shape of every tensor module `name` may store."""
         raise NotImplementedError
 
+    def _check_entry(self, name, entry):
+        """Raise ``ValueError`` where module `name`'s loaded tensors do not fit together (the
+        shapes of each are checked already); nothing here."""
+
     def state_dict(self):
         """Step, Fisher type and every module's stored tensors (see the base class)."""
         state = super().state_dict()
@@ -325,5 +329,6 @@ class NaturalGradientMaker(PreconditionedGradientMaker):
                     raise ValueError(f"state_dict factor {key} of {name!r} has shape "
                                      f"{tuple(tensor.shape)}, expected {expected[key]}")
                 restored[name][key] = tensor.to(device=weight.device, dtype=weight.dtype)
+            self._check_entry(name, restored[name])
         self._factors = restored
         self._pending = {}

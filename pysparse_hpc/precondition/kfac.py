@@ -499,6 +499,21 @@ class KfacGradientMaker(NaturalGradientMaker):
         """
         return super().factors(name)
 
+    def _check_entry(self, name, entry):
+        """A low-rank input factor loads whole: its rows, damping and one ``k x k``
+        capacitance inverse or factor for its ``k`` rows, or none of them."""
+        woodbury = {k for k in entry if k.startswith(("A_rows", "A_woodbury"))}
+        if not woodbury:
+            return
+        held = woodbury & {"A_woodbury_inv", "A_woodbury_chol"}
+        rows = entry.get("A_rows")
+        if rows is None or "A_woodbury_damping" not in entry or len(held) != 1 \
+                or entry[held.pop()].shape != (rows.shape[0],) * 2:
+            raise ValueError(f"state_dict factors of {name!r} hold an incomplete low-rank input "
+                             f"factor ({sorted(woodbury)}); expected A_rows (k rows), "
+                             f"A_woodbury_damping and a k x k A_woodbury_inv or "
+                             f"A_woodbury_chol")
+
     def _expected_shapes(self, name):
         module, kind = self._modules[name]
         dim_a, dim_b = kind.factor_dims(module)
