@@ -229,6 +229,7 @@ def test_load_state_dict_refuses_an_incomplete_low_rank_factor():
         with pytest.raises(ValueError, match="'0' hold an incomplete low-rank input factor"):
             other.load_state_dict(bad)
         assert all(torch.equal(other.factors("0")[k], v) for k, v in before.items())
+        assert other.step == 2  # the state's step 1 is not taken either
     other.load_state_dict(state)
     assert set(other.factors("0")) == set(state["factors"]["0"])
 

@@ -582,6 +582,7 @@ def test_load_state_dict_checks():
     bad["parameters"]["0.weight"]["blocks"][0]["L"] = torch.eye(5, dtype=DTYPE)
     with pytest.raises(ValueError, match=r"shape \(5, 5\), expected \(8, 8\)"):
         target.load_state_dict(bad)
+    assert target.step == 3  # a refused state changes nothing, its step included
     bad = copy.deepcopy(state)
     bad["parameters"]["0.weight"]["blocks"][0]["Lh"] = torch.eye(8, dtype=DTYPE)
     with pytest.raises(ValueError, match="unknown key 'Lh'"):

@@ -598,6 +598,11 @@ class PreconditionedGradientMaker:
 
     def load_state_dict(self, state_dict):
         """Restore a ``state_dict()`` (also ASDL's, which holds only the step)."""
+        self.state["step"] = self._loaded_step(state_dict)
+
+    def _loaded_step(self, state_dict):
+        """The step of ``state_dict``, checked (with its maker class); nothing is assigned, so
+        a subclass can check the rest before it changes anything."""
         if not isinstance(state_dict, dict):
             raise TypeError(f"state_dict must be a dict, got {type(state_dict).__name__}")
         if "step" not in state_dict:
@@ -608,4 +613,4 @@ class PreconditionedGradientMaker:
         step = state_dict["step"]
         if not isinstance(step, int) or isinstance(step, bool) or step < 0:
             raise ValueError(f"state_dict['step'] must be an int >= 0, got {step!r}")
-        self.state["step"] = step
+        return step

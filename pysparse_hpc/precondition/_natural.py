@@ -300,10 +300,12 @@ class NaturalGradientMaker(PreconditionedGradientMaker):
     def load_state_dict(self, state_dict):
         """Restore a ``state_dict()``; an ASDL state dict (the step only) restores the step.
 
-        Raises ``ValueError`` when the modules, the keys, the shapes or the Fisher type differ.
+        Raises ``ValueError`` when the modules, the keys, the shapes or the Fisher type differ,
+        and then changes nothing.
         """
-        super().load_state_dict(state_dict)
+        step = self._loaded_step(state_dict)
         if "factors" not in state_dict:
+            self.state["step"] = step
             warnings.warn("state_dict holds no curvature (an ASDL state_dict?): only the step "
                           "is restored", UserWarning, stacklevel=2)
             return
@@ -330,5 +332,6 @@ class NaturalGradientMaker(PreconditionedGradientMaker):
                                      f"{tuple(tensor.shape)}, expected {expected[key]}")
                 restored[name][key] = tensor.to(device=weight.device, dtype=weight.dtype)
             self._check_entry(name, restored[name])
+        self.state["step"] = step
         self._factors = restored
         self._pending = {}

@@ -461,10 +461,11 @@ class RootGradientMaker(PreconditionedGradientMaker):
         """Restore a ``state_dict()``; an ASDL state dict (the step only) restores the step.
 
         Raises ``ValueError`` when the parameters, the blocks, the keys, the shapes or the
-        grafting differ.
+        grafting differ, and then changes nothing.
         """
-        super().load_state_dict(state_dict)
+        step = self._loaded_step(state_dict)
         if "parameters" not in state_dict:
+            self.state["step"] = step
             warnings.warn("state_dict holds no statistics (an ASDL state_dict?): only the step "
                           "is restored", UserWarning, stacklevel=2)
             return
@@ -493,6 +494,7 @@ class RootGradientMaker(PreconditionedGradientMaker):
             if "adagrad" in entry:
                 adagrad[name] = self._load_tensor(f"adagrad sum of {name!r}", entry["adagrad"],
                                                   shape, like)
+        self.state["step"] = step
         self._blocks = blocks
         self._adagrad = adagrad
 
