@@ -19,12 +19,12 @@ def run_optim_checks(ranks, *names, timeout=300):
 
 
 @requires_mpi
-@pytest.mark.parametrize("ranks", [2, 3])
+@pytest.mark.parametrize("ranks", [1, 2, 3])
 def test_lion_modes(ranks):
     run_optim_checks(ranks, "lion_modes")
 
 
 @requires_mpi
-@pytest.mark.parametrize("ranks", [2, 3])
+@pytest.mark.parametrize("ranks", [1, 2, 3])
 def test_lion_training_and_nonfinite_steps(ranks):
     run_optim_checks(ranks, "lion_training", "nonfinite_step_skipped_everywhere")
