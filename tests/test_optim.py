@@ -213,7 +213,8 @@ def test_masks_count_every_number_of_plus_votes(ranks):
 def test_votes_packed_tensor_by_tensor_at_unaligned_offsets(dtype):
     """A rank packs each tensor's votes from its momentum and gradient where the tensor
     starts in the whole vote, mid-byte and mid-word: the same buffers as packing the whole
-    interpolation at once, with torch's rounding of beta1 m + (1 - beta1) g."""
+    interpolation at once, with torch's rounding of beta1 m + (1 - beta1) g; the int8
+    levels are each tensor's own, whatever its size against the kernel's 32 running sums."""
     rng = np.random.default_rng(5)
     sizes = [3, 13, 1, 64, 45, 7, 130]
     momenta = [rng.standard_normal(n).astype(dtype) for n in sizes]
@@ -234,6 +235,19 @@ def test_votes_packed_tensor_by_tensor_at_unaligned_offsets(dtype):
             start += m.size
         np.testing.assert_array_equal(words, _votes.pack_vote_digits(whole, ranks))
     np.testing.assert_array_equal(packed, np.packbits(whole > 0))
+    # int8 levels, each tensor scaled by its own mean |c| (NumPy's formula).
+    offsets = np.concatenate([[0], np.cumsum(sizes)])
+    for ranks in (2, 3):
+        bound = _votes.int8_levels(ranks)
+        levels = np.full(sum(sizes), 99, dtype=np.int8)
+        expected = np.empty_like(levels)
+        for m, g, start, stop in zip(momenta, grads, offsets[:-1], offsets[1:]):
+            _votes.add_int8_levels(levels, start, ranks, m, g, beta1, rest1)
+            c = whole[start:stop].astype(np.float64)
+            expected[start:stop] = np.clip(np.rint(c * (bound / (2 * np.abs(c).mean()))),
+                                           -bound, bound)
+        np.testing.assert_array_equal(levels, expected)
+        np.testing.assert_array_equal(levels, _votes.quantize_int8(whole, offsets, ranks))
 
 
 @pytest.mark.parametrize("ranks", [1, 2, 3, 5])

@@ -21,7 +21,7 @@ from ..kernels.cpu import votes as _kernels
 __all__ = ["vote_base", "vote_digits", "sign_bytes", "digit_words", "masks", "directions",
            "plain_operands", "pack_signs", "add_sign_bits", "signs_majority", "signs_as_masks",
            "pack_vote_digits", "add_vote_digits", "vote_digits_majority", "int8_levels",
-           "quantize_int8", "levels_as_masks", "combine_one_bit", "tie_mask"]
+           "add_int8_levels", "quantize_int8", "levels_as_masks", "combine_one_bit", "tie_mask"]
 
 
 def tie_mask(step):
@@ -96,8 +96,9 @@ def directions(plus, minus, size, start=0):
 
 
 def plain_operands(direction):
-    """A plain vector ``c`` as the operands ``(m, g, beta1, 1 - beta1)`` of `add_sign_bits` and
-    `add_vote_digits`: ``(c, 0, 1, 0)``, whose interpolation is ``c`` exactly."""
+    """A plain vector ``c`` as the operands ``(m, g, beta1, 1 - beta1)`` of `add_sign_bits`,
+    `add_vote_digits` and `add_int8_levels`: ``(c, 0, 1, 0)``, whose interpolation is ``c``
+    exactly."""
     one = direction.dtype.type(1)
     return direction, np.zeros_like(direction), one, one - one
 
@@ -203,27 +204,21 @@ def int8_levels(ranks):
     return 127 // int(ranks)
 
 
+def add_int8_levels(out, start, ranks, momentum, grad, beta1, rest1):
+    """Write one tensor's Lion Cub levels of ``c = beta1 m + rest1 g`` into ``out`` (int8,
+    the whole vote) from coordinate ``start`` on: ``clip(round(c / mean|c| * s / 2), -s, s)``
+    with ``s = int8_levels(ranks)``, the mean taken over the tensor, rounding half to even; 0
+    for a tensor that is all zeros or holds a non-finite value (no vote rather than garbage:
+    the trainer's non-finite check skips such a step everywhere)."""
+    _kernels.pack_int8_levels(momentum, grad, beta1, rest1, int8_levels(ranks), out, int(start))
+
+
 def quantize_int8(direction, offsets, ranks):
-    """Lion Cub's L1-scaled int8 levels of ``direction``, scaled per tensor.
-
-    Parameters
-    ----------
-    direction : ndarray of float, shape (d,)
-    offsets : sequence of int
-        Where each tensor starts in ``direction``, and ``d`` last.
-    ranks : int
-
-    Returns
-    -------
-    ndarray of int8
-        ``clip(round(c / mean|c| * s / 2), -s, s)`` with ``s = int8_levels(ranks)``, the mean
-        taken over each tensor, rounding half to even; 0 for a tensor that is all zeros or
-        holds a non-finite value (no vote rather than garbage: the trainer's non-finite
-        check skips such a step everywhere).
-    """
+    """`add_int8_levels` of a plain vector ``c``, each tensor ``offsets[k]:offsets[k + 1]``
+    (``offsets`` ends with ``d``) scaled by its own mean: ``d`` int8 levels."""
     levels = np.empty(direction.size, dtype=np.int8)
-    _kernels.quantize_int8(direction, np.asarray(offsets, dtype=np.int64), int8_levels(ranks),
-                           levels)
+    for start, stop in zip(offsets[:-1], offsets[1:]):
+        add_int8_levels(levels, start, ranks, *plain_operands(direction[start:stop]))
     return levels
 
 

@@ -50,7 +50,6 @@ import numpy as np
 import torch
 
 from ..distributed._comm import init
-from ..kernels.cpu import lion as kernels
 from ..kernels.cpu import votes as vote_kernels
 from . import _votes
 from ._modes import COMPRESSIONS, MOMENTUM_SYNC
@@ -203,16 +202,16 @@ class DistributedLion(Lion):
             self._apply_agreed(group, param, plus, minus, start)
 
     def _vote_operands(self, group, param):
-        """This rank's vote on ``param`` as the packing kernels take it, ``(m, g, beta1,
-        1 - beta1)`` of one float dtype, or ``(c, 0, 1, 0)`` with ``c`` from tensor operations
-        where the kernels cannot read the tensors."""
+        """This rank's vote on ``param`` as the packing kernels (sign bits, vote digits, int8
+        levels) take it: ``(m, g, beta1, 1 - beta1)`` of one float dtype, or ``(c, 0, 1, 0)``
+        with ``c`` from tensor operations where the kernels cannot read the tensors."""
         momentum, beta1 = self.momentum(param), group["betas"][0]
         arrays = kernel_arrays(momentum, param.grad)
         if arrays is not None:
             return (*arrays, *kernel_scalars(param.dtype, beta1, 1.0 - beta1))
         direction = interpolate(momentum, param.grad, beta1).reshape(-1)
         if direction.dtype != torch.float64:
-            direction = direction.float()  # exact: only the sign is read
+            direction = direction.float()  # exact, so the int8 levels are c's own
         return _votes.plain_operands(direction.numpy())
 
     def _agree(self, entries):
@@ -220,7 +219,11 @@ class DistributedLion(Lion):
         comm, ranks = self.comm, self.comm.size
         size = sum(param.numel() for _, param in entries)
         if self.compression == "int8":
-            return self._agree_on_levels(entries, size)
+            levels = np.empty(size, dtype=np.int8)
+            for group, param, start in _with_offsets(entries):
+                _votes.add_int8_levels(levels, start, ranks, *self._vote_operands(group, param))
+            comm.Allreduce(levels, "sum", kind=VOTE_KIND)
+            return _votes.levels_as_masks(levels)
         if self.compression == "votes":
             words = np.zeros(_votes.digit_words(size, ranks), dtype=np.uint64)
             for group, param, start in _with_offsets(entries):
@@ -237,26 +240,6 @@ class DistributedLion(Lion):
         if ranks > 1:
             packed = _one_bit_allreduce(comm, packed, VOTE_KIND, self.steps_taken)
         return _votes.signs_as_masks(packed, size)
-
-    def _agree_on_levels(self, entries, size):
-        """``"int8"``: levels scaled by each tensor's mean magnitude, so this mode needs the
-        interpolation itself."""
-        dtype = functools.reduce(torch.promote_types, [param.dtype for _, param in entries])
-        direction = torch.empty(size, dtype=dtype)
-        offsets = [0]
-        for group, param, start in _with_offsets(entries):
-            out = direction[start:start + param.numel()]
-            beta1 = group["betas"][0]
-            arrays = kernel_arrays(self.momentum(param), param.grad, out)
-            if arrays is None:
-                out.copy_(interpolate(self.momentum(param), param.grad, beta1).reshape(-1))
-            else:
-                kernels.lion_interpolate(*arrays, *kernel_scalars(param.dtype, beta1,
-                                                                  1.0 - beta1))
-            offsets.append(start + param.numel())
-        levels = self.comm.Allreduce(_votes.quantize_int8(direction.numpy(), offsets,
-                                                          self.comm.size), "sum", kind=VOTE_KIND)
-        return _votes.levels_as_masks(levels)
 
     def _apply_agreed(self, group, param, plus, minus, start):
         """The rest of ``param``'s step once the ranks agreed on the masks, ``param`` at

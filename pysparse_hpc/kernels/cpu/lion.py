@@ -15,7 +15,7 @@ import numpy as np
 from numba import njit, types
 from numba.extending import intrinsic
 
-__all__ = ["fused_multiply_add", "lion_step", "lion_interpolate"]
+__all__ = ["fused_multiply_add", "lion_step"]
 
 _JIT = dict(cache=True, nogil=True)
 
@@ -41,11 +41,3 @@ def lion_step(param, momentum, grad, decay, neg_lr, beta1, rest1, beta2, rest2):
         direction = np.sign(fused_multiply_add(g, rest1, m * beta1))
         param[i] = fused_multiply_add(direction, neg_lr, param[i] * decay)
         momentum[i] = fused_multiply_add(g, rest2, m * beta2)
-
-
-@njit(**_JIT)
-def lion_interpolate(momentum, grad, out, beta1, rest1):
-    """``out <- beta1 m + rest1 g``: the vector whose sign is the update (the one Lion Cub's
-    int8 levels quantise; the vote kernels compute it on the way)."""
-    for i in range(out.size):
-        out[i] = fused_multiply_add(grad[i], rest1, momentum[i] * beta1)

@@ -2,10 +2,11 @@
 buffers into the agreed update, one pass over the coordinates each (`pysparse_hpc.optim`).
 
 A rank votes on ``c = beta1 m + rest1 g`` (Lion's interpolation, torch's rounding): the packing
-kernels read the momentum and the gradient and compute ``c`` on the way, so the vector is never
-stored. They take one tensor at a time, at coordinate ``start`` of the whole vote; a tensor
-that begins or ends inside a byte or a word adds its bits to what its neighbour left there, so
-the output starts zeroed. A plain vector ``c`` packs as ``(c, zeros, 1, 0)``.
+kernels (sign bits, vote digits, int8 levels) read the momentum and the gradient and compute
+``c`` on the way, so the vector is never stored. They take one tensor at a time, at
+coordinate ``start`` of the whole vote; a tensor that begins or ends inside a byte or a word
+adds its bits to what its neighbour left there, so the bit and digit outputs start zeroed
+(int8 levels are written, a byte each). A plain vector ``c`` packs as ``(c, zeros, 1, 0)``.
 
 The agreed update is kept as two bit masks, ``plus`` and ``minus`` (uint64 words; coordinate
 ``i`` is bit ``(i % 64) ^ 7`` of word ``i // 64``, the little-endian words of NumPy's packed
@@ -270,23 +271,43 @@ def apply_agreed(param, momentum, grad, plus, minus, start, decay, neg_lr, beta2
                    neg_lr, beta2, rest2)
 
 
+@njit(inline="always", **_JIT)
+def _magnitude(momentum, grad, i, beta1, rest1):
+    return abs(np.float64(fused_multiply_add(grad[i], rest1, momentum[i] * beta1)))
+
+
 @njit(**_JIT)
-def quantize_int8(direction, offsets, levels, out):
-    """Lion Cub's L1-scaled levels of each segment ``offsets[k]:offsets[k + 1]`` of
-    ``direction`` into ``out`` (int8): ``clip(round(c / mean|c| * levels / 2), -levels,
-    levels)``, rounding half to even as NumPy does; 0 for a segment whose mean is 0 or not
-    finite."""
-    for k in range(offsets.size - 1):
-        start, stop = offsets[k], offsets[k + 1]
-        total = 0.0
-        for i in range(start, stop):
-            total += abs(np.float64(direction[i]))
-        scale = total / (stop - start) if stop > start else 0.0
-        if scale == 0.0 or not np.isfinite(scale):
-            for i in range(start, stop):
-                out[i] = 0
-            continue
-        factor = levels / (2.0 * scale)
-        for i in range(start, stop):
-            level = np.rint(direction[i] * factor)
-            out[i] = np.int8(max(-levels, min(levels, level)))
+def _l1_norm_of_votes(momentum, grad, beta1, rest1):
+    """``sum |c|`` in float64, over 32 running sums: one sum's chain of additions would cap
+    the pass at an addition's latency per coordinate (the order is fixed, so the result is
+    the same on every call)."""
+    size = momentum.size
+    lanes = np.zeros(32)
+    whole = size // 32 * 32
+    for first in range(0, whole, 32):
+        for j in range(32):
+            lanes[j] += _magnitude(momentum, grad, first + j, beta1, rest1)
+    total = 0.0
+    for i in range(whole, size):
+        total += _magnitude(momentum, grad, i, beta1, rest1)
+    for j in range(32):
+        total += lanes[j]
+    return total
+
+
+@njit(**_JIT)
+def pack_int8_levels(momentum, grad, beta1, rest1, levels, out, start):
+    """Lion Cub's L1-scaled levels of one tensor's ``c = beta1 m + rest1 g`` into ``out``
+    (int8) from coordinate ``start`` on: ``clip(round(c / mean|c| * levels / 2), -levels,
+    levels)``, rounding half to even as NumPy does; 0 for a tensor whose mean is 0 or not
+    finite. Two passes over the tensor (its mean, then its levels), ``c`` computed in each."""
+    size = momentum.size
+    scale = _l1_norm_of_votes(momentum, grad, beta1, rest1) / size if size else 0.0
+    if scale == 0.0 or not np.isfinite(scale):
+        for i in range(size):
+            out[start + i] = 0
+        return
+    factor = levels / (2.0 * scale)
+    for i in range(size):
+        level = np.rint(fused_multiply_add(grad[i], rest1, momentum[i] * beta1) * factor)
+        out[start + i] = np.int8(max(-levels, min(levels, level)))
