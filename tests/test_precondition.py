@@ -594,6 +594,40 @@ def test_conv_padding_same_equals_explicit_padding(kernel):
     assert torch.allclose(results[0][1], results[1][1], rtol=1e-10)
 
 
+@pytest.mark.filterwarnings("ignore:Using padding='same' with even kernel:UserWarning")
+@pytest.mark.parametrize("kernel, stride, padding", [
+    (3, 1, 1), (3, 2, 1), ((2, 3), (2, 1), (1, 0)), (4, 1, "same"), (3, 1, "valid"),
+    (1, 3, 0),
+])
+def test_conv_patches_equal_unfold(kernel, stride, padding):
+    """The strided im2col (per example, and as one matrix's columns) equals ``F.unfold`` of
+    the padded input, for odd, even and rectangular kernels, strides and paddings, an
+    unbatched input, a channels-last input and a view that starts inside its storage."""
+    from pysparse_hpc.precondition._layers import conv2d_patch_columns, conv2d_patches
+
+    conv = nn.Conv2d(3, 2, kernel, stride=stride, padding=padding).to(DTYPE)
+    kh, kw = conv.kernel_size
+    if padding == "same":
+        pads = ((kw - 1) // 2, kw // 2, (kh - 1) // 2, kh // 2)
+    elif padding == "valid":
+        pads = (0, 0, 0, 0)
+    else:
+        ph, pw = conv.padding
+        pads = (pw, pw, ph, ph)
+    stored = torch.randn(6, 3, 9, 8, dtype=DTYPE)
+    for x in (stored[1:5], stored[2], stored[:4].contiguous(memory_format=torch.channels_last)):
+        batched = x if x.ndim == 4 else x.unsqueeze(0)
+        expected = F.unfold(F.pad(batched, pads), conv.kernel_size, stride=conv.stride)
+        patches = conv2d_patches(conv, x)
+        assert torch.equal(patches, expected)
+        columns, positions = conv2d_patch_columns(conv, x)
+        assert positions == expected.shape[-1]
+        assert torch.equal(columns, expected.permute(1, 0, 2).reshape(expected.shape[1], -1))
+        # and the convolution's own output is the weight times the patches
+        out = conv.weight.reshape(2, -1) @ patches + conv.bias[:, None]
+        assert torch.allclose(out.reshape(conv(batched).shape), conv(batched), rtol=1e-12)
+
+
 # ---------------------------------------------------------------------- placeholders
 def test_placeholder_records_and_replays():
     y = torch.arange(12.0).reshape(4, 3)

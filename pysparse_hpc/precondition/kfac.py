@@ -46,7 +46,7 @@ import torch
 from ._maker import _all_finite
 from ._fisher import FISHER_MC, LOSS_CROSS_ENTROPY
 from ._gram import gram
-from ._layers import conv2d_patches, supported_kind
+from ._layers import conv2d_patch_columns, supported_kind
 from ._natural import _INVERSE_SUFFIXES, NaturalGradientMaker
 
 __all__ = ["KfacGradientMaker", "pi_damping", "damped_cholesky"]
@@ -247,10 +247,8 @@ class _Conv2dKind(_KronKind):
         return module.in_channels * kh * kw, module.out_channels
 
     def input_factor(self, module, x):
-        patches = conv2d_patches(module, x)
-        positions = patches.shape[-1]
-        patches = patches.transpose(1, 2).reshape(-1, patches.shape[1])
-        return gram(patches).div_(positions)
+        columns, positions = conv2d_patch_columns(module, x)
+        return columns.mm(columns.T).div_(positions)
 
     def grad_factor(self, module, grad):
         if grad.ndim == 4:
