@@ -628,6 +628,24 @@ def test_conv_patches_equal_unfold(kernel, stride, padding):
         assert torch.allclose(out.reshape(conv(batched).shape), conv(batched), rtol=1e-12)
 
 
+@pytest.mark.parametrize("density", [1.0, 0.5, 0.01])
+def test_wide_conv_input_factor_is_the_patches_gram(density):
+    """A Conv2d of 32 x 3 x 3 = 288 patch rows: its input factor is P P^T / L of the unfold
+    patches through the blocked dense product (dense and ReLU-like inputs) and the sparse one
+    (1 % nonzeros)."""
+    from pysparse_hpc.precondition.kfac import _KINDS
+
+    torch.manual_seed(0)
+    conv = nn.Conv2d(32, 4, 3, padding=1).to(DTYPE)
+    x = torch.randn(3, 32, 6, 5, dtype=DTYPE)
+    x = x * (torch.rand(x.shape, dtype=DTYPE) < density)
+    patches = F.unfold(x, 3, padding=1)  # n x 288 x L
+    rows = patches.transpose(1, 2).reshape(-1, patches.shape[1])
+    expected = rows.T @ rows / patches.shape[-1]
+    got = _KINDS["Conv2d"].input_factor(conv, x)
+    assert torch.allclose(got, expected, rtol=1e-12, atol=1e-12)
+
+
 # ---------------------------------------------------------------------- placeholders
 def test_placeholder_records_and_replays():
     y = torch.arange(12.0).reshape(4, 3)

@@ -248,7 +248,7 @@ class _Conv2dKind(_KronKind):
 
     def input_factor(self, module, x):
         columns, positions = conv2d_patch_columns(module, x)
-        return columns.mm(columns.T).div_(positions)
+        return gram(columns.T).div_(positions)
 
     def grad_factor(self, module, grad):
         if grad.ndim == 4:
