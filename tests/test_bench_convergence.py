@@ -32,19 +32,21 @@ def digits():
 
 
 def test_measure_on_digits_gives_curves_and_a_study(digits):
-    runs = convergence.measure(digits, methods=("adam", "kfac"))
+    runs = convergence.measure(digits, methods=("adam", "kfac", "kfac-adam"))
+    # K-FAC over SGD's grid (SGD applies it), kfac-adam over Adam's
     assert [(r.method, r.lr) for r in runs] == [("adam", lr) for lr in (3e-3, 1e-2, 3e-2)] + \
-        [("kfac", lr) for lr in (3e-3, 1e-2, 3e-2)]
+        [("kfac", lr) for lr in (0.01, 0.03, 0.1)] + \
+        [("kfac-adam", lr) for lr in (3e-3, 1e-2, 3e-2)]
     steps_per_epoch = int(digits.masks[0].sum()) // convergence.DIGITS_BATCH
     for r in runs:
         assert len(r.losses) == len(r.val_accuracy) == len(r.test_accuracy) == 2
         assert r.steps == 2 * steps_per_epoch and 0 < r.seconds[0] < r.seconds[1]
         assert all(0.0 <= v <= 1.0 for v in r.val_accuracy) and r.ms_per_step > 0
     study, = summarize(runs)
-    assert study.workload == "digits" and len(study.grid) == 6
+    assert study.workload == "digits" and len(study.grid) == 9
     assert study.target == max(r.best_val for r in runs if r.method == "adam")
     assert study.lower_target == pytest.approx(0.99 * study.target)
-    assert set(study.headline) == {"adam", "kfac"}
+    assert set(study.headline) == {"adam", "kfac", "kfac-adam"}
     assert study.headline["adam"].epochs_to_target <= 2   # Adam reaches its own best
     lines = verdict([study])
     assert "not measured (run with --workload cora)" in lines[0]
@@ -120,8 +122,14 @@ def test_bad_names_and_a_run_without_adam():
 def test_damping_option_reaches_the_maker(capsys):
     import torch
     model = torch.nn.Sequential(torch.nn.Linear(4, 3))
-    assert convergence._maker("kfac", model, 10).config.damping == 1e-2   # fit's
+    assert convergence._maker("kfac", model, 10).config.damping == convergence.KFAC_DAMPING
+    assert convergence._maker("kfac-adam", model, 10).config.damping == 1e-2   # fit's
     assert convergence._maker("kfac", model, 10, damping=0.3).config.damping == 0.3
+    assert convergence._maker("kfac-adam", model, 10, damping=0.3).config.damping == 0.3
+    # SGD with momentum applies K-FAC's direction, Adam kfac-adam's
+    sgd = convergence._optimizer("kfac", model, 0.1, 0.0)
+    assert isinstance(sgd, torch.optim.SGD) and sgd.defaults["momentum"] == 0.9
+    assert isinstance(convergence._optimizer("kfac-adam", model, 0.1, 0.0), torch.optim.Adam)
     assert convergence._maker("adam", model, 10, damping=0.3) is None
     for bad in ("0", "-1", "nan", "x"):
         with pytest.raises(SystemExit):
