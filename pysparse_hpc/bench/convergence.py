@@ -80,6 +80,8 @@ SGD_APPLIED = ("sgd", "kfac")
 #: 3-9 (BENCHMARKS.md). ``kfac-adam`` keeps ``fit``'s: Adam's per-coordinate scaling of the
 #: direction changes what a damping does.
 KFAC_DAMPING = 0.03
+#: The ``train.PRECONDITIONERS`` entry of a method whose name is not one.
+_FIT_NAMES = {"kfac-adam": "kfac"}
 
 #: Learning rates per method; SGD's depend on the model (row-normalised graph features give
 #: small gradients: the GCN needs far larger steps than the MLP on standardised inputs).
@@ -357,7 +359,7 @@ def _maker(method, model, data_size, damping=None):
         return None
     from .. import precondition
     from ..nn.train import PRECONDITIONERS
-    maker_name, default_damping = PRECONDITIONERS[method.split("-")[0]]
+    maker_name, default_damping = PRECONDITIONERS[_FIT_NAMES.get(method, method)]
     if method == "kfac":
         default_damping = KFAC_DAMPING
     damping = default_damping if damping is None else damping
