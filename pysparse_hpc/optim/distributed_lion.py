@@ -214,25 +214,29 @@ class DistributedLion(Lion):
             direction = direction.float()  # exact, so the int8 levels are c's own
         return _votes.plain_operands(direction.numpy())
 
+    def _pack(self, entries, add, out, *args):
+        """``out`` with every entry's vote added by ``add(out, start, *args, *operands)``
+        (`_votes.add_sign_bits`, ``add_vote_digits`` or ``add_int8_levels``) at its offset."""
+        for group, param, start in _with_offsets(entries):
+            add(out, start, *args, *self._vote_operands(group, param))
+        return out
+
     def _agree(self, entries):
         """The agreed update's `_votes.masks` from this rank's votes."""
         comm, ranks = self.comm, self.comm.size
         size = sum(param.numel() for _, param in entries)
         if self.compression == "int8":
-            levels = np.empty(size, dtype=np.int8)
-            for group, param, start in _with_offsets(entries):
-                _votes.add_int8_levels(levels, start, ranks, *self._vote_operands(group, param))
+            levels = self._pack(entries, _votes.add_int8_levels,
+                                np.empty(size, dtype=np.int8), ranks)
             comm.Allreduce(levels, "sum", kind=VOTE_KIND)
             return _votes.levels_as_masks(levels)
         if self.compression == "votes":
-            words = np.zeros(_votes.digit_words(size, ranks), dtype=np.uint64)
-            for group, param, start in _with_offsets(entries):
-                _votes.add_vote_digits(words, start, ranks, *self._vote_operands(group, param))
+            words = self._pack(entries, _votes.add_vote_digits,
+                               np.zeros(_votes.digit_words(size, ranks), dtype=np.uint64), ranks)
             comm.Allreduce(words, "sum", kind=VOTE_KIND)
             return _votes.vote_digits_majority(words, ranks, size)
-        packed = np.zeros(_votes.sign_bytes(size), dtype=np.uint8)
-        for group, param, start in _with_offsets(entries):
-            _votes.add_sign_bits(packed, start, *self._vote_operands(group, param))
+        packed = self._pack(entries, _votes.add_sign_bits,
+                            np.zeros(_votes.sign_bytes(size), dtype=np.uint8))
         if self.compression == "signs":
             gathered = np.empty((ranks, packed.size), dtype=np.uint8)
             comm.Allgatherv(packed, gathered, [packed.size] * ranks, kind=VOTE_KIND)

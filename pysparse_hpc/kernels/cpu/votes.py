@@ -29,9 +29,15 @@ _ONE = np.uint64(1)
 
 
 @njit(inline="always", **_JIT)
+def _interpolation(momentum, grad, i, beta1, rest1):
+    """``c = beta1 m + rest1 g`` at coordinate ``i``, with torch's rounding."""
+    return fused_multiply_add(grad[i], rest1, momentum[i] * beta1)
+
+
+@njit(inline="always", **_JIT)
 def _votes_plus(momentum, grad, i, beta1, rest1):
     """Rank's vote at coordinate ``i``: True where ``beta1 m + rest1 g > 0``."""
-    return fused_multiply_add(grad[i], rest1, momentum[i] * beta1) > 0
+    return _interpolation(momentum, grad, i, beta1, rest1) > 0
 
 
 @njit(inline="always", **_JIT)
@@ -273,7 +279,7 @@ def apply_agreed(param, momentum, grad, plus, minus, start, decay, neg_lr, beta2
 
 @njit(inline="always", **_JIT)
 def _magnitude(momentum, grad, i, beta1, rest1):
-    return abs(np.float64(fused_multiply_add(grad[i], rest1, momentum[i] * beta1)))
+    return abs(np.float64(_interpolation(momentum, grad, i, beta1, rest1)))
 
 
 @njit(**_JIT)
@@ -309,5 +315,5 @@ def pack_int8_levels(momentum, grad, beta1, rest1, levels, out, start):
         return
     factor = levels / (2.0 * scale)
     for i in range(size):
-        level = np.rint(fused_multiply_add(grad[i], rest1, momentum[i] * beta1) * factor)
+        level = np.rint(_interpolation(momentum, grad, i, beta1, rest1) * factor)
         out[start + i] = np.int8(max(-levels, min(levels, level)))
