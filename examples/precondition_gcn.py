@@ -1,5 +1,5 @@
-"""Train a GCN on a citation graph with Adam, and with Adam on gradients preconditioned by
-K-FAC, Shampoo and Jorge.
+"""Train a GCN on a citation graph with Adam, with Adam on gradients preconditioned by K-FAC,
+Shampoo and Jorge, and with SGD (momentum 0.9) on K-FAC's.
 
 The layers' dense transforms (``conv.lin``) are what the makers precondition. The first model
 runs ASDL's loop written out, on the training nodes' rows of the output:
@@ -10,8 +10,11 @@ runs ASDL's loop written out, on the training nodes' rows of the output:
     opt.step()
 
 and the others through ``pysparse_hpc.nn.train.fit(preconditioner=...)``, which runs the same
-loop. Every run starts from the same weights. Under ``mpiexec`` the same training is
-``python -m pysparse_hpc train --optimizer kfac``. Run it with
+loop. The last hands K-FAC's direction to SGD with momentum, as Martens and Grosse do
+(``fit(optimizer="sgd", preconditioner="kfac")``, lr 30x Adam's, damping 0.03): on Cora it
+reaches its best validation accuracy in a fraction of Adam's epochs. Every run starts from the
+same weights. Under ``mpiexec`` the same training is ``python -m pysparse_hpc train
+--optimizer kfac [--base-optimizer sgd]``. Run it with
 ``python examples/precondition_gcn.py [--dataset cora|citeseer] [--epochs N]``.
 """
 import argparse
@@ -75,10 +78,14 @@ def main():
     print(f"  the ASDL loop with K-FAC preconditions {modules}: final test accuracy "
           f"{100 * accuracy(model, x, data.adj, y, test_mask):.1f}%, "
           f"{1e3 * seconds:.1f} ms per epoch")
-    for preconditioner in (None, "kfac", "shampoo", "jorge"):
+    sgd_settings = dict(settings, lr=settings["lr"] * train.SGD_SCALING["lr"])
+    for optimizer, preconditioner in (("adam", None), ("adam", "kfac"), ("adam", "shampoo"),
+                                      ("adam", "jorge"), ("sgd", "kfac")):
         result = train.fit(new_model(), x, data.adj, y, (train_mask, val_mask, test_mask),
-                           progress=False, preconditioner=preconditioner, **settings)
-        label = "Adam" if preconditioner is None else f"Adam on {preconditioner}"
+                           progress=False, preconditioner=preconditioner, optimizer=optimizer,
+                           **(sgd_settings if optimizer == "sgd" else settings))
+        label = optimizer.upper() if optimizer == "sgd" else optimizer.capitalize()
+        label += "" if preconditioner is None else f" on {preconditioner}"
         print(f"  {label:<16} test accuracy {100 * result.test_accuracy:5.1f}% at the best "
               f"validation epoch {result.best_epoch + 1:4d}, "
               f"{1e3 * result.seconds_per_epoch:6.1f} ms per epoch")

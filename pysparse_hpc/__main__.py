@@ -227,10 +227,11 @@ def run_train(args, out=None):
                        weight_decay=args.weight_decay, seed=args.seed, dtype=args.dtype,
                        random_features=args.random_features, comm=comm,
                        progress=not args.no_progress, balance=args.balance,
-                       preconditioner=(None if args.optimizer in ("adam", "lion")
-                                       else args.optimizer),
-                       curvature_interval=args.curvature_interval,
-                       optimizer="lion" if args.optimizer == "lion" else "adam",
+                       preconditioner=(args.optimizer if args.optimizer in PRECONDITIONER_NAMES
+                                       else None),
+                       curvature_interval=args.curvature_interval, damping=args.damping,
+                       optimizer=(args.base_optimizer if args.optimizer in PRECONDITIONER_NAMES
+                                  else args.optimizer),
                        compression=args.compression, momentum_sync=args.momentum_sync,
                        checkpoint=args.checkpoint, checkpoint_every=args.checkpoint_every,
                        resume=args.resume)
@@ -253,7 +254,7 @@ def report_train(result, threads):
              f"{100 * result.val_accuracy:.1f}% at epoch {result.best_epoch + 1}), final "
              f"training loss {result.losses[-1]:.4f}" if result.losses else "  no epoch run",
              f"  {1e3 * result.seconds_per_epoch:.1f} ms per training epoch "
-             f"({'mean' if result.optimizer in PRECONDITIONER_NAMES else 'median'}), "
+             f"({'median' if result.preconditioner is None else 'mean'}), "
              f"{result.seconds_total:.1f} s in all"]
     if result.ranks > 1:
         share = (100 * result.halo_bytes_per_epoch / result.cagnet_bytes_per_epoch
@@ -263,7 +264,7 @@ def report_train(result, threads):
                   f"{_format_mb(result.cagnet_bytes_per_epoch)}, {share:.1f}% of it",
                   f"  gradient and metric allreduce per epoch: "
                   f"{_format_mb(result.allreduce_bytes_per_epoch)}"]
-        if result.optimizer in PRECONDITIONER_NAMES:
+        if result.preconditioner is not None:
             lines.append(f"  preconditioner sums and broadcasts per epoch: "
                          f"{_format_mb(result.optimizer_bytes_per_epoch)}")
         elif result.optimizer == "lion":
@@ -283,12 +284,16 @@ def report_train(result, threads):
 PRECONDITIONER_NAMES = ("kfac", "shampoo", "jorge")
 
 
+_OPTIMIZER_LABELS = dict(adam="Adam", sgd="SGD (momentum 0.9)")
+
+
 def _optimizer_label(result):
-    if result.optimizer in PRECONDITIONER_NAMES:
-        return f"Adam on {result.optimizer} preconditioned gradients"
     if result.optimizer == "lion":
         return f"Lion ({result.compression} compression)"
-    return "Adam"
+    label = _OPTIMIZER_LABELS[result.optimizer]
+    if result.preconditioner is not None:
+        return f"{label} on {result.preconditioner} preconditioned gradients"
+    return label
 
 
 def _balance(text):
@@ -339,10 +344,19 @@ def main(argv=None):
     train.add_argument("--random-features", type=int, metavar="WIDTH",
                        help="seeded random features of this width (graphs without features)")
     train.add_argument("--optimizer", default="adam",
-                       choices=("adam", "lion") + PRECONDITIONER_NAMES,
-                       help="adam; lion (its lr and decay scaled from the model's Adam "
-                            "settings); or Adam on gradients preconditioned by K-FAC, Shampoo "
-                            "or Jorge (KAISA-style over the ranks; default: adam)")
+                       choices=("adam", "sgd", "lion") + PRECONDITIONER_NAMES,
+                       help="adam; sgd (momentum 0.9, lr 30x the model's Adam lr); lion (its "
+                            "lr and decay scaled from the model's Adam settings); or gradients "
+                            "preconditioned by K-FAC, Shampoo or Jorge (KAISA-style over the "
+                            "ranks) and applied by --base-optimizer (default: adam)")
+    train.add_argument("--base-optimizer", default="adam", choices=("adam", "sgd"),
+                       help="with --optimizer kfac, shampoo or jorge: what applies the "
+                            "preconditioned gradients; sgd, as Martens and Grosse apply K-FAC, "
+                            "takes sgd's lr and is the faster on Cora (default: adam)")
+    train.add_argument("--damping", type=float, metavar="D",
+                       help="with --optimizer kfac, shampoo or jorge: the damping (default: "
+                            "the one measured for the method and base optimizer: K-FAC 0.01 "
+                            "under Adam, 0.03 under SGD; Shampoo and Jorge 0.001)")
     train.add_argument("--compression", default="none", choices=COMPRESSIONS,
                        help="with --optimizer lion over several ranks: what crosses the "
                             "network: none (gradient allreduce), signs (packed sign bits, "
@@ -369,6 +383,12 @@ def main(argv=None):
             parser.error("--compression and --momentum-sync need --optimizer lion")
         if args.compression == "none" and args.momentum_sync not in (None, "local"):
             parser.error("--momentum-sync applies to a compressed Lion (--compression)")
+        preconditioner_options = args.base_optimizer != "adam" or args.damping is not None
+        if args.optimizer not in PRECONDITIONER_NAMES and preconditioner_options:
+            parser.error("--base-optimizer and --damping need --optimizer kfac, shampoo or "
+                         "jorge")
+        if args.damping is not None and not (0 < args.damping < float("inf")):
+            parser.error(f"--damping must be a finite number > 0, got {args.damping}")
         if args.resume and args.checkpoint is None:
             parser.error("--resume needs --checkpoint DIR")
         for name in ("epochs", "threads", "random_features", "curvature_interval",

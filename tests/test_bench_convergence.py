@@ -122,7 +122,7 @@ def test_bad_names_and_a_run_without_adam():
 def test_damping_option_reaches_the_maker(capsys):
     import torch
     model = torch.nn.Sequential(torch.nn.Linear(4, 3))
-    assert convergence._maker("kfac", model, 10).config.damping == convergence.KFAC_DAMPING
+    assert convergence._maker("kfac", model, 10).config.damping == 0.03     # fit's under SGD
     assert convergence._maker("kfac-adam", model, 10).config.damping == 1e-2   # fit's
     assert convergence._maker("kfac", model, 10, damping=0.3).config.damping == 0.3
     assert convergence._maker("kfac-adam", model, 10, damping=0.3).config.damping == 0.3

@@ -193,6 +193,75 @@ def test_fit_with_a_preconditioner():
                   curvature_interval=0)
 
 
+def test_fit_applies_kfac_by_sgd_as_a_hand_written_loop():
+    """``fit(optimizer="sgd", preconditioner="kfac")`` is the ASDL loop feeding SGD with
+    momentum 0.9, with K-FAC's SGD damping (0.03) unless ``damping`` says otherwise."""
+    from pysparse_hpc.nn import train
+    cora = sph.datasets.load("cora")
+    x, y, *masks = train.node_tensors(cora)
+    train_mask = masks[0]
+    n_train = float(train_mask.sum())
+
+    def summed(logits, labels, reduction="mean"):
+        total = F.cross_entropy(logits, labels, reduction="sum")
+        return total if reduction == "sum" else total / n_train
+
+    def new_model():
+        torch.manual_seed(0)
+        return models.GCN(x.shape[1], out_channels=cora.num_classes, hidden=16)
+
+    def by_hand(damping, epochs=4):
+        model = new_model()
+        optimizer = torch.optim.SGD(model.param_groups(5e-4), lr=0.3, momentum=0.9)
+        config = P.PreconditioningConfig(data_size=int(n_train), damping=damping,
+                                         curvature_upd_interval=2,
+                                         preconditioner_upd_interval=2)
+        maker = P.KfacGradientMaker(model, config, fisher_type="emp")
+        losses = []
+        for _ in range(epochs):
+            model.train()
+            optimizer.zero_grad()
+            placeholder = maker.setup_model_call(model, x, cora.adj)
+            maker.setup_loss_call(summed, placeholder[train_mask], y[train_mask])
+            _, loss = maker.forward_and_backward()
+            optimizer.step()
+            losses.append(loss.item())
+        return losses
+
+    def by_fit(**options):
+        return train.fit(new_model(), x, cora.adj, y, masks, epochs=4, lr=0.3,
+                         progress=False, optimizer="sgd", preconditioner="kfac",
+                         curvature_interval=2, **options).losses
+
+    assert train.SGD_DAMPINGS["kfac"] == 0.03
+    assert by_fit() == by_hand(0.03)
+    assert by_fit(damping=0.01) == by_hand(0.01) != by_hand(0.03)
+
+
+def test_fit_with_sgd_alone_is_torch_sgd_with_momentum():
+    from pysparse_hpc.nn import train
+    cora = sph.datasets.load("cora")
+    x, y, *masks = train.node_tensors(cora)
+    torch.manual_seed(0)
+    model = models.GCN(x.shape[1], out_channels=cora.num_classes, hidden=16)
+    fitted = train.fit(model, x, cora.adj, y, masks, epochs=3, lr=0.3, progress=False,
+                       optimizer="sgd").losses
+    torch.manual_seed(0)
+    model = models.GCN(x.shape[1], out_channels=cora.num_classes, hidden=16)
+    optimizer = torch.optim.SGD(model.param_groups(5e-4), lr=0.3, momentum=0.9)
+    losses = []
+    for _ in range(3):
+        model.train()
+        optimizer.zero_grad()
+        logits = model(x, cora.adj)
+        loss = F.cross_entropy(logits[masks[0]], y[masks[0]], reduction="sum") / float(
+            masks[0].sum())
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    assert fitted == losses
+
+
 def test_train_command_with_a_preconditioner():
     import subprocess
     import sys
@@ -206,3 +275,24 @@ def test_train_command_with_a_preconditioner():
                           "--curvature-interval", "0"], capture_output=True, text=True,
                          timeout=300)
     assert bad.returncode == 2 and "--curvature-interval must be at least 1" in bad.stderr
+
+
+def test_train_command_applies_kfac_by_sgd():
+    import subprocess
+    import sys
+    command = [sys.executable, "-m", "pysparse_hpc", "train", "--epochs", "2", "--no-progress"]
+    done = subprocess.run(command + ["--optimizer", "kfac", "--base-optimizer", "sgd",
+                                     "--damping", "0.05"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "SGD (momentum 0.9) on kfac preconditioned gradients" in done.stdout
+    for wrong, message in ((["--optimizer", "adam", "--base-optimizer", "sgd"],
+                            "--base-optimizer and --damping need --optimizer kfac"),
+                           (["--optimizer", "sgd", "--damping", "0.1"],
+                            "--base-optimizer and --damping need --optimizer kfac"),
+                           (["--optimizer", "kfac", "--damping", "0"],
+                            "--damping must be a finite number > 0"),
+                           (["--optimizer", "kfac", "--damping", "nan"],
+                            "--damping must be a finite number > 0")):
+        bad = subprocess.run(command + wrong, capture_output=True, text=True, timeout=300)
+        assert bad.returncode == 2 and message in bad.stderr, (wrong, bad.stderr)

@@ -15,9 +15,11 @@ Workloads (float32, the shared thread count):
 
 Methods, each over a small learning-rate grid (`lr_grid`): Adam; SGD with momentum 0.9;
 K-FAC as Martens and Grosse (and ASDL's examples) run it, its preconditioned gradient applied
-by SGD with momentum 0.9 over SGD's grid, damping `KFAC_DAMPING`; and ``kfac-adam``, Shampoo
-and Jorge through the gradient makers as ``pysparse_hpc.nn.train.fit`` runs them, with Adam
-applying the preconditioned gradients and the damping of ``train.PRECONDITIONERS``. Every
+by SGD with momentum 0.9 over SGD's grid, damping 0.03 (``fit(optimizer="sgd",
+preconditioner="kfac")``); and ``kfac-adam``, Shampoo and Jorge through the gradient makers as
+``pysparse_hpc.nn.train.fit`` runs them by default, with Adam applying the preconditioned
+gradients and the damping of ``train.PRECONDITIONERS``. The optimizers and makers are
+``fit``'s own. Every
 preconditioner updates its curvature and inverses (or roots) every 10 steps, K-FAC with the
 empirical Fisher. Every run of a seed starts from the same weights; the data split never
 changes with the seed.
@@ -75,11 +77,6 @@ METHODS = ("adam", "sgd", "kfac", "kfac-adam", "shampoo", "jorge")
 PRECONDITIONED = ("kfac", "kfac-adam", "shampoo", "jorge")
 #: Methods whose updates SGD with momentum applies (over SGD's grid); Adam applies the others'.
 SGD_APPLIED = ("sgd", "kfac")
-#: K-FAC's damping when SGD applies its direction: chosen on Cora's seeds 0-2 among 0.01, 0.03
-#: and 0.1 at lr 0.3 (1, 2 and 0 of the 3 seeds reached Adam's target), then checked on seeds
-#: 3-9 (BENCHMARKS.md). ``kfac-adam`` keeps ``fit``'s: Adam's per-coordinate scaling of the
-#: direction changes what a damping does.
-KFAC_DAMPING = 0.03
 #: The ``train.PRECONDITIONERS`` entry of a method whose name is not one.
 _FIT_NAMES = {"kfac-adam": "kfac"}
 
@@ -89,7 +86,6 @@ _ADAM_GRID = (3e-3, 1e-2, 3e-2)
 _SGD_GRIDS = {"gcn": (0.1, 0.3, 1.0), "mlp": (0.01, 0.03, 0.1)}
 #: Steps between curvature and preconditioner updates (``fit``'s default).
 CURVATURE_INTERVAL = 10
-SGD_MOMENTUM = 0.9
 #: Epochs per run and seeds per workload unless ``--epochs`` / ``--seeds`` say otherwise.
 DEFAULT_EPOCHS = {"cora": 200, "citeseer": 200, "pubmed": 100, "digits": 40}
 DEFAULT_SEEDS = {"cora": 3, "citeseer": 1, "pubmed": 1, "digits": 3}
@@ -344,30 +340,25 @@ def _summed_cross_entropy(logits, labels, reduction="mean", count=1.0):
 
 
 def _optimizer(method, model, lr, weight_decay):
-    import torch
+    """``fit``'s optimizer for ``method``: SGD with momentum or Adam."""
+    from ..nn import train
     groups = (model.param_groups(weight_decay) if hasattr(model, "param_groups")
               else [dict(params=model.parameters(), weight_decay=weight_decay)])
-    if method in SGD_APPLIED:
-        return torch.optim.SGD(groups, lr=lr, momentum=SGD_MOMENTUM)
-    return torch.optim.Adam(groups, lr=lr)
+    return train._optimizer("sgd" if method in SGD_APPLIED else "adam", groups, lr, None,
+                            "none", None, None)
 
 
 def _maker(method, model, data_size, damping=None):
-    """The gradient maker of ``method`` (None for Adam and SGD): ``fit``'s, with K-FAC's
-    damping `KFAC_DAMPING` where SGD applies it; ``damping``: in place of either."""
+    """``fit``'s gradient maker for ``method`` (None for Adam and SGD), with the damping
+    ``fit`` takes under the optimizer applying it (K-FAC's 0.03 under SGD, as chosen on
+    Cora's seeds 0-2 among 0.01, 0.03 and 0.1 and checked on seeds 3-9, BENCHMARKS.md);
+    ``damping``: in place of it."""
     if method not in PRECONDITIONED:
         return None
-    from .. import precondition
-    from ..nn.train import PRECONDITIONERS
-    maker_name, default_damping = PRECONDITIONERS[_FIT_NAMES.get(method, method)]
-    if method == "kfac":
-        default_damping = KFAC_DAMPING
-    damping = default_damping if damping is None else damping
-    config = precondition.PreconditioningConfig(
-        data_size=data_size, damping=damping, curvature_upd_interval=CURVATURE_INTERVAL,
-        preconditioner_upd_interval=CURVATURE_INTERVAL)
-    options = dict(fisher_type="emp") if maker_name == "KfacGradientMaker" else {}
-    return getattr(precondition, maker_name)(model, config, **options)
+    from ..nn import train
+    return train._preconditioner(_FIT_NAMES.get(method, method), model, None, data_size,
+                                 CURVATURE_INTERVAL,
+                                 "sgd" if method in SGD_APPLIED else "adam", damping)
 
 
 def _step(model, maker, optimizer, inputs, labels, loss_fn):

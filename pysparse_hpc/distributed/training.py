@@ -54,8 +54,7 @@ class DistributedTrainResult:
         Gradient and metric allreduce payload, all ranks together.
     partition_summary : str
     optimizer : str
-        ``"adam"``, the preconditioner Adam applied (``"kfac"``, ``"shampoo"``, ``"jorge"``),
-        or ``"lion"``.
+        ``"adam"``, ``"sgd"`` or ``"lion"``: what applied the (preconditioned) gradients.
     compression : str
         Lion's (`pysparse_hpc.optim.DistributedLion`); ``"none"`` otherwise.
     optimizer_bytes_per_epoch : float
@@ -64,6 +63,8 @@ class DistributedTrainResult:
         synchronisations (either replaces `DataParallel`'s allreduce).
     skipped_epochs : list of int
         Epochs whose step every rank skipped for a non-finite loss or gradient.
+    preconditioner : str or None
+        ``"kfac"``, ``"shampoo"``, ``"jorge"`` or None.
     resumed_after : int or None
         The epochs of the checkpoint the run resumed from (None: a run from the start).
     """
@@ -87,6 +88,7 @@ class DistributedTrainResult:
     compression: str = "none"
     optimizer_bytes_per_epoch: float = 0.0
     skipped_epochs: list = field(default_factory=list)
+    preconditioner: str = None
     resumed_after: int = None
 
 
@@ -114,7 +116,8 @@ def train(dataset="cora", model="gcn", partition="metis", *, epochs=None, lr=Non
           weight_decay=None, seed=0, dtype="float32", random_features=None, comm=None,
           progress=True, description=None, balance=None, preconditioner=None,
           curvature_interval=10, optimizer="adam", compression="none", momentum_sync=None,
-          checkpoint=None, checkpoint_every=10, resume=False, keep_checkpoints=3):
+          checkpoint=None, checkpoint_every=10, resume=False, keep_checkpoints=3,
+          damping=None):
     """Train a node classifier on a graph distributed over the communicator's ranks.
 
     Every rank calls it with the same arguments.
@@ -147,13 +150,16 @@ def train(dataset="cora", model="gcn", partition="metis", *, epochs=None, lr=Non
     progress : bool
         A progress bar on rank 0.
     preconditioner : {None, "kfac", "shampoo", "jorge"}
-        Gradient preconditioning before Adam (`pysparse_hpc.nn.train.fit`), distributed
-        KAISA-style over the ranks.
+        Gradient preconditioning before ``optimizer`` (Adam or SGD) applies the gradients
+        (`pysparse_hpc.nn.train.fit`), distributed KAISA-style over the ranks.
     curvature_interval : int
         Steps between the preconditioner's curvature updates.
-    optimizer : {"adam", "lion"}
-        Lion's default ``lr`` and ``weight_decay`` are the model's Adam settings scaled by
-        `pysparse_hpc.nn.train.LION_SCALING`.
+    damping : float, optional
+        The preconditioner's; default: the one measured for it under ``optimizer``
+        (`pysparse_hpc.nn.train.fit`).
+    optimizer : {"adam", "sgd", "lion"}
+        SGD's and Lion's default ``lr`` and ``weight_decay`` are the model's Adam settings
+        scaled by `pysparse_hpc.nn.train.SGD_SCALING` or `LION_SCALING`.
     compression, momentum_sync : str
         How Lion's ranks agree on the update (`pysparse_hpc.optim.DistributedLion`).
     checkpoint : str or path, optional
@@ -174,7 +180,7 @@ def train(dataset="cora", model="gcn", partition="metis", *, epochs=None, lr=Non
     import torch
 
     from ..nn import models
-    from ..nn.train import LION_SCALING, fit, normalize_features
+    from ..nn.train import LION_SCALING, SGD_SCALING, fit, normalize_features
 
     comm = init() if comm is None else comm
     if model not in models.MODELS:
@@ -186,15 +192,16 @@ def train(dataset="cora", model="gcn", partition="metis", *, epochs=None, lr=Non
                          f"{partition!r}")
     model_class = models.MODELS[model]
     settings = dict(model_class.training)
-    if optimizer == "lion":
-        settings = {k: v * LION_SCALING.get(k, 1) for k, v in settings.items()}
+    scaling = dict(lion=LION_SCALING, sgd=SGD_SCALING).get(optimizer, {})
+    settings = {k: v * scaling.get(k, 1) for k, v in settings.items()}
     overrides = dict(epochs=epochs, lr=lr, weight_decay=weight_decay)
     settings.update({k: v for k, v in overrides.items() if v is not None})
 
     checkpointer, state = _checkpoints(
         comm, checkpoint, resume, keep_checkpoints,
         fingerprint=dict(dataset=getattr(dataset, "name", str(dataset)), model=model,
-                         optimizer=preconditioner or optimizer, compression=compression,
+                         optimizer=optimizer, preconditioner=preconditioner,
+                         damping=damping, compression=compression,
                          momentum_sync=momentum_sync, dtype=dtype, seed=seed,
                          random_features=random_features, lr=settings["lr"],
                          weight_decay=settings["weight_decay"]))
@@ -244,7 +251,7 @@ def train(dataset="cora", model="gcn", partition="metis", *, epochs=None, lr=Non
     result = fit(classifier, x, graph, y, masks, progress=progress,
                  description=description or f"{model} on {name}, {comm.size} rank"
                  f"{'s' if comm.size > 1 else ''}", preconditioner=preconditioner,
-                 curvature_interval=curvature_interval, optimizer=optimizer,
+                 curvature_interval=curvature_interval, optimizer=optimizer, damping=damping,
                  compression=compression, momentum_sync=momentum_sync,
                  checkpointer=checkpointer, checkpoint_every=checkpoint_every,
                  resume_from=state, checkpoint_extras=None if parts is None else dict(
@@ -270,7 +277,7 @@ def train(dataset="cora", model="gcn", partition="metis", *, epochs=None, lr=Non
         halo_bytes_per_epoch=float(received[0] + received[1]) / n_epochs,
         cagnet_bytes_per_epoch=float(row_bytes * (comm.size - 1) * graph.shape[0]) / n_epochs,
         allreduce_bytes_per_epoch=float(received[2]) / n_epochs, partition_summary=summary,
-        optimizer=preconditioner or optimizer, compression=compression,
+        optimizer=optimizer, preconditioner=preconditioner, compression=compression,
         optimizer_bytes_per_epoch=float(received[3:].sum()) / n_epochs,
         skipped_epochs=result.skipped_epochs,
         resumed_after=None if state is None else state.step)

@@ -91,12 +91,26 @@ def _check_node_tensors(graph, x, y, masks):
             raise ValueError(f"{name} has {tensor.shape[0]} rows, expected {rows}{where}")
 
 
-#: ``fit(preconditioner=...)``: name -> (maker class name, its damping). Dampings measured on
-#: Cora's GCN and GAT (BENCHMARKS.md); the makers' own default, ASDL's 1e-7, is too small here.
+#: ``fit(preconditioner=...)``: name -> (maker class name, its damping when Adam applies the
+#: preconditioned gradients). Dampings measured on Cora's GCN and GAT (BENCHMARKS.md); the
+#: makers' own default, ASDL's 1e-7, is too small here.
 PRECONDITIONERS = {"kfac": ("KfacGradientMaker", 1e-2), "shampoo": ("ShampooGradientMaker", 1e-3),
                    "jorge": ("JorgeGradientMaker", 1e-3)}
+#: The damping where SGD applies a preconditioner's direction, if it differs from Adam's:
+#: K-FAC's chosen on Cora's GCN (seeds 0-2 among 0.01, 0.03, 0.1, checked on seeds 3-9,
+#: BENCHMARKS.md). Adam rescales each coordinate of the direction, which changes what a
+#: damping does.
+SGD_DAMPINGS = {"kfac": 3e-2}
 
-OPTIMIZERS = ("adam", "lion")
+OPTIMIZERS = ("adam", "sgd", "lion")
+
+#: ``fit(optimizer="sgd")``: heavy-ball momentum, as Martens and Grosse apply K-FAC's direction.
+SGD_MOMENTUM = 0.9
+
+#: ``train(optimizer="sgd")`` scales the model's Adam learning rate by this factor. On Cora's
+#: GCN (Adam's lr 0.01), K-FAC applied by SGD is fastest at lr 0.3 among 0.1, 0.3 and 1, and
+#: plain SGD ends best at 0.3 too (BENCHMARKS.md).
+SGD_SCALING = dict(lr=30.0)
 
 #: ``train(optimizer="lion")`` scales the model's Adam settings by these factors. Chen et al.
 #: advise a 3-10x smaller lr and a 3-10x larger (decoupled) decay; on Cora's GCN, within the
@@ -108,8 +122,9 @@ LION_SCALING = dict(lr=1.0, weight_decay=200.0)
 def fit(model, x, adj, y, masks, *, epochs=200, lr=0.01, weight_decay=5e-4, progress=True,
         description="training", preconditioner=None, curvature_interval=10, optimizer="adam",
         compression="none", momentum_sync=None, skip_nonfinite=True, checkpointer=None,
-        checkpoint_every=10, resume_from=None, checkpoint_extras=None):
-    """Train ``model(x, adj)`` with Adam (or Lion) and cross-entropy on the training nodes.
+        checkpoint_every=10, resume_from=None, checkpoint_extras=None, damping=None):
+    """Train ``model(x, adj)`` with Adam (or SGD, or Lion) and cross-entropy on the training
+    nodes.
 
     Parameters
     ----------
@@ -129,14 +144,16 @@ def fit(model, x, adj, y, masks, *, epochs=200, lr=0.01, weight_decay=5e-4, prog
         Show a progress bar (tqdm) with the loss and validation accuracy.
     preconditioner : {None, "kfac", "shampoo", "jorge"}
         Precondition the gradients with that `pysparse_hpc.precondition` maker (ASDL's loop,
-        ``data_size`` the training nodes of all ranks, the damping of `PRECONDITIONERS`)
-        before Adam applies them, as Izadi et al. train GCNs with K-FAC. On a `DistGraph` the
-        maker sums the gradients and the curvature over the ranks (KAISA) in place of
-        `DataParallel`.
+        ``data_size`` the training nodes of all ranks) before ``optimizer`` applies them:
+        Adam, as Izadi et al. train GCNs with K-FAC, or SGD with momentum, as Martens and
+        Grosse apply K-FAC's direction (on Cora's GCN the faster of the two, BENCHMARKS.md).
+        On a `DistGraph` the maker sums the gradients and the curvature over the ranks (KAISA)
+        in place of `DataParallel`.
     curvature_interval : int
         With a preconditioner: steps between curvature (and inverse or root) updates.
-    optimizer : {"adam", "lion"}
-        Lion takes ``lr`` and ``weight_decay`` as given: scale Adam's by `LION_SCALING`.
+    optimizer : {"adam", "sgd", "lion"}
+        SGD has momentum `SGD_MOMENTUM`. Both take ``lr`` and ``weight_decay`` as given: scale
+        Adam's by `SGD_SCALING` or `LION_SCALING`. Lion takes no preconditioner.
     compression, momentum_sync : str, optional
         With Lion: how the ranks agree on the update and keep their momenta
         (`pysparse_hpc.optim.DistributedLion`, its defaults); ``"none"`` allreduces the
@@ -158,6 +175,9 @@ def fit(model, x, adj, y, masks, *, epochs=200, lr=0.01, weight_decay=5e-4, prog
         number of ranks from rank 0's optimizer state and RNG states. ``epochs`` is the total:
         a checkpoint at or past it trains nothing and returns the result it recorded.
     checkpoint_extras : dict, optional
+    damping : float, optional
+        The preconditioner's damping. Default: the one measured for it and the optimizer
+        applying it (`SGD_DAMPINGS` under SGD, else `PRECONDITIONERS`).
 
     Returns
     -------
@@ -191,8 +211,11 @@ def fit(model, x, adj, y, masks, *, epochs=200, lr=0.01, weight_decay=5e-4, prog
     trained = model
     maker = None
     if preconditioner is not None:
-        maker = _preconditioner(preconditioner, model, graph, n_train, curvature_interval)
-    elif graph is not None and graph.comm.size > 1 and optimizer == "adam":
+        maker = _preconditioner(preconditioner, model, graph, n_train, curvature_interval,
+                                optimizer, damping)
+    elif damping is not None:
+        raise ValueError("damping applies to a preconditioner")
+    elif graph is not None and graph.comm.size > 1 and optimizer != "lion":
         from ..distributed.data_parallel import DataParallel
         # Every rank's loss is already divided by the global count: sum, do not average.
         trained = DataParallel(model, graph.comm, average=False)
@@ -316,17 +339,19 @@ class _Saved:
 
 
 def _optimizer(name, groups, lr, graph, compression, momentum_sync, preconditioner):
-    """The torch optimizer of `fit`: Adam, Lion, or Lion agreed over a graph's ranks."""
+    """The torch optimizer of `fit`: Adam, SGD, Lion, or Lion agreed over a graph's ranks."""
     if name not in OPTIMIZERS:
         raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {name!r}")
-    if name == "adam":
+    if name != "lion":
         if compression != "none" or momentum_sync is not None:
             raise ValueError("compression and momentum_sync apply to optimizer='lion'")
+        if name == "sgd":
+            return torch.optim.SGD(groups, lr=lr, momentum=SGD_MOMENTUM)
         return torch.optim.Adam(groups, lr=lr)
     from .. import optim
 
     if preconditioner is not None:
-        raise ValueError("a preconditioner feeds Adam; optimizer='lion' takes none")
+        raise ValueError("a preconditioner feeds Adam or SGD; optimizer='lion' takes none")
     if graph is None and compression == "none" and momentum_sync in (None, "local"):
         return optim.Lion(groups, lr=lr)
     from ..distributed import init
@@ -365,7 +390,7 @@ def _summed_cross_entropy(logits, labels, reduction="mean", count=1.0):
     return total if reduction == "sum" else total / count
 
 
-def _preconditioner(name, model, graph, n_train, curvature_interval):
+def _preconditioner(name, model, graph, n_train, curvature_interval, optimizer, damping):
     from .. import precondition
 
     if name not in PRECONDITIONERS:
@@ -374,7 +399,9 @@ def _preconditioner(name, model, graph, n_train, curvature_interval):
     if isinstance(curvature_interval, bool) or not isinstance(curvature_interval, int) \
             or curvature_interval < 1:
         raise ValueError(f"curvature_interval must be a positive int, got {curvature_interval!r}")
-    maker_name, damping = PRECONDITIONERS[name]
+    maker_name, adam_damping = PRECONDITIONERS[name]
+    if damping is None:
+        damping = SGD_DAMPINGS.get(name, adam_damping) if optimizer == "sgd" else adam_damping
     config = precondition.PreconditioningConfig(
         data_size=int(n_train), damping=damping, curvature_upd_interval=curvature_interval,
         preconditioner_upd_interval=curvature_interval)

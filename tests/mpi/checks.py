@@ -252,16 +252,22 @@ def check_rank_raises():
 
 def check_preconditioned_training():
     """``train(preconditioner=...)`` on P ranks reproduces the one-rank losses (float64,
-    curvature every step and every second step)."""
-    for name, interval in (("kfac", 1), ("kfac", 2), ("shampoo", 1), ("jorge", 2)):
+    curvature every step and every second step; applied by Adam or by SGD with momentum, and
+    SGD alone through `DataParallel`)."""
+    for name, interval, optimizer in (("kfac", 1, "adam"), ("kfac", 2, "adam"),
+                                      ("kfac", 2, "sgd"), ("shampoo", 1, "adam"),
+                                      ("jorge", 2, "adam"), (None, 1, "sgd")):
         options = dict(epochs=3, dtype="float64", progress=False, preconditioner=name,
-                       curvature_interval=interval)
+                       curvature_interval=interval, optimizer=optimizer)
         reference = on_root_then_broadcast(
             lambda: train("cora", "gcn", "contiguous", comm=ALONE, **options))
         result = train("cora", "gcn", "metis", **options)
         np.testing.assert_allclose(result.losses, reference.losses, rtol=1e-10,
-                                   err_msg=f"{name} every {interval}")
-        assert result.optimizer == name and result.optimizer_bytes_per_epoch > 0
+                                   err_msg=f"{name} every {interval} by {optimizer}")
+        assert (result.preconditioner, result.optimizer) == (name, optimizer)
+        # a preconditioner sums the gradients itself; without one, DataParallel does
+        assert (result.optimizer_bytes_per_epoch > 0) == (name is not None)
+        assert result.allreduce_bytes_per_epoch > 0
 
 
 def _precondition_run(make_maker, rows, steps=4, inputs=8):

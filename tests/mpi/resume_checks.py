@@ -13,7 +13,7 @@ from checks import checks_in, comm, rank, run_named
 from pysparse_hpc.distributed.training import train
 
 RUNS = {"adam": dict(), "lion-votes": dict(optimizer="lion", compression="votes"),
-        "kfac": dict(preconditioner="kfac", curvature_interval=3)}
+        "kfac-sgd": dict(preconditioner="kfac", optimizer="sgd", curvature_interval=3)}
 
 
 def _option(name):
@@ -28,7 +28,8 @@ def _shared_directory():
 def check_resume_is_bit_exact():
     """20 epochs in one go against 10, stop, and 10 more resumed from the checkpoint: the
     same losses bit for bit and the same test accuracy, for Adam, compressed Lion (momenta
-    per rank) and K-FAC (KAISA's owners); a finished run resumed trains nothing."""
+    per rank) and K-FAC applied by SGD (KAISA's owners, SGD's momentum); a finished run
+    resumed trains nothing."""
     for label, options in RUNS.items():
         options = dict(options, dtype="float64", progress=False, comm=comm)
         directory = str(Path(_shared_directory()) / label)
