@@ -78,7 +78,7 @@ def main():
     print(f"  the ASDL loop with K-FAC preconditions {modules}: final test accuracy "
           f"{100 * accuracy(model, x, data.adj, y, test_mask):.1f}%, "
           f"{1e3 * seconds:.1f} ms per epoch")
-    sgd_settings = dict(settings, lr=settings["lr"] * train.SGD_SCALING["lr"])
+    sgd_settings = dict(settings, lr=settings["lr"] * train.SGD_LR_SCALING["kfac"])
     for optimizer, preconditioner in (("adam", None), ("adam", "kfac"), ("adam", "shampoo"),
                                       ("adam", "jorge"), ("sgd", "kfac")):
         result = train.fit(new_model(), x, data.adj, y, (train_mask, val_mask, test_mask),

@@ -352,7 +352,8 @@ def main(argv=None):
     train.add_argument("--base-optimizer", default="adam", choices=("adam", "sgd"),
                        help="with --optimizer kfac, shampoo or jorge: what applies the "
                             "preconditioned gradients; sgd, as Martens and Grosse apply K-FAC, "
-                            "takes sgd's lr and is the faster on Cora (default: adam)")
+                            "is the faster on Cora, its lr 30x the model's Adam lr (10x under "
+                            "Shampoo; default: adam)")
     train.add_argument("--damping", type=float, metavar="D",
                        help="with --optimizer kfac, shampoo or jorge: the damping (default: "
                             "the one measured for the method and base optimizer: K-FAC 0.01 "

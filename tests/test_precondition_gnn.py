@@ -277,6 +277,19 @@ def test_train_command_with_a_preconditioner():
     assert bad.returncode == 2 and "--curvature-interval must be at least 1" in bad.stderr
 
 
+def test_train_default_settings_scale_adams_by_optimizer_and_preconditioner():
+    from pysparse_hpc.distributed.training import default_settings
+    adam = default_settings("gat")
+    assert adam == models.GAT.training and adam is not models.GAT.training
+    assert default_settings("gat", "sgd")["lr"] == pytest.approx(30 * adam["lr"])
+    assert default_settings("gat", "sgd", "kfac")["lr"] == pytest.approx(30 * adam["lr"])
+    assert default_settings("gat", "sgd", "shampoo")["lr"] == pytest.approx(10 * adam["lr"])
+    assert default_settings("gat", "sgd", "shampoo")["weight_decay"] == adam["weight_decay"]
+    lion = default_settings("gcn", "lion")
+    assert lion["weight_decay"] == pytest.approx(200 * models.GCN.training["weight_decay"])
+    assert default_settings("gcn", "adam", "shampoo") == models.GCN.training
+
+
 def test_train_command_applies_kfac_by_sgd():
     import subprocess
     import sys

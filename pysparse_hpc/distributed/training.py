@@ -17,7 +17,7 @@ from ._metis import multi_constraint_available
 from .partition import (PARTITION_METHODS, ROWS_AND_NNZ, Partition,
                         partition as make_partition)
 
-__all__ = ["DistributedTrainResult", "train"]
+__all__ = ["DistributedTrainResult", "default_settings", "train"]
 
 _DTYPES = ("float32", "float64")
 #: The communicator's kinds of the optimizers' own collectives: the preconditioners'
@@ -159,7 +159,7 @@ def train(dataset="cora", model="gcn", partition="metis", *, epochs=None, lr=Non
         (`pysparse_hpc.nn.train.fit`).
     optimizer : {"adam", "sgd", "lion"}
         SGD's and Lion's default ``lr`` and ``weight_decay`` are the model's Adam settings
-        scaled by `pysparse_hpc.nn.train.SGD_SCALING` or `LION_SCALING`.
+        scaled (`default_settings`).
     compression, momentum_sync : str
         How Lion's ranks agree on the update (`pysparse_hpc.optim.DistributedLion`).
     checkpoint : str or path, optional
@@ -180,7 +180,7 @@ def train(dataset="cora", model="gcn", partition="metis", *, epochs=None, lr=Non
     import torch
 
     from ..nn import models
-    from ..nn.train import LION_SCALING, SGD_SCALING, fit, normalize_features
+    from ..nn.train import fit, normalize_features
 
     comm = init() if comm is None else comm
     if model not in models.MODELS:
@@ -191,9 +191,7 @@ def train(dataset="cora", model="gcn", partition="metis", *, epochs=None, lr=Non
         raise ValueError(f"partition must be one of {PARTITION_METHODS} or a Partition, got "
                          f"{partition!r}")
     model_class = models.MODELS[model]
-    settings = dict(model_class.training)
-    scaling = dict(lion=LION_SCALING, sgd=SGD_SCALING).get(optimizer, {})
-    settings = {k: v * scaling.get(k, 1) for k, v in settings.items()}
+    settings = default_settings(model, optimizer, preconditioner)
     overrides = dict(epochs=epochs, lr=lr, weight_decay=weight_decay)
     settings.update({k: v for k, v in overrides.items() if v is not None})
 
@@ -281,6 +279,24 @@ def train(dataset="cora", model="gcn", partition="metis", *, epochs=None, lr=Non
         optimizer_bytes_per_epoch=float(received[3:].sum()) / n_epochs,
         skipped_epochs=result.skipped_epochs,
         resumed_after=None if state is None else state.step)
+
+
+def default_settings(model, optimizer="adam", preconditioner=None):
+    """``train``'s default ``epochs``, ``lr`` and ``weight_decay``.
+
+    The model's published Adam settings (``models.MODELS[model].training``); Lion's learning
+    rate and decay scaled by `pysparse_hpc.nn.train.LION_SCALING`, SGD's learning rate by
+    `pysparse_hpc.nn.train.SGD_LR_SCALING` of the preconditioner it applies.
+    """
+    from ..nn import models
+    from ..nn.train import LION_SCALING, SGD_LR_SCALING
+
+    settings = dict(models.MODELS[model].training)
+    if optimizer == "lion":
+        return {k: v * LION_SCALING.get(k, 1) for k, v in settings.items()}
+    if optimizer == "sgd":
+        settings["lr"] *= SGD_LR_SCALING.get(preconditioner, SGD_LR_SCALING[None])
+    return settings
 
 
 def _checkpoints(comm, directory, resume, keep, fingerprint):
