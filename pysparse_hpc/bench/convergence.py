@@ -331,14 +331,6 @@ class Run:
         return self.seconds[epochs - 1] if epochs != math.inf else math.inf
 
 
-def _summed_cross_entropy(logits, labels, reduction="mean", count=1.0):
-    """Cross-entropy summed over the rows and divided by ``count``; ``reduction="sum"`` (the
-    preconditioners' curvature pass) leaves the sum."""
-    import torch.nn.functional as F
-    total = F.cross_entropy(logits, labels, reduction="sum")
-    return total if reduction == "sum" else total / count
-
-
 def _optimizer(method, model, lr, weight_decay):
     """``fit``'s optimizer for ``method``: SGD with momentum or Adam."""
     from ..nn import train
@@ -394,18 +386,20 @@ def train_run(problem, method, lr, seed, epochs=None, damping=None):
     epochs : int, optional
         Default: the problem's.
     damping : float, optional
-        The preconditioners' damping; default: ``fit``'s (`train.PRECONDITIONERS`).
+        The preconditioners' damping; default: ``fit``'s under the optimizer applying it.
 
     Returns
     -------
     Run
     """
     import torch
+
+    from ..nn import train
     torch.manual_seed(seed)
     model = problem.make_model()
     optimizer = _optimizer(method, model, lr, problem.weight_decay)
     maker = _maker(method, model, problem.data_size, damping)
-    loss_fn = partial(_summed_cross_entropy, count=float(problem.data_size))
+    loss_fn = partial(train._summed_cross_entropy, count=float(problem.data_size))
     generator = torch.Generator().manual_seed(seed)
     result = Run(problem.name, method, lr, seed)
     elapsed = 0.0
