@@ -111,7 +111,7 @@ SGD_MOMENTUM = 0.9
 #: the preconditioner SGD applies (None: SGD alone). On Cora's GCN (Adam's lr 0.01), K-FAC
 #: applied by SGD is fastest at lr 0.3 among 0.1, 0.3 and 1, and plain SGD ends best at 0.3
 #: too (BENCHMARKS.md). Shampoo's grafted step diverges at 30x on GAT and ends above Adam at
-#: 10x (docs/precondition.rst). Jorge's gains nothing over SGD alone at any of 30x-300x.
+#: 10x (docs/precondition.rst). Jorge's direction gains nothing over SGD alone at 30x-300x.
 SGD_LR_SCALING = {None: 30.0, "kfac": 30.0, "shampoo": 10.0, "jorge": 30.0}
 
 #: ``train(optimizer="lion")`` scales the model's Adam settings by these factors. Chen et al.
@@ -154,8 +154,8 @@ def fit(model, x, adj, y, masks, *, epochs=200, lr=0.01, weight_decay=5e-4, prog
     curvature_interval : int
         With a preconditioner: steps between curvature (and inverse or root) updates.
     optimizer : {"adam", "sgd", "lion"}
-        SGD has momentum `SGD_MOMENTUM`. Both take ``lr`` and ``weight_decay`` as given: scale
-        Adam's by `SGD_LR_SCALING` or `LION_SCALING`. Lion takes no preconditioner.
+        SGD (momentum `SGD_MOMENTUM`) and Lion take ``lr`` and ``weight_decay`` as given:
+        scale Adam's by `SGD_LR_SCALING` or `LION_SCALING`. Lion takes no preconditioner.
     compression, momentum_sync : str, optional
         With Lion: how the ranks agree on the update and keep their momenta
         (`pysparse_hpc.optim.DistributedLion`, its defaults); ``"none"`` allreduces the
