@@ -249,7 +249,9 @@ def report_train(result, threads):
     ranks = f"{result.ranks} rank{'s' if result.ranks > 1 else ''}"
     lines = [f"{result.model.upper()} on {result.dataset}, {ranks} x {threads} "
              f"thread{'s' if threads > 1 else ''}, {result.partition_method} partition, "
-             f"{result.epochs} epochs, " + _optimizer_label(result),
+             f"{result.epochs} epochs, " + _optimizer_label(result)
+             + ("" if result.lr is None else f", lr {result.lr:g}, weight decay "
+                f"{result.weight_decay:g}"),
              f"  test accuracy {100 * result.test_accuracy:.1f}% (best validation accuracy "
              f"{100 * result.val_accuracy:.1f}% at epoch {result.best_epoch + 1}), final "
              f"training loss {result.losses[-1]:.4f}" if result.losses else "  no epoch run",
@@ -292,7 +294,8 @@ def _optimizer_label(result):
         return f"Lion ({result.compression} compression)"
     label = _OPTIMIZER_LABELS[result.optimizer]
     if result.preconditioner is not None:
-        return f"{label} on {result.preconditioner} preconditioned gradients"
+        label += (f" on {result.preconditioner} preconditioned gradients (damping "
+                  f"{result.damping:g})")
     return label
 
 

@@ -290,6 +290,14 @@ def test_train_default_settings_scale_adams_by_optimizer_and_preconditioner():
     assert default_settings("gcn", "adam", "shampoo") == models.GCN.training
 
 
+def test_default_damping_by_preconditioner_and_optimizer():
+    from pysparse_hpc.nn.train import default_damping
+    assert default_damping("kfac") == 0.01 and default_damping("kfac", "sgd") == 0.03
+    assert default_damping("shampoo", "sgd") == default_damping("shampoo") == 1e-3
+    with pytest.raises(ValueError, match="preconditioner must be one of"):
+        default_damping("lbfgs")
+
+
 def test_train_command_applies_kfac_by_sgd():
     import subprocess
     import sys
@@ -298,7 +306,8 @@ def test_train_command_applies_kfac_by_sgd():
                                      "--damping", "0.05"],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
-    assert "SGD (momentum 0.9) on kfac preconditioned gradients" in done.stdout
+    assert ("SGD (momentum 0.9) on kfac preconditioned gradients (damping 0.05), lr 0.3, "
+            "weight decay 0.0005") in done.stdout
     for wrong, message in ((["--optimizer", "adam", "--base-optimizer", "sgd"],
                             "--base-optimizer and --damping need --optimizer kfac"),
                            (["--optimizer", "sgd", "--damping", "0.1"],

@@ -65,6 +65,10 @@ class DistributedTrainResult:
         Epochs whose step every rank skipped for a non-finite loss or gradient.
     preconditioner : str or None
         ``"kfac"``, ``"shampoo"``, ``"jorge"`` or None.
+    damping : float or None
+        The preconditioner's damping (None without one).
+    lr, weight_decay : float or None
+        The optimizer's.
     resumed_after : int or None
         The epochs of the checkpoint the run resumed from (None: a run from the start).
     """
@@ -89,6 +93,9 @@ class DistributedTrainResult:
     optimizer_bytes_per_epoch: float = 0.0
     skipped_epochs: list = field(default_factory=list)
     preconditioner: str = None
+    damping: float = None
+    lr: float = None
+    weight_decay: float = None
     resumed_after: int = None
 
 
@@ -180,7 +187,7 @@ def train(dataset="cora", model="gcn", partition="metis", *, epochs=None, lr=Non
     import torch
 
     from ..nn import models
-    from ..nn.train import fit, normalize_features
+    from ..nn.train import default_damping, fit, normalize_features
 
     comm = init() if comm is None else comm
     if model not in models.MODELS:
@@ -275,7 +282,10 @@ def train(dataset="cora", model="gcn", partition="metis", *, epochs=None, lr=Non
         halo_bytes_per_epoch=float(received[0] + received[1]) / n_epochs,
         cagnet_bytes_per_epoch=float(row_bytes * (comm.size - 1) * graph.shape[0]) / n_epochs,
         allreduce_bytes_per_epoch=float(received[2]) / n_epochs, partition_summary=summary,
-        optimizer=optimizer, preconditioner=preconditioner, compression=compression,
+        optimizer=optimizer, preconditioner=preconditioner,
+        damping=(None if preconditioner is None else damping if damping is not None
+                 else default_damping(preconditioner, optimizer)),
+        lr=settings["lr"], weight_decay=settings["weight_decay"], compression=compression,
         optimizer_bytes_per_epoch=float(received[3:].sum()) / n_epochs,
         skipped_epochs=result.skipped_epochs,
         resumed_after=None if state is None else state.step)

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from .._compiling import compile_messages
 from ..distributed.graph import DistGraph, comm_sum
 
-__all__ = ["TrainResult", "fit", "node_tensors", "normalize_features"]
+__all__ = ["TrainResult", "default_damping", "fit", "node_tensors", "normalize_features"]
 
 
 @dataclass
@@ -179,7 +179,7 @@ def fit(model, x, adj, y, masks, *, epochs=200, lr=0.01, weight_decay=5e-4, prog
     checkpoint_extras : dict, optional
     damping : float, optional
         The preconditioner's damping. Default: the one measured for it and the optimizer
-        applying it (`SGD_DAMPINGS` under SGD, else `PRECONDITIONERS`).
+        applying it (`default_damping`).
 
     Returns
     -------
@@ -392,6 +392,18 @@ def _summed_cross_entropy(logits, labels, reduction="mean", count=1.0):
     return total if reduction == "sum" else total / count
 
 
+def default_damping(preconditioner, optimizer="adam"):
+    """The damping `fit` gives ``preconditioner`` when ``optimizer`` applies its gradients:
+    `SGD_DAMPINGS` under SGD where it has one, else `PRECONDITIONERS`'."""
+    if preconditioner not in PRECONDITIONERS:
+        raise ValueError(f"preconditioner must be one of {tuple(PRECONDITIONERS)}, got "
+                         f"{preconditioner!r}")
+    adam_damping = PRECONDITIONERS[preconditioner][1]
+    if optimizer == "sgd":
+        return SGD_DAMPINGS.get(preconditioner, adam_damping)
+    return adam_damping
+
+
 def _preconditioner(name, model, graph, n_train, curvature_interval, optimizer, damping):
     from .. import precondition
 
@@ -401,9 +413,9 @@ def _preconditioner(name, model, graph, n_train, curvature_interval, optimizer, 
     if isinstance(curvature_interval, bool) or not isinstance(curvature_interval, int) \
             or curvature_interval < 1:
         raise ValueError(f"curvature_interval must be a positive int, got {curvature_interval!r}")
-    maker_name, adam_damping = PRECONDITIONERS[name]
+    maker_name = PRECONDITIONERS[name][0]
     if damping is None:
-        damping = SGD_DAMPINGS.get(name, adam_damping) if optimizer == "sgd" else adam_damping
+        damping = default_damping(name, optimizer)
     config = precondition.PreconditioningConfig(
         data_size=int(n_train), damping=damping, curvature_upd_interval=curvature_interval,
         preconditioner_upd_interval=curvature_interval)
