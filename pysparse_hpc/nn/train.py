@@ -394,7 +394,8 @@ def _summed_cross_entropy(logits, labels, reduction="mean", count=1.0):
 
 def default_damping(preconditioner, optimizer="adam"):
     """The damping `fit` gives ``preconditioner`` when ``optimizer`` applies its gradients:
-    `SGD_DAMPINGS` under SGD where it has one, else `PRECONDITIONERS`'."""
+    the one in `SGD_DAMPINGS` under SGD, where there is one, else the one in
+    `PRECONDITIONERS`."""
     if preconditioner not in PRECONDITIONERS:
         raise ValueError(f"preconditioner must be one of {tuple(PRECONDITIONERS)}, got "
                          f"{preconditioner!r}")
