@@ -286,13 +286,11 @@ def report_train(result, threads):
 PRECONDITIONER_NAMES = ("kfac", "shampoo", "jorge")
 
 
-_OPTIMIZER_LABELS = dict(adam="Adam", sgd="SGD (momentum 0.9)")
-
-
 def _optimizer_label(result):
+    from .nn.train import SGD_MOMENTUM
     if result.optimizer == "lion":
         return f"Lion ({result.compression} compression)"
-    label = _OPTIMIZER_LABELS[result.optimizer]
+    label = "Adam" if result.optimizer == "adam" else f"SGD (momentum {SGD_MOMENTUM:g})"
     if result.preconditioner is not None:
         label += (f" on {result.preconditioner} preconditioned gradients (damping "
                   f"{result.damping:g})")

@@ -181,6 +181,8 @@ def test_fit_with_a_preconditioner():
         result = train.fit(model, x, cora.adj, y, masks, epochs=3, progress=False,
                            preconditioner=preconditioner, curvature_interval=2)
         assert np.isfinite(result.losses).all() and result.seconds_per_epoch > 0
+        assert result.damping == (None if preconditioner is None
+                                  else train.default_damping(preconditioner))
         losses[preconditioner] = result.losses
     assert losses[None][0] == losses["kfac"][0]          # the same model and first loss ...
     for name in ("kfac", "shampoo", "jorge"):            # ... then other updates

@@ -334,10 +334,9 @@ class Run:
 def _optimizer(method, model, lr, weight_decay):
     """``fit``'s optimizer for ``method``: SGD with momentum or Adam."""
     from ..nn import train
-    groups = (model.param_groups(weight_decay) if hasattr(model, "param_groups")
-              else [dict(params=model.parameters(), weight_decay=weight_decay)])
-    return train._optimizer("sgd" if method in SGD_APPLIED else "adam", groups, lr, None,
-                            "none", None, None)
+    return train._optimizer("sgd" if method in SGD_APPLIED else "adam",
+                            train.param_groups(model, weight_decay), lr, None, "none", None,
+                            None)
 
 
 def _maker(method, model, data_size, damping=None):

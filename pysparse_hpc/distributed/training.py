@@ -187,7 +187,7 @@ def train(dataset="cora", model="gcn", partition="metis", *, epochs=None, lr=Non
     import torch
 
     from ..nn import models
-    from ..nn.train import default_damping, fit, normalize_features
+    from ..nn.train import fit, normalize_features
 
     comm = init() if comm is None else comm
     if model not in models.MODELS:
@@ -273,8 +273,6 @@ def train(dataset="cora", model="gcn", partition="metis", *, epochs=None, lr=Non
     # Traffic counted in this run: the epochs it trained, not those before its checkpoint.
     n_epochs = max(settings["epochs"] - (0 if state is None else state.step), 1)
     seconds = comm_sum(comm, np.array([result.seconds_per_epoch]))  # mean over ranks
-    if preconditioner is not None and damping is None:
-        damping = default_damping(preconditioner, optimizer)  # the one fit used
     return DistributedTrainResult(
         dataset=name, model=model,
         partition_method=method,
@@ -284,8 +282,7 @@ def train(dataset="cora", model="gcn", partition="metis", *, epochs=None, lr=Non
         halo_bytes_per_epoch=float(received[0] + received[1]) / n_epochs,
         cagnet_bytes_per_epoch=float(row_bytes * (comm.size - 1) * graph.shape[0]) / n_epochs,
         allreduce_bytes_per_epoch=float(received[2]) / n_epochs, partition_summary=summary,
-        optimizer=optimizer, preconditioner=preconditioner,
-        damping=damping,
+        optimizer=optimizer, preconditioner=preconditioner, damping=result.damping,
         lr=settings["lr"], weight_decay=settings["weight_decay"], compression=compression,
         optimizer_bytes_per_epoch=float(received[3:].sum()) / n_epochs,
         skipped_epochs=result.skipped_epochs,

@@ -21,7 +21,8 @@ import torch.nn.functional as F
 from .._compiling import compile_messages
 from ..distributed.graph import DistGraph, comm_sum
 
-__all__ = ["TrainResult", "default_damping", "fit", "node_tensors", "normalize_features"]
+__all__ = ["TrainResult", "default_damping", "fit", "node_tensors", "normalize_features",
+           "param_groups"]
 
 
 @dataclass
@@ -42,6 +43,8 @@ class TrainResult:
         The training loss of every epoch (over all ranks on a distributed graph).
     skipped_epochs : list of int
         Epochs whose step was skipped because a loss or gradient was not finite on some rank.
+    damping : float or None
+        The preconditioner's damping (None without one).
     """
 
     test_accuracy: float
@@ -51,6 +54,15 @@ class TrainResult:
     epochs: int
     losses: list = field(default_factory=list)
     skipped_epochs: list = field(default_factory=list)
+    damping: float = None
+
+
+def param_groups(model, weight_decay):
+    """The optimizer's parameter groups: the model's own ``param_groups(weight_decay)`` (per
+    layer weight decay) where it has one, else all parameters with ``weight_decay``."""
+    if hasattr(model, "param_groups"):
+        return model.param_groups(weight_decay)
+    return [dict(params=model.parameters(), weight_decay=weight_decay)]
 
 
 def normalize_features(x):
@@ -206,10 +218,8 @@ def fit(model, x, adj, y, masks, *, epochs=200, lr=0.01, weight_decay=5e-4, prog
     if isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, int) \
             or checkpoint_every < 1:
         raise ValueError(f"checkpoint_every must be a positive int, got {checkpoint_every!r}")
-    groups = (model.param_groups(weight_decay) if hasattr(model, "param_groups")
-              else [dict(params=model.parameters(), weight_decay=weight_decay)])
-    step_optimizer = _optimizer(optimizer, groups, lr, graph, compression, momentum_sync,
-                                preconditioner)
+    step_optimizer = _optimizer(optimizer, param_groups(model, weight_decay), lr, graph,
+                                compression, momentum_sync, preconditioner)
     trained = model
     maker = None
     if preconditioner is not None:
@@ -277,7 +287,8 @@ def fit(model, x, adj, y, masks, *, epochs=200, lr=0.01, weight_decay=5e-4, prog
                        seconds_per_epoch=float((np.median if maker is None else np.mean)(
                            step_seconds)) if step_seconds
                        else float("nan"), epochs=epochs, losses=losses,
-                       skipped_epochs=skipped)
+                       skipped_epochs=skipped,
+                       damping=None if maker is None else maker.config.damping)
 
 
 @dataclass
