@@ -7,7 +7,9 @@ with ``--resume``, which trains only the epochs left, and an uninterrupted run o
 settings: both end with the same test accuracy.
 
 Run it with ``python examples/train_kill_resume.py [--ranks 2] [--epochs 100]
-[--optimizer lion] [--compression votes]``.
+[--optimizer lion] [--compression votes] [--optimizer kfac --base-optimizer sgd]``:
+``--optimizer`` takes what the trainer takes, and the checkpoints hold that optimizer's state
+(Lion's momenta, K-FAC's curvature and SGD's momentum buffers alike).
 """
 import argparse
 import importlib.util
@@ -21,6 +23,8 @@ import time
 from pathlib import Path
 
 from pysparse_hpc.distributed._comm import mpiexec_path
+from pysparse_hpc.nn.train import OPTIMIZERS, PRECONDITIONERS
+from pysparse_hpc.optim import COMPRESSIONS
 
 
 def command(ranks, options):
@@ -60,8 +64,11 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ranks", type=int, default=2)
     parser.add_argument("--epochs", type=int, default=100)
-    parser.add_argument("--optimizer", default="adam", choices=("adam", "lion"))
-    parser.add_argument("--compression", default="none")
+    parser.add_argument("--optimizer", default="adam",
+                        choices=OPTIMIZERS + tuple(PRECONDITIONERS))
+    parser.add_argument("--base-optimizer", default="adam", choices=("adam", "sgd"),
+                        help="what applies a preconditioner's gradients")
+    parser.add_argument("--compression", default="none", choices=COMPRESSIONS)
     args = parser.parse_args(argv)
     ranks = args.ranks
     if ranks > 1 and (mpiexec_path() is None or importlib.util.find_spec("mpi4py") is None):
@@ -70,6 +77,8 @@ def main(argv=None):
     options = ["--epochs", str(args.epochs), "--optimizer", args.optimizer]
     if args.optimizer == "lion":
         options += ["--compression", args.compression]
+    if args.optimizer in PRECONDITIONERS:
+        options += ["--base-optimizer", args.base_optimizer]
 
     with tempfile.TemporaryDirectory() as folder:
         directory = Path(folder) / "checkpoints"
