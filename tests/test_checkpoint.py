@@ -114,7 +114,7 @@ def test_rng_states_round_trip(tmp_path):
 
 def test_save_returns_before_writing_and_copies_the_state(tmp_path, monkeypatch):
     release, writing = threading.Event(), threading.Event()
-    original = ckpt._write_atomic
+    original = ckpt._files.write_atomic
 
     def held_write(path, chunks, threads=1):
         writing.set()
@@ -122,7 +122,7 @@ def test_save_returns_before_writing_and_copies_the_state(tmp_path, monkeypatch)
         return original(path, chunks, threads)
 
     checkpoints = make(tmp_path)
-    monkeypatch.setattr(ckpt, "_write_atomic", held_write)
+    monkeypatch.setattr(ckpt._files, "write_atomic", held_write)
     weights = torch.arange(6, dtype=torch.float32)
     array = np.ones(4)
     state = {"w": weights, "a": array, "items": [1, 2], "step": 3}
@@ -320,7 +320,7 @@ def test_a_failed_background_write_surfaces(tmp_path, monkeypatch):
         raise OSError(28, "No space left on device")
 
     checkpoints = make(tmp_path)
-    monkeypatch.setattr(ckpt, "_write_atomic", failing_write)
+    monkeypatch.setattr(ckpt._files, "write_atomic", failing_write)
     checkpoints.save(1, {"w": torch.ones(3)})
     with pytest.raises(OSError, match="No space left") as caught:
         checkpoints.wait()

@@ -393,11 +393,11 @@ def check_checkpoint():
         in messages[0] and "loading step 1 instead" in messages[0], messages
 
     # A write that fails on rank 1 only is raised by every rank's wait(); nothing commits.
-    original = ckpt._write_atomic
+    original = ckpt._files.write_atomic
     if rank == 1:
         def failing(path, chunks, threads=1):
             raise OSError("disk quota exceeded on rank 1")
-        ckpt._write_atomic = failing
+        ckpt._files.write_atomic = failing
     try:
         checkpoints.save(3, shard(3), nodes=nodes)
         try:
@@ -407,7 +407,7 @@ def check_checkpoint():
         else:
             raise AssertionError("the failed write was not raised")
     finally:
-        ckpt._write_atomic = original
+        ckpt._files.write_atomic = original
     assert checkpoints.steps() == [1, 2]
     checkpoints.save(3, shard(3), shared={"owner": owner}, nodes=nodes, blocking=True)
     assert checkpoints.load().step == 3

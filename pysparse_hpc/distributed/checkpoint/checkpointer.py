@@ -1,65 +1,27 @@
-"""Checkpoints of (distributed) training: asynchronous, atomic, verified, reloadable at another
-number of ranks.
-
-This module owns the checkpoint directory: its layout, the file format of the state files, the
-manifest that commits a checkpoint, keeping the last few, and choosing (with every rank's
-agreement) the newest checkpoint that verifies on load.
-
-Layout::
-
-    DIR/CHECKPOINTS                 marks DIR as a checkpoint directory (and holds the run's
-                                    fingerprint)
-    DIR/step-000000010/
-        rank-00000.ckpt ...         each rank's own state (``shard``)
-        nodes-00000.ckpt ...        each rank's per-node rows and their global node ids
-        shared.ckpt                 replicated state, written once by rank 0
-        manifest.json               written last, by rank 0: the size of every file and the
-                                    SHA-256 of each of its 16 MiB blocks
-
-A checkpoint exists once its manifest does. Every file is written under a temporary name in
-its directory, flushed, fsync'd, renamed over its final name, and the directory fsync'd, so a
-crash leaves either the old file or the new one, never a mixture.
-
-A state file is ``MAGIC``, the length of a JSON header (little-endian uint64), the header, and
-a payload of raw array bytes (each array at a 64-byte aligned offset). The header describes the
-nested state (dicts, lists, tuples, plain values) with every tensor and array as a dtype, a
-shape and a byte range of the payload: loading runs no pickle, so a checkpoint from elsewhere
-cannot run code, and arrays come back bit for bit.
-"""
+"""`Checkpointer`: the checkpoint directory, saving in the background, committing, keeping the
+last few, and loading the newest checkpoint that verifies on every rank."""
 import datetime
-import hashlib
 import json
-import mmap
 import operator
 import os
 import queue
-import random
 import re
 import shutil
-import struct
-import sys
 import threading
 import warnings
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-__all__ = ["Checkpoint", "Checkpointer", "gather_node_rows", "restore_rng_states", "rng_states"]
+from . import _files
+from ._files import MANIFEST
+from ._format import ALIGN, FORMAT, VERSION, Damaged, Encoder, parse, prefix
+from ._nodes import as_ids, check_nodes, gather_node_rows
 
-MAGIC = b"PSHCKPT1"
-FORMAT = "pysparse_hpc checkpoint"
-VERSION = 1
 MARKER = "CHECKPOINTS"
-MANIFEST = "manifest.json"
 SHARED = "shared.ckpt"
-_ALIGN = 64
-# Each file is hashed in blocks of this many bytes, one SHA-256 each, so that several threads
-# can hash (and verify) one file, and a damaged file says where.
-_BLOCK = 16 << 20
 _STEP_DIR = re.compile(r"^step-(\d+)$")
-_PLAIN = (type(None), bool, int, float, str)
 
 
 def _step_name(step):
@@ -74,521 +36,6 @@ def _nodes_name(rank):
     return f"nodes-{rank:05d}.ckpt"
 
 
-class _Damaged(Exception):
-    """A checkpoint file that is missing, truncated, corrupt or unreadable (load falls back to
-    an older checkpoint), as opposed to a usage error (raised)."""
-
-
-# ---------------------------------------------------------------------------- encoding
-class _Encoder:
-    """Walks a nested state, builds its JSON header tree and lays out its arrays.
-
-    Arrays are only referenced here (``leaves``: ``(source, offset, nbytes)``); `stage` copies
-    them into one buffer, `segments` hands them out as they are.
-    """
-
-    def __init__(self):
-        self.leaves = []
-        self.size = 0
-        self._active = set()
-
-    def _leaf(self, source, nbytes):
-        offset = -(-self.size // _ALIGN) * _ALIGN
-        self.leaves.append((source, offset, nbytes))
-        self.size = offset + nbytes
-        return offset
-
-    def encode(self, value, path):
-        kind = type(value)
-        if kind in _PLAIN:
-            return value
-        torch = sys.modules.get("torch")  # a tensor exists only if torch was imported
-        if torch is not None and isinstance(value, torch.Tensor):
-            return self._tensor(value, path, torch)
-        if isinstance(value, np.ndarray):
-            return self._array(value, path, "ndarray")
-        if isinstance(value, np.generic):
-            return self._array(np.asarray(value), path, "npscalar")
-        if kind is bytes:
-            return {"$t": "bytes", "at": self._leaf(np.frombuffer(value, np.uint8), len(value)),
-                    "n": len(value)}
-        if torch is not None and isinstance(value, torch.dtype):
-            return {"$t": "torch.dtype", "v": str(value).removeprefix("torch.")}
-        if torch is not None and isinstance(value, torch.Size):
-            return {"$t": "torch.Size", "v": list(value)}
-        if torch is not None and isinstance(value, torch.device):
-            return {"$t": "torch.device", "v": str(value)}
-        if isinstance(value, (dict, list, tuple)):
-            if id(value) in self._active:
-                raise TypeError(f"{path} contains itself; a checkpoint holds trees, not cycles")
-            self._active.add(id(value))
-            try:
-                return self._container(value, path)
-            finally:
-                self._active.discard(id(value))
-        raise TypeError(f"{path} is a {kind.__module__}.{kind.__qualname__}, which a checkpoint "
-                        "cannot hold (it holds torch tensors, NumPy arrays and scalars, dicts, "
-                        "lists, tuples, None, bool, int, float, str and bytes)")
-
-    def _container(self, value, path):
-        if isinstance(value, list):
-            return [self.encode(v, f"{path}[{i}]") for i, v in enumerate(value)]
-        if isinstance(value, tuple):
-            return {"$t": "tuple", "v": [self.encode(v, f"{path}[{i}]")
-                                         for i, v in enumerate(value)]}
-        keys, values = [], []
-        for key, item in value.items():
-            if type(key) not in _PLAIN and not isinstance(key, tuple):
-                raise TypeError(f"{path} has a key of type {type(key).__name__} ({key!r}); "
-                                "keys must be None, bool, int, float, str or tuples of them")
-            keys.append(self.encode(key, f"{path} key {key!r}"))
-            values.append(self.encode(item, f"{path}[{key!r}]"))
-        node = {"$t": "odict" if isinstance(value, OrderedDict) else "dict", "k": keys,
-                "v": values}
-        metadata = getattr(value, "_metadata", None)  # torch state_dict()'s module versions
-        if node["$t"] == "odict" and isinstance(metadata, dict):
-            node["meta"] = self.encode(metadata, f"{path}._metadata")
-        return node
-
-    def _array(self, array, path, tag):
-        if array.dtype.hasobject:
-            raise TypeError(f"{path} is a NumPy array of dtype {array.dtype}, which holds Python "
-                            "objects; a checkpoint holds arrays of plain numbers, bytes and "
-                            "strings")
-        return {"$t": tag, "dtype": np.lib.format.dtype_to_descr(array.dtype),
-                "shape": list(array.shape), "at": self._leaf(array, array.nbytes),
-                "n": array.nbytes}
-
-    def _tensor(self, tensor, path, torch):
-        if tensor.layout != torch.strided or tensor.is_quantized or tensor.device.type == "meta":
-            raise TypeError(f"{path} is a {tensor.layout} tensor on {tensor.device}"
-                            f"{' (quantized)' if tensor.is_quantized else ''}; a checkpoint "
-                            "holds dense tensors with data (convert it with .to_dense() "
-                            "or .dequantize())")
-        nbytes = tensor.numel() * tensor.element_size()
-        return {"$t": "tensor", "dtype": str(tensor.dtype).removeprefix("torch."),
-                "shape": list(tensor.shape), "at": self._leaf(tensor, nbytes), "n": nbytes,
-                "grad": bool(tensor.requires_grad),
-                "param": isinstance(tensor, torch.nn.Parameter)}
-
-    def stage(self, buffer):
-        """Copy every array into ``buffer`` (uint8, at least `size` bytes) at its offset."""
-        for source, offset, nbytes in self.leaves:
-            target = buffer[offset:offset + nbytes]
-            if not isinstance(source, np.ndarray) and source.device.type == "cpu":
-                try:
-                    source = source.detach().numpy()
-                except (TypeError, RuntimeError):  # bfloat16 and the like, conj/neg views
-                    pass
-            if isinstance(source, np.ndarray):
-                # NumPy's single-threaded copy is the faster one where training's threads
-                # compete for the cores.
-                np.copyto(target.view(source.dtype).reshape(source.shape), source)
-            else:
-                import torch
-                view = torch.from_numpy(target).view(source.dtype).view(source.shape)
-                with torch.no_grad():
-                    view.copy_(source.detach())  # copies from any device, resolves conj/neg
-
-    def segments(self):
-        """The payload as a sequence of uint8 arrays (padding and each array, contiguous, on
-        the CPU), without copying arrays that already are."""
-        position = 0
-        for source, offset, nbytes in self.leaves:
-            if offset > position:
-                yield np.zeros(offset - position, np.uint8)
-            if isinstance(source, np.ndarray):
-                yield np.ascontiguousarray(source).reshape(-1).view(np.uint8)
-            else:
-                tensor = source.detach().cpu().resolve_conj().resolve_neg().contiguous()
-                yield tensor.reshape(-1).view(_torch().uint8).numpy()
-            position = offset + nbytes
-
-
-def _torch():
-    import torch
-    return torch
-
-
-def _prefix(tree, payload_bytes):
-    """The file's bytes before the payload: magic, header length, header, padding."""
-    header = json.dumps({"format": FORMAT, "version": VERSION, "payload": payload_bytes,
-                         "tree": tree}, separators=(",", ":")).encode()
-    start = len(MAGIC) + 8 + len(header)
-    padding = -(-start // _ALIGN) * _ALIGN - start
-    return MAGIC + struct.pack("<Q", len(header)) + header + b" " * padding
-
-
-def _decode(node, payload):
-    if isinstance(node, list):
-        return [_decode(v, payload) for v in node]
-    if not isinstance(node, dict):
-        return node
-    tag = node["$t"]
-    if tag in ("dict", "odict"):
-        pairs = [(_decode(k, payload), _decode(v, payload)) for k, v in zip(node["k"], node["v"])]
-        if tag == "dict":
-            return dict(pairs)
-        result = OrderedDict(pairs)
-        if "meta" in node:
-            result._metadata = _decode(node["meta"], payload)
-        return result
-    if tag == "tuple":
-        return tuple(_decode(v, payload) for v in node["v"])
-    if tag in ("ndarray", "npscalar", "bytes", "tensor"):
-        at, n = node["at"], node["n"]
-        if not 0 <= at <= at + n <= payload.size:
-            raise _Damaged(f"an array's bytes {at}..{at + n} lie outside the payload")
-        raw = payload[at:at + n]
-        if tag == "bytes":
-            return raw.tobytes()
-        if tag == "tensor":
-            torch = _torch()
-            dtype = getattr(torch, node["dtype"])
-            tensor = torch.from_numpy(raw).view(dtype).view(node["shape"])
-            if node["param"]:
-                return torch.nn.Parameter(tensor, requires_grad=node["grad"])
-            return tensor.requires_grad_(node["grad"])
-        array = raw.view(np.lib.format.descr_to_dtype(_tuples(node["dtype"])))
-        array = array.reshape(node["shape"])
-        return array[()] if tag == "npscalar" else array
-    torch = _torch()
-    if tag == "torch.dtype":
-        return getattr(torch, node["v"])
-    if tag == "torch.Size":
-        return torch.Size(node["v"])
-    if tag == "torch.device":
-        return torch.device(node["v"])
-    raise _Damaged(f"unknown entry {tag!r} in the header")
-
-
-def _tuples(descr):
-    """A NumPy dtype descriptor read back from JSON (which turned its tuples into lists)."""
-    if isinstance(descr, list):
-        return [tuple(_tuples(part) if isinstance(part, list) else part for part in field_)
-                for field_ in descr]
-    return descr
-
-
-# ---------------------------------------------------------------------------- files
-def _fsync_directory(path):
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:  # platforms that cannot open a directory have nothing to fsync
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def _blocks(chunks):
-    """The bytes of ``chunks`` as blocks (lists of uint8 views) of at most `_BLOCK` bytes."""
-    block, filled = [], 0
-    for chunk in chunks:
-        view = memoryview(chunk).cast("B")
-        while len(view):
-            piece = view[:_BLOCK - filled]
-            block.append(piece)
-            filled += len(piece)
-            view = view[len(piece):]
-            if filled == _BLOCK:
-                yield block
-                block, filled = [], 0
-    if filled:
-        yield block
-
-
-def _digest(pieces):
-    digest = hashlib.sha256()
-    for piece in pieces:
-        digest.update(piece)   # releases the GIL: other threads go on
-    return digest.hexdigest()
-
-
-_POOL = None
-_POOL_LOCK = threading.Lock()
-
-
-def _pool(threads):
-    """A shared thread pool for hashing blocks (None for one thread)."""
-    global _POOL
-    if threads <= 1:
-        return None
-    with _POOL_LOCK:
-        if _POOL is None or _POOL._max_workers < threads:
-            from concurrent.futures import ThreadPoolExecutor
-            _POOL = ThreadPoolExecutor(threads, thread_name_prefix="checkpoint-hash")
-        return _POOL
-
-
-def _write_atomic(path, chunks, threads=1):
-    """Write the byte chunks to ``path`` atomically and durably.
-
-    Returns ``{"bytes": size, "sha256": [[block bytes, hex digest], ...]}``, one SHA-256 per
-    block of up to `_BLOCK` bytes (hashed by ``threads`` threads while the file is written, or
-    in this thread as it writes).
-    """
-    directory, name = os.path.split(path)
-    temporary = os.path.join(directory, f".{name}.{os.getpid()}.tmp")
-    pool = _pool(threads)
-    blocks, size = [], 0
-    try:
-        with open(temporary, "wb") as handle:
-            for block in _blocks(chunks):
-                length = sum(len(piece) for piece in block)
-                blocks.append([length, pool.submit(_digest, block) if pool else _digest(block)])
-                for piece in block:
-                    handle.write(piece)
-                size += length
-            handle.flush()
-            os.fsync(handle.fileno())
-            blocks = [[length, digest if isinstance(digest, str) else digest.result()]
-                      for length, digest in blocks]
-        os.replace(temporary, path)
-    except BaseException:
-        try:
-            os.unlink(temporary)
-        except OSError:
-            pass
-        raise
-    _fsync_directory(directory)
-    return {"bytes": size, "sha256": blocks}
-
-
-def _write_json(path, obj):
-    return _write_atomic(path, [json.dumps(obj, indent=1, sort_keys=True).encode() + b"\n"])
-
-
-def _read_verified(path, entry, threads=1):
-    """The bytes of ``path`` (a uint8 array) after checking them against its manifest
-    ``entry`` (`_write_atomic`'s record); raises `_Damaged` naming what is wrong."""
-    name = os.path.basename(path)
-    try:
-        size = os.stat(path).st_size
-    except FileNotFoundError:
-        raise _Damaged(f"{name} is missing") from None
-    except OSError as exc:
-        raise _Damaged(f"{name} cannot be read ({exc})") from None
-    if size != entry["bytes"]:
-        raise _Damaged(f"{name} has {size} bytes but the manifest says {entry['bytes']} "
-                       f"({'truncated' if size < entry['bytes'] else 'grown'})")
-    try:
-        with open(path, "rb") as handle:
-            # A private (copy-on-write) mapping: the page cache is read in place, not copied,
-            # and the arrays built on it are the caller's to modify.
-            mapped = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_COPY)
-    except (OSError, ValueError) as exc:
-        raise _Damaged(f"{name} cannot be read ({exc})") from None
-    buffer = np.frombuffer(mapped, np.uint8)
-    if buffer.size != size:
-        raise _Damaged(f"{name} changed size while it was read")
-    pool = _pool(threads)
-    digests, position = [], 0
-    for length, _ in entry["sha256"]:
-        view = memoryview(buffer)[position:position + length]
-        digests.append(pool.submit(_digest, [view]) if pool else _digest([view]))
-        position += length
-    if position != size:
-        raise _Damaged(f"{name}: its manifest's blocks cover {position} of {size} bytes")
-    for index, ((length, expected), digest) in enumerate(zip(entry["sha256"], digests)):
-        if (digest if isinstance(digest, str) else digest.result()) != expected:
-            start = sum(b[0] for b in entry["sha256"][:index])
-            raise _Damaged(f"{name} does not match its SHA-256 checksum in the manifest "
-                           f"(corrupt in bytes {start}..{start + length})")
-    return buffer
-
-
-def _parse(buffer, name):
-    """The state held by a verified file's bytes."""
-    try:
-        if buffer[:len(MAGIC)].tobytes() != MAGIC:
-            raise _Damaged(f"{name} is not a checkpoint file (wrong magic bytes)")
-        (length,) = struct.unpack("<Q", buffer[len(MAGIC):len(MAGIC) + 8].tobytes())
-        start = len(MAGIC) + 8
-        header = json.loads(buffer[start:start + length].tobytes())
-        if header.get("format") != FORMAT or header.get("version") != VERSION:
-            raise _Damaged(f"{name} has format {header.get('format')!r} version "
-                           f"{header.get('version')!r}, not {FORMAT!r} version {VERSION}")
-        begin = -(-(start + length) // _ALIGN) * _ALIGN
-        payload = buffer[begin:begin + header["payload"]]
-        if payload.size != header["payload"]:
-            raise _Damaged(f"{name} holds a shorter payload than its header says")
-        return _decode(header["tree"], payload)
-    except _Damaged:
-        raise
-    except Exception as exc:  # a file that passed its checksum but was written wrong
-        raise _Damaged(f"{name} cannot be decoded ({type(exc).__name__}: {exc})") from None
-
-
-def _manifest_checksum(manifest):
-    body = {k: v for k, v in manifest.items() if k != "checksum"}
-    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
-
-
-def _read_manifest(step_dir):
-    path = os.path.join(step_dir, MANIFEST)
-    try:
-        with open(path, "rb") as handle:
-            manifest = json.loads(handle.read())
-    except FileNotFoundError:
-        raise _Damaged(f"{MANIFEST} is missing (an interrupted save)") from None
-    except (OSError, ValueError) as exc:
-        raise _Damaged(f"{MANIFEST} cannot be read ({exc})") from None
-    if not isinstance(manifest, dict) or manifest.get("checksum") != _manifest_checksum(
-            manifest):
-        raise _Damaged(f"{MANIFEST} does not match its own checksum (corrupt)")
-    if manifest.get("format") != FORMAT or manifest.get("version") != VERSION:
-        raise _Damaged(f"{MANIFEST} is of format {manifest.get('format')!r} version "
-                       f"{manifest.get('version')!r}")
-    return manifest
-
-
-# ---------------------------------------------------------------------------- node rows
-def _as_ids(ids, name):
-    torch = sys.modules.get("torch")
-    if torch is not None and isinstance(ids, torch.Tensor):
-        ids = ids.detach().cpu().numpy()
-    ids = np.asarray(ids)
-    if ids.ndim != 1 or not (np.issubdtype(ids.dtype, np.integer) or ids.size == 0):
-        raise TypeError(f"{name} must be a 1-D array of integer node ids, got "
-                        f"{ids.ndim}-D {ids.dtype}")
-    return ids.astype(np.int64, copy=False)
-
-
-def _check_nodes(nodes):
-    """``nodes`` with its ids as int64, after checking its shape; raises TypeError/ValueError."""
-    if not isinstance(nodes, dict) or "node_ids" not in nodes:
-        raise TypeError("nodes must be a dict holding 'node_ids' (the global ids of this "
-                        "rank's nodes) and arrays with one row per node")
-    ids = _as_ids(nodes["node_ids"], "nodes['node_ids']")
-    if np.unique(ids).size != ids.size:
-        raise ValueError("nodes['node_ids'] holds repeated ids")
-    checked = {"node_ids": ids}
-    torch = sys.modules.get("torch")
-    for name, rows in nodes.items():
-        if name == "node_ids":
-            continue
-        if not isinstance(name, str):
-            raise TypeError(f"nodes keys must be strings, got {name!r}")
-        is_tensor = torch is not None and isinstance(rows, torch.Tensor)
-        if not (is_tensor or isinstance(rows, np.ndarray)):
-            raise TypeError(f"nodes[{name!r}] must be a NumPy array or a tensor, got "
-                            f"{type(rows).__name__}")
-        if rows.ndim < 1 or rows.shape[0] != ids.size:
-            raise ValueError(f"nodes[{name!r}] has shape {tuple(rows.shape)} but there are "
-                             f"{ids.size} node ids: it needs one row per node")
-        checked[name] = rows
-    return checked
-
-
-def gather_node_rows(node_ids, parts):
-    """The rows of ``node_ids`` from per-node arrays split over several parts.
-
-    Parameters
-    ----------
-    node_ids : array_like of int
-        Global ids of the rows wanted, in the order wanted.
-    parts : sequence of dict
-        Each ``{"node_ids": ids, name: rows, ...}`` (the per-node state one rank saved); None
-        entries are skipped. Every part holds the same names, with the same dtype and row
-        shape.
-
-    Returns
-    -------
-    dict
-        ``{"node_ids": node_ids as int64, name: rows}``: NumPy arrays or tensors as saved.
-
-    Raises
-    ------
-    ValueError
-        An id is in no part, or in more than one.
-    """
-    ids = _as_ids(node_ids, "node_ids")
-    parts = [p for p in parts if p is not None]
-    torch = sys.modules.get("torch")
-    found = np.zeros(ids.size, bool)
-    names = None
-    result = {"node_ids": ids}
-    for index, part in enumerate(parts):
-        part_names = sorted(k for k in part if k != "node_ids")
-        if names is None:
-            names = part_names
-        elif part_names != names:
-            raise ValueError(f"the parts hold different per-node arrays: {names} and "
-                             f"{part_names}")
-        part_ids = _as_ids(part["node_ids"], "node_ids of a part")
-        order = np.argsort(part_ids, kind="stable")
-        ordered = part_ids[order]
-        where = np.minimum(np.searchsorted(ordered, ids), max(ordered.size - 1, 0))
-        hit = ordered[where] == ids if ordered.size else np.zeros(ids.size, bool)
-        if (hit & found).any():
-            raise ValueError(f"node {ids[hit & found][0]} is held by more than one part")
-        found |= hit
-        source, target = order[where[hit]], np.flatnonzero(hit)
-        for name in names:
-            rows = part[name]
-            tensor = torch is not None and isinstance(rows, torch.Tensor)
-            if name not in result:
-                shape = (ids.size,) + tuple(rows.shape[1:])
-                result[name] = (torch.empty(shape, dtype=rows.dtype) if tensor
-                                else np.empty(shape, rows.dtype))
-            out = result[name]
-            if tuple(out.shape[1:]) != tuple(rows.shape[1:]) or out.dtype != rows.dtype:
-                raise ValueError(f"per-node array {name!r} has rows of shape "
-                                 f"{tuple(rows.shape[1:])} {rows.dtype} in part {index} but "
-                                 f"{tuple(out.shape[1:])} {out.dtype} before")
-            if tensor:
-                out[torch.from_numpy(target)] = rows[torch.from_numpy(source)]
-            else:
-                out[target] = rows[source]
-    if not found.all():
-        missing = ids[~found]
-        raise ValueError(f"{missing.size} of the {ids.size} node ids are in no part, e.g. "
-                         f"{missing[:5].tolist()}")
-    return result
-
-
-# ---------------------------------------------------------------------------- RNG states
-def rng_states():
-    """The states of Python's, NumPy's and torch's global random generators (torch's CUDA
-    generators too when CUDA is in use), to save in a checkpoint.
-
-    Returns
-    -------
-    dict
-        ``{"python": ..., "numpy": ..., "torch": ..., "cuda": [...]}`` (``torch`` and ``cuda``
-        only where torch is installed and CUDA initialised).
-    """
-    states = {"python": random.getstate(), "numpy": np.random.get_state()}
-    try:
-        import torch
-    except ImportError:
-        return states
-    states["torch"] = torch.get_rng_state()
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        states["cuda"] = torch.cuda.get_rng_state_all()
-    return states
-
-
-def restore_rng_states(states):
-    """Set the global random generators to ``states`` (what `rng_states` returned)."""
-    if "python" in states:
-        version, internal, gauss = states["python"]
-        random.setstate((version, tuple(internal), gauss))
-    if "numpy" in states:
-        np.random.set_state(states["numpy"])
-    if "torch" in states or "cuda" in states:
-        import torch
-        if "torch" in states:
-            torch.set_rng_state(states["torch"])
-        if "cuda" in states:
-            torch.cuda.set_rng_state_all(states["cuda"])
-
-
-# ---------------------------------------------------------------------------- checkpointer
 @dataclass
 class Checkpoint:
     """A loaded checkpoint.
@@ -609,7 +56,8 @@ class Checkpoint:
         Number of ranks that saved it.
     meta : dict
         The manifest: ``step``, ``ranks``, ``created`` (UTC, ISO 8601), ``fingerprint``,
-        ``files`` (bytes and SHA-256 of each), ``nodes`` (count and id range per rank).
+        ``files`` (bytes and block SHA-256s of each), ``has_shared``, ``has_nodes`` (one bool
+        per saving rank) and the manifest's own ``checksum``.
     path : str
         The checkpoint's directory.
     """
@@ -817,9 +265,9 @@ class Checkpointer:
                                       "or a new directory")
             if not os.path.isfile(marker):
                 os.makedirs(path, exist_ok=True)
-                _write_json(marker, {"format": FORMAT, "version": VERSION,
-                                     "fingerprint": self.fingerprint})
-                _fsync_directory(os.path.dirname(path))
+                _files.write_json(marker, {"format": FORMAT, "version": VERSION,
+                                           "fingerprint": self.fingerprint})
+                _files.fsync_directory(os.path.dirname(path))
                 return None
             try:
                 with open(marker) as handle:
@@ -913,7 +361,7 @@ class Checkpointer:
             self._pending = pending
             self.wait()
             return
-        total = sum(-(-enc.size // _ALIGN) * _ALIGN for enc in encoders.values())
+        total = sum(-(-enc.size // ALIGN) * ALIGN for enc in encoders.values())
         if self._staging is None or self._staging.size < total:
             self._staging = None  # free the old one before allocating its successor
             self._staging = np.empty(total, np.uint8)
@@ -923,7 +371,7 @@ class Checkpointer:
             encoder.stage(region)
             encoder.leaves = None  # the copy is taken: let the caller's arrays go
             jobs[name] = (encoder, region)
-            offset += -(-encoder.size // _ALIGN) * _ALIGN
+            offset += -(-encoder.size // ALIGN) * ALIGN
         self._pending = pending
         pending.thread = self._background(self._write, pending, step_dir, jobs)
 
@@ -935,7 +383,7 @@ class Checkpointer:
             step = _check_step(step)
             encoders[_shard_name(self.comm.rank)] = self._encode(shard, "shard")
             if nodes is not None:
-                encoders[_nodes_name(self.comm.rank)] = self._encode(_check_nodes(nodes),
+                encoders[_nodes_name(self.comm.rank)] = self._encode(check_nodes(nodes),
                                                                      "nodes")
             if self.comm.rank == 0 and shared is not None:
                 encoders[SHARED] = self._encode(shared, "shared")
@@ -952,7 +400,7 @@ class Checkpointer:
 
     @staticmethod
     def _encode(state, root):
-        encoder = _Encoder()
+        encoder = Encoder()
         encoder.tree = encoder.encode(state, root)
         return encoder
 
@@ -975,7 +423,7 @@ class Checkpointer:
             self._damaged.discard(step)
         else:
             shutil.rmtree(step_dir)
-        _fsync_directory(self.directory)
+        _files.fsync_directory(self.directory)
 
     def _write(self, pending, step_dir, jobs, threads=1):
         """Write this rank's files (background thread, or the caller's with blocking=True).
@@ -996,10 +444,10 @@ class Checkpointer:
         try:
             os.makedirs(step_dir, exist_ok=True)
             for name, (encoder, staged) in jobs.items():
-                chunks = [np.frombuffer(_prefix(encoder.tree, encoder.size), np.uint8)]
+                chunks = [np.frombuffer(prefix(encoder.tree, encoder.size), np.uint8)]
                 chunks += [staged] if staged is not None else list(encoder.segments())
-                pending.records[name] = _write_atomic(os.path.join(step_dir, name), chunks,
-                                                      threads)
+                path = os.path.join(step_dir, name)
+                pending.records[name] = _files.write_atomic(path, chunks, threads)
         except BaseException as exc:  # an uncaught error in a thread would end the job
             pending.error = exc
 
@@ -1087,9 +535,9 @@ class Checkpointer:
                     "created": datetime.datetime.now(datetime.timezone.utc).isoformat(),
                     "fingerprint": self.fingerprint, "files": files,
                     "has_shared": SHARED in files, "has_nodes": nodes}
-        manifest["checksum"] = _manifest_checksum(manifest)
-        _write_json(os.path.join(step_dir, MANIFEST), manifest)
-        _fsync_directory(self.directory)
+        manifest["checksum"] = _files.manifest_checksum(manifest)
+        _files.write_json(os.path.join(step_dir, MANIFEST), manifest)
+        _files.fsync_directory(self.directory)
 
     def _start_pruning(self, newest):
         """Retire what the ``keep`` newest good checkpoints make obsolete (rank 0): their
@@ -1108,7 +556,7 @@ class Checkpointer:
                 # The manifest goes first: a half-deleted checkpoint is no checkpoint.
                 if os.path.exists(manifest):
                     os.unlink(manifest)
-                    _fsync_directory(path)
+                    _files.fsync_directory(path)
             except OSError as exc:
                 warnings.warn(f"could not delete old checkpoint {path}: {exc}", stacklevel=3)
             self._damaged.discard(step)
@@ -1121,7 +569,7 @@ class Checkpointer:
             except OSError as exc:
                 warnings.warn(f"could not delete old checkpoint {path}: {exc}", stacklevel=2)
         if doomed:
-            _fsync_directory(self.directory)
+            _files.fsync_directory(self.directory)
 
     def _join_pruning(self):
         if self._pruning is not None:
@@ -1198,7 +646,7 @@ class Checkpointer:
         if step is not None:
             step = _check_step(step)
         if node_ids is not None:
-            node_ids = _as_ids(node_ids, "node_ids")
+            node_ids = as_ids(node_ids, "node_ids")
         comm = self.comm
         dirs = comm.bcast(self._step_dirs() if comm.rank == 0 else None)
         candidates = sorted(dirs, reverse=True)
@@ -1213,7 +661,7 @@ class Checkpointer:
             problem, error, result = None, None, None
             try:
                 result = self._read(candidate, dirs[candidate], node_ids)
-            except _Damaged as exc:
+            except Damaged as exc:
                 problem = str(exc)
             except Exception as exc:
                 error = exc
@@ -1233,7 +681,7 @@ class Checkpointer:
                          + "; ".join(f"step {s}: {what}" for s, what in problems))
 
     def _read(self, step, step_dir, node_ids):
-        manifest = _read_manifest(step_dir)
+        manifest = _files.read_manifest(step_dir)
         mismatch = _fingerprint_mismatch(self.directory, manifest.get("fingerprint"),
                                          self.fingerprint, f"step {step}")
         if mismatch is not None:
@@ -1242,9 +690,9 @@ class Checkpointer:
 
         def state(name):
             if name not in files:
-                raise _Damaged(f"{name} is not in the manifest")
+                raise Damaged(f"{name} is not in the manifest")
             path = os.path.join(step_dir, name)
-            return _parse(_read_verified(path, files[name], self.threads), name)
+            return parse(_files.read_verified(path, files[name], self.threads), name)
 
         same = ranks == self.comm.size
         shared = state(SHARED) if manifest["has_shared"] else None

@@ -1,0 +1,173 @@
+"""Atomic, durable, verified files: how a checkpoint's files and its manifest are written and
+read back.
+
+Every file is written under a temporary name in its directory, flushed, fsync'd, renamed over
+its final name, and the directory fsync'd, so a crash leaves either the old file or the new
+one, never a mixture. Each file is hashed in blocks of `BLOCK` bytes, one SHA-256 each, so that
+several threads can hash (and verify) one file, and a damaged file says where.
+"""
+import hashlib
+import json
+import mmap
+import os
+import threading
+
+import numpy as np
+
+from ._format import FORMAT, VERSION, Damaged
+
+MANIFEST = "manifest.json"
+BLOCK = 16 << 20
+
+
+def fsync_directory(path):
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # platforms that cannot open a directory have nothing to fsync
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _blocks(chunks):
+    """The bytes of ``chunks`` as blocks (lists of uint8 views) of at most `BLOCK` bytes."""
+    block, filled = [], 0
+    for chunk in chunks:
+        view = memoryview(chunk).cast("B")
+        while len(view):
+            piece = view[:BLOCK - filled]
+            block.append(piece)
+            filled += len(piece)
+            view = view[len(piece):]
+            if filled == BLOCK:
+                yield block
+                block, filled = [], 0
+    if filled:
+        yield block
+
+
+def _digest(pieces):
+    digest = hashlib.sha256()
+    for piece in pieces:
+        digest.update(piece)   # releases the GIL: other threads go on
+    return digest.hexdigest()
+
+
+_POOL = None
+_POOL_LOCK = threading.Lock()
+
+
+def _pool(threads):
+    """A shared thread pool for hashing blocks (None for one thread)."""
+    global _POOL
+    if threads <= 1:
+        return None
+    with _POOL_LOCK:
+        if _POOL is None or _POOL._max_workers < threads:
+            from concurrent.futures import ThreadPoolExecutor
+            _POOL = ThreadPoolExecutor(threads, thread_name_prefix="checkpoint-hash")
+        return _POOL
+
+
+def write_atomic(path, chunks, threads=1):
+    """Write the byte chunks to ``path`` atomically and durably.
+
+    Returns ``{"bytes": size, "sha256": [[block bytes, hex digest], ...]}``, one SHA-256 per
+    block of up to `BLOCK` bytes (hashed by ``threads`` threads while the file is written, or
+    in this thread as it writes).
+    """
+    directory, name = os.path.split(path)
+    temporary = os.path.join(directory, f".{name}.{os.getpid()}.tmp")
+    pool = _pool(threads)
+    blocks, size = [], 0
+    try:
+        with open(temporary, "wb") as handle:
+            for block in _blocks(chunks):
+                length = sum(len(piece) for piece in block)
+                blocks.append([length, pool.submit(_digest, block) if pool else _digest(block)])
+                for piece in block:
+                    handle.write(piece)
+                size += length
+            handle.flush()
+            os.fsync(handle.fileno())
+            blocks = [[length, digest if isinstance(digest, str) else digest.result()]
+                      for length, digest in blocks]
+        os.replace(temporary, path)
+    except BaseException:
+        try:
+            os.unlink(temporary)
+        except OSError:
+            pass
+        raise
+    fsync_directory(directory)
+    return {"bytes": size, "sha256": blocks}
+
+
+def write_json(path, obj):
+    return write_atomic(path, [json.dumps(obj, indent=1, sort_keys=True).encode() + b"\n"])
+
+
+def read_verified(path, entry, threads=1):
+    """The bytes of ``path`` (a uint8 array) after checking them against its manifest
+    ``entry`` (`write_atomic`'s record); raises `Damaged` naming what is wrong."""
+    name = os.path.basename(path)
+    try:
+        size = os.stat(path).st_size
+    except FileNotFoundError:
+        raise Damaged(f"{name} is missing") from None
+    except OSError as exc:
+        raise Damaged(f"{name} cannot be read ({exc})") from None
+    if size != entry["bytes"]:
+        raise Damaged(f"{name} has {size} bytes but the manifest says {entry['bytes']} "
+                      f"({'truncated' if size < entry['bytes'] else 'grown'})")
+    try:
+        with open(path, "rb") as handle:
+            # A private (copy-on-write) mapping: the page cache is read in place, not copied,
+            # and the arrays built on it are the caller's to modify.
+            mapped = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_COPY)
+    except (OSError, ValueError) as exc:
+        raise Damaged(f"{name} cannot be read ({exc})") from None
+    buffer = np.frombuffer(mapped, np.uint8)
+    if buffer.size != size:
+        raise Damaged(f"{name} changed size while it was read")
+    pool = _pool(threads)
+    digests, position = [], 0
+    for length, _ in entry["sha256"]:
+        view = memoryview(buffer)[position:position + length]
+        digests.append(pool.submit(_digest, [view]) if pool else _digest([view]))
+        position += length
+    if position != size:
+        raise Damaged(f"{name}: its manifest's blocks cover {position} of {size} bytes")
+    for index, ((length, expected), digest) in enumerate(zip(entry["sha256"], digests)):
+        if (digest if isinstance(digest, str) else digest.result()) != expected:
+            start = sum(b[0] for b in entry["sha256"][:index])
+            raise Damaged(f"{name} does not match its SHA-256 checksum in the manifest "
+                          f"(corrupt in bytes {start}..{start + length})")
+    return buffer
+
+
+def manifest_checksum(manifest):
+    body = {k: v for k, v in manifest.items() if k != "checksum"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+def read_manifest(step_dir):
+    path = os.path.join(step_dir, MANIFEST)
+    try:
+        with open(path, "rb") as handle:
+            manifest = json.loads(handle.read())
+    except FileNotFoundError:
+        raise Damaged(f"{MANIFEST} is missing (an interrupted save)") from None
+    except (OSError, ValueError) as exc:
+        raise Damaged(f"{MANIFEST} cannot be read ({exc})") from None
+    if not isinstance(manifest, dict) or manifest.get("checksum") != manifest_checksum(
+            manifest):
+        raise Damaged(f"{MANIFEST} does not match its own checksum (corrupt)")
+    if manifest.get("format") != FORMAT or manifest.get("version") != VERSION:
+        raise Damaged(f"{MANIFEST} is of format {manifest.get('format')!r} version "
+                      f"{manifest.get('version')!r}")
+    return manifest

@@ -1,0 +1,237 @@
+"""The file format of a checkpoint's state files.
+
+A state file is `MAGIC`, the length of a JSON header (little-endian uint64), the header, and a
+payload of raw array bytes (each array at an `ALIGN`-byte aligned offset). The header describes
+the nested state (dicts, lists, tuples, plain values) with every tensor and array as a dtype, a
+shape and a byte range of the payload: decoding runs no pickle, so a checkpoint from elsewhere
+cannot run code, and arrays come back bit for bit.
+"""
+import json
+import struct
+import sys
+from collections import OrderedDict
+
+import numpy as np
+
+MAGIC = b"PSHCKPT1"
+FORMAT = "pysparse_hpc checkpoint"
+VERSION = 1
+ALIGN = 64
+PLAIN = (type(None), bool, int, float, str)
+
+
+class Damaged(Exception):
+    """A checkpoint file that is missing, truncated, corrupt or unreadable (load falls back to
+    an older checkpoint), as opposed to a usage error (raised)."""
+
+
+class Encoder:
+    """Walks a nested state, builds its JSON header tree and lays out its arrays.
+
+    Arrays are only referenced here (``leaves``: ``(source, offset, nbytes)``); `stage` copies
+    them into one buffer, `segments` hands them out as they are.
+    """
+
+    def __init__(self):
+        self.leaves = []
+        self.size = 0
+        self._active = set()
+
+    def _leaf(self, source, nbytes):
+        offset = -(-self.size // ALIGN) * ALIGN
+        self.leaves.append((source, offset, nbytes))
+        self.size = offset + nbytes
+        return offset
+
+    def encode(self, value, path):
+        kind = type(value)
+        if kind in PLAIN:
+            return value
+        torch = sys.modules.get("torch")  # a tensor exists only if torch was imported
+        if torch is not None and isinstance(value, torch.Tensor):
+            return self._tensor(value, path, torch)
+        if isinstance(value, np.ndarray):
+            return self._array(value, path, "ndarray")
+        if isinstance(value, np.generic):
+            return self._array(np.asarray(value), path, "npscalar")
+        if kind is bytes:
+            return {"$t": "bytes", "at": self._leaf(np.frombuffer(value, np.uint8), len(value)),
+                    "n": len(value)}
+        if torch is not None and isinstance(value, torch.dtype):
+            return {"$t": "torch.dtype", "v": str(value).removeprefix("torch.")}
+        if torch is not None and isinstance(value, torch.Size):
+            return {"$t": "torch.Size", "v": list(value)}
+        if torch is not None and isinstance(value, torch.device):
+            return {"$t": "torch.device", "v": str(value)}
+        if isinstance(value, (dict, list, tuple)):
+            if id(value) in self._active:
+                raise TypeError(f"{path} contains itself; a checkpoint holds trees, not cycles")
+            self._active.add(id(value))
+            try:
+                return self._container(value, path)
+            finally:
+                self._active.discard(id(value))
+        raise TypeError(f"{path} is a {kind.__module__}.{kind.__qualname__}, which a checkpoint "
+                        "cannot hold (it holds torch tensors, NumPy arrays and scalars, dicts, "
+                        "lists, tuples, None, bool, int, float, str and bytes)")
+
+    def _container(self, value, path):
+        if isinstance(value, list):
+            return [self.encode(v, f"{path}[{i}]") for i, v in enumerate(value)]
+        if isinstance(value, tuple):
+            return {"$t": "tuple", "v": [self.encode(v, f"{path}[{i}]")
+                                         for i, v in enumerate(value)]}
+        keys, values = [], []
+        for key, item in value.items():
+            if type(key) not in PLAIN and not isinstance(key, tuple):
+                raise TypeError(f"{path} has a key of type {type(key).__name__} ({key!r}); "
+                                "keys must be None, bool, int, float, str or tuples of them")
+            keys.append(self.encode(key, f"{path} key {key!r}"))
+            values.append(self.encode(item, f"{path}[{key!r}]"))
+        node = {"$t": "odict" if isinstance(value, OrderedDict) else "dict", "k": keys,
+                "v": values}
+        metadata = getattr(value, "_metadata", None)  # torch state_dict()'s module versions
+        if node["$t"] == "odict" and isinstance(metadata, dict):
+            node["meta"] = self.encode(metadata, f"{path}._metadata")
+        return node
+
+    def _array(self, array, path, tag):
+        if array.dtype.hasobject:
+            raise TypeError(f"{path} is a NumPy array of dtype {array.dtype}, which holds Python "
+                            "objects; a checkpoint holds arrays of plain numbers, bytes and "
+                            "strings")
+        return {"$t": tag, "dtype": np.lib.format.dtype_to_descr(array.dtype),
+                "shape": list(array.shape), "at": self._leaf(array, array.nbytes),
+                "n": array.nbytes}
+
+    def _tensor(self, tensor, path, torch):
+        if tensor.layout != torch.strided or tensor.is_quantized or tensor.device.type == "meta":
+            raise TypeError(f"{path} is a {tensor.layout} tensor on {tensor.device}"
+                            f"{' (quantized)' if tensor.is_quantized else ''}; a checkpoint "
+                            "holds dense tensors with data (convert it with .to_dense() "
+                            "or .dequantize())")
+        nbytes = tensor.numel() * tensor.element_size()
+        return {"$t": "tensor", "dtype": str(tensor.dtype).removeprefix("torch."),
+                "shape": list(tensor.shape), "at": self._leaf(tensor, nbytes), "n": nbytes,
+                "grad": bool(tensor.requires_grad),
+                "param": isinstance(tensor, torch.nn.Parameter)}
+
+    def stage(self, buffer):
+        """Copy every array into ``buffer`` (uint8, at least `size` bytes) at its offset."""
+        for source, offset, nbytes in self.leaves:
+            target = buffer[offset:offset + nbytes]
+            if not isinstance(source, np.ndarray) and source.device.type == "cpu":
+                try:
+                    source = source.detach().numpy()
+                except (TypeError, RuntimeError):  # bfloat16 and the like, conj/neg views
+                    pass
+            if isinstance(source, np.ndarray):
+                # NumPy's single-threaded copy is the faster one where training's threads
+                # compete for the cores.
+                np.copyto(target.view(source.dtype).reshape(source.shape), source)
+            else:
+                import torch
+                view = torch.from_numpy(target).view(source.dtype).view(source.shape)
+                with torch.no_grad():
+                    view.copy_(source.detach())  # copies from any device, resolves conj/neg
+
+    def segments(self):
+        """The payload as a sequence of uint8 arrays (padding and each array, contiguous, on
+        the CPU), without copying arrays that already are."""
+        position = 0
+        for source, offset, nbytes in self.leaves:
+            if offset > position:
+                yield np.zeros(offset - position, np.uint8)
+            if isinstance(source, np.ndarray):
+                yield np.ascontiguousarray(source).reshape(-1).view(np.uint8)
+            else:
+                tensor = source.detach().cpu().resolve_conj().resolve_neg().contiguous()
+                yield tensor.reshape(-1).view(_torch().uint8).numpy()
+            position = offset + nbytes
+
+
+def _torch():
+    import torch
+    return torch
+
+
+def prefix(tree, payload_bytes):
+    """The file's bytes before the payload: magic, header length, header, padding."""
+    header = json.dumps({"format": FORMAT, "version": VERSION, "payload": payload_bytes,
+                         "tree": tree}, separators=(",", ":")).encode()
+    start = len(MAGIC) + 8 + len(header)
+    padding = -(-start // ALIGN) * ALIGN - start
+    return MAGIC + struct.pack("<Q", len(header)) + header + b" " * padding
+
+
+def decode(node, payload):
+    if isinstance(node, list):
+        return [decode(v, payload) for v in node]
+    if not isinstance(node, dict):
+        return node
+    tag = node["$t"]
+    if tag in ("dict", "odict"):
+        pairs = [(decode(k, payload), decode(v, payload)) for k, v in zip(node["k"], node["v"])]
+        if tag == "dict":
+            return dict(pairs)
+        result = OrderedDict(pairs)
+        if "meta" in node:
+            result._metadata = decode(node["meta"], payload)
+        return result
+    if tag == "tuple":
+        return tuple(decode(v, payload) for v in node["v"])
+    if tag in ("ndarray", "npscalar", "bytes", "tensor"):
+        at, n = node["at"], node["n"]
+        if not 0 <= at <= at + n <= payload.size:
+            raise Damaged(f"an array's bytes {at}..{at + n} lie outside the payload")
+        raw = payload[at:at + n]
+        if tag == "bytes":
+            return raw.tobytes()
+        if tag == "tensor":
+            torch = _torch()
+            dtype = getattr(torch, node["dtype"])
+            tensor = torch.from_numpy(raw).view(dtype).view(node["shape"])
+            if node["param"]:
+                return torch.nn.Parameter(tensor, requires_grad=node["grad"])
+            return tensor.requires_grad_(node["grad"])
+        array = raw.view(np.lib.format.descr_to_dtype(_tuples(node["dtype"])))
+        array = array.reshape(node["shape"])
+        return array[()] if tag == "npscalar" else array
+    torch = _torch()
+    if tag == "torch.dtype":
+        return getattr(torch, node["v"])
+    if tag == "torch.Size":
+        return torch.Size(node["v"])
+    if tag == "torch.device":
+        return torch.device(node["v"])
+    raise Damaged(f"unknown entry {tag!r} in the header")
+
+
+def _tuples(descr):
+    """A NumPy dtype descriptor read back from JSON (which turned its tuples into lists)."""
+    if isinstance(descr, list):
+        return [tuple(_tuples(part) if isinstance(part, list) else part for part in field_)
+                for field_ in descr]
+    return descr
+
+
+def parse(buffer, name):
+    """The state held by a verified file's bytes."""
+    try:
+        if buffer[:len(MAGIC)].tobytes() != MAGIC:
+            raise Damaged(f"{name} is not a checkpoint file (wrong magic bytes)")
+        (length,) = struct.unpack("<Q", buffer[len(MAGIC):len(MAGIC) + 8].tobytes())
+        start = len(MAGIC) + 8
+        header = json.loads(buffer[start:start + length].tobytes())
+        if header.get("format") != FORMAT or header.get("version") != VERSION:
+            raise Damaged(f"{name} has format {header.get('format')!r} version "
+                          f"{header.get('version')!r}, not {FORMAT!r} version {VERSION}")
+        begin = -(-(start + length) // ALIGN) * ALIGN
+        payload = buffer[begin:begin + header["payload"]]
+        if payload.size != header["payload"]:
+            raise Damaged(f"{name} holds a shorter payload than its header says")
+        return decode(header["tree"], payload)
+    except Damaged:
+        raise
+    except Exception as exc:  # a file that passed its checksum but was written wrong
+        raise Damaged(f"{name} cannot be decoded ({type(exc).__name__}: {exc})") from None

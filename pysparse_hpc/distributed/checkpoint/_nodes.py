@@ -1,0 +1,109 @@
+"""Per-node state: checked on save, gathered by global node id on load (so that a checkpoint
+saved by P ranks loads under another number of ranks)."""
+import sys
+
+import numpy as np
+
+
+def as_ids(ids, name):
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(ids, torch.Tensor):
+        ids = ids.detach().cpu().numpy()
+    ids = np.asarray(ids)
+    if ids.ndim != 1 or not (np.issubdtype(ids.dtype, np.integer) or ids.size == 0):
+        raise TypeError(f"{name} must be a 1-D array of integer node ids, got "
+                        f"{ids.ndim}-D {ids.dtype}")
+    return ids.astype(np.int64, copy=False)
+
+
+def check_nodes(nodes):
+    """``nodes`` with its ids as int64, after checking its shape; raises TypeError/ValueError."""
+    if not isinstance(nodes, dict) or "node_ids" not in nodes:
+        raise TypeError("nodes must be a dict holding 'node_ids' (the global ids of this "
+                        "rank's nodes) and arrays with one row per node")
+    ids = as_ids(nodes["node_ids"], "nodes['node_ids']")
+    if np.unique(ids).size != ids.size:
+        raise ValueError("nodes['node_ids'] holds repeated ids")
+    checked = {"node_ids": ids}
+    torch = sys.modules.get("torch")
+    for name, rows in nodes.items():
+        if name == "node_ids":
+            continue
+        if not isinstance(name, str):
+            raise TypeError(f"nodes keys must be strings, got {name!r}")
+        is_tensor = torch is not None and isinstance(rows, torch.Tensor)
+        if not (is_tensor or isinstance(rows, np.ndarray)):
+            raise TypeError(f"nodes[{name!r}] must be a NumPy array or a tensor, got "
+                            f"{type(rows).__name__}")
+        if rows.ndim < 1 or rows.shape[0] != ids.size:
+            raise ValueError(f"nodes[{name!r}] has shape {tuple(rows.shape)} but there are "
+                             f"{ids.size} node ids: it needs one row per node")
+        checked[name] = rows
+    return checked
+
+
+def gather_node_rows(node_ids, parts):
+    """The rows of ``node_ids`` from per-node arrays split over several parts.
+
+    Parameters
+    ----------
+    node_ids : array_like of int
+        Global ids of the rows wanted, in the order wanted.
+    parts : sequence of dict
+        Each ``{"node_ids": ids, name: rows, ...}`` (the per-node state one rank saved); None
+        entries are skipped. Every part holds the same names, with the same dtype and row
+        shape.
+
+    Returns
+    -------
+    dict
+        ``{"node_ids": node_ids as int64, name: rows}``: NumPy arrays or tensors as saved.
+
+    Raises
+    ------
+    ValueError
+        An id is in no part, or in more than one.
+    """
+    ids = as_ids(node_ids, "node_ids")
+    parts = [p for p in parts if p is not None]
+    torch = sys.modules.get("torch")
+    found = np.zeros(ids.size, bool)
+    names = None
+    result = {"node_ids": ids}
+    for index, part in enumerate(parts):
+        part_names = sorted(k for k in part if k != "node_ids")
+        if names is None:
+            names = part_names
+        elif part_names != names:
+            raise ValueError(f"the parts hold different per-node arrays: {names} and "
+                             f"{part_names}")
+        part_ids = as_ids(part["node_ids"], "node_ids of a part")
+        order = np.argsort(part_ids, kind="stable")
+        ordered = part_ids[order]
+        where = np.minimum(np.searchsorted(ordered, ids), max(ordered.size - 1, 0))
+        hit = ordered[where] == ids if ordered.size else np.zeros(ids.size, bool)
+        if (hit & found).any():
+            raise ValueError(f"node {ids[hit & found][0]} is held by more than one part")
+        found |= hit
+        source, target = order[where[hit]], np.flatnonzero(hit)
+        for name in names:
+            rows = part[name]
+            tensor = torch is not None and isinstance(rows, torch.Tensor)
+            if name not in result:
+                shape = (ids.size,) + tuple(rows.shape[1:])
+                result[name] = (torch.empty(shape, dtype=rows.dtype) if tensor
+                                else np.empty(shape, rows.dtype))
+            out = result[name]
+            if tuple(out.shape[1:]) != tuple(rows.shape[1:]) or out.dtype != rows.dtype:
+                raise ValueError(f"per-node array {name!r} has rows of shape "
+                                 f"{tuple(rows.shape[1:])} {rows.dtype} in part {index} but "
+                                 f"{tuple(out.shape[1:])} {out.dtype} before")
+            if tensor:
+                out[torch.from_numpy(target)] = rows[torch.from_numpy(source)]
+            else:
+                out[target] = rows[source]
+    if not found.all():
+        missing = ids[~found]
+        raise ValueError(f"{missing.size} of the {ids.size} node ids are in no part, e.g. "
+                         f"{missing[:5].tolist()}")
+    return result
