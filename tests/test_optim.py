@@ -309,6 +309,29 @@ def test_distributed_lion_on_one_rank_is_lion_where_no_direction_is_zero(compres
         torch.testing.assert_close(g, e, rtol=0, atol=1e-12)
 
 
+@pytest.mark.parametrize("compression", COMPRESSIONS)
+def test_distributed_lion_takes_sparse_gradients(compression):
+    """An ``Embedding(sparse=True)``'s gradient: one rank steps as Lion does. In the sign
+    modes a row not yet touched (zero momentum and gradient) votes -1, so only the rows
+    touched at every step are compared there."""
+    def run(optimizer_for):
+        torch.manual_seed(0)
+        embedding = torch.nn.Embedding(10, 4, sparse=True).double()
+        optimizer = optimizer_for(embedding.parameters())
+        for step in range(3):
+            optimizer.zero_grad()
+            embedding(torch.tensor([1, 3, 3, step])).pow(2).sum().backward()
+            optimizer.step()
+        return embedding.weight.detach()
+
+    expected = run(lambda params: Lion(params, lr=1e-2))
+    got = run(lambda params: DistributedLion(params, lr=1e-2, compression=compression))
+    every_step = [1, 3]
+    torch.testing.assert_close(got[every_step], expected[every_step], rtol=0, atol=1e-12)
+    if compression in ("none", "int8"):  # they can say 0: untouched rows stay
+        torch.testing.assert_close(got, expected, rtol=0, atol=1e-12)
+
+
 @pytest.mark.parametrize("compression", ["signs", "votes", "int8", "1bit"])
 def test_distributed_lion_tensor_operations_equal_the_kernels(compression):
     """Parameters the kernels cannot read (a transposed view, float16) vote and step by

@@ -2,10 +2,16 @@
 can offer them without importing it."""
 from . import _votes
 
-__all__ = ["COMPRESSIONS", "MOMENTUM_SYNC", "bytes_per_step"]
+__all__ = ["COMPRESSIONS", "MOMENTUM_SYNC", "bytes_per_step", "default_momentum_sync"]
 
 COMPRESSIONS = ("none", "signs", "votes", "int8", "1bit")
 MOMENTUM_SYNC = ("local", "always", "growing")
+
+
+def default_momentum_sync(compression):
+    """`DistributedLion`'s ``momentum_sync`` when none is given: ``"local"`` for ``"none"``
+    (its momenta are equal on every rank anyway), Lion Cub's ``"growing"`` for the others."""
+    return "local" if compression == "none" else "growing"
 
 
 def bytes_per_step(compression, size, ranks, rank=0, itemsize=4):

@@ -31,7 +31,14 @@ communicator counts them (`bytes_per_step`), for ``d`` coordinates on ``P`` rank
 The majority of ``s`` votes of +1 among ``P`` is ``sign(2 s - P)``; a tie (even ``P``) leaves
 the coordinate where it is, apart from weight decay. A bit cannot say 0, so in ``signs``,
 ``votes`` and ``1bit`` a coordinate whose ``c = beta1 m + (1 - beta1) g`` is exactly zero votes
--1; parameters whose ``.grad`` is None are skipped in every mode.
+-1.
+
+The ranks first agree on which parameters take part (a MAX allreduce of one byte per parameter
+tensor, traffic kind `PARTICIPATION_KIND`, on more than one rank): those with a gradient on
+some rank. A rank where such a parameter's ``.grad`` is None (unused in its backward) takes
+part with a zero gradient, written to its ``.grad``, as `pysparse_hpc.distributed.DataParallel`
+does; a parameter with no gradient on any rank is skipped, as one process's Lion skips it.
+Without the agreement the ranks' votes would line up against different tensors.
 
 In the compressed modes each rank updates its momentum with its own gradient. With
 ``momentum_sync="local"`` (Distributed Lion) the momenta are never synchronised; ``"always"``
@@ -52,16 +59,18 @@ import torch
 from ..distributed._comm import init
 from ..kernels.cpu import votes as vote_kernels
 from . import _votes
-from ._modes import COMPRESSIONS, MOMENTUM_SYNC
+from ._modes import COMPRESSIONS, MOMENTUM_SYNC, default_momentum_sync
 from .lion import (Lion, apply_update, interpolate, kernel_arrays, kernel_scalars, lion_step,
                    written)
 
-__all__ = ["DistributedLion", "VOTE_KIND", "GRADIENT_KIND", "MOMENTUM_KIND"]
+__all__ = ["DistributedLion", "VOTE_KIND", "GRADIENT_KIND", "MOMENTUM_KIND",
+           "PARTICIPATION_KIND"]
 
 #: The communicator's traffic kinds of `DistributedLion` (`Communicator.stats`).
 VOTE_KIND = "lion votes"
 GRADIENT_KIND = "gradient allreduce"
 MOMENTUM_KIND = "momentum sync"
+PARTICIPATION_KIND = "lion participation"
 
 
 def _one_bit_allreduce(comm, packed, kind, step):
@@ -141,7 +150,7 @@ class DistributedLion(Lion):
         if compression not in COMPRESSIONS:
             raise ValueError(f"compression must be one of {COMPRESSIONS}, got {compression!r}")
         if momentum_sync is None:
-            momentum_sync = "local" if compression == "none" else "growing"
+            momentum_sync = default_momentum_sync(compression)
         if momentum_sync not in MOMENTUM_SYNC:
             raise ValueError(f"momentum_sync must be one of {MOMENTUM_SYNC}, got "
                              f"{momentum_sync!r}")
@@ -167,13 +176,13 @@ class DistributedLion(Lion):
     # ------------------------------------------------------------------ the step
     @torch.no_grad()
     def step(self, closure=None):
-        """One step of every parameter that has a gradient, agreed over the ranks."""
+        """One step of every parameter that has a gradient on some rank, agreed over the
+        ranks."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        entries = [(group, param) for group in self.param_groups for param in group["params"]
-                   if param.grad is not None]
+        entries = self._taking_part()
         if entries:
             if self.compression == "none":
                 self._step_on_reduced_gradients(entries)
@@ -184,8 +193,25 @@ class DistributedLion(Lion):
                 self._synchronise_momenta([self.momentum(param) for _, param in entries])
         return loss
 
+    def _taking_part(self):
+        """``[(group, param)]`` of the parameters with a gradient on some rank, the same list
+        on every rank; this rank's missing ones get a zero ``.grad``."""
+        entries = [(group, param) for group in self.param_groups for param in group["params"]]
+        has_grad = np.array([param.grad is not None for _, param in entries], dtype=np.uint8)
+        if self.comm.size > 1:
+            self.comm.Allreduce(has_grad, "max", kind=PARTICIPATION_KIND)
+        taking_part = []
+        for (group, param), flag in zip(entries, has_grad):
+            if flag:
+                if param.grad is None:
+                    param.grad = torch.zeros_like(param)
+                taking_part.append((group, param))
+        return taking_part
+
     def _step_on_reduced_gradients(self, entries):
-        grads = torch.cat([param.grad.reshape(-1) for _, param in entries])
+        # A sparse gradient (an Embedding's) is summed densely: the ranks' rows differ.
+        grads = torch.cat([(param.grad.to_dense() if param.grad.is_sparse else param.grad)
+                           .reshape(-1) for _, param in entries])
         self.comm.Allreduce(grads, "sum", kind=GRADIENT_KIND)
         if self.average and self.comm.size > 1:
             grads /= self.comm.size

@@ -113,6 +113,65 @@ def check_lion_modes():
                 torch.testing.assert_close(params, reference, rtol=1e-10, atol=1e-12)
 
 
+def _heads_model():
+    torch.manual_seed(0)
+    return torch.nn.ModuleDict({
+        "body": torch.nn.Linear(8, 16),
+        "heads": torch.nn.ModuleList(torch.nn.Linear(16, 3) for _ in range(3))}).double()
+
+
+def _heads_loss(model, on_rank, step):
+    """Rank ``on_rank``'s loss: its rows through head ``on_rank % 2``; head 2 is never used.
+    At step 1 the last rank computes none (no gradient at all there)."""
+    if step == 1 and on_rank == size - 1:
+        return None
+    data, target = _batch(np.arange(on_rank, EXAMPLES, size), step)
+    hidden = torch.tanh(model["body"](data))
+    return torch.nn.functional.cross_entropy(model["heads"][on_rank % 2](hidden), target)
+
+
+def check_lion_unused_parameters():
+    """Ranks whose backward reaches different parameters (one head per rank, one head on no
+    rank, a rank with no gradient at all): no mode hangs or lets the replicas drift, the head
+    no rank used stays where it was, and uncompressed the step is one process's Lion on the
+    mean of the ranks' losses."""
+    from pysparse_hpc.optim.distributed_lion import PARTICIPATION_KIND
+    steps = 3
+    for compression in COMPRESSIONS:
+        model = _heads_model()
+        unused = _flat(model["heads"][2].parameters()).clone()
+        optimizer = DistributedLion(model.parameters(), comm, lr=LR, weight_decay=DECAY,
+                                    compression=compression)
+        comm.reset_stats()
+        for step in range(steps):
+            optimizer.zero_grad()
+            loss = _heads_loss(model, rank, step)
+            if loss is not None:
+                loss.backward()
+            optimizer.step()
+        params = _flat(model.parameters()).numpy()
+        everyone = comm.allgather(params)
+        assert all(np.array_equal(everyone[0], p) for p in everyone), compression
+        assert torch.equal(_flat(model["heads"][2].parameters()), unused), compression
+        flags = comm.stats().get(PARTICIPATION_KIND, {}).get("bytes_sent", 0)
+        assert flags == (steps * 8 if size > 1 else 0), (compression, flags)  # 8 tensors
+        if compression == "none":
+            def one_process():
+                model = _heads_model()
+                lion = Lion(model.parameters(), lr=LR, weight_decay=DECAY)
+                for step in range(steps):
+                    lion.zero_grad()
+                    losses = [_heads_loss(model, r, step) for r in range(size)]
+                    losses = [loss for loss in losses if loss is not None]
+                    if losses:
+                        (sum(losses) / size).backward()
+                    lion.step()
+                return _flat(model.parameters())
+            reference = on_root_then_broadcast(one_process)
+            torch.testing.assert_close(torch.from_numpy(params), reference, rtol=1e-10,
+                                       atol=1e-12)
+
+
 def check_lion_training():
     """``train(optimizer="lion")``: uncompressed, P ranks give the one-rank losses (float64);
     every compressed mode trains and reports its vote bytes."""
