@@ -235,7 +235,7 @@ def run_train(args, out=None):
                        compression=args.compression, momentum_sync=args.momentum_sync,
                        checkpoint=args.checkpoint, checkpoint_every=args.checkpoint_every,
                        resume=args.resume)
-    except (FileNotFoundError, ValueError) as exc:  # raised alike on every rank
+    except (OSError, ValueError) as exc:  # raised alike on every rank
         if comm.rank == 0:
             print(f"python -m pysparse_hpc train: error: {exc}", file=sys.stderr)
         return 2

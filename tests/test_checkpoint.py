@@ -71,7 +71,11 @@ def nested_state():
                     torch.tensor([float("nan"), -0.0, float("inf")])],
         "arrays": (rng.standard_normal((3, 2)).astype(np.float32), np.arange(10)[::3],
                    np.array(["ab", "c"]), np.zeros((2, 0)), np.array(7, dtype=np.uint16),
-                   np.array([(1, 2.5)], dtype=[("a", "<i4"), ("b", "<f8")])),
+                   np.array([(1, 2.5)], dtype=[("a", "<i4"), ("b", "<f8")]),
+                   # sub-array fields, a titled field and a nested record
+                   np.arange(48, dtype=np.uint8).view([("v", "<f8", (2,)),
+                                                       (("title", "t"), "<u2"),
+                                                       ("r", [("x", "u1", (2, 3))])])),
         "scalars": [np.float32(1.5), np.int64(-3), np.bool_(True)],
         "plain": {"step": 12, "lr": 0.1 + 0.2, "name": "gcn \u00e9", "none": None, "flag": False,
                   "big": 2 ** 80, "nan": float("nan"), "bytes": b"\x00\xff", 3: "int key",
@@ -252,8 +256,35 @@ def test_every_checkpoint_damaged_or_none_is_a_clear_error(tmp_path):
         checkpoints.load(step=2)  # no fallback from an explicit step
     with pytest.raises(FileNotFoundError, match="no checkpoint of step 9 in"):
         checkpoints.load(step=9)
-    with pytest.raises(FileNotFoundError, match=f"no checkpoint in {tmp_path / 'empty'}"):
+    with pytest.raises(FileNotFoundError, match=f"no committed checkpoint in {tmp_path / 'empty'}"):
         make(tmp_path / "empty").load()
+
+
+def test_only_interrupted_saves_is_no_checkpoint(tmp_path):
+    # A job killed during its first save leaves a step directory without a manifest: that is
+    # a directory without checkpoints (FileNotFoundError, so a resumed run starts afresh), not
+    # a damaged one.
+    checkpoints = make(tmp_path)
+    checkpoints.save(5, {"w": torch.ones(3)}, blocking=True)
+    (tmp_path / "step-000000005" / "manifest.json").unlink()
+    assert checkpoints.steps() == []
+    with pytest.raises(FileNotFoundError, match=r"no committed checkpoint in .*steps 5 were"):
+        checkpoints.load()
+    with pytest.raises(FileNotFoundError, match="no committed checkpoint of step 5"):
+        checkpoints.load(step=5)
+    checkpoints.save(5, {"w": torch.zeros(3)}, blocking=True)  # the torn files are replaced
+    assert torch.equal(checkpoints.load().shard["w"], torch.zeros(3))
+
+
+def test_saving_the_step_just_saved_again_keeps_the_first(tmp_path):
+    checkpoints = make(tmp_path)
+    checkpoints.save(1, {"w": torch.ones(3)}, blocking=True)
+    checkpoints.save(2, {"w": torch.full((3,), 2.0)})  # not yet committed
+    with pytest.raises(FileExistsError, match="checkpoint step 2 already exists .*just before"):
+        checkpoints.save(2, {"w": torch.zeros(3)})
+    assert checkpoints.steps() == [1, 2]
+    assert torch.equal(checkpoints.load().shard["w"], torch.full((3,), 2.0))
+    checkpoints.close()
 
 
 def test_fingerprint_of_another_run(tmp_path):

@@ -22,6 +22,34 @@ def test_resume_continues_bit_for_bit_and_a_finished_run_trains_nothing(tmp_path
     assert resumed.test_accuracy == whole.test_accuracy
     finished = train("cora", "gcn", epochs=6, checkpoint=tmp_path, resume=True, **OPTIONS)
     assert finished.resumed_after == 6 and finished.losses == whole.losses
+    # Fewer epochs than the checkpoint holds: nothing is trained, and the result is of the
+    # epochs the model was trained, not of the number asked for.
+    fewer = train("cora", "gcn", epochs=4, checkpoint=tmp_path, resume=True, **OPTIONS)
+    assert fewer.epochs == 6 and fewer.losses == whole.losses
+    assert fewer.test_accuracy == whole.test_accuracy
+
+
+def test_resume_before_the_first_checkpoint_was_committed_starts_afresh(tmp_path):
+    # A job killed while writing its first checkpoint leaves a step without a manifest.
+    first = train("cora", "gcn", epochs=2, checkpoint=tmp_path, **OPTIONS)
+    (tmp_path / "step-000000002" / "manifest.json").unlink()
+    again = train("cora", "gcn", epochs=2, checkpoint=tmp_path, resume=True, **OPTIONS)
+    assert again.resumed_after is None and again.losses == first.losses
+    assert Checkpointer(tmp_path).steps() == [2]
+
+
+def test_naming_a_default_resumes_the_same_run(tmp_path):
+    options = dict(epochs=2, checkpoint=tmp_path, **OPTIONS)
+    train("cora", "gcn", optimizer="sgd", preconditioner="kfac", **options)
+    resumed = train("cora", "gcn", optimizer="sgd", preconditioner="kfac", damping=0.03,
+                    resume=True, **options)
+    assert resumed.resumed_after == 2
+    train("cora", "gcn", optimizer="lion", compression="votes", checkpoint_every=1,
+          **dict(options, checkpoint=tmp_path / "lion", epochs=1))
+    resumed = train("cora", "gcn", optimizer="lion", compression="votes",
+                    momentum_sync="growing", resume=True,
+                    **dict(options, checkpoint=tmp_path / "lion"))
+    assert resumed.resumed_after == 1
 
 
 def test_resume_skips_a_corrupt_newest_checkpoint(tmp_path):
@@ -84,6 +112,13 @@ def test_train_command_checkpoints_and_resumes(tmp_path, capsys):
     assert "resumed from the checkpoint after epoch 2" in out and "test accuracy" in out
     assert main(["train", "--epochs", "3", "--no-progress", "--checkpoint", directory]) == 2
     assert "holds checkpoints" in capsys.readouterr().err
+    # A directory that is a file, or lies under one: the command's error line, no traceback.
+    (tmp_path / "file").write_text("x")
+    for path in (tmp_path / "file", tmp_path / "file" / "run"):
+        assert main(["train", "--epochs", "1", "--no-progress", "--checkpoint",
+                     str(path)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("python -m pysparse_hpc train: error: ") and str(path) in err, err
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for bad in (["--resume"], ["--checkpoint", directory, "--checkpoint-every", "0"]):

@@ -187,7 +187,8 @@ def train(dataset="cora", model="gcn", partition="metis", *, epochs=None, lr=Non
     import torch
 
     from ..nn import models
-    from ..nn.train import fit, normalize_features
+    from ..nn.train import default_damping, fit, normalize_features
+    from ..optim._modes import default_momentum_sync
 
     comm = init() if comm is None else comm
     if model not in models.MODELS:
@@ -202,6 +203,11 @@ def train(dataset="cora", model="gcn", partition="metis", *, epochs=None, lr=Non
     overrides = dict(epochs=epochs, lr=lr, weight_decay=weight_decay)
     settings.update({k: v for k, v in overrides.items() if v is not None})
 
+    # The fingerprint holds the values the run uses, so that naming a default changes nothing.
+    if preconditioner is not None and damping is None:
+        damping = default_damping(preconditioner, optimizer)
+    if optimizer == "lion" and momentum_sync is None:
+        momentum_sync = default_momentum_sync(compression)
     checkpointer, state = _checkpoints(
         comm, checkpoint, resume, keep_checkpoints,
         fingerprint=dict(dataset=getattr(dataset, "name", str(dataset)), model=model,

@@ -286,7 +286,7 @@ def fit(model, x, adj, y, masks, *, epochs=200, lr=0.01, weight_decay=5e-4, prog
     return TrainResult(test_accuracy=best[2], val_accuracy=best[0], best_epoch=best[3],
                        seconds_per_epoch=float((np.median if maker is None else np.mean)(
                            step_seconds)) if step_seconds
-                       else float("nan"), epochs=epochs, losses=losses,
+                       else float("nan"), epochs=run.epochs_done, losses=losses,
                        skipped_epochs=skipped,
                        damping=None if maker is None else maker.config.damping)
 

@@ -208,11 +208,14 @@ def decode(node, payload):
 
 
 def _tuples(descr):
-    """A NumPy dtype descriptor read back from JSON (which turned its tuples into lists)."""
-    if isinstance(descr, list):
-        return [tuple(_tuples(part) if isinstance(part, list) else part for part in field_)
-                for field_ in descr]
-    return descr
+    """A NumPy dtype descriptor read back from JSON, which turned its tuples into lists: a
+    structured one's fields ``(name, dtype[, shape])``, titled names ``(title, name)`` and
+    sub-array shapes."""
+    if not isinstance(descr, list):
+        return descr
+    return [(tuple(name) if isinstance(name, list) else name, _tuples(dtype),
+             *(tuple(shape) for shape in subarray))
+            for name, dtype, *subarray in descr]
 
 
 def parse(buffer, name):

@@ -202,7 +202,7 @@ class Checkpointer:
 
     def __init__(self, directory, comm=None, keep=3, fingerprint=None, threads=None):
         if comm is None:
-            from ._comm import init
+            from .._comm import init
             comm = init()
         self.comm = comm
         self.directory = os.path.abspath(os.fspath(directory))
@@ -280,8 +280,9 @@ class Checkpointer:
                                   "directory?")
             return _fingerprint_mismatch(path, saved.get("fingerprint"), self.fingerprint,
                                          f"{MARKER} file")
-        except OSError as exc:
-            return exc
+        except OSError as exc:  # the same type, saying what it was for
+            return type(exc)(exc.errno, f"cannot use {path} as a checkpoint directory: "
+                             f"{exc.strerror or exc}")
 
     def _step_dirs(self):
         """``{step: path}`` of every step directory, committed or not."""
@@ -344,11 +345,11 @@ class Checkpointer:
         ValueError
             A negative step, steps that differ between ranks, malformed ``nodes``.
         FileExistsError
-            The step is already committed.
+            The step is already committed, or is the previous save's (which is committed).
         """
         previous = self._collect()
         try:
-            step, encoders = self._prepare_save(step, shard, shared, nodes)
+            step, encoders = self._prepare_save(step, shard, shared, nodes, previous)
         except BaseException:
             if previous is not None:
                 self._commit_now(previous)
@@ -375,12 +376,18 @@ class Checkpointer:
         self._pending = pending
         pending.thread = self._background(self._write, pending, step_dir, jobs)
 
-    def _prepare_save(self, step, shard, shared, nodes):
-        """Check the arguments and encode the state on every rank; ``(step, encoders)``."""
+    def _prepare_save(self, step, shard, shared, nodes, previous):
+        """Check the arguments and encode the state on every rank; ``(step, encoders)``.
+        ``previous`` is the collected save not yet committed, if any."""
         error = None
         encoders = {}
         try:
             step = _check_step(step)
+            if previous is not None and previous[0] == step:
+                # Its files lie in the step's directory with no manifest yet: clearing that
+                # directory for this save would destroy both.
+                raise FileExistsError(f"checkpoint step {step} already exists in "
+                                      f"{self.directory} (the save just before this one)")
             encoders[_shard_name(self.comm.rank)] = self._encode(shard, "shard")
             if nodes is not None:
                 encoders[_nodes_name(self.comm.rank)] = self._encode(check_nodes(nodes),
@@ -648,14 +655,20 @@ class Checkpointer:
         if node_ids is not None:
             node_ids = as_ids(node_ids, "node_ids")
         comm = self.comm
-        dirs = comm.bcast(self._step_dirs() if comm.rank == 0 else None)
+        dirs, committed = comm.bcast((self._step_dirs(), self.steps()) if comm.rank == 0
+                                     else None)
         candidates = sorted(dirs, reverse=True)
         if step is not None:
             if step not in dirs:
                 raise FileNotFoundError(f"no checkpoint of step {step} in {self.directory}")
             candidates = [step]
-        if not candidates:
-            raise FileNotFoundError(f"no checkpoint in {self.directory}")
+        if not set(candidates) & set(committed):
+            # Only interrupted saves (no manifest): a directory without checkpoints, not a
+            # damaged one, so that a run resumed before its first checkpoint starts afresh.
+            which = "" if step is None else f" of step {step}"
+            torn = ", ".join(map(str, sorted(candidates)))
+            raise FileNotFoundError(f"no committed checkpoint{which} in {self.directory}"
+                                    + (f" (steps {torn} were never committed)" if torn else ""))
         problems = []
         for candidate in candidates:
             problem, error, result = None, None, None
