@@ -956,6 +956,79 @@ def test_nan_input_skips_step_without_writing_nan(model_name):
     assert ("A_rows" in gm.factors("0")) == (model_name == "wide")
 
 
+@pytest.mark.parametrize("fisher_type", ["fisher_emp", "fisher_mc", "fisher_exact"])
+@pytest.mark.parametrize("maker", [P.KfacGradientMaker, P.DiagNaturalGradientMaker])
+def test_nan_output_skips_the_step_with_every_fisher(maker, fisher_type):
+    """The MC Fisher samples labels from the output: a NaN there must skip the step as the
+    other Fishers do, not stop the sampler."""
+    model = mlp()
+    gm = maker(model, P.PreconditioningConfig(data_size=32, damping=1e-3),
+               fisher_type=fisher_type)
+    x, t = batch((32, 20))
+    x[3, 5] = float("nan")
+    dy = gm.setup_model_call(model, x)
+    gm.setup_loss_call(F.cross_entropy, dy, t)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        gm.forward_and_backward()
+    assert gm.last_step_skipped
+    assert any("non-finite gradient" in str(w.message) for w in caught)
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters())
+
+
+@pytest.mark.parametrize("maker", [P.KfacGradientMaker, P.DiagNaturalGradientMaker])
+def test_overflowing_preconditioned_gradient_leaves_the_gradient(maker):
+    """A finite gradient far larger than the stale curvature (tiny inputs at the curvature
+    step, huge ones after): the preconditioned gradient overflows in float32, a
+    RuntimeWarning, and the gradient stays as the backward left it."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 3))
+    gm = maker(model, P.PreconditioningConfig(data_size=8, damping=1e-14,
+                                              curvature_upd_interval=100),
+               fisher_type="fisher_emp")
+    t = torch.randint(0, 3, (8,))
+    for step, scale in enumerate((1e-4, 1e33)):
+        model.zero_grad()
+        x = torch.randn(8, 4) * scale
+        dy = gm.setup_model_call(model, x)
+        gm.setup_loss_call(F.cross_entropy, dy, t)
+        if step == 0:
+            gm.forward_and_backward()
+            continue
+        expected = torch.autograd.grad(F.cross_entropy(model(x), t), model[0].weight)[0]
+        with pytest.warns(RuntimeWarning, match="step 1: non-finite preconditioned gradient "
+                                                "in module '0'; the gradient is left"):
+            gm.forward_and_backward()
+    assert not gm.last_step_skipped
+    assert torch.isfinite(model[0].weight.grad).all()
+    torch.testing.assert_close(model[0].weight.grad, expected)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_kfac_on_a_half_precision_model_keeps_float32_factors(dtype):
+    """Cholesky has no float16 or bfloat16 kernels: the factors and inverses are float32, the
+    preconditioned gradient is rounded back to the weights' dtype and is that of the same
+    (rounded) weights and inputs in float32 up to the half-precision arithmetic."""
+    def preconditioned(compute):
+        model = mlp(dtype=torch.float32).to(dtype).to(compute)
+        x, t = batch((32, 20), dtype=torch.float32)
+        gm = P.KfacGradientMaker(model, P.PreconditioningConfig(data_size=32, damping=1e-3),
+                                 fisher_type="emp")
+        dy = gm.setup_model_call(model, x.to(dtype).to(compute))
+        gm.setup_loss_call(F.cross_entropy, dy, t)
+        gm.forward_and_backward()
+        return gm, [p.grad for p in model.parameters()]
+
+    reference = preconditioned(torch.float32)[1]
+    gm, grads = preconditioned(dtype)
+    assert {v.dtype for k in gm.preconditioned_modules() for v in gm.factors(k).values()} \
+        == {torch.float32}
+    tolerance = 0.05 if dtype == torch.bfloat16 else 0.01  # 8 and 11 significant bits
+    for got, expected in zip(grads, reference):
+        assert got.dtype == dtype and torch.isfinite(got).all()
+        assert float((got.float() - expected).norm() / expected.norm()) < tolerance
+
+
 def test_non_finite_curvature_keeps_previous_inverses():
     """An input so large that X^T X overflows in float32 while the gradients stay finite: the
     new factors are refused (RuntimeWarning), the previous inverses precondition the step."""
@@ -1007,6 +1080,30 @@ def test_schedules():
     assert [by_ratio.do_update_preconditioner(k) for k in range(10)] == expected
     with pytest.warns(RuntimeWarning, match="past num_total_steps"):
         assert not by_ratio.do_update_preconditioner(10)
+
+
+def test_schedules_follow_the_config_as_it_changes():
+    """ASDL reads the intervals from ``gm.config`` at every step: a script may change them
+    after a warm-up phase. A bad new value is refused as on construction."""
+    gm = P.KfacGradientMaker(mlp(), P.PreconditioningConfig(
+        data_size=4, curvature_upd_interval=1), fisher_type="emp")
+    assert [gm.do_update_curvature(k) for k in range(3)] == [True, True, True]
+    gm.config.curvature_upd_interval = 5
+    gm.config.preconditioner_upd_interval = 5
+    assert [gm.do_update_curvature(k) for k in range(7)] == [
+        True, False, False, False, False, True, False]
+    assert [gm.do_update_preconditioner(k) for k in range(7)] == [
+        True, False, False, False, False, True, False]
+    if asdl is not None:
+        theirs = asdl.KfacGradientMaker(mlp(), asdl.PreconditioningConfig(
+            data_size=4, curvature_upd_interval=1))
+        theirs.config.curvature_upd_interval = 5
+        theirs.config.preconditioner_upd_interval = 5
+        assert [theirs.do_update_curvature(k) for k in range(7)] == [
+            gm.do_update_curvature(k) for k in range(7)]
+    gm.config.curvature_upd_interval = 0
+    with pytest.raises(ValueError, match="curvature_upd_interval must be >= 1, got 0"):
+        gm.do_update_curvature(1)
 
 
 def test_pi_damping_switch():

@@ -614,6 +614,8 @@ def test_bad_input():
             maker(mlp(), P.PreconditioningConfig(ignore_modules=[nn.Linear]))
         with pytest.raises(NotImplementedError, match="sparse=True"):
             maker(nn.Embedding(5, 3, sparse=True), config)
+        with pytest.raises(NotImplementedError, match=r"nn.EmbeddingBag\(sparse=True\)"):
+            maker(nn.EmbeddingBag(5, 3, sparse=True), config)
         with pytest.raises(TypeError, match="PreconditioningConfig"):
             maker(mlp(), {"damping": 1e-3})
     assert P.ShampooGradientMaker(mlp(), config, block_size=-1).block_size is None  # ASDL's

@@ -73,6 +73,11 @@ def fisher_passes(fisher_type, loss_type, logits, n_mc_samples=1, var=1.0):
         if fisher_type == FISHER_MC:
             # torch.distributions.Categorical(probs).sample(), as ASDL calls it.
             probs = probs / probs.sum(-1, keepdim=True)
+            # Rows of a non-finite output are sampled uniformly rather than refused by the
+            # sampler: their NaN still reaches the curvature, which is then refused (and the
+            # step skipped), as with the other Fishers.
+            probs = torch.where(torch.isfinite(probs).all(-1, keepdim=True), probs,
+                                1.0 / classes)
             for _ in range(n_mc_samples):
                 with torch.no_grad():
                     targets = torch.multinomial(probs, 1, True).T.reshape(-1)

@@ -27,7 +27,7 @@ from torch import nn
 
 from ._fisher import FISHER_EMP, fisher_passes
 from ._kaisa import allreduce_sum
-from .config import PreconditioningConfig, _schedules
+from .config import _SCHEDULE_FIELDS, PreconditioningConfig, _schedules
 
 __all__ = ["OutputPlaceholder", "PreconditionedGradientMaker"]
 
@@ -208,7 +208,8 @@ class PreconditionedGradientMaker:
         self.check_finite = bool(check_finite)
         self.state = {"step": 0}
         self.last_step_skipped = False
-        self._curvature_schedule, self._preconditioner_schedule = _schedules(config)
+        self._schedule_key = self._schedule_pair = None
+        self._current_schedules()
         self._model_fn = None
         self._model_args = ()
         self._model_kwargs = {}
@@ -397,6 +398,26 @@ class PreconditionedGradientMaker:
         return self.state["step"]
 
     # ------------------------------------------------------------------ schedules
+    def _current_schedules(self):
+        """The (curvature, preconditioner) schedules of the config as it is now: ASDL reads
+        its intervals at every step, so a script may change them during training (a changed
+        field is checked as on construction)."""
+        key = tuple(getattr(self.config, field) for field in _SCHEDULE_FIELDS)
+        if key != self._schedule_key:
+            if self._schedule_key is not None:
+                self.config._check()
+            self._schedule_pair = _schedules(self.config)
+            self._schedule_key = key
+        return self._schedule_pair
+
+    @property
+    def _curvature_schedule(self):
+        return self._current_schedules()[0]
+
+    @property
+    def _preconditioner_schedule(self):
+        return self._current_schedules()[1]
+
     def do_update_curvature(self, step=None):
         """Whether `step` (default: the current one) updates the curvature."""
         return self._curvature_schedule(self.state["step"] if step is None else step)

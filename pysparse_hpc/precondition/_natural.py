@@ -253,6 +253,20 @@ class NaturalGradientMaker(PreconditionedGradientMaker):
             self._invert_and_share(list(self._modules), once)
 
     # ------------------------------------------------------------------ step 5
+    def _write_preconditioned(self, name, results):
+        """Write ``results`` (``[(grad, preconditioned)]`` of module `name`) into the
+        gradients, or leave every one of them as it was when any result is not finite (a
+        stale inverse against a gradient far larger than its curvature can overflow)."""
+        # Rounded to the gradient's dtype first: a float16 gradient can overflow there.
+        results = [(grad, value.to(grad.dtype)) for grad, value in results]
+        if all(_all_finite(value) for _, value in results):
+            for grad, value in results:
+                grad.copy_(value)
+            return
+        warnings.warn(f"step {self.state['step']}: non-finite preconditioned gradient in "
+                      f"module {name or '<model>'!r}; the gradient is left unchanged",
+                      RuntimeWarning, stacklevel=5)
+
     def precondition(self):
         """Precondition the ``.grad`` of every module that has inverses, in place; with
         ``strategy="gradient"`` each owner its own modules, then a broadcast of the results."""

@@ -150,11 +150,11 @@ class RootGradientMaker(PreconditionedGradientMaker):
 
     # ------------------------------------------------------------------ parameters
     def _kind_for(self, name, module):
-        if isinstance(module, nn.Embedding) and module.sparse:
+        if isinstance(module, (nn.Embedding, nn.EmbeddingBag)) and module.sparse:
             raise NotImplementedError(
                 f"{type(self).__name__} needs dense gradients; module {name!r} is "
-                f"nn.Embedding(sparse=True) (add it to PreconditioningConfig.ignore_modules to "
-                f"keep its plain gradient)")
+                f"nn.{type(module).__name__}(sparse=True) (add it to "
+                f"PreconditioningConfig.ignore_modules to keep its plain gradient)")
         weight = getattr(module, "weight", None)
         if isinstance(weight, torch.Tensor) and weight.ndim >= 2:
             return "matrix"

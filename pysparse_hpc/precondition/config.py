@@ -111,6 +111,10 @@ class PreconditioningConfig:
     ignore_modules: Optional[List[Any]] = None
 
     def __post_init__(self):
+        self._check()
+
+    def _check(self):
+        """Raise TypeError or ValueError on a field that is not valid."""
         for name in ("preconditioner_upd_interval", "curvature_upd_interval", "num_total_steps"):
             value = getattr(self, name)
             if value is None and name != "preconditioner_upd_interval":
@@ -246,6 +250,13 @@ class _Schedule:
                               f"{self.what}", RuntimeWarning, stacklevel=3)
             return False
         return step < self.warmup_steps or (step - self.warmup_steps) % self.interval == 0
+
+
+#: The fields the schedules depend on.
+_SCHEDULE_FIELDS = ("num_total_steps", "preconditioner_upd_interval",
+                    "preconditioner_warmup_steps", "preconditioner_upd_ratio",
+                    "preconditioner_warmup_ratio", "curvature_upd_interval",
+                    "curvature_warmup_steps", "curvature_upd_ratio", "curvature_warmup_ratio")
 
 
 def _schedules(config):

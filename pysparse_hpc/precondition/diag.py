@@ -124,6 +124,7 @@ class DiagNaturalGradientMaker(NaturalGradientMaker):
             for name in names:
                 module = self._modules[name][0]
                 state = self._factors[name]
+                results = []
                 for key in ("weight", "bias"):
                     param = getattr(module, key, None)
                     if not isinstance(param, torch.Tensor) or param.grad is None:
@@ -131,7 +132,8 @@ class DiagNaturalGradientMaker(NaturalGradientMaker):
                     if self.grad_scale != 1.0:
                         param.grad.mul_(self.grad_scale)
                     if key + "_inv" in state:
-                        param.grad.mul_(state[key + "_inv"])
+                        results.append((param.grad, param.grad.mul(state[key + "_inv"])))
+                self._write_preconditioned(name, results)
 
     def factors(self, name):
         """The stored diagonals of module `name`: ``weight``, ``bias`` and their ``*_inv``."""

@@ -100,6 +100,13 @@ def _split_damping(mean_a, mean_b, damping, use_pi, eps):
     return max(root * pi, eps), max(root / pi, eps)
 
 
+def factor_dtype(weight_dtype):
+    """The dtype of the factors of a weight: its own, float32 for float16 and bfloat16 (a
+    Cholesky factorization needs float32 at least, and half precision would round the
+    curvature away). The preconditioned gradient is rounded back to the weight's dtype."""
+    return torch.float32 if weight_dtype in (torch.float16, torch.bfloat16) else weight_dtype
+
+
 def damped_cholesky(matrix, damping):
     """The lower Cholesky factor of ``matrix + damping I``; None when not positive definite."""
     damped = matrix.clone()
@@ -150,6 +157,11 @@ class _Inverse:
         self.rows = rows
         self.damping = damping
         self.capacitance = capacitance
+
+    @property
+    def dtype(self):
+        held = self.inverse if self.inverse is not None else self.cholesky
+        return (held if held is not None else self.rows).dtype
 
     # Two triangular solves rather than torch.cholesky_solve: the same arithmetic, 1.4x-1.7x
     # faster on a CPU thread for the factor sizes of a K-FAC step (785 x 785 against 256
@@ -209,17 +221,18 @@ class _KronKind:
         raise NotImplementedError
 
     def precondition(self, module, A_inv, B_inv):
-        """Replace ``module.weight.grad`` (and the bias's) by the preconditioned gradient.
-
-        `A_inv` and `B_inv` are ``_Inverse`` objects.
-        """
+        """``[(grad, preconditioned grad)]`` of ``module.weight`` (and its bias); `A_inv` and
+        `B_inv` are ``_Inverse`` objects."""
+        results = []
         weight = module.weight.grad
         if weight is not None:
-            flat = weight.reshape(weight.shape[0], -1)
-            weight.copy_(A_inv.right(B_inv.left(flat)).view_as(weight))
+            flat = weight.reshape(weight.shape[0], -1).to(B_inv.dtype)
+            results.append((weight, A_inv.right(B_inv.left(flat)).view_as(weight)))
         bias = getattr(module, "bias", None)
         if isinstance(bias, torch.Tensor) and bias.grad is not None:
-            bias.grad.copy_(B_inv.left(bias.grad.unsqueeze(1)).squeeze(1))
+            column = bias.grad.unsqueeze(1).to(B_inv.dtype)
+            results.append((bias.grad, B_inv.left(column).squeeze(1)))
+        return results
 
 
 class _LinearKind(_KronKind):
@@ -280,8 +293,9 @@ class _EmbeddingKind(_KronKind):
 
     def precondition(self, module, A_inv, B_inv):
         weight = module.weight.grad
-        if weight is not None:
-            weight.copy_(B_inv.right(A_inv.left(weight)))
+        if weight is None:
+            return []
+        return [(weight, B_inv.right(A_inv.left(weight.to(A_inv.dtype))))]
 
 
 _KINDS = {"Linear": _LinearKind(), "Conv2d": _Conv2dKind(), "Embedding": _EmbeddingKind()}
@@ -377,8 +391,9 @@ class KfacGradientMaker(NaturalGradientMaker):
 
     # ------------------------------------------------------------------ compute
     def _on_input(self, name, module, x):
-        if x.is_floating_point() and x.dtype != module.weight.dtype:
-            x = x.to(module.weight.dtype)
+        dtype = factor_dtype(module.weight.dtype)
+        if x.is_floating_point() and x.dtype != dtype:
+            x = x.to(dtype)
         # Added with the call's first output gradient, not here: a call whose output gets no
         # gradient (a forward re-run by activation checkpointing inside backward, as
         # GATConv(cache="none") does) must not count twice.
@@ -392,8 +407,9 @@ class KfacGradientMaker(NaturalGradientMaker):
     def _on_output_grad(self, name, module, grad, weight, context):
         if context:
             self._add_pending(name, *context.pop())
-        if grad.dtype != module.weight.dtype:
-            grad = grad.to(module.weight.dtype)
+        dtype = factor_dtype(module.weight.dtype)
+        if grad.dtype != dtype:
+            grad = grad.to(dtype)
         contribution = self._modules[name][1].grad_factor(module, grad)
         if weight != 1.0:
             contribution.mul_(weight)
@@ -483,7 +499,7 @@ class KfacGradientMaker(NaturalGradientMaker):
                 state = self._factors[name]
                 A_inv, B_inv = _Inverse.of(state, "A"), _Inverse.of(state, "B")
                 if A_inv is not None and B_inv is not None:
-                    kind.precondition(module, A_inv, B_inv)
+                    self._write_preconditioned(name, kind.precondition(module, A_inv, B_inv))
 
     # ------------------------------------------------------------------ state
     def factors(self, name):
