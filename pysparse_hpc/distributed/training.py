@@ -23,7 +23,7 @@ _DTYPES = ("float32", "float64")
 #: The communicator's kinds of the optimizers' own collectives: the preconditioners'
 #: (`pysparse_hpc.precondition`) and `pysparse_hpc.optim.DistributedLion`'s.
 _OPTIMIZER_KINDS = ("gradient allreduce", "curvature allreduce", "inverse broadcast",
-                    "gradient broadcast", "lion votes", "momentum sync")
+                    "gradient broadcast", "lion votes", "lion participation", "momentum sync")
 
 
 @dataclass
