@@ -1,5 +1,6 @@
 """CUDA kernels without a GPU: the simulator tests (in a subprocess, since the simulator must be
 chosen before numba is imported) and PTX compile checks for real targets."""
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -14,8 +15,11 @@ pytestmark = pytest.mark.cuda
 
 def test_kernels_under_the_simulator():
     env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
+    # The simulator runs every CUDA thread in Python: two workers halve the wait.
+    workers = ["-n", "2"] if importlib.util.find_spec("xdist") else []
     result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/cuda_sim"],
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *workers,
+         "tests/cuda_sim"],
         cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-2000:]
     assert " passed" in result.stdout and "skipped" not in result.stdout.splitlines()[-1]

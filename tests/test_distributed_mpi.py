@@ -73,6 +73,7 @@ def test_training_reproduces_one_process(ranks, dtype):
     run_checks(ranks, "training", "--dtype", dtype, timeout=600)
 
 
+@pytest.mark.slow  # four ranks on two cores: the 2- and 3-rank runs above cover the same
 @requires_mpi
 def test_training_reproduces_one_process_on_4_ranks():
     run_checks(4, "training", "--dtype", "float32", "--datasets", "cora", "--models",
