@@ -128,6 +128,13 @@ def _first_placeholder(args, kwargs):
     return None
 
 
+def curvature_dtype(dtype):
+    """The dtype a method keeps the curvature of a ``dtype`` parameter in: its own, float32
+    for float16 and bfloat16 (Cholesky and eigendecompositions need float32 at least, and half
+    precision would round the curvature away)."""
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
 def _all_finite(tensor, total=None):
     """Whether `tensor` has no NaN or inf: one sum, and an exact check only if that overflows."""
     if total is None:

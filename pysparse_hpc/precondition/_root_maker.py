@@ -49,7 +49,7 @@ import torch
 from torch import nn
 
 from ._kaisa import STRATEGIES, assign_owners, broadcast_from_owners
-from ._maker import PreconditionedGradientMaker, _all_finite
+from ._maker import PreconditionedGradientMaker, _all_finite, curvature_dtype
 from ._roots import block_bounds, finite_norm
 
 __all__ = ["RootGradientMaker", "GRAFTINGS"]
@@ -84,10 +84,6 @@ def check_positive(name, value, upper=None):
     return value
 
 
-def _stat_dtype(param):
-    return torch.float32 if param.dtype in (torch.float16, torch.bfloat16) else param.dtype
-
-
 class _Matrix:
     """A parameter seen as an ``rows x cols`` matrix, and its blocks (row slice, column slice)."""
     __slots__ = ("param", "rows", "cols", "blocks", "dtype")
@@ -96,7 +92,7 @@ class _Matrix:
         self.param = param
         self.rows = param.shape[0]
         self.cols = param.numel() // self.rows
-        self.dtype = _stat_dtype(param)
+        self.dtype = curvature_dtype(param.dtype)
         self.blocks = [(slice(r0, r1), slice(c0, c1))
                        for r0, r1 in block_bounds(self.rows, block_size)
                        for c0, c1 in block_bounds(self.cols, block_size)]
@@ -370,7 +366,7 @@ class RootGradientMaker(PreconditionedGradientMaker):
             for name in vectors:
                 param = self._vectors[name]
                 if param.grad is not None:
-                    step = self._adagrad_step(name, param.grad.to(_stat_dtype(param)))
+                    step = self._adagrad_step(name, param.grad.to(curvature_dtype(param.dtype)))
                     if step is not None:
                         param.grad.copy_(step)
 
@@ -529,4 +525,4 @@ class RootGradientMaker(PreconditionedGradientMaker):
             raise ValueError(f"state_dict {what} has shape {tuple(value.shape)}, expected "
                              f"{tuple(shape)}")
         param = like.param if isinstance(like, _Matrix) else like
-        return value.to(device=param.device, dtype=_stat_dtype(param))
+        return value.to(device=param.device, dtype=curvature_dtype(param.dtype))

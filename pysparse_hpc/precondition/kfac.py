@@ -43,7 +43,7 @@ import warnings
 
 import torch
 
-from ._maker import _all_finite
+from ._maker import _all_finite, curvature_dtype
 from ._fisher import FISHER_MC, LOSS_CROSS_ENTROPY
 from ._gram import gram
 from ._layers import conv2d_patch_columns, supported_kind
@@ -98,13 +98,6 @@ def _split_damping(mean_a, mean_b, damping, use_pi, eps):
     if pi == 0.0 or not math.isfinite(pi):
         return damping, damping
     return max(root * pi, eps), max(root / pi, eps)
-
-
-def factor_dtype(weight_dtype):
-    """The dtype of the factors of a weight: its own, float32 for float16 and bfloat16 (a
-    Cholesky factorization needs float32 at least, and half precision would round the
-    curvature away). The preconditioned gradient is rounded back to the weight's dtype."""
-    return torch.float32 if weight_dtype in (torch.float16, torch.bfloat16) else weight_dtype
 
 
 def damped_cholesky(matrix, damping):
@@ -391,7 +384,7 @@ class KfacGradientMaker(NaturalGradientMaker):
 
     # ------------------------------------------------------------------ compute
     def _on_input(self, name, module, x):
-        dtype = factor_dtype(module.weight.dtype)
+        dtype = curvature_dtype(module.weight.dtype)
         if x.is_floating_point() and x.dtype != dtype:
             x = x.to(dtype)
         # Added with the call's first output gradient, not here: a call whose output gets no
@@ -407,7 +400,7 @@ class KfacGradientMaker(NaturalGradientMaker):
     def _on_output_grad(self, name, module, grad, weight, context):
         if context:
             self._add_pending(name, *context.pop())
-        dtype = factor_dtype(module.weight.dtype)
+        dtype = curvature_dtype(module.weight.dtype)
         if grad.dtype != dtype:
             grad = grad.to(dtype)
         contribution = self._modules[name][1].grad_factor(module, grad)
