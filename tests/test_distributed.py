@@ -256,6 +256,29 @@ def test_data_parallel_on_one_rank():
         distributed.DataParallel(model, bucket_mb=0)
 
 
+def test_data_parallel_keeps_sparse_gradients_sparse():
+    table, head = torch.nn.Embedding(10, 4, sparse=True), torch.nn.Linear(4, 3)
+    model = distributed.DataParallel(torch.nn.Sequential(table, head), comm=Communicator())
+    model(torch.tensor([1, 2, 2, 7])).sum().backward()
+    grad = table.weight.grad
+    assert grad.is_sparse and grad.indices()[0].tolist() == [1, 2, 7]
+    torch.optim.SparseAdam([table.weight]).step()
+
+
+def test_mpi4py_communicators_are_refused_by_name(tmp_path, cora):
+    MPI = pytest.importorskip("mpi4py.MPI")
+    from pysparse_hpc.optim import DistributedLion
+    model = torch.nn.Linear(3, 2)
+    for make in (lambda c: distributed.DataParallel(model, comm=c),
+                 lambda c: DistributedLion(model.parameters(), comm=c),
+                 lambda c: distributed.Checkpointer(tmp_path / "checkpoints", comm=c),
+                 lambda c: DistGraph(cora.adj, np.zeros(cora.adj.shape[0], dtype=int), comm=c)):
+        with pytest.raises(TypeError, match="mpi4py communicator"):
+            make(MPI.COMM_WORLD)
+        with pytest.raises(TypeError, match="must be a pysparse_hpc.distributed.Communicator"):
+            make(object())
+
+
 def test_gcn_norm_of_a_distributed_graph_matches(cora, cora_graph):
     from pysparse_hpc.nn import gcn_norm
     np.testing.assert_allclose(gcn_norm(cora_graph).local.toarray(),

@@ -11,6 +11,7 @@ its buffer on both ends; a collective counts its buffer once sent and once recei
 MPI library moves inside it depends on its algorithm); a broadcast counts ``size - 1`` messages
 sent on the root and one received elsewhere. A one-rank communicator counts nothing.
 """
+import contextlib
 import os
 import shutil
 import sys
@@ -53,6 +54,25 @@ def mpiexec_path():
     if os.path.isfile(beside) and os.access(beside, os.X_OK):
         return beside
     return shutil.which("mpiexec")
+
+
+def check_communicator(comm, needed=("rank", "size", "Allreduce"), name="comm"):
+    """`comm` when it can stand for the library's `Communicator` (has the methods `needed`),
+    else a ``TypeError`` saying what to pass; None is returned as it is.
+
+    An mpi4py communicator is refused by name: it has the same method names but not the
+    library's ``kind=`` traffic accounting, and would fail later, mid-step."""
+    if comm is None:
+        return None
+    if type(comm).__module__.split(".")[0] == "mpi4py":
+        raise TypeError(f"{name} is an mpi4py communicator ({type(comm).__name__}); pass "
+                        f"pysparse_hpc.distributed.Communicator({name}), or "
+                        f"pysparse_hpc.distributed.init() for every rank of the job")
+    missing = [method for method in needed if not hasattr(comm, method)]
+    if missing:
+        raise TypeError(f"{name} must be a pysparse_hpc.distributed.Communicator, got "
+                        f"{type(comm).__name__} (it has no {', '.join(missing)})")
+    return comm
 
 
 def _as_buffer(array, name="buffer"):
@@ -377,23 +397,45 @@ class Communicator:
         """
         if self.size == 1:
             if error is not None:
-                raise error
+                raise _alike(error)
             return
         reports = self.allgather(None if error is None else (type(error), str(error)))
         failed = [(rank, report) for rank, report in enumerate(reports) if report is not None]
         if not failed:
             return
         if error is not None and len(failed) == 1:
-            raise error
+            raise _alike(error)
         kind, message = failed[0][1]
         ranks = ", ".join(str(rank) for rank, _ in failed)
-        raise kind(f"rank{'s' if len(failed) > 1 else ''} {ranks}: {message}")
+        raise _alike(kind(f"rank{'s' if len(failed) > 1 else ''} {ranks}: {message}"))
 
     def Abort(self, errorcode=1):
         """End the whole job now (every rank), with exit status ``errorcode``."""
         if self.mpi is not None:
             self.mpi.Abort(errorcode)
         os._exit(errorcode)
+
+
+def _alike(error):
+    error._raised_on_every_rank = True
+    return error
+
+
+def raised_on_every_rank(error):
+    """Whether `error` was raised alike on every rank (by `Communicator.raise_if_any`, or
+    inside `raising_alike`): a rank may then handle it and go on, since no other rank is left
+    waiting in a collective. Any other error on one rank of several must end the job."""
+    return getattr(error, "_raised_on_every_rank", False)
+
+
+@contextlib.contextmanager
+def raising_alike():
+    """Mark the exceptions raised inside as raised alike on every rank: for checks whose
+    outcome every rank computes from the same values (arguments, a broadcast decision)."""
+    try:
+        yield
+    except Exception as error:
+        raise _alike(error)
 
 
 def _install_abort_hook(comm):

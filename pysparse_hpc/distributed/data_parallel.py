@@ -11,7 +11,8 @@ import contextlib
 
 import torch
 
-from ._comm import init
+from ._comm import check_communicator, init
+from ._sparse_grads import allreduce_sparse, sparse_gradient_parameters
 
 __all__ = ["DataParallel"]
 
@@ -60,14 +61,19 @@ class DataParallel(torch.nn.Module):
         if not bucket_mb > 0:
             raise ValueError(f"bucket_mb must be positive, got {bucket_mb!r}")
         self.module = module
-        self.comm = init() if comm is None else comm
+        self.comm = init() if comm is None else check_communicator(
+            comm, ("rank", "size", "Iallreduce", "Bcast"))
         self.average = average
         params = [p for p in module.parameters() if p.requires_grad]
         for p in params:
             if p.device.type != "cpu":
                 raise ValueError(f"DataParallel reduces host memory; a parameter is on "
                                  f"{p.device}")
-        self._buckets = self._make_buckets(params[::-1], bucket_mb * 2 ** 20)
+        sparse = sparse_gradient_parameters(module)
+        # Sparse gradients (Embedding(sparse=True)) are summed apart, after the buckets.
+        self._sparse = [p for p in params if id(p) in sparse]
+        self._buckets = self._make_buckets([p for p in params[::-1] if id(p) not in sparse],
+                                           bucket_mb * 2 ** 20)
         self._bucket_of = {id(p): b for b in self._buckets for p in b.params}
         self._launched = 0
         self._in_backward = False
@@ -125,7 +131,9 @@ class DataParallel(torch.nn.Module):
         if not self._in_backward:
             self._in_backward = True
             torch.autograd.Variable._execution_engine.queue_callback(self._finish)
-        bucket = self._bucket_of[id(param)]
+        bucket = self._bucket_of.get(id(param))
+        if bucket is None:
+            return  # a sparse gradient: summed in _finish
         bucket.ready += 1
         buckets = self._buckets
         while (self._launched < len(buckets)
@@ -165,6 +173,9 @@ class DataParallel(torch.nn.Module):
                     else:
                         p.grad.copy_(reduced)
                     offset += size
+            for p in self._sparse:
+                summed = allreduce_sparse(self.comm, p)
+                p.grad = summed if summed is None or scale is None else summed * scale
         finally:
             for bucket in self._buckets:
                 bucket.ready, bucket.request = 0, None

@@ -13,10 +13,14 @@ from .._base import sparray
 from .._csr import csr_array
 from .._sputils import get_index_dtype
 from . import _plan
-from ._comm import _as_buffer, _Request, init
+from ._comm import _as_buffer, _Request, check_communicator, init
 from .partition import Partition
 
 __all__ = ["DistGraph", "HaloPlan"]
+
+#: What a graph needs of its communicator (set-up collectives, then the halo exchange).
+_GRAPH_COMM_METHODS = ("rank", "size", "Allreduce", "Isend", "Irecv", "bcast", "scatter",
+                       "alltoall", "allgather", "raise_if_any")
 
 # Tags of the library's point-to-point messages cycle through this range (the MPI standard
 # guarantees tags up to 32767). Every exchange takes the next tag, in the same order on every
@@ -208,7 +212,7 @@ class DistGraph:
     """
 
     def __init__(self, adj, partition, comm=None):
-        comm = init() if comm is None else comm
+        comm = init() if comm is None else check_communicator(comm, _GRAPH_COMM_METHODS)
         error, piece = None, None
         try:
             csr = _square_pattern(adj)
@@ -244,7 +248,7 @@ class DistGraph:
         -------
         DistGraph
         """
-        comm = init() if comm is None else comm
+        comm = init() if comm is None else check_communicator(comm, _GRAPH_COMM_METHODS)
         error, pieces, header, owner = None, None, None, None
         if comm.rank == root:
             try:

@@ -304,10 +304,11 @@ class _Progress:
 class _Saved:
     """What a checkpoint of `fit` holds, and restoring it.
 
-    Replicated state (the model, the progress) and rank 0's own state go to the shared part,
-    each rank's own state (the optimizer's and preconditioner's, which compressed Lion and
-    KAISA's owners keep per rank, and the RNG states) to its shard: the same number of ranks
-    resumes from its shards, bit for bit; another number from rank 0's.
+    Replicated state (the model, the progress), rank 0's own state and the preconditioner's
+    state gathered from its owner ranks go to the shared part, each rank's own state (the
+    optimizer's and preconditioner's, which compressed Lion and KAISA's owners keep per rank,
+    and the RNG states) to its shard: the same number of ranks resumes from its shards, bit
+    for bit; another number from the shared part.
     """
 
     def __init__(self, model, optimizer, maker, progress):
@@ -324,6 +325,8 @@ class _Saved:
         own = self._own()
         shared = dict(extras or {}, model=self.model.state_dict(),
                       progress=vars(self.progress), **own)
+        if self.maker is not None:  # a collective: KAISA's owners hold parts of it
+            shared["preconditioner"] = self.maker.consolidated_state_dict()
         checkpointer.save(self.progress.epochs_done, own,
                           shared=shared if checkpointer.comm.rank == 0 else None)
 

@@ -56,7 +56,7 @@ import math
 import numpy as np
 import torch
 
-from ..distributed._comm import init
+from ..distributed._comm import check_communicator, init
 from ..kernels.cpu import votes as vote_kernels
 from . import _votes
 from ._modes import COMPRESSIONS, MOMENTUM_SYNC, default_momentum_sync
@@ -166,7 +166,7 @@ class DistributedLion(Lion):
                 if param.device.type != "cpu":
                     raise ValueError(f"DistributedLion exchanges host memory; a parameter is "
                                      f"on {param.device}")
-        self.comm = init() if comm is None else comm
+        self.comm = init() if comm is None else check_communicator(comm)
         self.compression, self.momentum_sync = compression, momentum_sync
         self.average, self.sync_doubling = average, sync_doubling
         self.steps_taken, self.momentum_syncs = 0, 0

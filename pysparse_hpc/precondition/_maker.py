@@ -25,6 +25,8 @@ from functools import partial
 import torch
 from torch import nn
 
+from ..distributed._comm import check_communicator
+from ..distributed._sparse_grads import allreduce_sparse, sparse_gradient_parameters
 from ._fisher import FISHER_EMP, fisher_passes
 from ._kaisa import allreduce_sum
 from .config import _SCHEDULE_FIELDS, PreconditioningConfig, _schedules
@@ -193,10 +195,7 @@ class PreconditionedGradientMaker:
     _requires_data_size = True
 
     def __init__(self, model, config, *, check_finite=True, comm=None):
-        needed = ("rank", "size", "Allreduce", "Bcast", "bcast")
-        if comm is not None and not all(hasattr(comm, name) for name in needed):
-            raise TypeError(f"comm must be a pysparse_hpc.distributed.Communicator, got "
-                            f"{type(comm).__name__}")
+        check_communicator(comm, ("rank", "size", "Allreduce", "Bcast", "bcast", "gather"))
         if not isinstance(model, nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
         if not isinstance(config, PreconditioningConfig):
@@ -474,10 +473,17 @@ class PreconditionedGradientMaker:
     def _allreduce_gradients(self):
         """Sum every trainable parameter's gradient over the ranks; a parameter without a
         gradient on some ranks counts as zero there, and stays without one where no rank has
-        it (NaN or inf on one rank reaches every rank, so all skip the step together)."""
+        it (NaN or inf on one rank reaches every rank, so all skip the step together). Sparse
+        gradients (an ignored ``Embedding(sparse=True)``) stay sparse."""
+        sparse = sparse_gradient_parameters(self.model)
         params = [p for p in self.model.parameters() if p.requires_grad]
+        for param in params:
+            if id(param) in sparse:
+                param.grad = allreduce_sparse(self.comm, param, "gradient allreduce")
+        params = [p for p in params if id(p) not in sparse]
         present = torch.tensor([p.grad is not None for p in params], dtype=torch.float64)
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+        grads = [torch.zeros_like(p) if p.grad is None
+                 else p.grad.to_dense() if p.grad.is_sparse else p.grad for p in params]
         allreduce_sum(self.comm, grads + [present], "gradient allreduce")
         for param, grad, count in zip(params, grads, present.tolist()):
             param.grad = grad if count > 0 else None
@@ -615,14 +621,70 @@ class PreconditionedGradientMaker:
         return False
 
     # ------------------------------------------------------------------ state
+    #: The ``state_dict`` key of the per-module (or per-parameter) entries, of which KAISA's
+    #: owner ranks may hold the only complete copy.
+    _entries_key = None
+
     def state_dict(self):
         """The maker's state: ``{"step": ..., "maker": class name}`` plus the subclass's.
 
         Tensors are references, not copies (as in ``torch.optim.Optimizer.state_dict``); the
         makers replace them rather than change them in place, so a returned dict stays a
-        snapshot.
+        snapshot. Over ranks where the owners alone hold part of the state (Shampoo and
+        Jorge; K-FAC and the diagonal Fisher with ``strategy="gradient"``) it also holds
+        ``"shard": [rank, size]``: it resumes this rank of as many ranks only (see
+        `consolidated_state_dict`).
         """
-        return {"step": self.state["step"], "maker": type(self).__name__}
+        state = {"step": self.state["step"], "maker": type(self).__name__}
+        if self._distributed and self._owners_hold_state():
+            state["shard"] = [self.comm.rank, self.comm.size]
+        return state
+
+    def _owners_hold_state(self):
+        """Whether some of this rank's entries are only complete on their owner rank."""
+        return False
+
+    def _owned_entries(self):
+        """The names of the entries this rank is the authority on (its own modules)."""
+        raise NotImplementedError
+
+    def consolidated_state_dict(self, to=0):
+        """The state of the whole maker, gathered from every rank onto rank `to`.
+
+        A collective, like ``ZeroRedundancyOptimizer.consolidate_state_dict``: every rank
+        calls it. Each rank sends the entries it owns (KAISA's owners keep some statistics or
+        inverses alone), and rank `to` puts them together into one ``state_dict`` that any
+        number of ranks, or one process, can load. In one process it is ``state_dict()``.
+
+        Parameters
+        ----------
+        to : int, default 0
+            The rank that receives the state.
+
+        Returns
+        -------
+        dict or None
+            The complete state on rank `to`, None on the other ranks.
+        """
+        if not self._distributed:
+            return self.state_dict()
+        if not (isinstance(to, int) and 0 <= to < self.comm.size):
+            raise ValueError(f"to must be a rank in [0, {self.comm.size}), got {to!r}")
+        state = self.state_dict()
+        key = self._entries_key
+        order = list(state[key])
+        owned = set(self._owned_entries())
+        state[key] = {name: entry for name, entry in state[key].items() if name in owned}
+        shards = self.comm.gather(state, root=to)
+        if self.comm.rank != to:
+            return None
+        entries = {}
+        for shard in shards:
+            entries.update(shard[key])
+        merged = dict(shards[to])
+        merged.pop("shard", None)
+        merged[key] = {name: entries[name] for name in order}
+        return merged
 
     def load_state_dict(self, state_dict):
         """Restore a ``state_dict()`` (also ASDL's, which holds only the step)."""
@@ -641,4 +703,12 @@ class PreconditionedGradientMaker:
         step = state_dict["step"]
         if not isinstance(step, int) or isinstance(step, bool) or step < 0:
             raise ValueError(f"state_dict['step'] must be an int >= 0, got {step!r}")
+        shard = state_dict.get("shard")
+        here = [self.comm.rank, self.comm.size] if self._distributed else [0, 1]
+        if shard is not None and list(shard) != here:
+            raise ValueError(
+                f"state_dict is rank {shard[0]}'s part of a run on {shard[1]} ranks, whose "
+                f"owner ranks alone hold some of its statistics or inverses; load it on rank "
+                f"{shard[0]} of {shard[1]}, or save consolidated_state_dict() (every rank "
+                f"calls it) to resume on another number of ranks")
         return step

@@ -289,6 +289,14 @@ class NaturalGradientMaker(PreconditionedGradientMaker):
         raise NotImplementedError
 
     # ------------------------------------------------------------------ state
+    _entries_key = "factors"
+
+    def _owners_hold_state(self):
+        return self.strategy == "gradient"   # the inverses stay on their owner
+
+    def _owned_entries(self):
+        return self._inverse_owners()
+
     def factors(self, name):
         """The stored tensors of module `name` (curvature and inverses; see the subclass)."""
         if name not in self._factors:

@@ -242,11 +242,16 @@ class RootGradientMaker(PreconditionedGradientMaker):
             return
         self._precondition_parameters(self._root_owners(), list(self._vectors))
 
+        def gradient(name):
+            # No rank's backward reached the parameter: the same on every rank after the
+            # gradient allreduce, so nothing to send.
+            grad = self._matrices[name].param.grad
+            return {} if grad is None else {"grad": grad}
+
         def store(name, entries):
-            self._matrices[name].param.grad.copy_(entries["grad"])
-        broadcast_from_owners(self.comm, self._owners(),
-                              lambda name: {"grad": self._matrices[name].param.grad}, store,
-                              "gradient broadcast")
+            if "grad" in entries:
+                self._matrices[name].param.grad.copy_(entries["grad"])
+        broadcast_from_owners(self.comm, self._owners(), gradient, store, "gradient broadcast")
 
     # ------------------------------------------------------------------ ownership
     def _owners(self):
@@ -427,6 +432,15 @@ class RootGradientMaker(PreconditionedGradientMaker):
         return G / total.sqrt().add_(self.grafting_epsilon)
 
     # ------------------------------------------------------------------ state
+    _entries_key = "parameters"
+
+    def _owners_hold_state(self):
+        return True   # the statistics stay on their owner
+
+    def _owned_entries(self):
+        # The 1-D parameters' Adagrad sums are the same on every rank.
+        return self._owned() + list(self._vectors)
+
     def factors(self, name):
         """The stored tensors of matrix parameter `name`: one dict per block, row-major."""
         self._matrix(name)

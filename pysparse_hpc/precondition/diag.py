@@ -40,7 +40,8 @@ def _linear_diagonal(module, x, grad):
 
 def _conv2d_diagonal(module, x, grad):
     patches = conv2d_patches(module, x)  # n x ckk x L
-    grad = grad.reshape(patches.shape[0], grad.shape[-3], -1)  # n x c_out x L
+    # Sizes spelled out, not -1: a rank holding no examples has an empty gradient.
+    grad = grad.reshape(patches.shape[0], grad.shape[-3], patches.shape[2])  # n x c_out x L
     per_example = torch.bmm(grad, patches.transpose(1, 2))  # n x c_out x ckk
     out = {"weight": per_example.square().sum(0).view_as(module.weight)}
     if _trainable(module, "bias"):

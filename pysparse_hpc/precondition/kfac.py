@@ -270,7 +270,9 @@ class _EmbeddingKind(_KronKind):
         return module.num_embeddings, module.embedding_dim
 
     def input_factor(self, module, x):
-        index = x.reshape(-1, 1) if x.ndim <= 1 else x.reshape(x.shape[0], -1)
+        # Sizes spelled out, not -1: a rank holding no examples has an empty input.
+        index = (x.reshape(-1, 1) if x.ndim <= 1
+                 else x.reshape(x.shape[0], math.prod(x.shape[1:])))
         weight = module.weight
         counts = torch.zeros(index.shape[0], module.num_embeddings, dtype=weight.dtype,
                              device=weight.device)
@@ -435,7 +437,10 @@ class KfacGradientMaker(NaturalGradientMaker):
                 state["A_rows"] = rows[name].mul(root)  # a view of the input: not in place
                 state.pop("A", None)
             else:
-                state.pop("A_rows", None)
+                # The rows' inverse goes with them (a rank that does not own the module under
+                # strategy="gradient" inverts nothing that would replace it).
+                for key in [k for k in state if k.startswith(("A_rows", "A_woodbury"))]:
+                    del state[key]
         return updated
 
     # ------------------------------------------------------------------ invert
