@@ -207,6 +207,7 @@ def run_train(args, out=None):
     out = sys.stdout if out is None else out
     from . import set_num_threads
     from .distributed import init
+    from .distributed._comm import raised_on_every_rank
     from .distributed.training import train
 
     comm = init()  # under mpiexec: a rank that raises ends the job with its message
@@ -235,10 +236,15 @@ def run_train(args, out=None):
                        compression=args.compression, momentum_sync=args.momentum_sync,
                        checkpoint=args.checkpoint, checkpoint_every=args.checkpoint_every,
                        resume=args.resume)
-    except (OSError, ValueError) as exc:  # raised alike on every rank
-        if comm.rank == 0:
-            print(f"python -m pysparse_hpc train: error: {exc}", file=sys.stderr)
-        return 2
+    except (OSError, ValueError) as exc:
+        if comm.size == 1 or raised_on_every_rank(exc):
+            if comm.rank == 0:
+                print(f"python -m pysparse_hpc train: error: {exc}", file=sys.stderr)
+            return 2
+        # This rank alone: the others wait in a collective, so only ending the job ends them.
+        print(f"python -m pysparse_hpc train: error on rank {comm.rank} of {comm.size}: {exc}; "
+              f"ending the job", file=sys.stderr, flush=True)
+        comm.Abort(2)
     if comm.rank == 0:
         print(report_train(result, get_num_threads()), file=out)
     return 0

@@ -25,6 +25,7 @@ def test_checkpoint_benchmark_command(tmp_path, capsys):
     assert rows[0].startswith("state,megabytes,sync_save_seconds,async_stall_seconds")
     assert len(rows) == 2 and rows[1].startswith("gcn,")
     assert main(["checkpoint", "--dir", str(tmp_path / "missing")]) == 2
+    assert main(["checkpoint", "--dir", "/proc"]) == 2  # a directory nothing can be written in
 
 
 def test_checkpoint_verdict():

@@ -205,6 +205,8 @@ def test_peer_and_usage(capsys):
     assert "unknown mode 'votes/sometimes'" in capsys.readouterr().err
     assert main(["lion", "--latency-us", "1", "2"]) == 2
     assert "--latency-us takes 1 or 3" in capsys.readouterr().err
+    assert main(["lion", "--latency-us", "inf"]) == 2
+    assert "finite non-negative values, got [inf]" in capsys.readouterr().err
     with pytest.raises(lion.UsageError):
         lion.parse_contender("none/growing")
 

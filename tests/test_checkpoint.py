@@ -160,7 +160,8 @@ def test_wait_commits_a_manifest_of_verified_files(tmp_path):
         assert entry == {"bytes": len(data), "sha256": [[len(data),
                                                          hashlib.sha256(data).hexdigest()]]}
     assert sorted(os.listdir(step_dir)) == sorted([*manifest["files"], "manifest.json"])
-    assert sorted(os.listdir(tmp_path)) == ["CHECKPOINTS", "step-000000007"]  # no temporaries
+    # no temporaries
+    assert sorted(os.listdir(tmp_path)) == [".lock", "CHECKPOINTS", "step-000000007"]
     assert checkpoints.steps() == [7] and checkpoints.latest() == 7
 
 
@@ -184,7 +185,8 @@ def test_keep_last_k(tmp_path):
     assert checkpoints.steps() == [5, 8]
     checkpoints.close()  # and the files of the older ones are deleted
     assert checkpoints.steps() == [5, 8]
-    assert sorted(os.listdir(tmp_path)) == ["CHECKPOINTS", "step-000000005", "step-000000008"]
+    assert sorted(os.listdir(tmp_path)) == [".lock", "CHECKPOINTS", "step-000000005",
+                                            "step-000000008"]
     with make(tmp_path, keep=None) as everything:
         for step in (9, 10, 11):
             everything.save(step, {})
@@ -364,7 +366,7 @@ def test_a_failed_background_write_surfaces(tmp_path, monkeypatch):
     checkpoints.save(2, {"w": torch.ones(3)})  # the failed save's leftovers are replaced
     checkpoints.close()
     assert checkpoints.steps() == [2] and checkpoints.load().step == 2
-    assert sorted(os.listdir(tmp_path)) == ["CHECKPOINTS", "step-000000002"]
+    assert sorted(os.listdir(tmp_path)) == [".lock", "CHECKPOINTS", "step-000000002"]
 
 
 def split_nodes(ids_by_part, features, labels):
@@ -425,3 +427,39 @@ def test_the_next_save_commits_the_previous_one(tmp_path):
     assert checkpoints.steps() == [1, 2]
     checkpoints.save(3, {"w": torch.zeros(2)})
     assert checkpoints.load().step == 3   # load() commits first
+
+
+def test_one_run_writes_a_directory_at_a_time(tmp_path):
+    """Two runs writing one directory would each delete the other's unfinished saves: a save
+    through a second `Checkpointer` is refused while the first writes (in this process or
+    another), reading is not, and the directory is free once the writer is closed or
+    released, or its process ends."""
+    import subprocess
+    import sys
+    directory = tmp_path / "run"
+    first = make(directory)
+    first.save(1, {"x": torch.ones(3)})
+    first.wait()
+    reader = make(directory)
+    assert reader.load().step == 1
+    with pytest.raises(BlockingIOError, match=rf"another run \(PID {os.getpid()} on .*: this "
+                                              "process"):
+        reader.save(2, {"x": torch.zeros(3)})
+    first.close()
+    second = make(directory)
+    second.save(2, {"x": torch.zeros(3)}, blocking=True)
+    second.release()  # a failing run frees the directory without committing anything
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time, numpy; from pysparse_hpc.distributed import "
+         "Checkpointer; held = Checkpointer(sys.argv[1]); held.save(3, numpy.ones(2), "
+         "blocking=True); "
+         "print('locked', flush=True); time.sleep(60)", str(directory)],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        with pytest.raises(BlockingIOError, match=rf"PID {holder.pid} on"):
+            make(directory).save(4, {"x": torch.zeros(3)})
+    finally:
+        holder.kill()
+        holder.wait()
+    make(directory).save(4, {"x": torch.zeros(3)}, blocking=True)  # a killed holder left none

@@ -54,16 +54,18 @@ def run_checks(ranks, *names, timeout=300):
 @pytest.mark.parametrize("ranks", [2, 3])
 def test_plan_ops_edge_cases_data_parallel_and_bad_input(ranks):
     run_checks(ranks, "plan_and_placement", "ops_match_one_process", "edge_cases",
-               "data_parallel", "bad_input_on_every_rank",
+               "data_parallel", "data_parallel_sparse", "bad_input_on_every_rank",
                "fit_refuses_wrong_local_rows_on_every_rank")
 
 
 @requires_mpi
 @pytest.mark.parametrize("ranks", [2, 3])
 def test_preconditioning_reproduces_one_process(ranks):
-    """KAISA K-FAC (both strategies), the diagonal Fisher, Shampoo and Jorge on a split batch,
-    and GCN training on a partitioned graph with each preconditioner."""
-    run_checks(ranks, "precondition", "preconditioned_training")
+    """KAISA K-FAC (both strategies), the diagonal Fisher, Shampoo and Jorge on a split batch
+    (also with an empty rank, an unused layer, a sparse embedding), their states gathered for
+    another number of ranks, and GCN training on a partitioned graph with each."""
+    run_checks(ranks, "precondition", "precondition_edge_cases",
+               "precondition_state_across_ranks", "preconditioned_training")
 
 
 @requires_mpi
@@ -84,11 +86,13 @@ def test_training_reproduces_one_process_on_4_ranks():
 @pytest.mark.parametrize("check, message", [
     ("rank_raises", "deliberate failure on the last rank"),
     ("wrong_local_rows", "nodes of the distributed graph"),
+    # an error the command line reports itself, where every rank raised it
+    ("train_command_value_error_on_one_rank", "error on rank 2 of 3: deliberate ValueError"),
 ])
 def test_a_failing_rank_ends_the_job(check, message):
     status, out, err, seconds = run_mpi(3, str(CHECKS), check, timeout=120)
     assert status != 0
-    assert "rank 2 of 3 raised" in err, err[-3000:]
+    assert "rank 2 of 3" in err, err[-3000:]
     assert message in err, err[-3000:]
     assert seconds < 60
 

@@ -50,6 +50,10 @@ def test_naming_a_default_resumes_the_same_run(tmp_path):
                     momentum_sync="growing", resume=True,
                     **dict(options, checkpoint=tmp_path / "lion"))
     assert resumed.resumed_after == 1
+    # another curvature interval updates the curvature on other epochs: another run
+    with pytest.raises(ValueError, match="'curvature_interval'"):
+        train("cora", "gcn", optimizer="sgd", preconditioner="kfac", curvature_interval=3,
+              resume=True, **options)
 
 
 def test_resume_skips_a_corrupt_newest_checkpoint(tmp_path):

@@ -276,6 +276,14 @@ def run(args, out=None):
     if args.dir is not None and not os.path.isdir(args.dir):
         print(f"error: --dir: {args.dir} is not a directory", file=sys.stderr)
         return 2
+    if args.dir is not None:
+        try:  # the rounds write their checkpoints there: fail now, not mid-run
+            with tempfile.TemporaryDirectory(dir=args.dir):
+                pass
+        except OSError as exc:
+            print(f"error: --dir: cannot write in {args.dir} ({exc.strerror or exc})",
+                  file=sys.stderr)
+            return 2
     import torch
     torch.set_num_threads(args.threads)
     states = args.state or list(STATES)

@@ -822,9 +822,9 @@ def _check_arguments(args):
     latencies = list(args.latency_us)
     if len(latencies) == 1:
         latencies *= len(LINK_GBPS)
-    if len(latencies) != len(LINK_GBPS) or any(not x >= 0 for x in latencies):
-        raise UsageError(f"--latency-us takes 1 or {len(LINK_GBPS)} non-negative values, got "
-                         f"{args.latency_us}")
+    if len(latencies) != len(LINK_GBPS) or any(not 0 <= x < math.inf for x in latencies):
+        raise UsageError(f"--latency-us takes 1 or {len(LINK_GBPS)} finite non-negative "
+                         f"values, got {args.latency_us}")
     if any(p > 1 for p in list(args.ranks) + [args.accuracy_ranks]) and find_mpiexec() is None:
         raise UsageError("more than one rank needs mpiexec (pip install mpi4py mpich)")
     return contenders, list(args.workload or WORKLOADS), latencies

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .. import datasets
-from ._comm import init
+from ._comm import init, raising_alike
 from .graph import DistGraph, comm_sum
 from ._metis import multi_constraint_available
 from .partition import (PARTITION_METHODS, ROWS_AND_NNZ, Partition,
@@ -191,82 +191,91 @@ def train(dataset="cora", model="gcn", partition="metis", *, epochs=None, lr=Non
     from ..optim._modes import default_momentum_sync
 
     comm = init() if comm is None else comm
-    if model not in models.MODELS:
-        raise ValueError(f"model must be one of {tuple(models.MODELS)}, got {model!r}")
-    if dtype not in _DTYPES:
-        raise ValueError(f"dtype must be one of {_DTYPES}, got {dtype!r}")
-    if isinstance(partition, str) and partition not in PARTITION_METHODS:
-        raise ValueError(f"partition must be one of {PARTITION_METHODS} or a Partition, got "
-                         f"{partition!r}")
-    model_class = models.MODELS[model]
-    settings = default_settings(model, optimizer, preconditioner)
-    overrides = dict(epochs=epochs, lr=lr, weight_decay=weight_decay)
-    settings.update({k: v for k, v in overrides.items() if v is not None})
+    # Every rank checks the same arguments and reads rank 0's view of the checkpoints.
+    with raising_alike():
+        if model not in models.MODELS:
+            raise ValueError(f"model must be one of {tuple(models.MODELS)}, got {model!r}")
+        if dtype not in _DTYPES:
+            raise ValueError(f"dtype must be one of {_DTYPES}, got {dtype!r}")
+        if isinstance(partition, str) and partition not in PARTITION_METHODS:
+            raise ValueError(f"partition must be one of {PARTITION_METHODS} or a Partition, got "
+                             f"{partition!r}")
+        model_class = models.MODELS[model]
+        settings = default_settings(model, optimizer, preconditioner)
+        overrides = dict(epochs=epochs, lr=lr, weight_decay=weight_decay)
+        settings.update({k: v for k, v in overrides.items() if v is not None})
 
-    # The fingerprint holds the values the run uses, so that naming a default changes nothing.
-    if preconditioner is not None and damping is None:
-        damping = default_damping(preconditioner, optimizer)
-    if optimizer == "lion" and momentum_sync is None:
-        momentum_sync = default_momentum_sync(compression)
-    checkpointer, state = _checkpoints(
-        comm, checkpoint, resume, keep_checkpoints,
-        fingerprint=dict(dataset=getattr(dataset, "name", str(dataset)), model=model,
-                         optimizer=optimizer, preconditioner=preconditioner,
-                         damping=damping, compression=compression,
-                         momentum_sync=momentum_sync, dtype=dtype, seed=seed,
-                         random_features=random_features, lr=settings["lr"],
-                         weight_decay=settings["weight_decay"]))
-    saved_owner = None
-    if state is not None and state.ranks_saved == comm.size:
-        saved_owner = state.shared.get("partition")
+        # The fingerprint holds the values the run uses, so that naming a default changes nothing.
+        if preconditioner is not None and damping is None:
+            damping = default_damping(preconditioner, optimizer)
+        if optimizer == "lion" and momentum_sync is None:
+            momentum_sync = default_momentum_sync(compression)
+        fingerprint = dict(dataset=getattr(dataset, "name", str(dataset)), model=model,
+                           optimizer=optimizer, preconditioner=preconditioner,
+                           damping=damping, compression=compression,
+                           momentum_sync=momentum_sync, dtype=dtype, seed=seed,
+                           random_features=random_features, lr=settings["lr"],
+                           weight_decay=settings["weight_decay"])
+        if preconditioner is not None:  # which steps update the curvature
+            fingerprint["curvature_interval"] = curvature_interval
+        checkpointer, state = _checkpoints(comm, checkpoint, resume, keep_checkpoints,
+                                           fingerprint=fingerprint)
+    try:
+        saved_owner = None
+        if state is not None and state.ranks_saved == comm.size:
+            saved_owner = state.shared.get("partition")
 
-    error, data, parts = None, None, None
-    if comm.rank == 0:
-        try:
-            data = _load(dataset, random_features, seed)
-            if saved_owner is not None:  # the same split: the run continues bit for bit
-                parts = Partition.from_owner(data.adj, saved_owner, comm.size,
-                                             method=state.shared.get("partition_method",
-                                                                     "given"))
-            elif isinstance(partition, str):
-                parts = make_partition(data.adj, comm.size, partition, seed=seed,
-                                       balance=_default_balance(partition, balance))
-            else:
-                parts = partition
-        except Exception as exc:  # noqa: BLE001 -- raised on every rank below
-            error = exc
-    comm.raise_if_any(error)
-    graph = DistGraph.scatter(None if data is None else data.adj, parts, comm)
-    header = None if data is None else (data.name, data.num_features, data.num_classes,
-                                        repr(parts), getattr(parts, "method", "given"))
-    name, num_features, num_classes, summary, method = comm.bcast(header)
-    torch_dtype = getattr(torch, dtype)
+        error, data, parts = None, None, None
+        if comm.rank == 0:
+            try:
+                data = _load(dataset, random_features, seed)
+                if saved_owner is not None:  # the same split: the run continues bit for bit
+                    parts = Partition.from_owner(data.adj, saved_owner, comm.size,
+                                                 method=state.shared.get("partition_method",
+                                                                         "given"))
+                elif isinstance(partition, str):
+                    parts = make_partition(data.adj, comm.size, partition, seed=seed,
+                                           balance=_default_balance(partition, balance))
+                else:
+                    parts = partition
+            except Exception as exc:  # noqa: BLE001 -- raised on every rank below
+                error = exc
+        comm.raise_if_any(error)
+        graph = DistGraph.scatter(None if data is None else data.adj, parts, comm)
+        header = None if data is None else (data.name, data.num_features, data.num_classes,
+                                            repr(parts), getattr(parts, "method", "given"))
+        name, num_features, num_classes, summary, method = comm.bcast(header)
+        torch_dtype = getattr(torch, dtype)
 
-    def owned_rows(read):
-        """This rank's rows of ``read(data)``, a node array that rank 0 holds."""
-        return torch.from_numpy(graph.scatter_rows(None if data is None else read(data)))
+        def owned_rows(read):
+            """This rank's rows of ``read(data)``, a node array that rank 0 holds."""
+            return torch.from_numpy(graph.scatter_rows(None if data is None else read(data)))
 
-    x = owned_rows(lambda d: normalize_features(d.x)).to(torch_dtype)
-    y = owned_rows(lambda d: d.y)
-    masks = [owned_rows(lambda d, split=split: getattr(d, f"{split}_mask"))
-             for split in ("train", "val", "test")]
-    data = None  # rank 0 keeps only its piece from here on
+        x = owned_rows(lambda d: normalize_features(d.x)).to(torch_dtype)
+        y = owned_rows(lambda d: d.y)
+        masks = [owned_rows(lambda d, split=split: getattr(d, f"{split}_mask"))
+                 for split in ("train", "val", "test")]
+        data = None  # rank 0 keeps only its piece from here on
 
-    torch.manual_seed(seed)
-    classifier = model_class(num_features, out_channels=num_classes, **model_class.architecture)
-    if torch_dtype == torch.float64:
-        classifier = classifier.double()
-    comm.reset_stats()
-    row_bytes_before = graph.plan.exchanged_row_bytes
-    start = time.perf_counter()
-    result = fit(classifier, x, graph, y, masks, progress=progress,
-                 description=description or f"{model} on {name}, {comm.size} rank"
-                 f"{'s' if comm.size > 1 else ''}", preconditioner=preconditioner,
-                 curvature_interval=curvature_interval, optimizer=optimizer, damping=damping,
-                 compression=compression, momentum_sync=momentum_sync,
-                 checkpointer=checkpointer, checkpoint_every=checkpoint_every,
-                 resume_from=state, checkpoint_extras=None if parts is None else dict(
-                     partition=parts.owner, partition_method=parts.method), **settings)
+        torch.manual_seed(seed)
+        classifier = model_class(num_features, out_channels=num_classes, **model_class.architecture)
+        if torch_dtype == torch.float64:
+            classifier = classifier.double()
+        comm.reset_stats()
+        row_bytes_before = graph.plan.exchanged_row_bytes
+        start = time.perf_counter()
+        result = fit(classifier, x, graph, y, masks, progress=progress,
+                     description=description or f"{model} on {name}, {comm.size} rank"
+                     f"{'s' if comm.size > 1 else ''}", preconditioner=preconditioner,
+                     curvature_interval=curvature_interval, optimizer=optimizer,
+                     damping=damping, compression=compression, momentum_sync=momentum_sync,
+                     checkpointer=checkpointer, checkpoint_every=checkpoint_every,
+                     resume_from=state, checkpoint_extras=None if parts is None else dict(
+                         partition=parts.owner, partition_method=parts.method), **settings)
+    except BaseException:
+        if checkpointer is not None:  # free the directory for this process's next run
+            checkpointer.release()
+        raise
     if checkpointer is not None:
         checkpointer.close()
     seconds_total = time.perf_counter() - start
@@ -335,3 +344,6 @@ def _checkpoints(comm, directory, resume, keep, fingerprint):
         return checkpointer, checkpointer.load()
     except FileNotFoundError:  # nothing saved yet: a run from the start
         return checkpointer, None
+    except BaseException:
+        checkpointer.release()
+        raise

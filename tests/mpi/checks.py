@@ -176,6 +176,36 @@ def check_data_parallel():
         torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-14)
 
 
+def check_data_parallel_sparse():
+    """An ``Embedding(sparse=True)`` under `DataParallel`: its gradient is the full batch's,
+    still sparse, over the rows any rank looked up (one rank looks up none), and
+    ``SparseAdam`` takes it."""
+    torch.manual_seed(0)
+    model = _Tokens().double()
+    tokens = torch.randint(0, 12, (24, 4), generator=torch.Generator().manual_seed(5))
+    target = torch.randint(0, 3, (24,), generator=torch.Generator().manual_seed(6))
+    wrapped = distributed.DataParallel(model, comm, average=False)
+    mine = (np.array_split(np.arange(24), size - 1)[rank] if rank < size - 1
+            else np.arange(0)) if size > 1 else np.arange(24)
+    torch.nn.functional.cross_entropy(wrapped(tokens[mine]), target[mine],
+                                      reduction="sum").backward()
+    got = model.table.weight.grad
+    assert got.is_sparse and got.is_coalesced()
+    with wrapped.no_sync():
+        reference = on_root_then_broadcast(lambda: _sparse_reference(model, tokens, target))
+    torch.testing.assert_close(got.to_dense(), reference[0], rtol=1e-12, atol=1e-14)
+    assert got.indices()[0].tolist() == reference[1]
+    torch.optim.SparseAdam([model.table.weight]).step()
+
+
+def _sparse_reference(model, tokens, target):
+    model.zero_grad(set_to_none=True)
+    torch.nn.functional.cross_entropy(model(tokens), target, reduction="sum").backward()
+    grad = model.table.weight.grad.coalesce()
+    model.zero_grad(set_to_none=True)
+    return grad.to_dense(), grad.indices()[0].tolist()
+
+
 def _reference_grads(container, loss_of, parts):
     container.zero_grad()
     for part, rows in enumerate(np.array_split(np.arange(30), parts)):
@@ -248,6 +278,24 @@ def check_rank_raises():
     if rank == size - 1:
         raise RuntimeError("deliberate failure on the last rank")
     comm.Allreduce(np.zeros(1))
+
+
+def check_train_command_value_error_on_one_rank():
+    """The ``train`` command with a ValueError raised on the last rank alone, in its third
+    epoch: the job must end with that rank's message (the test checks how it ends)."""
+    from pysparse_hpc.__main__ import main
+    from pysparse_hpc.nn import train as trainer
+    if rank == size - 1:
+        checked = trainer._nonfinite_ranks
+        epochs = []
+
+        def failing(*args):
+            epochs.append(len(epochs))
+            if len(epochs) == 3:
+                raise ValueError("deliberate ValueError on the last rank")
+            return checked(*args)
+        trainer._nonfinite_ranks = failing
+    main(["train", "--epochs", "10", "--no-progress", "--threads", "1"])
 
 
 def check_preconditioned_training():
@@ -336,6 +384,203 @@ def check_precondition():
             for e, a in zip(expected, actual):
                 torch.testing.assert_close(a, e, rtol=1e-10, atol=1e-13,
                                            msg=f"{label}, step {step}")
+
+
+class _Tokens(torch.nn.Module):
+    """A sparse embedding table (``ignored`` by the makers) under a dense head."""
+
+    def __init__(self):
+        super().__init__()
+        self.table = torch.nn.Embedding(12, 5, sparse=True)
+        self.head = torch.nn.Linear(5, 3)
+
+    def forward(self, tokens):
+        return self.head(self.table(tokens).sum(1))
+
+
+class _UnusedHead(torch.nn.Module):
+    """An MLP with a second head no loss ever reaches."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(),
+                                        torch.nn.Linear(16, 3))
+        self.unused = torch.nn.Linear(16, 4)
+
+    def forward(self, x):
+        return self.body(x)
+
+
+def _maker_run(build, make_maker, data, target, rows, steps=3, resume=None, finish=None):
+    """SGD steps through the ASDL loop on ``rows`` of ``data`` (a sum over them divided by
+    the whole batch), optionally from ``resume = (model, optimizer, maker)`` states; every
+    step's gradients (None where a parameter has none), dense."""
+    torch.manual_seed(0)
+    model = build().double()
+    count = len(data)
+
+    def loss_fn(output, labels, reduction="mean"):
+        total = torch.nn.functional.cross_entropy(output, labels, reduction="sum")
+        return total if reduction == "sum" else total / count
+
+    maker = make_maker(model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    if resume is not None:
+        model.load_state_dict(resume[0])
+        optimizer.load_state_dict(resume[1])
+        maker.load_state_dict(resume[2])
+    grads = []
+    for _ in range(steps):
+        optimizer.zero_grad(set_to_none=True)
+        placeholder = maker.setup_model_call(model, data[rows])
+        maker.setup_loss_call(loss_fn, placeholder, target[rows])
+        maker.forward_and_backward()
+        grads.append([None if p.grad is None else p.grad.to_dense().clone()
+                      for p in model.parameters()])
+        optimizer.step()
+    if finish is not None:
+        finish(model, optimizer, maker)
+    return grads
+
+
+def _assert_same_grads(reference, got, label):
+    for step, (expected, actual) in enumerate(zip(reference, got)):
+        for e, a in zip(expected, actual):
+            assert (e is None) == (a is None), f"{label}, step {step}: gradient presence"
+            if e is not None:
+                torch.testing.assert_close(a, e, rtol=1e-10, atol=1e-13,
+                                           msg=f"{label}, step {step}")
+
+
+def check_precondition_edge_cases():
+    """On a split batch the makers give the one-process gradients where a rank holds no
+    examples (the diagonal Fisher on a Conv2d, K-FAC on 2-D token input), where no rank
+    reaches a layer (Shampoo and Jorge sending preconditioned gradients) and with a sparse
+    embedding in ``ignore_modules`` (its gradient summed and kept sparse); a low-rank
+    one-process K-FAC state resumes on the ranks and saves a state that loads again; an
+    mpi4py communicator is refused by name."""
+    from mpi4py import MPI
+
+    from pysparse_hpc import precondition as P
+    config = dict(data_size=24, damping=1e-3)
+    generator = torch.Generator().manual_seed(3)
+    images = torch.randn(24, 2, 6, 6, dtype=torch.float64, generator=generator)
+    tokens = torch.randint(0, 12, (24, 4), generator=generator)
+    vectors = torch.randn(24, 8, dtype=torch.float64, generator=generator)
+    target = torch.randint(0, 3, (24,), generator=generator)
+    # the last rank holds no examples
+    mine = (np.array_split(np.arange(24), size - 1)[rank] if rank < size - 1
+            else np.arange(0)) if size > 1 else np.arange(24)
+    cases = [
+        ("diag conv, an empty rank", lambda: torch.nn.Sequential(
+            torch.nn.Conv2d(2, 3, 3), torch.nn.Flatten(), torch.nn.Linear(48, 3)),
+         lambda m, c: P.DiagNaturalGradientMaker(m, P.PreconditioningConfig(**config),
+                                                 fisher_type="emp", comm=c), images),
+        ("kfac tokens, an empty rank", lambda: torch.nn.Sequential(
+            torch.nn.Embedding(12, 5), torch.nn.Flatten(), torch.nn.Linear(20, 3)),
+         lambda m, c: P.KfacGradientMaker(m, P.PreconditioningConfig(**config),
+                                          fisher_type="emp", comm=c), tokens),
+        ("kfac, sparse table ignored", _Tokens,
+         lambda m, c: P.KfacGradientMaker(m, P.PreconditioningConfig(
+             **config, ignore_modules=[m.table]), fisher_type="emp", comm=c), tokens)]
+    for maker in (P.ShampooGradientMaker, P.JorgeGradientMaker):
+        cases.append((f"{maker.__name__} gradient, unused head", _UnusedHead,
+                      lambda m, c, k=maker: k(m, P.PreconditioningConfig(**config), comm=c,
+                                              strategy="gradient"), vectors))
+    cases.append(("shampoo, sparse table ignored", _Tokens,
+                  lambda m, c: P.ShampooGradientMaker(m, P.PreconditioningConfig(
+                      **config, ignore_modules=[m.table]), comm=c), tokens))
+    for label, build, make, data in cases:
+        reference = on_root_then_broadcast(lambda: _maker_run(
+            build, lambda m: make(m, None), data, target, np.arange(24)))
+        got = _maker_run(build, lambda m: make(m, comm), data, target, mine)
+        _assert_same_grads(reference, got, label)
+
+    # a one-process state whose input factor is held as rows (Woodbury), resumed by the
+    # ranks with strategy="gradient": each rank's own state loads again
+    wide = torch.randn(24, 96, dtype=torch.float64, generator=generator)
+
+    def build_wide():
+        return torch.nn.Sequential(torch.nn.Linear(96, 6), torch.nn.Tanh(),
+                                   torch.nn.Linear(6, 3))
+
+    def kfac(model, c, strategy="inverse"):
+        return P.KfacGradientMaker(model, P.PreconditioningConfig(**config), fisher_type="emp",
+                                   comm=c, strategy=strategy)
+    saved = {}
+
+    def keep(model, optimizer, maker):
+        saved.update(model=model.state_dict(), optimizer=optimizer.state_dict(),
+                     maker=maker.state_dict())
+    on_root_then_broadcast(lambda: _maker_run(build_wide, lambda m: kfac(m, None), wide, target,
+                                              np.arange(24), steps=1, finish=keep))
+    one_process = comm.bcast(saved if rank == 0 else None)
+    assert "A_rows" in one_process["maker"]["factors"]["0"]
+    resume = (one_process["model"], one_process["optimizer"], one_process["maker"])
+    _maker_run(build_wide, lambda m: kfac(m, comm, "gradient"), wide, target, mine, steps=1,
+               resume=resume, finish=keep)
+    kfac(build_wide().double(), comm, "gradient").load_state_dict(saved["maker"])
+
+    try:
+        P.KfacGradientMaker(build_wide(), P.PreconditioningConfig(**config),
+                            comm=MPI.COMM_WORLD)
+    except TypeError as error:
+        assert "mpi4py communicator" in str(error), error
+    else:
+        raise AssertionError("an mpi4py communicator was accepted")
+
+
+def check_precondition_state_across_ranks():
+    """``consolidated_state_dict()`` of P ranks (Shampoo and Jorge, whose owners alone keep
+    the statistics; K-FAC under both strategies) continues in one process, and on the P
+    ranks, as the uninterrupted one-process run does; a rank's own state of an owner-held
+    maker is refused in one process, naming the way out."""
+    from pysparse_hpc import precondition as P
+    generator = torch.Generator().manual_seed(4)
+    data = torch.randn(24, 8, dtype=torch.float64, generator=generator)
+    target = torch.randint(0, 3, (24,), generator=generator)
+    mine = np.array_split(np.arange(24), size)[rank]
+    config = dict(data_size=24, damping=1e-3, curvature_upd_interval=1,
+                  preconditioner_upd_interval=2)
+
+    def build():
+        return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(),
+                                   torch.nn.Linear(16, 3))
+    cases = [("shampoo inverse", lambda m, c: P.ShampooGradientMaker(
+        m, P.PreconditioningConfig(**config), block_size=6, grafting="adagrad", comm=c)),
+        ("jorge gradient", lambda m, c: P.JorgeGradientMaker(
+            m, P.PreconditioningConfig(**config), comm=c, strategy="gradient"))]
+    for strategy in ("inverse", "gradient"):
+        cases.append((f"kfac {strategy}", lambda m, c, s=strategy: P.KfacGradientMaker(
+            m, P.PreconditioningConfig(data_size=24, damping=1e-3, ema_decay=0.5,
+                                       curvature_upd_interval=1, preconditioner_upd_interval=2),
+            fisher_type="emp", comm=c, strategy=s)))
+    for label, make in cases:
+        reference = on_root_then_broadcast(lambda: _maker_run(
+            build, lambda m: make(m, None), data, target, np.arange(24), steps=5))
+        saved = {}
+
+        def keep(model, optimizer, maker):
+            saved.update(model=model.state_dict(), optimizer=optimizer.state_dict(),
+                         own=maker.state_dict(), whole=maker.consolidated_state_dict())
+        _maker_run(build, lambda m: make(m, comm), data, target, mine, finish=keep)
+        assert (saved["whole"] is None) == (rank != 0), label
+        resume = (saved["model"], saved["optimizer"], comm.bcast(saved["whole"]))
+        rest = on_root_then_broadcast(lambda: _maker_run(
+            build, lambda m: make(m, None), data, target, np.arange(24), steps=2,
+            resume=resume))
+        _assert_same_grads(reference[3:], rest, f"{label}: consolidated, then one process")
+        rest = _maker_run(build, lambda m: make(m, comm), data, target, mine, steps=2,
+                          resume=resume)
+        _assert_same_grads(reference[3:], rest, f"{label}: consolidated, then {size} ranks")
+        if size > 1 and label != "kfac inverse":
+            assert saved["own"]["shard"] == [rank, size], label
+            try:
+                make(build().double(), None).load_state_dict(saved["own"])
+            except ValueError as error:
+                assert "consolidated_state_dict()" in str(error), error
+            else:
+                raise AssertionError(f"{label}: a rank's own state loaded in one process")
 
 
 def check_checkpoint():

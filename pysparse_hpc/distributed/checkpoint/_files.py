@@ -20,6 +20,45 @@ MANIFEST = "manifest.json"
 BLOCK = 16 << 20
 
 
+#: The file whose lock says which run writes a checkpoint directory.
+LOCK = ".lock"
+
+
+def lock_directory(path):
+    """Take the directory's write lock for this process: the open lock file, to keep open
+    while the directory is written (closing it, or the process ending in any way, even
+    killed, releases the lock); None where the platform has no ``flock``.
+
+    Raises ``BlockingIOError`` naming the holder when another run (another process, or another
+    open `Checkpointer` in this one) holds it: two runs writing one directory would each
+    take the other's unfinished saves for abandoned ones and delete them.
+    """
+    try:
+        import fcntl
+    except ImportError:
+        return None
+    handle = open(os.path.join(path, LOCK), "a+")
+    try:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        holder = handle.read().strip() or "another process"
+        handle.close()
+        if holder.startswith(f"PID {os.getpid()} "):
+            holder += ": this process, through another Checkpointer"
+        raise BlockingIOError(f"{path} is being written by another run ({holder}); wait for "
+                              "it to end, close() its Checkpointer, or use another "
+                              "directory") from None
+    except OSError:  # a file system without locks: nothing to guard with
+        handle.close()
+        return None
+    handle.seek(0)
+    handle.truncate()
+    handle.write(f"PID {os.getpid()} on {os.uname().nodename}\n")
+    handle.flush()
+    return handle
+
+
 def fsync_directory(path):
     try:
         fd = os.open(path, os.O_RDONLY)

@@ -201,10 +201,9 @@ class Checkpointer:
     """
 
     def __init__(self, directory, comm=None, keep=3, fingerprint=None, threads=None):
-        if comm is None:
-            from .._comm import init
-            comm = init()
-        self.comm = comm
+        from .._comm import check_communicator, init
+        self.comm = comm = init() if comm is None else check_communicator(
+            comm, ("rank", "size", "bcast", "gather", "allgather", "raise_if_any"))
         self.directory = os.path.abspath(os.fspath(directory))
         if keep is not None:
             if isinstance(keep, bool) or not isinstance(keep, (int, np.integer)):
@@ -224,6 +223,7 @@ class Checkpointer:
         self._worker = self._queue = None
         self._staging = None
         self._damaged = set()  # steps load() found damaged: never counted among the kept
+        self._lock = None      # rank 0's open lock file, from the first save: this run writes
         error = self._prepare_directory() if comm.rank == 0 else None
         error = comm.bcast(error)
         if error is not None:
@@ -244,7 +244,10 @@ class Checkpointer:
         if kind is None:
             self.close()
         else:  # already failing: let the write finish, but raise the first error
-            self._join()
+            try:
+                self._join()
+            finally:
+                self.release()
 
     # ------------------------------------------------------------ directory
     def _prepare_directory(self):
@@ -395,6 +398,8 @@ class Checkpointer:
             if self.comm.rank == 0 and shared is not None:
                 encoders[SHARED] = self._encode(shared, "shared")
             if self.comm.rank == 0:
+                if self._lock is None:  # one writer at a time; readers need no lock
+                    self._lock = _files.lock_directory(self.directory)
                 self._clear_step(step)
         except Exception as exc:  # raised below on every rank, not just here
             error = exc
@@ -618,6 +623,15 @@ class Checkpointer:
             if self._worker is not None:
                 self._queue.put(None)
                 self._worker = self._queue = None
+            self.release()
+
+    def release(self):
+        """Give up the directory's write lock without committing anything (no collective):
+        for a run that is failing. `close` does it after committing; the end of the process
+        does it too, however it ends."""
+        if self._lock is not None:
+            self._lock.close()
+            self._lock = None
 
     # ------------------------------------------------------------ loading
     def load(self, step=None, node_ids=None):
