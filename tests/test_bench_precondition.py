@@ -23,7 +23,8 @@ requires_mpi = pytest.mark.skipif(
 def test_precondition_benchmark_runs(tmp_path, capsys):
     table = tmp_path / "precondition.csv"
     assert main(["precondition", "--workload", "mlp", "--repeat", "1", "--steps", "1",
-                 "--csv", str(table)]) == 0
+                 "--csv", str(table), "--plot", str(tmp_path / "steps.png")]) == 0
+    assert (tmp_path / "steps.png").stat().st_size > 0
     out = capsys.readouterr().out
     for label in ("mlp         sgd", "mlp         kfac/1", "mlp         kfac/10",
                   "mlp         shampoo", "mlp         jorge", "target: kfac >= 2x ASDL",

@@ -736,7 +736,7 @@ def write_csv(report, path, *_):
 
 def _grouped_bars(axes, groups, series, width=0.8):
     """Bars of ``series`` (name -> list of values, one per group), side by side per group."""
-    from matplotlib.ticker import FormatStrFormatter
+    from matplotlib.ticker import FormatStrFormatter, LogLocator, NullFormatter
 
     step = width / max(len(series), 1)
     for i, (name, values) in enumerate(series.items()):
@@ -745,8 +745,13 @@ def _grouped_bars(axes, groups, series, width=0.8):
                  hatch="//" if "only" in name else None)
     axes.set_xticks(range(len(groups)), groups, fontsize=7, rotation=30)
     axes.set_yscale("log")
-    for axis in (axes.yaxis.set_major_formatter, axes.yaxis.set_minor_formatter):
-        axis(FormatStrFormatter("%g"))
+    low, high = axes.get_ylim()
+    axes.yaxis.set_major_formatter(FormatStrFormatter("%g"))
+    if high < 10 * low:  # within a decade: label the minor ticks too
+        axes.yaxis.set_minor_formatter(FormatStrFormatter("%g"))
+    else:  # 1, 2 and 5 of each decade; more would pile up
+        axes.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+        axes.yaxis.set_minor_formatter(NullFormatter())
     axes.tick_params(axis="y", which="both", labelsize=6)
     axes.legend(fontsize=6)
 

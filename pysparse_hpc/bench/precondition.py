@@ -307,14 +307,21 @@ def write_plot(results, path, threads, repeat):
     positions = range(len(shown))
     axes.bar([p - 0.2 for p in positions], [r.ours_ms for r in shown], 0.4, label="ours")
     axes.bar([p + 0.2 for p in positions], [r.asdl_ms for r in shown], 0.4, label="ASDL")
-    labels = [f"{r.workload}\n{r.method}" + (f"/{r.interval}" if r.method == "kfac" else "")
+    # Each workload's plain SGD step: the floor no preconditioned step goes below.
+    sgd = {r.workload: r.ours_ms for r in results if r.method == "sgd"}
+    for n, workload in enumerate(w for w in dict.fromkeys(r.workload for r in shown)
+                                 if w in sgd):
+        where = [i for i, r in enumerate(shown) if r.workload == workload]
+        axes.hlines(sgd[workload], where[0] - 0.45, where[-1] + 0.45, colors="black",
+                    linestyles="--", linewidth=0.8, label=None if n else "SGD step")
+    labels = [f"{r.workload} {r.method}" + (f"/{r.interval}" if r.method == "kfac" else "")
               for r in shown]
-    axes.set_xticks(list(positions), labels, fontsize=7)
+    axes.set_xticks(list(positions), labels, fontsize=7, rotation=30, ha="right")
     axes.set_yscale("log")
     axes.yaxis.set_major_formatter(FormatStrFormatter("%g"))
     axes.set_ylabel("ms per training step")
-    axes.set_title(f"Preconditioned SGD step, ours vs ASDL ({threads} threads, median of "
-                   f"{repeat})")
+    axes.set_title(f"Preconditioned SGD step, ours vs ASDL ({threads} "
+                   f"thread{'s' if threads != 1 else ''}, median of {repeat})")
     axes.legend()
     figure.tight_layout()
     figure.savefig(path, dpi=120)
