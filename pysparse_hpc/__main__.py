@@ -279,13 +279,13 @@ def report_train(result, threads):
             what = "gradient allreduce" if result.compression == "none" else "votes"
             lines.append(f"  Lion's {what} per epoch: "
                          f"{_format_mb(result.optimizer_bytes_per_epoch)}")
+        lines.append(f"  partition: {result.partition_summary}")
     if result.resumed_after is not None:
         lines.insert(1, f"  resumed from the checkpoint after epoch {result.resumed_after}")
     if result.skipped_epochs:
         lines.append(f"  steps skipped for a non-finite loss or gradient: "
                      f"{len(result.skipped_epochs)} (epochs "
                      f"{', '.join(str(e + 1) for e in result.skipped_epochs)})")
-        lines.append(f"  partition: {result.partition_summary}")
     return "\n".join(lines)
 
 
@@ -378,7 +378,7 @@ def main(argv=None):
                        help="steps between the preconditioner's curvature updates (default: 10)")
     train.add_argument("--checkpoint", metavar="DIR",
                        help="save checkpoints in DIR (asynchronous, atomic, the last 3 kept)")
-    train.add_argument("--checkpoint-every", type=int, default=10, metavar="K",
+    train.add_argument("--checkpoint-every", type=int, metavar="K",
                        help="epochs between checkpoints (default: 10; the last epoch too)")
     train.add_argument("--resume", action="store_true",
                        help="continue from the newest good checkpoint in --checkpoint DIR "
@@ -397,8 +397,13 @@ def main(argv=None):
                          "jorge")
         if args.damping is not None and not (0 < args.damping < float("inf")):
             parser.error(f"--damping must be a finite number > 0, got {args.damping}")
-        if args.resume and args.checkpoint is None:
-            parser.error("--resume needs --checkpoint DIR")
+        if args.checkpoint == "":
+            parser.error("--checkpoint needs a directory, got ''")
+        for option in ("resume", "checkpoint_every"):
+            if getattr(args, option) not in (None, False) and args.checkpoint is None:
+                parser.error(f"--{option.replace('_', '-')} needs --checkpoint DIR")
+        if args.checkpoint_every is None:
+            args.checkpoint_every = 10
         for name in ("epochs", "threads", "random_features", "curvature_interval",
                      "checkpoint_every"):
             value = getattr(args, name)

@@ -106,6 +106,7 @@ def test_train_command_under_mpiexec():
     assert status == 0, err[-3000:]
     assert "GCN on cora, 2 ranks x 1 thread, metis partition, 5 epochs" in out
     assert "test accuracy" in out and "CAGNET-1D" in out
+    assert "\n  partition: <Partition metis" in out, out
     assert out.count("test accuracy") == 1  # rank 0 alone reports
 
 

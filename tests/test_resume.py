@@ -125,6 +125,11 @@ def test_train_command_checkpoints_and_resumes(tmp_path, capsys):
         assert err.startswith("python -m pysparse_hpc train: error: ") and str(path) in err, err
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        for bad in (["--resume"], ["--checkpoint", directory, "--checkpoint-every", "0"]):
+        for bad, message in ((["--resume"], "--resume needs --checkpoint DIR"),
+                             (["--checkpoint-every", "2"], "--checkpoint-every needs --checkpoint"),
+                             (["--checkpoint", ""], "--checkpoint needs a directory"),
+                             (["--checkpoint", directory, "--checkpoint-every", "0"],
+                              "--checkpoint-every must be at least 1")):
             with pytest.raises(SystemExit):
                 main(["train", "--no-progress", *bad])
+            assert message in capsys.readouterr().err

@@ -303,7 +303,7 @@ def check_preconditioned_training():
     curvature every step and every second step; applied by Adam or by SGD with momentum, and
     SGD alone through `DataParallel`)."""
     for name, interval, optimizer in (("kfac", 1, "adam"), ("kfac", 2, "adam"),
-                                      ("kfac", 2, "sgd"), ("shampoo", 1, "adam"),
+                                      ("kfac", 2, "sgd"), ("shampoo", 3, "adam"),
                                       ("jorge", 2, "adam"), (None, 1, "sgd")):
         options = dict(epochs=3, dtype="float64", progress=False, preconditioner=name,
                        curvature_interval=interval, optimizer=optimizer)
