@@ -53,6 +53,8 @@ __all__ = ["KfacGradientMaker", "pi_damping", "damped_cholesky"]
 
 _MIN_DAMPING = 1e-7
 _FACTOR_KEYS = ("A", "B", "A_inv", "B_inv", "A_chol", "B_chol")
+#: Prefixes of the keys of a low-rank input factor: its rows and their Woodbury inverse.
+_LOW_RANK_KEYS = ("A_rows", "A_woodbury")
 
 #: The largest share of a factor's size its rows may have for Woodbury's identity: below
 #: about 0.36 applying it (two thin products and two k x k solves) costs less than one product
@@ -439,7 +441,7 @@ class KfacGradientMaker(NaturalGradientMaker):
             else:
                 # The rows' inverse goes with them (a rank that does not own the module under
                 # strategy="gradient" inverts nothing that would replace it).
-                for key in [k for k in state if k.startswith(("A_rows", "A_woodbury"))]:
+                for key in [k for k in state if k.startswith(_LOW_RANK_KEYS)]:
                     del state[key]
         return updated
 
@@ -514,7 +516,7 @@ class KfacGradientMaker(NaturalGradientMaker):
     def _check_entry(self, name, entry):
         """A low-rank input factor loads whole: its rows, damping and one ``k x k``
         capacitance inverse or factor for its ``k`` rows, or none of them."""
-        woodbury = {k for k in entry if k.startswith(("A_rows", "A_woodbury"))}
+        woodbury = {k for k in entry if k.startswith(_LOW_RANK_KEYS)}
         if not woodbury:
             return
         held = woodbury & {"A_woodbury_inv", "A_woodbury_chol"}
