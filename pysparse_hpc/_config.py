@@ -1,7 +1,8 @@
 """Tunables of the library, in one place; environment variables override the defaults.
 
 ``PYSPARSE_HPC_NUM_THREADS`` (else ``NUMBA_NUM_THREADS``, else all cores): threads used by the
-Cython conversions and the Numba kernels. Change it at run time with `set_num_threads`.
+Cython conversions and the Numba kernels. Change it at run time with `set_num_threads`. OpenMP's
+own default (``OMP_NUM_THREADS``, which torch reads) is left as it was (`_start_numba_pool`).
 
 ``PYSPARSE_HPC_PARALLEL_MIN_FLOPS`` (default 2**17): kernels with less work than this run on
 one thread: a parallel launch costs about 2 microseconds while the pool is warm and 6-16 after
@@ -28,9 +29,23 @@ warp owns 16 output columns of a row window (FlashSparse's 4 warps x 16 columns)
 across thread blocks that combine with atomics (FlashSparse's threshold), so the long windows of
 power-law graphs do not hold up the grid.
 """
+import ctypes
 import os
 
 import numba
+
+
+def _openmp_runtime():
+    """The GNU OpenMP runtime Numba's OpenMP threading layer runs on, or None."""
+    try:
+        return ctypes.CDLL("libgomp.so.1")
+    except OSError:
+        return None
+
+
+#: The runtime and its thread count before anything here starts Numba's pool.
+_OPENMP = _openmp_runtime()
+_OPENMP_THREADS = None if _OPENMP is None else _OPENMP.omp_get_max_threads()
 
 __all__ = ["get_num_threads", "set_num_threads", "parallel_min_flops", "spmm_tile",
            "buffer_cache_bytes", "cuda_warps_per_block", "cuda_split_blocks"]
@@ -115,4 +130,19 @@ def set_num_threads(n):
     numba.set_num_threads(n)
 
 
-numba.set_num_threads(_initial_threads())
+def _start_numba_pool(threads):
+    """``numba.set_num_threads(threads)``, then the process's OpenMP thread count as it was
+    before Numba's pool started (`_OPENMP_THREADS`).
+
+    Numba's OpenMP layer sets the runtime's default thread count to its pool size when the pool
+    starts. Every other user of the same runtime (torch, whose CPU builds may share the
+    system's libgomp) then runs on every core whatever ``OMP_NUM_THREADS`` says: each of two
+    ranks of an ``mpiexec`` job on two cores ran torch on two threads, beside a rank waiting
+    in MPI and polling its core, and a Cholesky inversion took 60x longer. Numba's kernels and
+    the Cython conversions pass their thread counts explicitly and do not read the default."""
+    numba.set_num_threads(threads)
+    if _OPENMP is not None and _OPENMP.omp_get_max_threads() != _OPENMP_THREADS:
+        _OPENMP.omp_set_num_threads(_OPENMP_THREADS)
+
+
+_start_numba_pool(_initial_threads())

@@ -1,6 +1,7 @@
-"""The first run: compile messages, the cached-only probe and the helper process that compiles a
-job's kernels ahead. Each test runs in a fresh process with an empty Numba cache directory, so
-that kernels really compile (serial, small ones: a few seconds)."""
+"""The first run: compile messages, the cached-only probe, the helper process that compiles a
+job's kernels ahead, and what starting Numba's pool leaves of OpenMP's thread count. Each test
+runs in a fresh process with an empty Numba cache directory, so that kernels really compile
+(serial, small ones: a few seconds)."""
 import os
 import subprocess
 import sys
@@ -113,3 +114,32 @@ def test_benchmark_output_paths_are_checked_before_measuring(capsys):
         assert stop.value.code == 2
         assert f"{option}: the directory of /no/such/directory/out.file does not exist" in \
             capsys.readouterr().err
+
+
+@pytest.mark.parametrize("torch_first", [True, False])
+def test_importing_leaves_the_openmp_thread_count_to_the_user(torch_first):
+    """Starting Numba's OpenMP pool must not raise the OpenMP default the user set: torch on
+    the same runtime would then run every core per process, whatever OMP_NUM_THREADS says
+    (under mpiexec, beside ranks polling in MPI: a Cholesky 60x slower). The library's own
+    kernels keep their threads."""
+    pytest.importorskip("torch")
+    first, second = ("torch", "pysparse_hpc") if torch_first else ("pysparse_hpc", "torch")
+    code = textwrap.dedent(f"""
+        import {first}, {second}, numba, numpy as np
+
+        @numba.njit(parallel=True)
+        def ids(n):
+            out = np.zeros(n, np.int64)
+            for i in numba.prange(n):
+                out[i] = numba.get_thread_id()
+            return out
+        print(torch.get_num_threads(), pysparse_hpc.get_num_threads(),
+              len(np.unique(ids(100000))))
+        """)
+    env = dict(os.environ, OMP_NUM_THREADS="1", NUMBA_NUM_THREADS="2")
+    env.pop("PYSPARSE_HPC_NUM_THREADS", None)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    torch_threads, ours, used = map(int, done.stdout.split())
+    assert torch_threads == 1 and ours == 2 and used == 2
