@@ -237,6 +237,7 @@ def test_damaged_newest_checkpoint_falls_back_with_a_warning(tmp_path, damage, m
     assert message in str(caught[0].message) and "loading step 2 instead" in str(
         caught[0].message)
     assert loaded.step == 2 and loaded.shared == {"s": 2}
+    assert [step for step, _ in loaded.skipped] == [3] and message in loaded.skipped[0][1]
     assert torch.equal(loaded.shard["w"], torch.full((1000,), 2.0))
     if damage == "torn":
         assert checkpoints.steps() == [1, 2]  # a checkpoint without a manifest does not exist

@@ -60,6 +60,9 @@ class Checkpoint:
         per saving rank) and the manifest's own ``checksum``.
     path : str
         The checkpoint's directory.
+    skipped : list of (int, str)
+        The newer checkpoints passed over as damaged, newest first: ``(step, what is wrong,
+        naming the ranks)``, the same on every rank (rank 0 alone also warns).
     """
     step: int
     shard: Any
@@ -68,6 +71,7 @@ class Checkpoint:
     ranks_saved: int
     meta: dict = field(repr=False)
     path: str = ""
+    skipped: list = field(default_factory=list)
 
 
 def _serve(jobs):
@@ -639,8 +643,8 @@ class Checkpointer:
 
         Every file read is checked against the sizes and SHA-256 checksums of its manifest. A
         newest checkpoint that is torn (no manifest), truncated, corrupt or missing a file on
-        any rank is reported with a warning and the next older one tried, the same one on
-        every rank.
+        any rank is reported with a warning (on rank 0, once for the job) and the next older one
+        tried, the same one on every rank; `Checkpoint.skipped` lists those passed over.
 
         Parameters
         ----------
@@ -696,9 +700,10 @@ class Checkpointer:
             reports = comm.allgather(problem)
             bad = [(rank, p) for rank, p in enumerate(reports) if p is not None]
             if not bad:
-                for damaged, what in problems:
+                for damaged, what in problems if comm.rank == 0 else ():
                     warnings.warn(f"checkpoint step {damaged} in {self.directory} is damaged: "
                                   f"{what}; loading step {candidate} instead", stacklevel=2)
+                result.skipped = problems
                 return result
             problems.append((candidate, "; ".join(p if comm.size == 1 else f"rank {r}: {p}"
                                                   for r, p in bad)))
