@@ -231,6 +231,7 @@ def run_train(args, out=None):
                        preconditioner=(args.optimizer if args.optimizer in PRECONDITIONER_NAMES
                                        else None),
                        curvature_interval=args.curvature_interval, damping=args.damping,
+                       kl_clip=args.kl_clip,
                        optimizer=(args.base_optimizer if args.optimizer in PRECONDITIONER_NAMES
                                   else args.optimizer),
                        compression=args.compression, momentum_sync=args.momentum_sync,
@@ -298,8 +299,9 @@ def _optimizer_label(result):
         return f"Lion ({result.compression} compression)"
     label = "Adam" if result.optimizer == "adam" else f"SGD (momentum {SGD_MOMENTUM:g})"
     if result.preconditioner is not None:
+        clip = "" if result.kl_clip is None else f", KL clip {result.kl_clip:g}"
         label += (f" on {result.preconditioner} preconditioned gradients (damping "
-                  f"{result.damping:g})")
+                  f"{result.damping:g}{clip})")
     return label
 
 
@@ -365,6 +367,10 @@ def main(argv=None):
                        help="with --optimizer kfac, shampoo or jorge: the damping (default: "
                             "the one measured for the method and base optimizer: K-FAC 0.01 "
                             "under Adam, 0.03 under SGD; Shampoo and Jorge 0.001)")
+    train.add_argument("--kl-clip", type=float, metavar="C",
+                       help="with --optimizer kfac: scale each preconditioned step so that "
+                            "its predicted change of the output distribution (lr^2 v.g) is at "
+                            "most C, as KAISA does (e.g. 0.001; default: off)")
     train.add_argument("--compression", default="none", choices=COMPRESSIONS,
                        help="with --optimizer lion over several ranks: what crosses the "
                             "network: none (gradient allreduce), signs (packed sign bits, "
@@ -397,6 +403,10 @@ def main(argv=None):
                          "jorge")
         if args.damping is not None and not (0 < args.damping < float("inf")):
             parser.error(f"--damping must be a finite number > 0, got {args.damping}")
+        if args.kl_clip is not None and args.optimizer != "kfac":
+            parser.error("--kl-clip needs --optimizer kfac")
+        if args.kl_clip is not None and not (0 < args.kl_clip < float("inf")):
+            parser.error(f"--kl-clip must be a finite number > 0, got {args.kl_clip}")
         if args.checkpoint == "":
             parser.error("--checkpoint needs a directory, got ''")
         for option in ("resume", "checkpoint_every"):

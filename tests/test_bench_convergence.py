@@ -135,3 +135,12 @@ def test_damping_option_reaches_the_maker(capsys):
         with pytest.raises(SystemExit):
             main(["convergence", "--damping", bad])
         assert "expected a positive number" in capsys.readouterr().err
+    # --kl-clip: K-FAC's bound at the learning rate of the optimizer applying it
+    clipped = convergence._maker("kfac", model, 10, kl_clip=1e-3, optimizer=sgd)
+    assert clipped.kl_clip == 1e-3 and clipped.lr() == 0.1
+    sgd.param_groups[0]["lr"] = 0.05   # a scheduler's change is followed
+    assert clipped.lr() == 0.05
+    assert convergence._maker("shampoo", model, 10, kl_clip=1e-3, optimizer=sgd) is not None
+    with pytest.raises(SystemExit):
+        main(["convergence", "--kl-clip", "0"])
+    assert "expected a positive number" in capsys.readouterr().err

@@ -1136,3 +1136,104 @@ def test_pi_damping_switch():
     assert torch.allclose(model[4].weight.grad, expected, rtol=1e-10)
     assert P.kfac.pi_damping(A, B, 1e-2) != (0.1, 0.1)
     assert P.kfac.pi_damping(torch.zeros(2, 2), torch.eye(2), 1e-2) == (1e-2, 1e-2)
+
+
+@pytest.mark.parametrize("maker", ["kfac", "diag"])
+def test_kl_clip_scales_the_preconditioned_gradients_by_the_predicted_kl(maker):
+    """kl_clip: every preconditioned gradient times min(1, sqrt(kl_clip / |lr^2 sum v.g|)),
+    the plain gradients of unpreconditioned parameters untouched; no clip where the bound is
+    not reached."""
+    x, t = batch((32, 20))
+    make = P.KfacGradientMaker if maker == "kfac" else P.DiagNaturalGradientMaker
+    config = P.PreconditioningConfig(data_size=32, damping=1e-3,
+                                     ignore_modules=["2"])   # module 2 keeps its gradient
+    plain_model = mlp()
+    plain = make(plain_model, config, fisher_type="emp")
+    plain_model.zero_grad()
+    dy = plain.setup_model_call(plain_model, x)
+    plain.setup_loss_call(F.cross_entropy, dy, t)
+    plain.forward_and_backward()
+    preconditioned = [p.grad.clone() for p in plain_model.parameters()]
+    raw_model = mlp()
+    (F.cross_entropy(raw_model(x), t, reduction="sum") / 32).backward()
+    raw = [p.grad for p in raw_model.parameters()]
+    kept = {2, 3}   # module 2's weight and bias
+    vg = sum(float((v * g).sum()) for i, (v, g) in enumerate(zip(preconditioned, raw))
+             if i not in kept)
+    lr = 0.1
+    predicted = lr ** 2 * vg
+    for kl_clip in (predicted / 7, predicted * 2):
+        model = mlp()
+        gm = make(model, config, fisher_type="emp", kl_clip=kl_clip, lr=lambda: lr)
+        dy = gm.setup_model_call(model, x)
+        gm.setup_loss_call(F.cross_entropy, dy, t)
+        gm.forward_and_backward()
+        scale = min(1.0, (kl_clip / predicted) ** 0.5)
+        assert gm.last_kl_clip_scale == pytest.approx(scale, rel=1e-12)
+        for i, (param, v) in enumerate(zip(model.parameters(), preconditioned)):
+            expected = v if i in kept else v * scale
+            torch.testing.assert_close(param.grad, expected, rtol=1e-12, atol=0)
+    assert gm.last_kl_clip_scale == 1.0   # twice the predicted KL: not clipped
+
+
+def test_kl_clip_follows_a_changing_learning_rate_and_bounds_every_step():
+    """The callable lr is read at every step (a scheduler's rate), and with a tiny damping the
+    steps are clipped to the bound: for the clipped direction ``s v`` the predicted
+    ``lr^2 (s v)^T F (s v) = s lr^2 (s v).g`` equals kl_clip, and never exceeds it."""
+    x, t = batch((32, 20))
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    gm = P.KfacGradientMaker(model, P.PreconditioningConfig(data_size=32, damping=1e-6),
+                             fisher_type="emp", kl_clip=1e-3,
+                             lr=lambda: opt.param_groups[0]["lr"])
+    scales = []
+    for step in range(6):
+        opt.zero_grad()
+        raw_model = copy.deepcopy(model)
+        (F.cross_entropy(raw_model(x), t, reduction="sum") / 32).backward()
+        dy = gm.setup_model_call(model, x)
+        gm.setup_loss_call(F.cross_entropy, dy, t)
+        gm.forward_and_backward()
+        lr = opt.param_groups[0]["lr"]
+        vg = sum(float((p.grad * r.grad).sum())
+                 for p, r in zip(model.parameters(), raw_model.parameters()))
+        scales.append(gm.last_kl_clip_scale)
+        predicted = scales[-1] * lr ** 2 * vg
+        if scales[-1] < 1:
+            assert predicted == pytest.approx(1e-3, rel=1e-9)
+        else:
+            assert predicted <= 1e-3
+        opt.step()
+        opt.param_groups[0]["lr"] = lr / 4
+    assert scales[0] < 1 and scales[-1] == 1.0
+    # A quarter of the rate: a scale about four times larger (the direction changes too).
+    assert 2 < scales[1] / scales[0] < 8
+
+
+def test_kl_clip_bad_input():
+    model, config = mlp(), P.PreconditioningConfig(data_size=8, damping=1e-3)
+    with pytest.raises(ValueError, match="kl_clip needs lr"):
+        P.KfacGradientMaker(model, config, kl_clip=1e-3)
+    with pytest.raises(ValueError, match="lr is only used with kl_clip"):
+        P.KfacGradientMaker(model, config, lr=0.1)
+    for bad in (0.0, -1e-3, float("inf")):
+        with pytest.raises(ValueError, match="kl_clip must be a finite number > 0"):
+            P.KfacGradientMaker(model, config, kl_clip=bad, lr=0.1)
+    with pytest.raises(TypeError, match="lr must be a float"):
+        P.KfacGradientMaker(model, config, kl_clip=1e-3, lr="0.1")
+    with pytest.raises(ValueError, match="lr must be a finite number > 0"):
+        P.KfacGradientMaker(model, config, kl_clip=1e-3, lr=0.0)
+    gm = P.KfacGradientMaker(model, config, fisher_type="emp", kl_clip=1e-3,
+                             lr=lambda: float("nan"))
+    x, t = torch.randn(8, 20, dtype=DTYPE), torch.randint(0, 3, (8,))
+    dy = gm.setup_model_call(model, x)
+    gm.setup_loss_call(F.cross_entropy, dy, t)
+    with pytest.raises(ValueError, match="the value lr\\(\\) returned must be a finite"):
+        gm.forward_and_backward()
+    # raised before any gradient was preconditioned, and the step not counted
+    plain = copy.deepcopy(model)
+    plain.zero_grad()
+    (F.cross_entropy(plain(x), t, reduction="sum") / 8).backward()
+    assert gm.step == 0
+    assert all(torch.equal(p.grad, q.grad) for p, q in zip(model.parameters(),
+                                                           plain.parameters()))

@@ -212,13 +212,14 @@ def test_fit_applies_kfac_by_sgd_as_a_hand_written_loop():
         torch.manual_seed(0)
         return models.GCN(x.shape[1], out_channels=cora.num_classes, hidden=16)
 
-    def by_hand(damping, epochs=4):
+    def by_hand(damping, epochs=4, kl_clip=None):
         model = new_model()
         optimizer = torch.optim.SGD(model.param_groups(5e-4), lr=0.3, momentum=0.9)
         config = P.PreconditioningConfig(data_size=int(n_train), damping=damping,
                                          curvature_upd_interval=2,
                                          preconditioner_upd_interval=2)
-        maker = P.KfacGradientMaker(model, config, fisher_type="emp")
+        clip = {} if kl_clip is None else dict(kl_clip=kl_clip, lr=0.3)
+        maker = P.KfacGradientMaker(model, config, fisher_type="emp", **clip)
         losses = []
         for _ in range(epochs):
             model.train()
@@ -231,13 +232,19 @@ def test_fit_applies_kfac_by_sgd_as_a_hand_written_loop():
         return losses
 
     def by_fit(**options):
+        options = dict(dict(optimizer="sgd", preconditioner="kfac"), **options)
         return train.fit(new_model(), x, cora.adj, y, masks, epochs=4, lr=0.3,
-                         progress=False, optimizer="sgd", preconditioner="kfac",
-                         curvature_interval=2, **options).losses
+                         progress=False, curvature_interval=2, **options).losses
 
     assert train.SGD_DAMPINGS["kfac"] == 0.03
     assert by_fit() == by_hand(0.03)
     assert by_fit(damping=0.01) == by_hand(0.01) != by_hand(0.03)
+    # KAISA's clip at SGD's rate: 1e-4 clips Cora's first steps (the losses differ)
+    assert by_fit(kl_clip=1e-4) == by_hand(0.03, kl_clip=1e-4) != by_hand(0.03)
+    with pytest.raises(ValueError, match="kl_clip applies to preconditioner='kfac'"):
+        by_fit(kl_clip=1e-3, preconditioner="shampoo")
+    with pytest.raises(ValueError, match="kl_clip applies to preconditioner='kfac'"):
+        train.fit(new_model(), x, cora.adj, y, masks, epochs=1, progress=False, kl_clip=1e-3)
 
 
 def test_fit_with_sgd_alone_is_torch_sgd_with_momentum():
@@ -305,11 +312,11 @@ def test_train_command_applies_kfac_by_sgd():
     import sys
     command = [sys.executable, "-m", "pysparse_hpc", "train", "--epochs", "2", "--no-progress"]
     done = subprocess.run(command + ["--optimizer", "kfac", "--base-optimizer", "sgd",
-                                     "--damping", "0.05"],
+                                     "--damping", "0.05", "--kl-clip", "0.001"],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
-    assert ("SGD (momentum 0.9) on kfac preconditioned gradients (damping 0.05), lr 0.3, "
-            "weight decay 0.0005") in done.stdout
+    assert ("SGD (momentum 0.9) on kfac preconditioned gradients (damping 0.05, KL clip "
+            "0.001), lr 0.3, weight decay 0.0005") in done.stdout
     for wrong, message in ((["--optimizer", "adam", "--base-optimizer", "sgd"],
                             "--base-optimizer and --damping need --optimizer kfac"),
                            (["--optimizer", "sgd", "--damping", "0.1"],
@@ -317,6 +324,10 @@ def test_train_command_applies_kfac_by_sgd():
                            (["--optimizer", "kfac", "--damping", "0"],
                             "--damping must be a finite number > 0"),
                            (["--optimizer", "kfac", "--damping", "nan"],
-                            "--damping must be a finite number > 0")):
+                            "--damping must be a finite number > 0"),
+                           (["--optimizer", "shampoo", "--kl-clip", "0.001"],
+                            "--kl-clip needs --optimizer kfac"),
+                           (["--optimizer", "kfac", "--kl-clip", "-1"],
+                            "--kl-clip must be a finite number > 0")):
         bad = subprocess.run(command + wrong, capture_output=True, text=True, timeout=300)
         assert bad.returncode == 2 and message in bad.stderr, (wrong, bad.stderr)

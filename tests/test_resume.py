@@ -54,6 +54,12 @@ def test_naming_a_default_resumes_the_same_run(tmp_path):
     with pytest.raises(ValueError, match="'curvature_interval'"):
         train("cora", "gcn", optimizer="sgd", preconditioner="kfac", curvature_interval=3,
               resume=True, **options)
+    # so does a bound on K-FAC's steps
+    with pytest.raises(ValueError, match="'kl_clip'"):
+        train("cora", "gcn", optimizer="sgd", preconditioner="kfac", kl_clip=1e-3,
+              resume=True, **options)
+    with pytest.raises(ValueError, match="kl_clip applies to preconditioner='kfac'"):
+        train("cora", "gcn", preconditioner="shampoo", kl_clip=1e-3, **options)
 
 
 def test_resume_skips_a_corrupt_newest_checkpoint(tmp_path):

@@ -339,17 +339,19 @@ def _optimizer(method, model, lr, weight_decay):
                             None)
 
 
-def _maker(method, model, data_size, damping=None):
+def _maker(method, model, data_size, damping=None, kl_clip=None, optimizer=None):
     """``fit``'s gradient maker for ``method`` (None for Adam and SGD), with the damping
     ``fit`` takes under the optimizer applying it (K-FAC's 0.03 under SGD, as chosen on
     Cora's seeds 0-2 among 0.01, 0.03 and 0.1 and checked on seeds 3-9, BENCHMARKS.md);
-    ``damping``: in place of it."""
+    ``damping``: in place of it; ``kl_clip``: K-FAC's bound on each step at ``optimizer``'s
+    learning rate (the other methods ignore it)."""
     if method not in PRECONDITIONED:
         return None
     from ..nn import train
-    return train._preconditioner(_FIT_NAMES.get(method, method), model, None, data_size,
-                                 CURVATURE_INTERVAL,
-                                 "sgd" if method in SGD_APPLIED else "adam", damping)
+    name = _FIT_NAMES.get(method, method)
+    return train._preconditioner(name, model, None, data_size, CURVATURE_INTERVAL,
+                                 "sgd" if method in SGD_APPLIED else "adam", damping,
+                                 kl_clip if name == "kfac" else None, optimizer)
 
 
 def _step(model, maker, optimizer, inputs, labels, loss_fn):
@@ -371,7 +373,7 @@ def _step(model, maker, optimizer, inputs, labels, loss_fn):
     return loss
 
 
-def train_run(problem, method, lr, seed, epochs=None, damping=None):
+def train_run(problem, method, lr, seed, epochs=None, damping=None, kl_clip=None):
     """Train ``problem``'s model with ``method`` at learning rate ``lr`` from seed ``seed``.
 
     Parameters
@@ -386,6 +388,8 @@ def train_run(problem, method, lr, seed, epochs=None, damping=None):
         Default: the problem's.
     damping : float, optional
         The preconditioners' damping; default: ``fit``'s under the optimizer applying it.
+    kl_clip : float, optional
+        K-FAC's bound on each step (``fit``'s ``kl_clip``); default: off.
 
     Returns
     -------
@@ -397,7 +401,7 @@ def train_run(problem, method, lr, seed, epochs=None, damping=None):
     torch.manual_seed(seed)
     model = problem.make_model()
     optimizer = _optimizer(method, model, lr, problem.weight_decay)
-    maker = _maker(method, model, problem.data_size, damping)
+    maker = _maker(method, model, problem.data_size, damping, kl_clip, optimizer)
     loss_fn = partial(train._summed_cross_entropy, count=float(problem.data_size))
     generator = torch.Generator().manual_seed(seed)
     result = Run(problem.name, method, lr, seed)
@@ -419,7 +423,8 @@ def train_run(problem, method, lr, seed, epochs=None, damping=None):
     return result
 
 
-def measure(problem, methods=METHODS, epochs=None, seeds=None, progress=None, damping=None):
+def measure(problem, methods=METHODS, epochs=None, seeds=None, progress=None, damping=None,
+            kl_clip=None):
     """Every run of ``problem``: each method, learning rate of its grid and seed.
 
     Parameters
@@ -433,18 +438,21 @@ def measure(problem, methods=METHODS, epochs=None, seeds=None, progress=None, da
         Advanced by one per run.
     damping : float, optional
         The preconditioners' damping; default: ``fit``'s.
+    kl_clip : float, optional
+        K-FAC's bound on each step; default: off.
 
     Returns
     -------
     list of Run
     """
     for method in methods:   # untimed: kernels compile and caches fill before any clock runs
-        train_run(problem, method, lr_grid(method, problem.kind)[0], 0, WARMUP_EPOCHS, damping)
+        train_run(problem, method, lr_grid(method, problem.kind)[0], 0, WARMUP_EPOCHS, damping,
+                  kl_clip)
     runs = []
     for seed in range(seeds or problem.seeds):
         for method in methods:
             for lr in lr_grid(method, problem.kind):
-                runs.append(train_run(problem, method, lr, seed, epochs, damping))
+                runs.append(train_run(problem, method, lr, seed, epochs, damping, kl_clip))
                 if progress is not None:
                     progress.update()
     return runs
@@ -710,6 +718,9 @@ def add_arguments(parser):
                         help="damping of K-FAC, Shampoo and Jorge (default: 0.03 for "
                              "kfac, applied by SGD; the training command's, "
                              "pysparse_hpc.nn.train.PRECONDITIONERS, for the others)")
+    parser.add_argument("--kl-clip", type=positive_float, metavar="C",
+                        help="bound each K-FAC step (kfac, kfac-adam) by KAISA's KL clipping "
+                             "at C (default: off)")
 
 
 def run(args, out=None):
@@ -733,7 +744,7 @@ def run(args, out=None):
         for problem in problems:
             progress.set_postfix_str(problem.name)
             runs += measure(problem, methods[problem.name], progress=progress,
-                            damping=args.damping)
+                            damping=args.damping, kl_clip=args.kl_clip)
     studies = summarize(runs)
     print(f"Convergence to a target validation accuracy, {args.threads} threads; medians over "
           "seeds; each method at its headline learning rate (fewest epochs to T)", file=out)
@@ -741,6 +752,7 @@ def run(args, out=None):
         print(f"  {problem.name}: {problem.epochs} epochs, {problem.seeds} seed(s), "
               f"{', '.join(methods[problem.name])}"
               + (f"; preconditioner damping {args.damping:g}" if args.damping else "")
+              + (f"; K-FAC KL clip {args.kl_clip:g}" if args.kl_clip else "")
               + (f"; {problem.note}" if problem.note else ""), file=out)
     print(format_table(studies, grid=args.grid), file=out)
     for line in verdict(studies):

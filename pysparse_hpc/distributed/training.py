@@ -23,7 +23,8 @@ _DTYPES = ("float32", "float64")
 #: The communicator's kinds of the optimizers' own collectives: the preconditioners'
 #: (`pysparse_hpc.precondition`) and `pysparse_hpc.optim.DistributedLion`'s.
 _OPTIMIZER_KINDS = ("gradient allreduce", "curvature allreduce", "inverse broadcast",
-                    "gradient broadcast", "lion votes", "lion participation", "momentum sync")
+                    "gradient broadcast", "kl clip allreduce", "lion votes",
+                    "lion participation", "momentum sync")
 
 
 @dataclass
@@ -67,6 +68,8 @@ class DistributedTrainResult:
         ``"kfac"``, ``"shampoo"``, ``"jorge"`` or None.
     damping : float or None
         The preconditioner's damping (None without one).
+    kl_clip : float or None
+        K-FAC's bound on each step (None: off).
     lr, weight_decay : float or None
         The optimizer's.
     resumed_after : int or None
@@ -94,6 +97,7 @@ class DistributedTrainResult:
     skipped_epochs: list = field(default_factory=list)
     preconditioner: str = None
     damping: float = None
+    kl_clip: float = None
     lr: float = None
     weight_decay: float = None
     resumed_after: int = None
@@ -124,7 +128,7 @@ def train(dataset="cora", model="gcn", partition="metis", *, epochs=None, lr=Non
           progress=True, description=None, balance=None, preconditioner=None,
           curvature_interval=10, optimizer="adam", compression="none", momentum_sync=None,
           checkpoint=None, checkpoint_every=10, resume=False, keep_checkpoints=3,
-          damping=None):
+          damping=None, kl_clip=None):
     """Train a node classifier on a graph distributed over the communicator's ranks.
 
     Every rank calls it with the same arguments.
@@ -164,6 +168,8 @@ def train(dataset="cora", model="gcn", partition="metis", *, epochs=None, lr=Non
     damping : float, optional
         The preconditioner's; default: the one measured for it under ``optimizer``
         (`pysparse_hpc.nn.train.fit`).
+    kl_clip : float, optional
+        With ``preconditioner="kfac"``: KAISA's bound on each step (`pysparse_hpc.nn.train.fit`).
     optimizer : {"adam", "sgd", "lion"}
         SGD's and Lion's default ``lr`` and ``weight_decay`` are the model's Adam settings
         scaled (`default_settings`).
@@ -218,6 +224,13 @@ def train(dataset="cora", model="gcn", partition="metis", *, epochs=None, lr=Non
                            weight_decay=settings["weight_decay"])
         if preconditioner is not None:  # which steps update the curvature
             fingerprint["curvature_interval"] = curvature_interval
+        if kl_clip is not None:   # absent when off, as in the checkpoints written before it
+            if preconditioner != "kfac":
+                raise ValueError(f"kl_clip applies to preconditioner='kfac', got "
+                                 f"{preconditioner!r}")
+            if not (isinstance(kl_clip, (int, float)) and 0 < kl_clip < float("inf")):
+                raise ValueError(f"kl_clip must be a finite number > 0, got {kl_clip!r}")
+            fingerprint["kl_clip"] = kl_clip
         checkpointer, state = _checkpoints(comm, checkpoint, resume, keep_checkpoints,
                                            fingerprint=fingerprint)
     try:
@@ -268,8 +281,9 @@ def train(dataset="cora", model="gcn", partition="metis", *, epochs=None, lr=Non
                      description=description or f"{model} on {name}, {comm.size} rank"
                      f"{'s' if comm.size > 1 else ''}", preconditioner=preconditioner,
                      curvature_interval=curvature_interval, optimizer=optimizer,
-                     damping=damping, compression=compression, momentum_sync=momentum_sync,
-                     checkpointer=checkpointer, checkpoint_every=checkpoint_every,
+                     damping=damping, kl_clip=kl_clip, compression=compression,
+                     momentum_sync=momentum_sync, checkpointer=checkpointer,
+                     checkpoint_every=checkpoint_every,
                      resume_from=state, checkpoint_extras=None if parts is None else dict(
                          partition=parts.owner, partition_method=parts.method), **settings)
     except BaseException:
@@ -298,7 +312,8 @@ def train(dataset="cora", model="gcn", partition="metis", *, epochs=None, lr=Non
         cagnet_bytes_per_epoch=float(row_bytes * (comm.size - 1) * graph.shape[0]) / n_epochs,
         allreduce_bytes_per_epoch=float(received[2]) / n_epochs, partition_summary=summary,
         optimizer=optimizer, preconditioner=preconditioner, damping=result.damping,
-        lr=settings["lr"], weight_decay=settings["weight_decay"], compression=compression,
+        kl_clip=kl_clip, lr=settings["lr"], weight_decay=settings["weight_decay"],
+        compression=compression,
         optimizer_bytes_per_epoch=float(received[3:].sum()) / n_epochs,
         skipped_epochs=result.skipped_epochs,
         resumed_after=None if state is None else state.step)

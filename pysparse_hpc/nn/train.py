@@ -136,7 +136,8 @@ LION_SCALING = dict(lr=1.0, weight_decay=200.0)
 def fit(model, x, adj, y, masks, *, epochs=200, lr=0.01, weight_decay=5e-4, progress=True,
         description="training", preconditioner=None, curvature_interval=10, optimizer="adam",
         compression="none", momentum_sync=None, skip_nonfinite=True, checkpointer=None,
-        checkpoint_every=10, resume_from=None, checkpoint_extras=None, damping=None):
+        checkpoint_every=10, resume_from=None, checkpoint_extras=None, damping=None,
+        kl_clip=None):
     """Train ``model(x, adj)`` with Adam (or SGD, or Lion) and cross-entropy on the training
     nodes.
 
@@ -192,6 +193,10 @@ def fit(model, x, adj, y, masks, *, epochs=200, lr=0.01, weight_decay=5e-4, prog
     damping : float, optional
         The preconditioner's damping. Default: the one measured for it and the optimizer
         applying it (`default_damping`).
+    kl_clip : float, optional
+        With ``preconditioner="kfac"``: bound every step's predicted change of the model's
+        output distribution (KAISA's KL clipping, `KfacGradientMaker` ``kl_clip``), at the
+        optimizer's current learning rate. Default: off.
 
     Returns
     -------
@@ -224,9 +229,11 @@ def fit(model, x, adj, y, masks, *, epochs=200, lr=0.01, weight_decay=5e-4, prog
     maker = None
     if preconditioner is not None:
         maker = _preconditioner(preconditioner, model, graph, n_train, curvature_interval,
-                                optimizer, damping)
+                                optimizer, damping, kl_clip, step_optimizer)
     elif damping is not None:
         raise ValueError("damping applies to a preconditioner")
+    elif kl_clip is not None:
+        raise ValueError("kl_clip applies to preconditioner='kfac'")
     elif graph is not None and graph.comm.size > 1 and optimizer != "lion":
         from ..distributed.data_parallel import DataParallel
         # Every rank's loss is already divided by the global count: sum, do not average.
@@ -419,7 +426,10 @@ def default_damping(preconditioner, optimizer="adam"):
     return adam_damping
 
 
-def _preconditioner(name, model, graph, n_train, curvature_interval, optimizer, damping):
+def _preconditioner(name, model, graph, n_train, curvature_interval, optimizer, damping,
+                    kl_clip=None, step_optimizer=None):
+    """``fit``'s gradient maker; with `kl_clip` (K-FAC only), clipped at the learning rate
+    of `step_optimizer`'s first parameter group."""
     from .. import precondition
 
     if name not in PRECONDITIONERS:
@@ -435,6 +445,10 @@ def _preconditioner(name, model, graph, n_train, curvature_interval, optimizer, 
         data_size=int(n_train), damping=damping, curvature_upd_interval=curvature_interval,
         preconditioner_upd_interval=curvature_interval)
     options = dict(fisher_type="emp") if name == "kfac" else {}
+    if kl_clip is not None:
+        if name != "kfac":
+            raise ValueError(f"kl_clip applies to preconditioner='kfac', got {name!r}")
+        options.update(kl_clip=kl_clip, lr=lambda: step_optimizer.param_groups[0]["lr"])
     return getattr(precondition, maker_name)(
         model, config, comm=None if graph is None else graph.comm, **options)
 

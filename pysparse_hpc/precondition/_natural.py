@@ -15,7 +15,9 @@ between them:
    process; each module's owner rank with a communicator, then, with ``strategy="inverse"``,
    a broadcast of the inverses);
 5. precondition: ``_precondition_modules(names)`` (every module; with ``strategy="gradient"``
-   each owner its own, then a broadcast of the preconditioned gradients).
+   each owner its own, then a broadcast of the preconditioned gradients);
+6. clip (with ``kl_clip``): scale every preconditioned gradient by one factor that bounds the
+   update's predicted change of the model's output distribution (``_clip_update``).
 
 It also owns the state (every module's stored tensors, by name) and its checks on loading.
 """
@@ -48,6 +50,13 @@ def _fits(shape, expected):
         want is None or have == want for have, want in zip(shape, expected))
 
 
+def _learning_rate(lr):
+    """The value of `lr` (a number or a callable returning one), checked."""
+    value = lr() if callable(lr) else lr
+    _check_real("lr" if not callable(lr) else "the value lr() returned", value)
+    return float(value)
+
+
 def _check_real(name, value, positive=True):
     if not isinstance(value, numbers.Real) or isinstance(value, bool):
         raise TypeError(f"{name} must be a float, got {type(value).__name__} ({value!r})")
@@ -62,8 +71,14 @@ class NaturalGradientMaker(PreconditionedGradientMaker):
     Parameters
     ----------
     model, config, fisher_type, loss_type, scale, grad_scale, n_mc_samples, var, seed,
-    check_finite, comm, strategy
+    kl_clip, lr, check_finite, comm, strategy
         As documented for `KfacGradientMaker`.
+
+    Attributes
+    ----------
+    last_kl_clip_scale : float
+        The factor the last preconditioned step's gradients were scaled by (1.0: not clipped,
+        or no `kl_clip`).
 
     Notes
     -----
@@ -74,7 +89,7 @@ class NaturalGradientMaker(PreconditionedGradientMaker):
 
     def __init__(self, model, config, fisher_type=FISHER_MC, loss_type=LOSS_CROSS_ENTROPY,
                  scale=1.0, grad_scale=1.0, n_mc_samples=1, var=1.0, seed=None, *,
-                 check_finite=True, comm=None, strategy="inverse"):
+                 kl_clip=None, lr=None, check_finite=True, comm=None, strategy="inverse"):
         if strategy not in STRATEGIES:
             raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
         self.strategy = strategy
@@ -98,6 +113,21 @@ class NaturalGradientMaker(PreconditionedGradientMaker):
         self.n_mc_samples = int(n_mc_samples)
         self.var = float(var)
         self.seed = seed
+        if kl_clip is not None:
+            _check_real("kl_clip", kl_clip)
+            if lr is None:
+                raise ValueError("kl_clip needs lr: the learning rate the optimizer applies the "
+                                 "preconditioned gradients with (a float, or a callable "
+                                 "returning the current one, e.g. lambda: "
+                                 "opt.param_groups[0]['lr'])")
+            if not callable(lr):
+                _check_real("lr", lr)
+        elif lr is not None:
+            raise ValueError("lr is only used with kl_clip, which is None")
+        self.kl_clip = None if kl_clip is None else float(kl_clip)
+        self.lr = lr
+        self.last_kl_clip_scale = 1.0
+        self._kl_terms = {}   # module name -> sum(preconditioned * plain gradient), this step
         self._pending = {}
         self._warned_missing = False
         super().__init__(model, config, check_finite=check_finite, comm=comm)
@@ -260,6 +290,9 @@ class NaturalGradientMaker(PreconditionedGradientMaker):
         # Rounded to the gradient's dtype first: a float16 gradient can overflow there.
         results = [(grad, value.to(grad.dtype)) for grad, value in results]
         if all(_all_finite(value) for _, value in results):
+            if self.kl_clip is not None:
+                self._kl_terms[name] = math.fsum(
+                    float(torch.sum(value.double() * grad.double())) for grad, value in results)
             for grad, value in results:
                 grad.copy_(value)
             return
@@ -269,10 +302,20 @@ class NaturalGradientMaker(PreconditionedGradientMaker):
 
     def precondition(self):
         """Precondition the ``.grad`` of every module that has inverses, in place; with
-        ``strategy="gradient"`` each owner its own modules, then a broadcast of the results."""
+        ``strategy="gradient"`` each owner its own modules, then a broadcast of the results;
+        with ``kl_clip``, then the scaling of them all."""
+        self._kl_terms = {}
+        # Read before any gradient changes: a bad rate raises with the gradients untouched.
+        lr = None if self.kl_clip is None else _learning_rate(self.lr)
         if not (self._distributed and self.strategy == "gradient"):
             self._precondition_modules(list(self._modules))
-            return
+        else:
+            self._precondition_by_owners()
+        if self.kl_clip is not None:
+            self._clip_update(lr)
+
+    def _precondition_by_owners(self):
+        """``strategy="gradient"``: each owner its modules, then a broadcast of the results."""
         self._precondition_modules(self._inverse_owners())
 
         def gradients(name):
@@ -284,6 +327,38 @@ class NaturalGradientMaker(PreconditionedGradientMaker):
             for pname, grad in entries.items():
                 params[pname].grad.copy_(grad)
         broadcast_from_owners(self.comm, self._owners(), gradients, store, "gradient broadcast")
+
+    def _clip_update(self, lr):
+        """Scale the preconditioned gradients by ``min(1, sqrt(kl_clip / |lr^2 sum v.g|))``.
+
+        ``v`` are the preconditioned gradients and ``g`` the plain ones, over every module
+        preconditioned this step. With ``v = F^-1 g`` for the damped Fisher ``F``,
+        ``lr^2 v.g = lr^2 v^T F v`` is twice the KL divergence between the model's output
+        distributions before and after a step of ``-lr v`` that ``F`` predicts (Ba, Grosse and
+        Martens, 2017; KAISA's ``kl_clip``): a small damping can no longer make a step that
+        moves the predictions far. The terms are summed exactly (``math.fsum``), so every
+        number of ranks scales by the same factor."""
+        names = list(self._modules)
+        if self._distributed and self.strategy == "gradient":
+            # Only owners know their modules' terms: one sum, with zeros elsewhere (exact).
+            terms = torch.tensor([[self._kl_terms.get(n, 0.0) for n in names],
+                                  [float(n in self._kl_terms) for n in names]],
+                                 dtype=torch.float64)
+            self.comm.Allreduce(terms, kind="kl clip allreduce")
+            self._kl_terms = {n: value for n, value, done in zip(names, *terms.tolist())
+                              if done > 0}
+        predicted_kl = lr ** 2 * math.fsum(
+            self._kl_terms[n] for n in names if n in self._kl_terms)
+        scale = 1.0
+        if predicted_kl != 0.0 and math.isfinite(predicted_kl):
+            scale = min(1.0, math.sqrt(self.kl_clip / abs(predicted_kl)))
+        self.last_kl_clip_scale = scale
+        if scale < 1.0:
+            with torch.no_grad():
+                for name in self._kl_terms:
+                    for param in self._modules[name][0].parameters(recurse=False):
+                        if param.grad is not None:
+                            param.grad.mul_(scale)
 
     def _precondition_modules(self, names):
         raise NotImplementedError

@@ -74,7 +74,8 @@ class DiagNaturalGradientMaker(NaturalGradientMaker):
     ----------
     model, config, fisher_type, loss_type, scale, grad_scale, n_mc_samples, var, seed
         As for `KfacGradientMaker`.
-    check_finite : bool, default True
+    kl_clip, lr, check_finite, comm, strategy
+        As for `KfacGradientMaker`.
 
     Examples
     --------

@@ -334,6 +334,17 @@ class KfacGradientMaker(NaturalGradientMaker):
         ASDL's SKFAC variant; not implemented (True raises ``NotImplementedError``).
     pi_damping : bool, default True
         False: each factor gets ``sqrt(damping)``.
+    kl_clip : float, optional
+        Bound the step (not in ASDL; KAISA's, default off): after preconditioning, every
+        preconditioned gradient is scaled by ``min(1, sqrt(kl_clip / |lr^2 sum v.g|))``, ``v``
+        the preconditioned and ``g`` the plain gradients, so that the step's predicted change
+        of the output distribution stays below about ``kl_clip / 2`` (KAISA's default:
+        1e-3). Use it where SGD applies the direction with a small damping; the factor of the
+        last step is `last_kl_clip_scale`.
+    lr : float or callable, optional
+        With `kl_clip` (required there): the learning rate the optimizer applies the
+        preconditioned gradients with, or a callable returning the current one (``lambda:
+        opt.param_groups[0]["lr"]``, which follows a scheduler).
     check_finite : bool, default True
         See `PreconditionedGradientMaker`. Non-finite new factors are always refused: the
         module's update is skipped with a ``RuntimeWarning`` and its previous factors and
@@ -347,6 +358,12 @@ class KfacGradientMaker(NaturalGradientMaker):
         With `comm`: broadcast the inverses (every rank preconditions every module), or
         precondition on the owner and broadcast the preconditioned gradients (inverses stay
         on their owner, so each rank's ``state_dict`` holds its own modules' inverses).
+
+    Attributes
+    ----------
+    last_kl_clip_scale : float
+        With `kl_clip`: the factor the last preconditioned step's gradients were scaled by
+        (1.0: not clipped).
 
     Notes
     -----
@@ -375,12 +392,14 @@ class KfacGradientMaker(NaturalGradientMaker):
 
     def __init__(self, model, config, fisher_type=FISHER_MC, loss_type=LOSS_CROSS_ENTROPY,
                  scale=1.0, grad_scale=1.0, n_mc_samples=1, var=1.0, seed=None, swift=False,
-                 *, pi_damping=True, check_finite=True, comm=None, strategy="inverse"):
+                 *, pi_damping=True, kl_clip=None, lr=None, check_finite=True, comm=None,
+                 strategy="inverse"):
         if swift:
             raise NotImplementedError("swift=True (SKFAC) is not implemented; use swift=False")
         self.pi_damping = bool(pi_damping)
         super().__init__(model, config, fisher_type, loss_type, scale, grad_scale, n_mc_samples,
-                         var, seed, check_finite=check_finite, comm=comm, strategy=strategy)
+                         var, seed, kl_clip=kl_clip, lr=lr, check_finite=check_finite,
+                         comm=comm, strategy=strategy)
 
     # ------------------------------------------------------------------ modules
     def _kind_for(self, name, module):
