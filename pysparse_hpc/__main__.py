@@ -202,6 +202,24 @@ def _format_mb(n_bytes):
     return f"{n_bytes / 1e6:.2f} MB"
 
 
+#: Environment variables that set threads per process: where one is set, the user chose.
+_THREAD_VARIABLES = ("PYSPARSE_HPC_NUM_THREADS", "OMP_NUM_THREADS", "NUMBA_NUM_THREADS")
+
+
+def _threads_per_rank(ranks_here):
+    """The ``train`` command's threads per rank under mpiexec without ``--threads``: the cores
+    this rank may use, shared among the ``ranks_here`` ranks of its node (at least one), as
+    torchrun's one thread per process avoids oversubscription. A rank the launcher bound to
+    some of the cores keeps those. Every waiting rank polls its core in MPI, so ranks whose
+    threads outnumber the cores run many times slower."""
+    import numba
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
+        else os.cpu_count() or 1
+    if usable >= (os.cpu_count() or usable):   # not bound: the node's cores are shared
+        usable //= ranks_here
+    return max(1, min(usable, numba.config.NUMBA_NUM_THREADS))
+
+
 def run_train(args, out=None):
     """The ``train`` command: `pysparse_hpc.distributed.training.train`, reported on rank 0."""
     out = sys.stdout if out is None else out
@@ -219,10 +237,15 @@ def run_train(args, out=None):
             print("pysparse_hpc train: " + ", ".join(
                 f"rank {r} is PID {pid} on {host}" for r, (pid, host) in enumerate(where)),
                 file=sys.stderr, flush=True)
-    if args.threads is not None:
+    threads = args.threads
+    if comm.size > 1:
+        node_share = _threads_per_rank(comm.ranks_on_this_node())   # a collective: all call it
+        if threads is None and not any(name in os.environ for name in _THREAD_VARIABLES):
+            threads = node_share
+    if threads is not None:
         import torch
-        set_num_threads(args.threads)
-        torch.set_num_threads(args.threads)
+        set_num_threads(threads)
+        torch.set_num_threads(threads)
     try:
         result = train(args.dataset, args.model, args.partition, epochs=args.epochs, lr=args.lr,
                        weight_decay=args.weight_decay, seed=args.seed, dtype=args.dtype,
@@ -348,7 +371,11 @@ def main(argv=None):
     train.add_argument("--lr", type=float, help="default: the model's published setting")
     train.add_argument("--weight-decay", type=float, help="default: the model's published setting")
     train.add_argument("--seed", type=int, default=0, help="weights and dropout (default: 0)")
-    train.add_argument("--threads", type=int, help="threads per rank (default: all cores)")
+    train.add_argument("--threads", type=int,
+                       help="threads per rank (default: all cores in one process; under "
+                            "mpiexec, each node's cores shared among its ranks, unless "
+                            "PYSPARSE_HPC_NUM_THREADS, OMP_NUM_THREADS or NUMBA_NUM_THREADS "
+                            "is set)")
     train.add_argument("--dtype", default="float32", choices=("float32", "float64"))
     train.add_argument("--random-features", type=int, metavar="WIDTH",
                        help="seeded random features of this width (graphs without features)")

@@ -53,3 +53,18 @@ def test_bad_command_line():
     result = subprocess.run([sys.executable, "-m", "pysparse_hpc", "demo", "--dataset", "nope"],
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 2 and "invalid choice" in result.stderr
+
+
+def test_threads_per_rank_share_the_node(monkeypatch):
+    import numba
+
+    from pysparse_hpc.__main__ import _threads_per_rank
+    monkeypatch.setattr(numba.config, "NUMBA_NUM_THREADS", 64)
+    monkeypatch.setattr("os.cpu_count", lambda: 8)
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(8)), raising=False)
+    assert [_threads_per_rank(ranks) for ranks in (1, 2, 3, 16)] == [8, 4, 2, 1]
+    # bound by the launcher to two cores: those are this rank's
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    assert _threads_per_rank(4) == 2
+    monkeypatch.setattr(numba.config, "NUMBA_NUM_THREADS", 1)   # Numba's pool is the cap
+    assert _threads_per_rank(1) == 1

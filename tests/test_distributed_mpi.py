@@ -111,6 +111,21 @@ def test_train_command_under_mpiexec():
 
 
 @requires_mpi
+def test_train_command_shares_the_cores_among_the_ranks():
+    """Without --threads and without a thread variable in the environment, two ranks on one
+    node split its cores (at least one thread each) instead of each taking all of them."""
+    env = {name: value for name, value in os.environ.items()
+           if name not in ("PYSPARSE_HPC_NUM_THREADS", "OMP_NUM_THREADS", "NUMBA_NUM_THREADS")}
+    done = subprocess.run([mpiexec_path(), "-n", "2", sys.executable, "-m", "pysparse_hpc",
+                           "train", "--epochs", "1", "--no-progress"], cwd=REPO_ROOT,
+                          env=dict(env, PYTHONUNBUFFERED="1"), capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    expected = max(1, len(os.sched_getaffinity(0)) // 2)
+    assert f"2 ranks x {expected} thread" in done.stdout, done.stdout
+
+
+@requires_mpi
 def test_train_command_reports_a_missing_file_on_every_rank():
     status, out, err, seconds = run_mpi(2, "-m", "pysparse_hpc", "train", "--dataset",
                                         "no/such/graph.npz", "--no-progress", timeout=120)

@@ -247,6 +247,18 @@ class Communicator:
         if self.size > 1:
             self.mpi.Barrier()
 
+    def ranks_on_this_node(self):
+        """How many ranks of this communicator share this rank's node (its shared-memory
+        group); 1 in one process. A collective: every rank calls it."""
+        if self.size == 1:
+            return 1
+        from mpi4py import MPI
+        local = self.mpi.Split_type(MPI.COMM_TYPE_SHARED)
+        try:
+            return local.Get_size()
+        finally:
+            local.Free()
+
     def _vector_layout(self, counts, total, name):
         """``(counts, displacements)`` as int lists after checking them against a buffer of
         ``total`` elements: one count per rank, none negative, summing to ``total``."""
