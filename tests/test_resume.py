@@ -60,6 +60,8 @@ def test_naming_a_default_resumes_the_same_run(tmp_path):
               resume=True, **options)
     with pytest.raises(ValueError, match="kl_clip applies to preconditioner='kfac'"):
         train("cora", "gcn", preconditioner="shampoo", kl_clip=1e-3, **options)
+    with pytest.raises(ValueError, match="kl_clip must be a finite number > 0, got 0"):
+        train("cora", "gcn", preconditioner="kfac", kl_clip=0.0, **options)
 
 
 def test_resume_skips_a_corrupt_newest_checkpoint(tmp_path):

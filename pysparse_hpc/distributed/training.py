@@ -193,7 +193,7 @@ def train(dataset="cora", model="gcn", partition="metis", *, epochs=None, lr=Non
     import torch
 
     from ..nn import models
-    from ..nn.train import default_damping, fit, normalize_features
+    from ..nn.train import _check_kl_clip, default_damping, fit, normalize_features
     from ..optim._modes import default_momentum_sync
 
     comm = init() if comm is None else comm
@@ -224,12 +224,8 @@ def train(dataset="cora", model="gcn", partition="metis", *, epochs=None, lr=Non
                            weight_decay=settings["weight_decay"])
         if preconditioner is not None:  # which steps update the curvature
             fingerprint["curvature_interval"] = curvature_interval
+        _check_kl_clip(preconditioner, kl_clip)
         if kl_clip is not None:   # absent when off, as in the checkpoints written before it
-            if preconditioner != "kfac":
-                raise ValueError(f"kl_clip applies to preconditioner='kfac', got "
-                                 f"{preconditioner!r}")
-            if not (isinstance(kl_clip, (int, float)) and 0 < kl_clip < float("inf")):
-                raise ValueError(f"kl_clip must be a finite number > 0, got {kl_clip!r}")
             fingerprint["kl_clip"] = kl_clip
         checkpointer, state = _checkpoints(comm, checkpoint, resume, keep_checkpoints,
                                            fingerprint=fingerprint)

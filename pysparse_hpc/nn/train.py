@@ -223,6 +223,7 @@ def fit(model, x, adj, y, masks, *, epochs=200, lr=0.01, weight_decay=5e-4, prog
     if isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, int) \
             or checkpoint_every < 1:
         raise ValueError(f"checkpoint_every must be a positive int, got {checkpoint_every!r}")
+    _check_kl_clip(preconditioner, kl_clip)
     step_optimizer = _optimizer(optimizer, param_groups(model, weight_decay), lr, graph,
                                 compression, momentum_sync, preconditioner)
     trained = model
@@ -232,8 +233,6 @@ def fit(model, x, adj, y, masks, *, epochs=200, lr=0.01, weight_decay=5e-4, prog
                                 optimizer, damping, kl_clip, step_optimizer)
     elif damping is not None:
         raise ValueError("damping applies to a preconditioner")
-    elif kl_clip is not None:
-        raise ValueError("kl_clip applies to preconditioner='kfac'")
     elif graph is not None and graph.comm.size > 1 and optimizer != "lion":
         from ..distributed.data_parallel import DataParallel
         # Every rank's loss is already divided by the global count: sum, do not average.
@@ -426,6 +425,17 @@ def default_damping(preconditioner, optimizer="adam"):
     return adam_damping
 
 
+def _check_kl_clip(preconditioner, kl_clip):
+    """Raise ``ValueError`` where `kl_clip` is set without K-FAC, and as `KfacGradientMaker`
+    does where it is not a number > 0 (None: off, always valid)."""
+    if kl_clip is None:
+        return
+    if preconditioner != "kfac":
+        raise ValueError(f"kl_clip applies to preconditioner='kfac', got {preconditioner!r}")
+    from ..precondition._natural import _check_real
+    _check_real("kl_clip", kl_clip)
+
+
 def _preconditioner(name, model, graph, n_train, curvature_interval, optimizer, damping,
                     kl_clip=None, step_optimizer=None):
     """``fit``'s gradient maker; with `kl_clip` (K-FAC only), clipped at the learning rate
@@ -445,9 +455,7 @@ def _preconditioner(name, model, graph, n_train, curvature_interval, optimizer, 
         data_size=int(n_train), damping=damping, curvature_upd_interval=curvature_interval,
         preconditioner_upd_interval=curvature_interval)
     options = dict(fisher_type="emp") if name == "kfac" else {}
-    if kl_clip is not None:
-        if name != "kfac":
-            raise ValueError(f"kl_clip applies to preconditioner='kfac', got {name!r}")
+    if kl_clip is not None:   # checked by the caller (`_check_kl_clip`)
         options.update(kl_clip=kl_clip, lr=lambda: step_optimizer.param_groups[0]["lr"])
     return getattr(precondition, maker_name)(
         model, config, comm=None if graph is None else graph.comm, **options)
