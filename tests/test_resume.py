@@ -29,6 +29,18 @@ def test_resume_continues_bit_for_bit_and_a_finished_run_trains_nothing(tmp_path
     assert fewer.test_accuracy == whole.test_accuracy
 
 
+def test_a_preconditioned_run_resumes_bit_for_bit_from_state_written_once(tmp_path):
+    options = dict(OPTIONS, optimizer="sgd", preconditioner="kfac", curvature_interval=3)
+    whole = train("cora", "gcn", epochs=5, **options)
+    train("cora", "gcn", epochs=2, checkpoint=tmp_path, **options)
+    # One process: the shared part holds the optimizer's and K-FAC's state, its shard nothing.
+    step = tmp_path / "step-000000002"
+    assert (step / "rank-00000.ckpt").stat().st_size < 4096
+    assert (step / "shared.ckpt").stat().st_size > 1433 ** 2 * 8   # the input factor
+    resumed = train("cora", "gcn", epochs=5, checkpoint=tmp_path, resume=True, **options)
+    assert resumed.resumed_after == 2 and resumed.losses == whole.losses
+
+
 def test_resume_before_the_first_checkpoint_was_committed_starts_afresh(tmp_path):
     # A job killed while writing its first checkpoint leaves a step without a manifest.
     first = train("cora", "gcn", epochs=2, checkpoint=tmp_path, **OPTIONS)

@@ -314,7 +314,8 @@ class _Saved:
     state gathered from its owner ranks go to the shared part, each rank's own state (the
     optimizer's and preconditioner's, which compressed Lion and KAISA's owners keep per rank,
     and the RNG states) to its shard: the same number of ranks resumes from its shards, bit
-    for bit; another number from the shared part.
+    for bit; another number from the shared part. One process's shard is empty: the shared
+    part holds all its state.
     """
 
     def __init__(self, model, optimizer, maker, progress):
@@ -333,7 +334,8 @@ class _Saved:
                       progress=vars(self.progress), **own)
         if self.maker is not None:  # a collective: KAISA's owners hold parts of it
             shared["preconditioner"] = self.maker.consolidated_state_dict()
-        checkpointer.save(self.progress.epochs_done, own,
+        # One process's own state is all in the shared part: an empty shard writes it once.
+        checkpointer.save(self.progress.epochs_done, own if checkpointer.comm.size > 1 else {},
                           shared=shared if checkpointer.comm.rank == 0 else None)
 
     def restore(self, checkpoint):
@@ -348,7 +350,7 @@ class _Saved:
         except RuntimeError as exc:
             raise ValueError(f"checkpoint {checkpoint.path} holds another model: {exc}") \
                 from None
-        own = checkpoint.shard if checkpoint.shard is not None else shared
+        own = checkpoint.shard or shared  # None: saved by another number of ranks
         self.optimizer.load_state_dict(own["optimizer"])
         if self.maker is not None:
             if "preconditioner" not in own:
