@@ -193,7 +193,7 @@ def train(dataset="cora", model="gcn", partition="metis", *, epochs=None, lr=Non
     import torch
 
     from ..nn import models
-    from ..nn.train import _check_kl_clip, default_damping, fit, normalize_features
+    from ..nn.train import _check_kl_clip, default_damping, fit
     from ..optim._modes import default_momentum_sync
 
     comm = init() if comm is None else comm
@@ -230,51 +230,20 @@ def train(dataset="cora", model="gcn", partition="metis", *, epochs=None, lr=Non
         checkpointer, state = _checkpoints(comm, checkpoint, resume, keep_checkpoints,
                                            fingerprint=fingerprint)
     try:
-        saved_owner = None
-        if state is not None and state.ranks_saved == comm.size:
-            saved_owner = state.shared.get("partition")
-
-        error, data, parts = None, None, None
-        if comm.rank == 0:
-            try:
-                data = _load(dataset, random_features, seed)
-                if saved_owner is not None:  # the same split: the run continues bit for bit
-                    parts = Partition.from_owner(data.adj, saved_owner, comm.size,
-                                                 method=state.shared.get("partition_method",
-                                                                         "given"))
-                elif isinstance(partition, str):
-                    parts = make_partition(data.adj, comm.size, partition, seed=seed,
-                                           balance=_default_balance(partition, balance))
-                else:
-                    parts = partition
-            except Exception as exc:  # noqa: BLE001 -- raised on every rank below
-                error = exc
-        comm.raise_if_any(error)
-        graph = DistGraph.scatter(None if data is None else data.adj, parts, comm)
-        header = None if data is None else (data.name, data.num_features, data.num_classes,
-                                            repr(parts), getattr(parts, "method", "given"))
-        name, num_features, num_classes, summary, method = comm.bcast(header)
-        torch_dtype = getattr(torch, dtype)
-
-        def owned_rows(read):
-            """This rank's rows of ``read(data)``, a node array that rank 0 holds."""
-            return torch.from_numpy(graph.scatter_rows(None if data is None else read(data)))
-
-        x = owned_rows(lambda d: normalize_features(d.x)).to(torch_dtype)
-        y = owned_rows(lambda d: d.y)
-        masks = [owned_rows(lambda d, split=split: getattr(d, f"{split}_mask"))
-                 for split in ("train", "val", "test")]
-        data = None  # rank 0 keeps only its piece from here on
+        piece = _distribute(comm, dataset, partition, balance, random_features, seed, state,
+                            getattr(torch, dtype))
+        graph, parts = piece.graph, piece.parts
 
         torch.manual_seed(seed)
-        classifier = model_class(num_features, out_channels=num_classes, **model_class.architecture)
-        if torch_dtype == torch.float64:
+        classifier = model_class(piece.num_features, out_channels=piece.num_classes,
+                                 **model_class.architecture)
+        if dtype == "float64":
             classifier = classifier.double()
         comm.reset_stats()
         row_bytes_before = graph.plan.exchanged_row_bytes
         start = time.perf_counter()
-        result = fit(classifier, x, graph, y, masks, progress=progress,
-                     description=description or f"{model} on {name}, {comm.size} rank"
+        result = fit(classifier, piece.x, graph, piece.y, piece.masks, progress=progress,
+                     description=description or f"{model} on {piece.name}, {comm.size} rank"
                      f"{'s' if comm.size > 1 else ''}", preconditioner=preconditioner,
                      curvature_interval=curvature_interval, optimizer=optimizer,
                      damping=damping, kl_clip=kl_clip, compression=compression,
@@ -299,20 +268,80 @@ def train(dataset="cora", model="gcn", partition="metis", *, epochs=None, lr=Non
     n_epochs = max(settings["epochs"] - (0 if state is None else state.step), 1)
     seconds = comm_sum(comm, np.array([result.seconds_per_epoch]))  # mean over ranks
     return DistributedTrainResult(
-        dataset=name, model=model,
-        partition_method=method,
+        dataset=piece.name, model=model,
+        partition_method=piece.method,
         ranks=comm.size, test_accuracy=result.test_accuracy, val_accuracy=result.val_accuracy,
         best_epoch=result.best_epoch, epochs=result.epochs, losses=result.losses,
         seconds_per_epoch=float(seconds[0]) / comm.size, seconds_total=seconds_total,
         halo_bytes_per_epoch=float(received[0] + received[1]) / n_epochs,
         cagnet_bytes_per_epoch=float(row_bytes * (comm.size - 1) * graph.shape[0]) / n_epochs,
-        allreduce_bytes_per_epoch=float(received[2]) / n_epochs, partition_summary=summary,
+        allreduce_bytes_per_epoch=float(received[2]) / n_epochs,
+        partition_summary=piece.summary,
         optimizer=optimizer, preconditioner=preconditioner, damping=result.damping,
         kl_clip=kl_clip, lr=settings["lr"], weight_decay=settings["weight_decay"],
         compression=compression,
         optimizer_bytes_per_epoch=float(received[3:].sum()) / n_epochs,
         skipped_epochs=result.skipped_epochs,
         resumed_after=None if state is None else state.step)
+
+
+@dataclass
+class _Piece:
+    """This rank's part of a graph: its rows of the matrix and of the node arrays, and what
+    rank 0 says of the whole (``parts``, the split, on rank 0 only)."""
+    graph: DistGraph
+    x: object
+    y: object
+    masks: list
+    name: str
+    num_features: int
+    num_classes: int
+    summary: str
+    method: str
+    parts: object = None
+
+
+def _distribute(comm, dataset, partition, balance, random_features, seed, state, torch_dtype):
+    """Rank 0 reads ``dataset`` and splits it (the saved split when ``state`` was saved by as
+    many ranks: the run then continues bit for bit); every rank receives its `_Piece`. Rank 0
+    keeps only its own piece."""
+    import torch
+
+    from ..nn.train import normalize_features
+
+    saved_owner = None
+    if state is not None and state.ranks_saved == comm.size:
+        saved_owner = state.shared.get("partition")
+    error, data, parts = None, None, None
+    if comm.rank == 0:
+        try:
+            data = _load(dataset, random_features, seed)
+            if saved_owner is not None:
+                parts = Partition.from_owner(data.adj, saved_owner, comm.size,
+                                             method=state.shared.get("partition_method", "given"))
+            elif isinstance(partition, str):
+                parts = make_partition(data.adj, comm.size, partition, seed=seed,
+                                       balance=_default_balance(partition, balance))
+            else:
+                parts = partition
+        except Exception as exc:  # noqa: BLE001 -- raised on every rank below
+            error = exc
+    comm.raise_if_any(error)
+    graph = DistGraph.scatter(None if data is None else data.adj, parts, comm)
+    header = None if data is None else (data.name, data.num_features, data.num_classes,
+                                        repr(parts), getattr(parts, "method", "given"))
+    name, num_features, num_classes, summary, method = comm.bcast(header)
+
+    def owned_rows(read):
+        """This rank's rows of ``read(data)``, a node array that rank 0 holds."""
+        return torch.from_numpy(graph.scatter_rows(None if data is None else read(data)))
+
+    return _Piece(graph=graph, x=owned_rows(lambda d: normalize_features(d.x)).to(torch_dtype),
+                  y=owned_rows(lambda d: d.y),
+                  masks=[owned_rows(lambda d, split=split: getattr(d, f"{split}_mask"))
+                         for split in ("train", "val", "test")],
+                  name=name, num_features=num_features, num_classes=num_classes,
+                  summary=summary, method=method, parts=parts)
 
 
 def default_settings(model, optimizer="adam", preconditioner=None):
