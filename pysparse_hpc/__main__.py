@@ -228,7 +228,9 @@ def run_train(args, out=None):
     from .distributed._comm import raised_on_every_rank
     from .distributed.training import train
 
-    comm = init()  # under mpiexec: a rank that raises ends the job with its message
+    # Under mpiexec: a rank that raises ends the job with its message, and with a timeout so
+    # does a rank that hangs.
+    comm = init(timeout=args.timeout)
     if comm.size > 1:
         # A rank killed outright (SIGKILL, the OOM killer) cannot say who it was, and MPICH's
         # launcher names only its PID: this line maps PIDs to ranks.
@@ -416,6 +418,10 @@ def main(argv=None):
     train.add_argument("--resume", action="store_true",
                        help="continue from the newest good checkpoint in --checkpoint DIR "
                             "(--epochs is the total: only the epochs left are trained)")
+    train.add_argument("--timeout", type=float, metavar="SECONDS",
+                       help="under mpiexec: end the job when a rank waits longer than SECONDS "
+                            "in one communication call (a rank that hangs; default: "
+                            "PYSPARSE_HPC_COMM_TIMEOUT, else wait for ever)")
     train.add_argument("--no-progress", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
     if args.command == "train":
@@ -434,6 +440,9 @@ def main(argv=None):
             parser.error("--kl-clip needs --optimizer kfac")
         if args.kl_clip is not None and not (0 < args.kl_clip < float("inf")):
             parser.error(f"--kl-clip must be a finite number > 0, got {args.kl_clip}")
+        if args.timeout is not None and not (0 < args.timeout < float("inf")):
+            parser.error(f"--timeout must be a finite number of seconds > 0, got "
+                         f"{args.timeout}")
         if args.checkpoint == "":
             parser.error("--checkpoint needs a directory, got ''")
         for option in ("resume", "checkpoint_every"):

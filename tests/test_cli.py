@@ -3,6 +3,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 from pysparse_hpc.__main__ import run_demo
 
 
@@ -68,3 +70,17 @@ def test_threads_per_rank_share_the_node(monkeypatch):
     assert _threads_per_rank(4) == 2
     monkeypatch.setattr(numba.config, "NUMBA_NUM_THREADS", 1)   # Numba's pool is the cap
     assert _threads_per_rank(1) == 1
+
+
+def test_train_timeout_option(capsys):
+    from pysparse_hpc.__main__ import main
+    from pysparse_hpc.distributed import init
+    for bad in ("0", "-1", "inf", "nan"):
+        with pytest.raises(SystemExit):
+            main(["train", "--timeout", bad])
+        assert "--timeout must be a finite number of seconds > 0" in capsys.readouterr().err
+    try:
+        assert main(["train", "--epochs", "1", "--no-progress", "--timeout", "30"]) == 0
+        assert init().timeout == 30.0
+    finally:
+        init().set_timeout(None)

@@ -2,6 +2,7 @@
 the one-rank communicator, and every op, layer and the trainer on a one-rank `DistGraph`
 against the single-process results (the multi-rank runs are in test_distributed_mpi.py)."""
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -97,6 +98,59 @@ def test_init_without_mpi4py(monkeypatch):
     assert distributed.launched_ranks() == 4
     with pytest.raises(ImportError, match="launched with 4 ranks but mpi4py is not installed"):
         distributed.init()
+
+
+def test_timeout_is_checked_and_read_from_the_environment(monkeypatch):
+    comm = Communicator(None)
+    assert comm.timeout is None
+    comm.set_timeout(2)
+    assert comm.timeout == 2.0 and comm._watchdog is None  # one rank never waits
+    comm.set_timeout(None)
+    assert comm.timeout is None
+    for bad, error in [(0, ValueError), (-1.0, ValueError), (float("nan"), ValueError),
+                       (float("inf"), ValueError), ("10", TypeError), (True, TypeError)]:
+        with pytest.raises(error, match="timeout must be a"):
+            comm.set_timeout(bad)
+    # init reads PYSPARSE_HPC_COMM_TIMEOUT when it makes the communicator
+    monkeypatch.setattr(_comm, "_WORLD", None)
+    monkeypatch.setenv(_comm.TIMEOUT_VARIABLE, "12.5")
+    assert distributed.init().timeout == 12.5
+    assert distributed.init(timeout=3).timeout == 3.0   # a later call sets it
+    for bad in ("soon", "0", "-5"):
+        monkeypatch.setattr(_comm, "_WORLD", None)
+        monkeypatch.setenv(_comm.TIMEOUT_VARIABLE, bad)
+        with pytest.raises(ValueError, match=f"PYSPARSE_HPC_COMM_TIMEOUT must be a number of "
+                                             f"seconds > 0, got '{bad}'"):
+            distributed.init()
+    monkeypatch.setattr(_comm, "_WORLD", None)
+    monkeypatch.setenv(_comm.TIMEOUT_VARIABLE, "")
+    assert distributed.init().timeout is None
+
+
+def test_the_watchdog_ends_the_job_after_the_timeout_only(monkeypatch, capsys):
+    """A watched call that outlasts the timeout ends the job, printing the caller's stack; one
+    that returns in time does not."""
+    ended = []
+    comm = Communicator(None)
+    comm.size = 2   # a rank of two without MPI: the watched calls are Python functions here
+    monkeypatch.setattr(comm, "Abort", lambda code=1: ended.append(code))
+    comm.set_timeout(0.2)
+    watchdog = comm._watchdog
+    comm._watched("Barrier", time.sleep, 0.05)
+    time.sleep(0.3)
+    assert ended == [] and capsys.readouterr().err == ""
+
+    def stuck_in_a_collective():
+        comm._watched("Allreduce ('gradient allreduce')", time.sleep, 1.0)
+    stuck_in_a_collective()
+    comm.set_timeout(None)
+    watchdog.join(timeout=5)
+    assert not watchdog.is_alive() and comm._watchdog is None
+    assert ended and set(ended) == {1}
+    err = capsys.readouterr().err
+    assert "rank 0 of 2 waited" in err and "in Allreduce ('gradient allreduce'), beyond the " \
+        "communicator's timeout of 0.2 s" in err, err
+    assert "in stuck_in_a_collective" in err and "_comm.py" not in err
 
 
 @pytest.fixture(scope="module")

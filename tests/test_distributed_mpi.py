@@ -26,11 +26,12 @@ requires_mpi = pytest.mark.skipif(
     reason="needs mpi4py and mpiexec (pip install mpi4py mpich, or the [mpi] extra)")
 
 
-def run_mpi(ranks, *args, timeout=300):
+def run_mpi(ranks, *args, timeout=300, env=None):
     """``mpiexec -n ranks python args...`` from the repository root: (status, stdout, stderr,
-    seconds). Fails the test if it has not ended after ``timeout`` seconds."""
+    seconds). Fails the test if it has not ended after ``timeout`` seconds. ``env`` adds
+    environment variables."""
     env = dict(os.environ, PYSPARSE_HPC_NUM_THREADS="1", OMP_NUM_THREADS="1",
-               PYTHONUNBUFFERED="1")
+               PYTHONUNBUFFERED="1", **(env or {}))
     start = time.perf_counter()
     try:
         done = subprocess.run([mpiexec_path(), "-n", str(ranks), sys.executable, *args],
@@ -42,8 +43,8 @@ def run_mpi(ranks, *args, timeout=300):
     return done.returncode, done.stdout, done.stderr, time.perf_counter() - start
 
 
-def run_checks(ranks, *names, timeout=300):
-    status, out, err, _ = run_mpi(ranks, str(CHECKS), *names, timeout=timeout)
+def run_checks(ranks, *names, timeout=300, env=None):
+    status, out, err, _ = run_mpi(ranks, str(CHECKS), *names, timeout=timeout, env=env)
     assert status == 0, f"exit status {status}\n{out}\n{err[-6000:]}"
     checks = names[:[n.startswith("--") for n in names + ("--",)].index(True)]
     for name in checks:  # the names before the first option
@@ -98,11 +99,36 @@ def test_a_failing_rank_ends_the_job(check, message):
 
 
 @requires_mpi
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_a_timeout_ends_a_job_whose_rank_hangs(ranks):
+    """Without a timeout MPI waits for ever; with one (set in code or by the environment) the
+    job ends within seconds, naming the rank, the call and where it waited. A job whose waits
+    stay below the timeout runs and exits as usual."""
+    status, out, err, seconds = run_mpi(ranks, str(CHECKS), "rank_hangs_in_data_parallel",
+                                        timeout=120)
+    assert status != 0 and seconds < 60, err[-3000:]
+    for waiting in range(ranks - 1):
+        assert f"rank {waiting} of {ranks} waited" in err, err[-3000:]
+    assert "in a wait for 'allreduce', beyond the communicator's timeout of 3 s" in err
+    assert "in _finish" in err and "_comm.py" not in err  # the caller's frames only
+
+    variable = {"PYSPARSE_HPC_COMM_TIMEOUT": "2.5"}
+    status, out, err, seconds = run_mpi(ranks, str(CHECKS), "rank_hangs_before_an_allreduce",
+                                        timeout=120, env=variable)
+    assert status != 0 and seconds < 60, err[-3000:]
+    assert "in Allreduce ('metric allreduce'), beyond the communicator's timeout of 2.5 s" \
+        in err, err[-3000:]
+
+    run_checks(ranks, "data_parallel", env=variable)
+
+
+@requires_mpi
 def test_train_command_under_mpiexec():
     # METIS with two constraints: the path that calls METIS's C functions directly.
+    # With a timeout: the watchdog lets a healthy job run and end as usual.
     status, out, err, _ = run_mpi(2, "-m", "pysparse_hpc", "train", "--epochs", "5",
                                   "--balance", "rows+nnz", "--no-progress", "--threads", "1",
-                                  timeout=300)
+                                  "--timeout", "120", timeout=300)
     assert status == 0, err[-3000:]
     assert "GCN on cora, 2 ranks x 1 thread, metis partition, 5 epochs" in out
     assert "test accuracy" in out and "CAGNET-1D" in out

@@ -10,8 +10,14 @@ Byte counts are the payload the library hands to MPI, per rank: a point-to-point
 its buffer on both ends; a collective counts its buffer once sent and once received (what the
 MPI library moves inside it depends on its algorithm); a broadcast counts ``size - 1`` messages
 sent on the root and one received elsewhere. A one-rank communicator counts nothing.
+
+MPI waits for ever in a collective that another rank never joins. With a timeout
+(`Communicator.set_timeout`, ``init(timeout=...)`` or ``PYSPARSE_HPC_COMM_TIMEOUT``) a
+watchdog thread ends the job instead, naming the rank, the call and where it waited.
 """
 import contextlib
+import math
+import numbers
 import os
 import shutil
 import sys
@@ -36,6 +42,9 @@ _SIZE_VARIABLES = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "MPI_LOCALNR
 
 _WORLD = None
 _WORLD_LOCK = threading.Lock()
+
+#: The environment variable `init` reads the communication timeout from (seconds).
+TIMEOUT_VARIABLE = "PYSPARSE_HPC_COMM_TIMEOUT"
 
 
 def launched_ranks():
@@ -104,7 +113,7 @@ class _Request:
     def wait(self):
         if self._request is not None:
             start = time.perf_counter()
-            self._request.Wait()
+            self._comm._watched(f"a wait for {self._kind!r}", self._request.Wait)
             self._comm._waited[self._kind] += time.perf_counter() - start
             self._request = None
 
@@ -114,11 +123,83 @@ class _Request:
         pending = [r for r in requests if r._request is not None]
         if pending:
             from mpi4py import MPI
+            comm = pending[0]._comm
             start = time.perf_counter()
-            MPI.Request.Waitall([r._request for r in pending])
-            pending[0]._comm._waited[pending[0]._kind] += time.perf_counter() - start
+            comm._watched(f"a wait for {pending[0]._kind!r}", MPI.Request.Waitall,
+                          [r._request for r in pending])
+            comm._waited[pending[0]._kind] += time.perf_counter() - start
         for r in requests:
             r._request = None
+
+
+def check_timeout(seconds, name="timeout"):
+    """``seconds`` as a float (a finite number > 0), or None; else a clear error."""
+    if seconds is None:
+        return None
+    if isinstance(seconds, bool) or not isinstance(seconds, numbers.Real):
+        raise TypeError(f"{name} must be a number of seconds or None, got "
+                        f"{type(seconds).__name__}")
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise ValueError(f"{name} must be a finite number of seconds > 0 (or None: wait for "
+                         f"ever), got {seconds!r}")
+    return float(seconds)
+
+
+def _timeout_from_environment():
+    """The timeout `TIMEOUT_VARIABLE` sets, or None when it is unset or empty."""
+    value = os.environ.get(TIMEOUT_VARIABLE, "").strip()
+    if not value:
+        return None
+    try:
+        return check_timeout(float(value), TIMEOUT_VARIABLE)
+    except ValueError:
+        raise ValueError(f"{TIMEOUT_VARIABLE} must be a number of seconds > 0, got "
+                         f"{value!r}") from None
+
+
+class _Watchdog(threading.Thread):
+    """Ends the job when a thread of this rank has waited longer than ``timeout`` seconds in
+    one blocking call of its communicator (`Communicator.set_timeout`).
+
+    ``waiting`` maps a thread to ``(start, what)`` of the call it is blocked in; setting and
+    removing an entry are single dictionary operations, atomic under the GIL, so the calls
+    being watched take no lock. mpi4py releases the GIL while MPI waits, so this thread runs.
+    """
+
+    def __init__(self, comm, timeout):
+        super().__init__(name="pysparse_hpc communication watchdog", daemon=True)
+        self.comm, self.timeout = comm, timeout
+        self.waiting = {}
+        self._stopped = threading.Event()
+        self.start()
+
+    def stop(self):
+        self._stopped.set()
+
+    def run(self):
+        while not self._stopped.wait(min(1.0, self.timeout / 4)):
+            now = time.monotonic()
+            for thread, (start, what) in list(self.waiting.items()):
+                if now - start > self.timeout:
+                    self._end_job(thread, what, now - start)
+
+    def _end_job(self, thread, what, waited):
+        comm = self.comm
+        frame = sys._current_frames().get(thread)
+        stack = [] if frame is None else traceback.extract_stack(frame)
+        while stack and stack[-1].filename == __file__:  # the caller's frames, not ours
+            stack.pop()
+        where = "".join(traceback.format_list(stack))
+        try:
+            sys.stderr.write(
+                f"pysparse_hpc: rank {comm.rank} of {comm.size} waited {waited:.1f} s in "
+                f"{what}, beyond the communicator's timeout of {self.timeout:g} s: another "
+                f"rank stopped, hangs, or called another collective. Ending the job. Where "
+                f"rank {comm.rank} waited:\n{where}")
+            sys.stderr.flush()
+            sys.stdout.flush()
+        finally:
+            comm.Abort(1)
 
 
 class Communicator:
@@ -134,6 +215,9 @@ class Communicator:
     ----------
     rank, size : int
     mpi : mpi4py.MPI.Comm or None
+    timeout : float or None
+        Seconds one blocking call may wait before the job is ended (`set_timeout`); None
+        (the default) waits for ever, as MPI does.
 
     Notes
     -----
@@ -148,6 +232,58 @@ class Communicator:
         self.size = 1 if mpi_comm is None else mpi_comm.Get_size()
         self._counters = defaultdict(lambda: np.zeros(4, dtype=np.int64))
         self._waited = defaultdict(float)
+        self._timeout, self._watchdog = None, None
+
+    # ---------------------------------------------------------------- timeout
+    @property
+    def timeout(self):
+        return self._timeout
+
+    def set_timeout(self, seconds):
+        """End the job when this rank waits longer than ``seconds`` in one blocking call.
+
+        A collective waits for every rank. When one rank stopped (a hang, an endless loop, a
+        lost process) or called another collective, the others would wait for ever; with a
+        timeout, a watchdog thread prints which rank waited, in which call, for how long and
+        where (its stack), and aborts the job with exit status 1, as torch.distributed's
+        timeout does. Choose it longer than the longest legitimate wait: ranks waiting while
+        rank 0 reads and partitions a large graph, or for a slow rank's step.
+
+        Parameters
+        ----------
+        seconds : float or None
+            A positive number; None switches the watchdog off (the default: wait for ever).
+
+        Examples
+        --------
+        >>> from pysparse_hpc import distributed
+        >>> comm = distributed.Communicator()
+        >>> comm.set_timeout(600)
+        >>> comm.timeout
+        600.0
+        >>> comm.set_timeout(None)
+        """
+        self._timeout = seconds = check_timeout(seconds)
+        if seconds is None or self.size == 1:  # one rank never waits for another
+            if self._watchdog is not None:
+                self._watchdog.stop()
+                self._watchdog = None
+        elif self._watchdog is not None:
+            self._watchdog.timeout = seconds
+        else:
+            self._watchdog = _Watchdog(self, seconds)
+
+    def _watched(self, what, call, *args, **kwargs):
+        """``call(*args, **kwargs)``, watched by the timeout's watchdog when there is one."""
+        watchdog = self._watchdog
+        if watchdog is None:
+            return call(*args, **kwargs)
+        thread = threading.get_ident()
+        watchdog.waiting[thread] = (time.monotonic(), what)
+        try:
+            return call(*args, **kwargs)
+        finally:
+            watchdog.waiting.pop(thread, None)
 
     def __repr__(self):
         backend = "no MPI" if self.mpi is None else "MPI"
@@ -193,7 +329,8 @@ class Communicator:
         view = _as_buffer(buffer)
         if self.size > 1:
             from mpi4py import MPI
-            self.mpi.Allreduce(MPI.IN_PLACE, view, op=self._op(op))
+            self._watched(f"Allreduce ({kind!r})", self.mpi.Allreduce, MPI.IN_PLACE, view,
+                          op=self._op(op))
             self._count(kind, 1, view.nbytes, 1, view.nbytes)
         elif op not in _OPS:
             raise ValueError(f"op must be one of {_OPS}, got {op!r}")
@@ -215,7 +352,7 @@ class Communicator:
         """Broadcast ``buffer`` from ``root`` in place; returns ``buffer``."""
         view = _as_buffer(buffer)
         if self.size > 1:
-            self.mpi.Bcast(view, root=root)
+            self._watched(f"Bcast ({kind!r})", self.mpi.Bcast, view, root=root)
             if self.rank == root:
                 self._count(kind, self.size - 1, view.nbytes * (self.size - 1), 0, 0)
             else:
@@ -238,14 +375,14 @@ class Communicator:
         """Send ``sendbuf`` to rank ``dest`` while receiving ``recvbuf`` from rank ``source``
         (one blocking exchange, deadlock-free between two partners); returns ``recvbuf``."""
         send, recv = _as_buffer(sendbuf, "sendbuf"), _as_buffer(recvbuf, "recvbuf")
-        self.mpi.Sendrecv(send, dest=dest, sendtag=tag, recvbuf=recv, source=source,
-                          recvtag=tag)
+        self._watched(f"Sendrecv ({kind!r}) with ranks {dest} and {source}", self.mpi.Sendrecv,
+                      send, dest=dest, sendtag=tag, recvbuf=recv, source=source, recvtag=tag)
         self._count(kind, 1, send.nbytes, 1, recv.nbytes)
         return recvbuf
 
     def Barrier(self):
         if self.size > 1:
-            self.mpi.Barrier()
+            self._watched("Barrier", self.mpi.Barrier)
 
     def ranks_on_this_node(self):
         """How many ranks of this communicator share this rank's node (its shared-memory
@@ -253,7 +390,7 @@ class Communicator:
         if self.size == 1:
             return 1
         from mpi4py import MPI
-        local = self.mpi.Split_type(MPI.COMM_TYPE_SHARED)
+        local = self._watched("Split_type", self.mpi.Split_type, MPI.COMM_TYPE_SHARED)
         try:
             return local.Get_size()
         finally:
@@ -299,7 +436,7 @@ class Communicator:
         others = recv.nbytes - own
         self._count(kind, self.size - 1, own * (self.size - 1), self.size - 1, others)
         if blocking:
-            self.mpi.Allgatherv(send, spec)
+            self._watched(f"Allgatherv ({kind!r})", self.mpi.Allgatherv, send, spec)
             return _Request()
         return _Request(self.mpi.Iallgatherv(send, spec), self, kind)
 
@@ -342,7 +479,8 @@ class Communicator:
         self._count(kind, self.size - 1, send.nbytes - own, self.size - 1,
                     own * (self.size - 1))
         if blocking:
-            self.mpi.Reduce_scatter(send, recv, counts, op=mpi_op)
+            self._watched(f"Reduce_scatter ({kind!r})", self.mpi.Reduce_scatter, send, recv,
+                          counts, op=mpi_op)
             return _Request()
         return _Request(self.mpi.Ireduce_scatter(send, recv, counts, op=mpi_op), self, kind)
 
@@ -379,25 +517,29 @@ class Communicator:
     # ---------------------------------------------------------------- object collectives
     def bcast(self, obj, root=0):
         """``obj`` of ``root`` on every rank (pickled; set-up only)."""
-        return obj if self.size == 1 else self.mpi.bcast(obj, root=root)
+        return obj if self.size == 1 else self._watched("bcast", self.mpi.bcast, obj, root=root)
 
     def allgather(self, obj):
         """The list of every rank's ``obj`` (pickled; set-up only)."""
-        return [obj] if self.size == 1 else self.mpi.allgather(obj)
+        return [obj] if self.size == 1 else self._watched("allgather", self.mpi.allgather, obj)
 
     def gather(self, obj, root=0):
         """The list of every rank's ``obj`` on ``root``, None elsewhere (pickled)."""
-        return [obj] if self.size == 1 else self.mpi.gather(obj, root=root)
+        if self.size == 1:
+            return [obj]
+        return self._watched("gather", self.mpi.gather, obj, root=root)
 
     def scatter(self, objs, root=0):
         """Element ``rank`` of ``root``'s list ``objs`` on each rank (pickled)."""
         if self.size == 1:
             return objs[0]
-        return self.mpi.scatter(objs, root=root)
+        return self._watched("scatter", self.mpi.scatter, objs, root=root)
 
     def alltoall(self, objs):
         """Element ``rank`` of every rank's list ``objs``, as a list indexed by sender."""
-        return list(objs) if self.size == 1 else self.mpi.alltoall(objs)
+        if self.size == 1:
+            return list(objs)
+        return self._watched("alltoall", self.mpi.alltoall, objs)
 
     # ---------------------------------------------------------------- agreement and faults
     def raise_if_any(self, error):
@@ -472,7 +614,7 @@ def _install_abort_hook(comm):
                                                            args.exc_traceback)
 
 
-def init(abort_on_exception=True):
+def init(abort_on_exception=True, timeout=None):
     """The library's communicator over every rank of the job, made once per process.
 
     Under ``mpiexec`` it is a ``Dup()`` of ``MPI.COMM_WORLD``; in a script started without a
@@ -485,6 +627,11 @@ def init(abort_on_exception=True):
         On jobs of several ranks, install a ``sys.excepthook`` that prints the rank and its
         traceback and aborts the communicator, so a rank that raises ends the job (with a
         non-zero status) instead of leaving the others waiting in a collective.
+    timeout : float, optional
+        Seconds a rank may wait in one blocking call before the job is ended
+        (`Communicator.set_timeout`): a rank that hangs, or skips a collective, then ends the
+        job too. Default: the environment variable ``PYSPARSE_HPC_COMM_TIMEOUT`` when set,
+        else none (wait for ever). Given on a later call, it sets the existing communicator's.
 
     Returns
     -------
@@ -503,9 +650,14 @@ def init(abort_on_exception=True):
     (0, 1)
     """
     global _WORLD
+    timeout = check_timeout(timeout)
     with _WORLD_LOCK:
         if _WORLD is not None:
+            if timeout is not None:
+                _WORLD.set_timeout(timeout)
             return _WORLD
+        if timeout is None:
+            timeout = _timeout_from_environment()
         try:
             from mpi4py import MPI
         except ImportError:
@@ -515,8 +667,11 @@ def init(abort_on_exception=True):
                                   "installed; pip install mpi4py mpich (or the [mpi] extra "
                                   "of pysparse_hpc)") from None
             _WORLD = Communicator(None)
+            _WORLD.set_timeout(timeout)
             return _WORLD
-        _WORLD = Communicator(MPI.COMM_WORLD.Dup())
-        if abort_on_exception and _WORLD.size > 1:
-            _install_abort_hook(_WORLD)
+        world = Communicator(MPI.COMM_WORLD.Dup())
+        if abort_on_exception and world.size > 1:
+            _install_abort_hook(world)
+        world.set_timeout(timeout)
+        _WORLD = world
         return _WORLD

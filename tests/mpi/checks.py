@@ -5,6 +5,7 @@ raises, and the library's abort hook ends the whole job with a non-zero status. 
 ``PASSED NAME`` after each check that passed on every rank.
 """
 import sys
+import time
 
 import numpy as np
 import torch
@@ -278,6 +279,28 @@ def check_rank_raises():
     if rank == size - 1:
         raise RuntimeError("deliberate failure on the last rank")
     comm.Allreduce(np.zeros(1))
+
+
+def check_rank_hangs_in_data_parallel():
+    """The last rank's loss reaches no parameter, so its backward joins no gradient
+    allreduce (torch DDP's waits too), and it then hangs: with a timeout, the others end
+    the job instead of waiting for ever (the test checks how it ends)."""
+    comm.set_timeout(float(_option("--timeout", "3")))
+    model = distributed.DataParallel(torch.nn.Linear(4, 2), comm=comm)
+    inputs = torch.ones(5, 4)
+    if rank == size - 1:
+        torch.zeros((), requires_grad=True).backward()
+        time.sleep(120)
+    else:
+        model(inputs).sum().backward()
+
+
+def check_rank_hangs_before_an_allreduce():
+    """The last rank hangs; the others wait in an allreduce, watched by the timeout of the
+    environment's PYSPARSE_HPC_COMM_TIMEOUT."""
+    if rank == size - 1:
+        time.sleep(120)
+    comm.Allreduce(np.zeros(2), kind="metric allreduce")
 
 
 def check_train_command_value_error_on_one_rank():
