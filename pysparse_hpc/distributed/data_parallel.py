@@ -45,6 +45,16 @@ class DataParallel(torch.nn.Module):
     broadcast_parameters : bool
         Copy rank 0's parameters and buffers to every rank first, so replicas start equal.
 
+    Notes
+    -----
+    A parameter that one rank's backward does not reach contributes zero there (torch DDP
+    needs ``find_unused_parameters=True`` for that). A backward that reaches no parameter at
+    all never starts this rank's allreduces, and the other ranks wait for them, as under
+    DDP: give every rank a loss computed from the model's output (a rank without data can use
+    ``0 * output.sum()``), and set a communicator timeout
+    (`~pysparse_hpc.distributed.Communicator.set_timeout`) to end such a job with a message
+    instead of a hang.
+
     Examples
     --------
     >>> import torch
