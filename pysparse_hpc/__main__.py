@@ -248,6 +248,9 @@ def run_train(args, out=None):
         import torch
         set_num_threads(threads)
         torch.set_num_threads(threads)
+    # An option not given keeps train's default.
+    given = {name: getattr(args, name) for name in ("checkpoint_every",)
+             if getattr(args, name) is not None}
     try:
         result = train(args.dataset, args.model, args.partition, epochs=args.epochs, lr=args.lr,
                        weight_decay=args.weight_decay, seed=args.seed, dtype=args.dtype,
@@ -260,8 +263,8 @@ def run_train(args, out=None):
                        optimizer=(args.base_optimizer if args.optimizer in PRECONDITIONER_NAMES
                                   else args.optimizer),
                        compression=args.compression, momentum_sync=args.momentum_sync,
-                       checkpoint=args.checkpoint, checkpoint_every=args.checkpoint_every,
-                       resume=args.resume)
+                       checkpoint=args.checkpoint,
+                       resume=args.resume, **given)
     except (OSError, ValueError) as exc:
         if comm.size == 1 or raised_on_every_rank(exc):
             if comm.rank == 0:
@@ -434,22 +437,18 @@ def main(argv=None):
         if args.optimizer not in PRECONDITIONER_NAMES and preconditioner_options:
             parser.error("--base-optimizer and --damping need --optimizer kfac, shampoo or "
                          "jorge")
-        if args.damping is not None and not (0 < args.damping < float("inf")):
-            parser.error(f"--damping must be a finite number > 0, got {args.damping}")
         if args.kl_clip is not None and args.optimizer != "kfac":
             parser.error("--kl-clip needs --optimizer kfac")
-        if args.kl_clip is not None and not (0 < args.kl_clip < float("inf")):
-            parser.error(f"--kl-clip must be a finite number > 0, got {args.kl_clip}")
-        if args.timeout is not None and not (0 < args.timeout < float("inf")):
-            parser.error(f"--timeout must be a finite number of seconds > 0, got "
-                         f"{args.timeout}")
+        for name in ("damping", "kl_clip", "timeout"):
+            value = getattr(args, name)
+            if value is not None and not (0 < value < float("inf")):
+                parser.error(f"--{name.replace('_', '-')} must be a finite number > 0, got "
+                             f"{value}")
         if args.checkpoint == "":
             parser.error("--checkpoint needs a directory, got ''")
         for option in ("resume", "checkpoint_every"):
             if getattr(args, option) not in (None, False) and args.checkpoint is None:
                 parser.error(f"--{option.replace('_', '-')} needs --checkpoint DIR")
-        if args.checkpoint_every is None:
-            args.checkpoint_every = 10
         for name in ("epochs", "threads", "random_features", "curvature_interval",
                      "checkpoint_every"):
             value = getattr(args, name)

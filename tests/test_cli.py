@@ -78,7 +78,7 @@ def test_train_timeout_option(capsys):
     for bad in ("0", "-1", "inf", "nan"):
         with pytest.raises(SystemExit):
             main(["train", "--timeout", bad])
-        assert "--timeout must be a finite number of seconds > 0" in capsys.readouterr().err
+        assert "--timeout must be a finite number > 0" in capsys.readouterr().err
     try:
         assert main(["train", "--epochs", "1", "--no-progress", "--timeout", "30"]) == 0
         assert init().timeout == 30.0
