@@ -43,8 +43,8 @@ def run_mpi(ranks, *args, timeout=300, env=None):
     return done.returncode, done.stdout, done.stderr, time.perf_counter() - start
 
 
-def run_checks(ranks, *names, timeout=300, env=None):
-    status, out, err, _ = run_mpi(ranks, str(CHECKS), *names, timeout=timeout, env=env)
+def run_checks(ranks, *names, timeout=300):
+    status, out, err, _ = run_mpi(ranks, str(CHECKS), *names, timeout=timeout)
     assert status == 0, f"exit status {status}\n{out}\n{err[-6000:]}"
     checks = names[:[n.startswith("--") for n in names + ("--",)].index(True)]
     for name in checks:  # the names before the first option
@@ -101,9 +101,9 @@ def test_a_failing_rank_ends_the_job(check, message):
 @requires_mpi
 @pytest.mark.parametrize("ranks", [2, 3])
 def test_a_timeout_ends_a_job_whose_rank_hangs(ranks):
-    """Without a timeout MPI waits for ever; with one (set in code or by the environment) the
-    job ends within seconds, naming the rank, the call and where it waited. A job whose waits
-    stay below the timeout runs and exits as usual."""
+    """Without a timeout MPI waits for ever; with one, the job ends within seconds, naming
+    the rank, the call and where it waited (a healthy job with a timeout runs as usual:
+    test_train_command_under_mpiexec)."""
     status, out, err, seconds = run_mpi(ranks, str(CHECKS), "rank_hangs_in_data_parallel",
                                         timeout=120)
     assert status != 0 and seconds < 60, err[-3000:]
@@ -112,14 +112,14 @@ def test_a_timeout_ends_a_job_whose_rank_hangs(ranks):
     assert "in a wait for 'allreduce', beyond the communicator's timeout of 3 s" in err
     assert "in _finish" in err and "_comm.py" not in err  # the caller's frames only
 
-    variable = {"PYSPARSE_HPC_COMM_TIMEOUT": "2.5"}
-    status, out, err, seconds = run_mpi(ranks, str(CHECKS), "rank_hangs_before_an_allreduce",
-                                        timeout=120, env=variable)
-    assert status != 0 and seconds < 60, err[-3000:]
-    assert "in Allreduce ('metric allreduce'), beyond the communicator's timeout of 2.5 s" \
-        in err, err[-3000:]
 
-    run_checks(ranks, "data_parallel", env=variable)
+@requires_mpi
+def test_the_timeout_can_come_from_the_environment():
+    status, out, err, seconds = run_mpi(2, str(CHECKS), "rank_hangs_before_an_allreduce",
+                                        timeout=120, env={"PYSPARSE_HPC_COMM_TIMEOUT": "2.5"})
+    assert status != 0 and seconds < 60, err[-3000:]
+    assert "rank 0 of 2 waited" in err and "in Allreduce ('metric allreduce'), beyond the " \
+        "communicator's timeout of 2.5 s" in err, err[-3000:]
 
 
 @requires_mpi
