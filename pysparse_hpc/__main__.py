@@ -248,9 +248,8 @@ def run_train(args, out=None):
         import torch
         set_num_threads(threads)
         torch.set_num_threads(threads)
-    # An option not given keeps train's default.
-    given = {name: getattr(args, name) for name in ("checkpoint_every",)
-             if getattr(args, name) is not None}
+    # --checkpoint-every not given: train's own default.
+    given = {} if args.checkpoint_every is None else {"checkpoint_every": args.checkpoint_every}
     try:
         result = train(args.dataset, args.model, args.partition, epochs=args.epochs, lr=args.lr,
                        weight_decay=args.weight_decay, seed=args.seed, dtype=args.dtype,
@@ -263,8 +262,7 @@ def run_train(args, out=None):
                        optimizer=(args.base_optimizer if args.optimizer in PRECONDITIONER_NAMES
                                   else args.optimizer),
                        compression=args.compression, momentum_sync=args.momentum_sync,
-                       checkpoint=args.checkpoint,
-                       resume=args.resume, **given)
+                       checkpoint=args.checkpoint, resume=args.resume, **given)
     except (OSError, ValueError) as exc:
         if comm.size == 1 or raised_on_every_rank(exc):
             if comm.rank == 0:

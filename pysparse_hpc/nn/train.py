@@ -350,7 +350,8 @@ class _Saved:
         except RuntimeError as exc:
             raise ValueError(f"checkpoint {checkpoint.path} holds another model: {exc}") \
                 from None
-        own = checkpoint.shard or shared  # None: saved by another number of ranks
+        # The shard is None when another number of ranks saved it, {} when one process did.
+        own = checkpoint.shard or shared
         self.optimizer.load_state_dict(own["optimizer"])
         if self.maker is not None:
             if "preconditioner" not in own:
