@@ -230,7 +230,11 @@ def run_train(args, out=None):
 
     # Under mpiexec: a rank that raises ends the job with its message, and with a timeout so
     # does a rank that hangs.
-    comm = init(timeout=args.timeout)
+    try:
+        comm = init(timeout=args.timeout)
+    except ValueError as exc:  # a bad PYSPARSE_HPC_COMM_TIMEOUT: the same on every rank
+        print(f"python -m pysparse_hpc train: error: {exc}", file=sys.stderr)
+        return 2
     if comm.size > 1:
         # A rank killed outright (SIGKILL, the OOM killer) cannot say who it was, and MPICH's
         # launcher names only its PID: this line maps PIDs to ranks.

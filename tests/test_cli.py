@@ -84,3 +84,14 @@ def test_train_timeout_option(capsys):
         assert init().timeout == 30.0
     finally:
         init().set_timeout(None)
+
+
+def test_train_refuses_a_bad_timeout_variable(monkeypatch, capsys):
+    from pysparse_hpc.__main__ import main
+    from pysparse_hpc.distributed import _comm
+    monkeypatch.setattr(_comm, "_WORLD", None)
+    monkeypatch.setenv(_comm.TIMEOUT_VARIABLE, "soon")
+    assert main(["train", "--epochs", "1", "--no-progress"]) == 2
+    assert capsys.readouterr().err == ("python -m pysparse_hpc train: error: "
+                                       "PYSPARSE_HPC_COMM_TIMEOUT must be a number of seconds "
+                                       "> 0, got 'soon'\n")
