@@ -285,7 +285,7 @@ def check_rank_hangs_in_data_parallel():
     """The last rank's loss reaches no parameter, so its backward joins no gradient
     allreduce (torch DDP's waits too), and it then hangs: with a timeout, the others end
     the job instead of waiting for ever (the test checks how it ends)."""
-    comm.set_timeout(float(_option("--timeout", "3")))
+    comm.set_timeout(3)
     model = distributed.DataParallel(torch.nn.Linear(4, 2), comm=comm)
     inputs = torch.ones(5, 4)
     if rank == size - 1:
