@@ -119,6 +119,16 @@ def test_csr_kernels_keep_float32_sums_in_float32(cc):
     assert "fma.rn.f32" in ptx and ".f64" not in ptx
 
 
+@pytest.mark.parametrize("cc", [(8, 0), (9, 0)])
+def test_zero_fill_compiles_to_float32_stores(cc):
+    """The fill that zeroes SDDMM outputs stores float32 zeros element by element."""
+    from pysparse_hpc.kernels.cuda import spmm
+    f32, _, _, _, _ = _types()
+    ptx = _ptx(cc, spmm._zero_flat.py_func, (f32[::1],))
+    assert "st.global.u32" in ptx or "st.global.f32" in ptx
+    assert ".f64" not in ptx
+
+
 @pytest.mark.parametrize("shape,h", [((5, 3, 4), 2), ((7, 2), 1), ((4, 3, 2, 5), 0)])
 def test_head_views_address_the_right_elements(shape, h):
     """The per-head views of multi-head SDDMM operands are built from the CUDA array interface;

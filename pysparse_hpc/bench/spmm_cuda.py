@@ -148,8 +148,8 @@ class _Timer:
 
     def flush(self):
         if self.flush_buffer is not None:
-            from ..kernels.cuda.spmm import zero_rows
-            zero_rows(self.flush_buffer)
+            from ..kernels.cuda.spmm import zero_contiguous
+            zero_contiguous(self.flush_buffer)
 
     def median_seconds(self, function, repeat):
         cuda = self.cuda

@@ -18,7 +18,7 @@ import math
 from numba import cuda, float32
 
 from ._mma import SIMULATED, mma_f16_m16n8k16, mma_tf32_m16n8k8, pack_half2, to_tf32
-from .spmm import BLOCK_WIDTH, WINDOW, zero_rows
+from .spmm import BLOCK_WIDTH, WINDOW, zero_contiguous
 
 __all__ = ["MEBCRS_SDDMM_SOURCES", "csr_sddmm", "scale_add", "launch_csr_sddmm",
            "launch_mebcrs_sddmm", "launch_scale_add"]
@@ -218,8 +218,7 @@ def launch_mebcrs_sddmm(A, X, Y, out, widest_window, precision):
     is the contiguous values layout, (slots,) or (slots, heads), zeroed here first."""
     if out.shape[0] == 0:
         return
-    columns = _as_columns(out)
-    zero_rows(columns)
+    zero_contiguous(out)
     n_windows = A.row_window_offset.shape[0] - 1
     grid = (n_windows, max(1, math.ceil(widest_window / VECTORS_PER_WARP)))
     for head_X, head_Y, head_out in _by_head(X, Y, out):

@@ -29,8 +29,8 @@ from numba import cuda, float32
 from ._mma import mma_f16_m16n8k8, mma_tf32_m16n8k8, pack_half2, to_tf32
 from ._pairs import load_pair, pairs_aligned, store_pair
 
-__all__ = ["MEBCRS_SPMM_SOURCES", "csr_spmm", "launch_mebcrs_spmm", "launch_csr_spmm", "zero_rows",
-           "mma_parts"]
+__all__ = ["MEBCRS_SPMM_SOURCES", "csr_spmm", "launch_mebcrs_spmm", "launch_csr_spmm",
+           "zero_contiguous", "mma_parts"]
 
 #: Vectors per block (the mma reduction extent) and rows per window the tf32 kernel assumes.
 BLOCK_WIDTH = 8
@@ -236,15 +236,11 @@ _MMA_KERNELS["tf32-16x1", False] = cuda.jit(_blocked16_spmm_tf32)
 _COLUMNS_PER_WARP = {"tf32": 16, "fp16": 16, "tf32-16x1": 8}
 
 
-def _zero(out):
-    # threadIdx.x runs along a row, so the stores coalesce; rows are strided over the grid's y,
-    # whose limit (65535) would otherwise cap the row count.
-    col = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
-    if col >= out.shape[1]:
-        return
-    step = cuda.gridDim.y * cuda.blockDim.y
-    for row in range(cuda.blockIdx.y * cuda.blockDim.y + cuda.threadIdx.y, out.shape[0], step):
-        out[row, col] = 0
+def _zero_flat(flat):
+    # a grid-stride loop: consecutive threads store consecutive elements, so the stores
+    # coalesce whatever the array's shape was (a (slots, 1) column wastes no lanes)
+    for i in range(cuda.grid(1), flat.shape[0], cuda.gridsize(1)):
+        flat[i] = 0
 
 
 def _zero_windows(out, windows, window_rows):
@@ -256,15 +252,21 @@ def _zero_windows(out, windows, window_rows):
             out[row, col] = 0
 
 
-_zero = cuda.jit(_zero)
+_zero_flat = cuda.jit(_zero_flat)
 _zero_windows = cuda.jit(_zero_windows)
 
+#: Threads per block and the most blocks of `zero_contiguous` (beyond, each thread loops).
+_ZERO_THREADS = 256
+_ZERO_MAX_BLOCKS = 4096
 
-def zero_rows(out):
-    """Set the 2-D device array ``out`` to 0."""
-    if out.shape[0] == 0 or out.shape[1] == 0:
+
+def zero_contiguous(out):
+    """Set the C-contiguous device array ``out``, of any shape, to 0."""
+    if out.size == 0:
         return
-    _zero[(math.ceil(out.shape[1] / 32), min(65535, math.ceil(out.shape[0] / 8))), (32, 8)](out)
+    flat = out.reshape(out.size)
+    blocks = min(_ZERO_MAX_BLOCKS, math.ceil(out.size / _ZERO_THREADS))
+    _zero_flat[blocks, _ZERO_THREADS](flat)
 
 
 def launch_mebcrs_spmm(A, B, out, warps, precision, parts):
