@@ -183,12 +183,17 @@ def test_bad_graph_input(cora):
     n = cora.adj.shape[0]
     with pytest.raises(ValueError, match="has 2707 owners but the graph has 2708 nodes"):
         DistGraph(cora.adj, np.zeros(n - 1, np.int64), comm)
-    with pytest.raises(ValueError, match="owner rank 1 is out of range for 1 ranks"):
+    with pytest.raises(ValueError, match=r"partition\[0\] is 1, outside \[0, 1\); expected part "
+                       r"numbers 0 <= partition < the communicator's size = 1"):
         DistGraph(cora.adj, np.ones(n, np.int64), comm)
     with pytest.raises(ValueError, match="is for 2 ranks but the communicator has 1"):
         DistGraph(cora.adj, distributed.partition(cora.adj, 2, "contiguous"), comm)
-    with pytest.raises(TypeError, match="1-D integer array"):
+    with pytest.raises(TypeError, match="partition must hold integers, got dtype float64"):
         DistGraph(cora.adj, np.zeros(n), comm)
+    with pytest.raises(ValueError, match="partition must be 1-D, got 2-D"):
+        DistGraph(cora.adj, np.zeros((n, 1), np.int64), comm)
+    with pytest.raises(ValueError, match=r"partition\[5\] is -1, outside"):
+        DistGraph(cora.adj, np.r_[np.zeros(5, np.int64), -1, np.zeros(n - 6, np.int64)], comm)
     with pytest.raises(ValueError, match="square"):
         DistGraph(sph.csr_array(np.ones((2, 3))), np.zeros(2, np.int64), comm)
     with pytest.raises(TypeError, match="sparse array"):

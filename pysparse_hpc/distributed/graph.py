@@ -14,7 +14,7 @@ from .._csr import csr_array
 from .._sputils import get_index_dtype
 from . import _plan
 from ._comm import _as_buffer, _Request, check_communicator, init
-from .partition import Partition
+from .partition import Partition, _check_owner
 
 __all__ = ["DistGraph", "HaloPlan"]
 
@@ -30,20 +30,15 @@ _TAG_BASE, _TAG_SPAN = 1000, 30000
 
 def _owner_array(partition, n, nparts_expected):
     """The validated owner array of ``partition`` (a `Partition` or an integer array)."""
-    owner = partition.owner if isinstance(partition, Partition) else np.asarray(partition)
-    if owner.ndim != 1 or not (np.issubdtype(owner.dtype, np.integer) and owner.dtype != bool):
-        raise TypeError(f"the partition must be a Partition or a 1-D integer array of owner "
-                        f"ranks, got {owner.dtype} with shape {owner.shape}")
-    if owner.size != n:
-        raise ValueError(f"the partition has {owner.size} owners but the graph has {n} nodes")
-    nparts = partition.nparts if isinstance(partition, Partition) else nparts_expected
-    if nparts != nparts_expected:
-        raise ValueError(f"the partition is for {nparts} ranks but the communicator has "
-                         f"{nparts_expected}; partition the graph for {nparts_expected} parts")
-    if owner.size and (owner.min() < 0 or owner.max() >= nparts):
-        bad = owner.min() if owner.min() < 0 else owner.max()
-        raise ValueError(f"owner rank {bad} is out of range for {nparts} ranks")
-    return owner.astype(np.int64)
+    if isinstance(partition, Partition):
+        if partition.nparts != nparts_expected:
+            raise ValueError(
+                f"the partition is for {partition.nparts} ranks but the communicator has "
+                f"{nparts_expected}; partition the graph for {nparts_expected} parts")
+        partition = partition.owner
+    owner, _ = _check_owner(partition, n, nparts_expected, name="partition",
+                            parts="the communicator's size")
+    return owner
 
 
 def _square_pattern(adj):

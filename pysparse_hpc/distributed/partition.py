@@ -83,15 +83,18 @@ def _check_seed(seed):
     return seed
 
 
-def _check_owner(owner, n, nparts):
-    """``(owner, nparts)``: owner as a fresh int64 array after checking it against the graph."""
+def _check_owner(owner, n, nparts, name="owner", parts="nparts"):
+    """``(owner, nparts)``: owner as a fresh int64 array after checking it against the graph.
+
+    ``name`` is the argument as the caller's user knows it, ``parts`` what ``nparts`` is to
+    them (`DistGraph` checks its ``partition`` against the communicator's size)."""
     array = np.asarray(owner)
     if array.size == 0 and array.dtype == np.float64:
         array = array.astype(np.int64)  # ``[]``: numpy's default dtype for no values
     if array.dtype.kind not in "iu":
-        raise TypeError(f"owner must hold integers, got dtype {array.dtype}")
+        raise TypeError(f"{name} must hold integers, got dtype {array.dtype}")
     if array.ndim != 1:
-        raise ValueError(f"owner must be 1-D, got {array.ndim}-D with shape {array.shape}")
+        raise ValueError(f"{name} must be 1-D, got {array.ndim}-D with shape {array.shape}")
     if array.size != n:
         raise ValueError(
             f"partition has {array.size} owners but the graph has {n} nodes; expected one owner "
@@ -106,8 +109,8 @@ def _check_owner(owner, n, nparts):
         if lowest < 0 or highest >= nparts:
             bad = int(np.flatnonzero((array < 0) | (array >= nparts))[0])
             raise ValueError(
-                f"owner[{bad}] is {array[bad]}, outside [0, {nparts}); expected part numbers "
-                f"0 <= owner < nparts = {nparts}")
+                f"{name}[{bad}] is {array[bad]}, outside [0, {nparts}); expected part numbers "
+                f"0 <= {name} < {parts} = {nparts}")
     return array.astype(np.int64, copy=True), nparts
 
 

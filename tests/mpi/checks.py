@@ -221,7 +221,7 @@ def check_bad_input_on_every_rank():
     cora = sph.datasets.load("cora")
     n = cora.adj.shape[0]
     cases = [(np.zeros(n - 1, np.int64), "has 2707 owners but the graph has 2708"),
-             (np.full(n, size, np.int64), f"owner rank {size} is out of range"),
+             (np.full(n, size, np.int64), f"partition[0] is {size}, outside [0, {size})"),
              (partition(cora.adj, size + 1, "contiguous"),
               f"is for {size + 1} ranks but the communicator has {size}")]
     for bad, message in cases:
