@@ -220,6 +220,11 @@ def _threads_per_rank(ranks_here):
     return max(1, min(usable, numba.config.NUMBA_NUM_THREADS))
 
 
+def _train_error(exc):
+    """The ``train`` command's line for input it refuses (the status it exits with is 2)."""
+    print(f"python -m pysparse_hpc train: error: {exc}", file=sys.stderr)
+
+
 def run_train(args, out=None):
     """The ``train`` command: `pysparse_hpc.distributed.training.train`, reported on rank 0."""
     out = sys.stdout if out is None else out
@@ -233,7 +238,7 @@ def run_train(args, out=None):
     try:
         comm = init(timeout=args.timeout)
     except ValueError as exc:  # a bad PYSPARSE_HPC_COMM_TIMEOUT: the same on every rank
-        print(f"python -m pysparse_hpc train: error: {exc}", file=sys.stderr)
+        _train_error(exc)
         return 2
     if comm.size > 1:
         # A rank killed outright (SIGKILL, the OOM killer) cannot say who it was, and MPICH's
@@ -270,7 +275,7 @@ def run_train(args, out=None):
     except (OSError, ValueError) as exc:
         if comm.size == 1 or raised_on_every_rank(exc):
             if comm.rank == 0:
-                print(f"python -m pysparse_hpc train: error: {exc}", file=sys.stderr)
+                _train_error(exc)
             return 2
         # This rank alone: the others wait in a collective, so only ending the job ends them.
         print(f"python -m pysparse_hpc train: error on rank {comm.rank} of {comm.size}: {exc}; "
