@@ -223,21 +223,18 @@ def test_pairs_aligned():
     assert pairs_aligned(np.zeros((1, 6), np.float32)) and not pairs_aligned(np.zeros(6))
 
 
-def test_zero_contiguous_any_shape():
+def test_zero_contiguous_any_shape(monkeypatch):
     """The grid-stride fill zeroes every element of a contiguous array of any shape, with more
     elements than one pass of its grid covers."""
     for shape in [(37, 1), (5, 3), (2, 3, 4), (0, 4), (9,)]:
         array = cuda.to_device(np.full(shape, 7.0, np.float32))
         cuda_spmm.zero_contiguous(array)
         np.testing.assert_array_equal(array.copy_to_host(), np.zeros(shape, np.float32))
-    original = cuda_spmm._ZERO_MAX_BLOCKS, cuda_spmm._ZERO_THREADS
-    try:
-        cuda_spmm._ZERO_MAX_BLOCKS, cuda_spmm._ZERO_THREADS = 2, 4  # 8 threads for 45 elements
-        array = cuda.to_device(np.ones((15, 3)))
-        cuda_spmm.zero_contiguous(array)
-        np.testing.assert_array_equal(array.copy_to_host(), np.zeros((15, 3)))
-    finally:
-        cuda_spmm._ZERO_MAX_BLOCKS, cuda_spmm._ZERO_THREADS = original
+    monkeypatch.setattr(cuda_spmm, "_ZERO_MAX_BLOCKS", 2)  # 8 threads for 45 elements
+    monkeypatch.setattr(cuda_spmm, "_ZERO_THREADS", 4)
+    array = cuda.to_device(np.ones((15, 3)))
+    cuda_spmm.zero_contiguous(array)
+    np.testing.assert_array_equal(array.copy_to_host(), np.zeros((15, 3)))
 
 
 def test_csr_spmm_cuda_cores():
