@@ -48,7 +48,10 @@ def check_training():
                                            err_msg=f"{dataset} {model} {method} {dtype}")
                 assert result.test_accuracy == reference.test_accuracy, (
                     dataset, model, method, result.test_accuracy, reference.test_accuracy)
-                assert result.halo_bytes_per_epoch < result.cagnet_bytes_per_epoch
+                if size > 1:
+                    assert result.halo_bytes_per_epoch < result.cagnet_bytes_per_epoch
+                else:  # one rank exchanges nothing, in either scheme
+                    assert result.halo_bytes_per_epoch == result.cagnet_bytes_per_epoch == 0
 
 
 def check_plan_and_placement():
