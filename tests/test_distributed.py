@@ -315,6 +315,40 @@ def test_data_parallel_on_one_rank():
         distributed.DataParallel(model, bucket_mb=0)
 
 
+def test_bfloat16_on_one_rank():
+    """NumPy has no bfloat16; the communicator still takes such tensors, and `DataParallel`
+    and `DistributedLion` train a bfloat16 model without mpiexec."""
+    comm = Communicator(None)
+    values = torch.tensor([0.1, -2.5, 3.0], dtype=torch.bfloat16)
+    kept = values.clone()
+    comm.Allreduce(values)
+    comm.Iallreduce(values).wait()
+    comm.Bcast(values)
+    gathered = torch.empty(3, dtype=torch.bfloat16)
+    comm.Allgatherv(values, gathered, [3])
+    comm.Reduce_scatter(values, gathered, [3])
+    assert torch.equal(values, kept) and torch.equal(gathered, kept)
+    with pytest.raises(TypeError, match="bfloat16 but recvbuf int16"):
+        comm.Allgatherv(values, np.zeros(3, np.int16), [3])
+    model = torch.nn.Linear(4, 2).to(torch.bfloat16)
+    wrapped = distributed.DataParallel(model, comm)
+    wrapped(torch.ones(3, 4, dtype=torch.bfloat16)).sum().backward()
+    assert model.weight.grad.dtype == torch.bfloat16
+    assert torch.equal(model.weight.grad, torch.full((2, 4), 3.0, dtype=torch.bfloat16))
+    from pysparse_hpc.optim import DistributedLion
+    before = model.weight.detach().clone()
+    DistributedLion(model.parameters(), comm, lr=0.5, compression="none").step()
+    assert torch.equal(model.weight, before - 0.5)
+
+
+def test_halo_exchange_refuses_bfloat16_rows(cora):
+    plan = DistGraph(cora.adj, np.zeros(cora.adj.shape[0], np.int64), Communicator(None)).plan
+    with pytest.raises(TypeError, match="bfloat16.*convert them to float32"):
+        plan.start_exchange(torch.zeros(plan.n_local, 2, dtype=torch.bfloat16))
+    with pytest.raises(TypeError, match="bfloat16"):
+        plan.start_reverse_exchange(torch.zeros(plan.n_halo, 2, dtype=torch.bfloat16))
+
+
 def test_data_parallel_keeps_sparse_gradients_sparse():
     table, head = torch.nn.Embedding(10, 4, sparse=True), torch.nn.Linear(4, 3)
     model = distributed.DataParallel(torch.nn.Sequential(table, head), comm=Communicator())

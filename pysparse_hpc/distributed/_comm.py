@@ -84,15 +84,26 @@ def check_communicator(comm, needed=("rank", "size", "Allreduce"), name="comm"):
     return comm
 
 
+def _is_bfloat16(array):
+    return str(getattr(array, "dtype", "")) == "torch.bfloat16"
+
+
 def _as_buffer(array, name="buffer"):
-    """A C-contiguous NumPy view of ``array`` (NumPy array or CPU torch tensor), no copy."""
+    """A C-contiguous NumPy view of ``array`` (NumPy array or CPU torch tensor), no copy.
+
+    NumPy has no bfloat16: a bfloat16 tensor is viewed as its int16 bit patterns, which moves
+    it exactly but cannot be added (`_reduction_buffer`)."""
     if isinstance(array, np.ndarray):
         view = array
     elif hasattr(array, "detach") and hasattr(array, "numpy"):
         if array.device.type != "cpu":
             raise ValueError(f"{name} is on {array.device}; the communicator moves host memory "
                              "(copy it to the CPU first)")
-        view = array.detach().numpy()
+        tensor = array.detach()
+        if _is_bfloat16(tensor):
+            import torch
+            tensor = tensor.view(torch.int16)
+        view = tensor.numpy()
     else:
         raise TypeError(f"{name} must be a NumPy array or a CPU torch tensor, got "
                         f"{type(array).__name__}")
@@ -101,21 +112,47 @@ def _as_buffer(array, name="buffer"):
     return view
 
 
+def _reduction_buffer(array, name="buffer"):
+    """``(view, write_back)``: the NumPy view an MPI reduction adds, and what to call once it
+    is complete (None when the view is ``array``'s own memory).
+
+    MPI cannot add bfloat16, so a bfloat16 tensor is reduced as a float32 copy (twice its
+    bytes cross) and the result rounded back once: the ranks' sum is that of their float32
+    values, as exact as float32 addition, and the same on every rank."""
+    if not _is_bfloat16(array):
+        return _as_buffer(array, name), None
+    if array.device.type != "cpu":
+        _as_buffer(array, name)  # raises the device error
+    if not array.is_contiguous():
+        raise ValueError(f"{name} must be C-contiguous")
+    target = array.detach()
+    work = target.float()
+    return work.numpy(), lambda: target.copy_(work)
+
+
 class _Request:
-    """A pending nonblocking call; ``wait()`` completes it (a no-op for a one-rank call) and
-    adds the time it blocked to its communicator's `Communicator.wait_seconds`."""
+    """A pending nonblocking call; ``wait()`` completes it (a no-op for a one-rank call),
+    adds the time it blocked to its communicator's `Communicator.wait_seconds`, and writes a
+    reduction's result back where it was computed in a copy (`_reduction_buffer`)."""
 
-    __slots__ = ("_request", "_comm", "_kind")
+    __slots__ = ("_request", "_comm", "_kind", "_write_back")
 
-    def __init__(self, request=None, comm=None, kind=None):
+    def __init__(self, request=None, comm=None, kind=None, write_back=None):
         self._request, self._comm, self._kind = request, comm, kind
+        self._write_back = write_back
+
+    def _complete(self):
+        self._request = None
+        if self._write_back is not None:
+            self._write_back()
+            self._write_back = None
 
     def wait(self):
         if self._request is not None:
             start = time.perf_counter()
             self._comm._watched(f"a wait for {self._kind!r}", self._request.Wait)
             self._comm._waited[self._kind] += time.perf_counter() - start
-            self._request = None
+            self._complete()
 
     @staticmethod
     def wait_all(requests):
@@ -128,8 +165,8 @@ class _Request:
             comm._watched(f"a wait for {pending[0]._kind!r}", MPI.Request.Waitall,
                           [r._request for r in pending])
             comm._waited[pending[0]._kind] += time.perf_counter() - start
-        for r in requests:
-            r._request = None
+        for r in pending:
+            r._complete()
 
 
 def check_timeout(seconds, name="timeout"):
@@ -325,28 +362,35 @@ class Communicator:
                 "lor": MPI.LOR, "band": MPI.BAND, "bor": MPI.BOR}[op]
 
     def Allreduce(self, buffer, op="sum", kind="allreduce"):
-        """Reduce ``buffer`` over all ranks, in place; returns ``buffer``."""
-        view = _as_buffer(buffer)
-        if self.size > 1:
-            from mpi4py import MPI
-            self._watched(f"Allreduce ({kind!r})", self.mpi.Allreduce, MPI.IN_PLACE, view,
-                          op=self._op(op))
-            self._count(kind, 1, view.nbytes, 1, view.nbytes)
-        elif op not in _OPS:
-            raise ValueError(f"op must be one of {_OPS}, got {op!r}")
+        """Reduce ``buffer`` over all ranks, in place; returns ``buffer``. A bfloat16 tensor
+        is reduced in float32 and rounded back (`_reduction_buffer`)."""
+        if self.size == 1:
+            _as_buffer(buffer)
+            if op not in _OPS:
+                raise ValueError(f"op must be one of {_OPS}, got {op!r}")
+            return buffer
+        view, write_back = _reduction_buffer(buffer)
+        from mpi4py import MPI
+        self._watched(f"Allreduce ({kind!r})", self.mpi.Allreduce, MPI.IN_PLACE, view,
+                      op=self._op(op))
+        self._count(kind, 1, view.nbytes, 1, view.nbytes)
+        if write_back is not None:
+            write_back()
         return buffer
 
     def Iallreduce(self, buffer, op="sum", kind="allreduce"):
-        """Start reducing ``buffer`` in place; returns a request to ``wait()`` on."""
-        view = _as_buffer(buffer)
+        """Start reducing ``buffer`` in place; returns a request to ``wait()`` on (a bfloat16
+        tensor holds the result once waited on)."""
         if self.size == 1:
+            _as_buffer(buffer)
             if op not in _OPS:
                 raise ValueError(f"op must be one of {_OPS}, got {op!r}")
             return _Request()
+        view, write_back = _reduction_buffer(buffer)
         from mpi4py import MPI
         request = self.mpi.Iallreduce(MPI.IN_PLACE, view, op=self._op(op))
         self._count(kind, 1, view.nbytes, 1, view.nbytes)
-        return _Request(request, self, kind)
+        return _Request(request, self, kind, write_back)
 
     def Bcast(self, buffer, root=0, kind="broadcast"):
         """Broadcast ``buffer`` from ``root`` in place; returns ``buffer``."""
@@ -410,10 +454,17 @@ class Communicator:
         return counts, displacements
 
     def _vector_buffers(self, sendbuf, recvbuf, counts, gathering):
-        """Views and layout of a vector collective (``gathering``: allgatherv, else
-        reduce-scatter), checked on this rank."""
-        send = _as_buffer(sendbuf, "sendbuf").reshape(-1)
-        recv = _as_buffer(recvbuf, "recvbuf").reshape(-1)
+        """Views, layout and write-back (`_reduction_buffer`) of a vector collective
+        (``gathering``: allgatherv, else reduce-scatter), checked on this rank."""
+        if _is_bfloat16(sendbuf) != _is_bfloat16(recvbuf):
+            raise TypeError(f"sendbuf holds {sendbuf.dtype} but recvbuf {recvbuf.dtype}")
+        write_back = None
+        if gathering or self.size == 1:
+            send, recv = _as_buffer(sendbuf, "sendbuf"), _as_buffer(recvbuf, "recvbuf")
+        else:
+            send = _reduction_buffer(sendbuf, "sendbuf")[0]
+            recv, write_back = _reduction_buffer(recvbuf, "recvbuf")
+        send, recv = send.reshape(-1), recv.reshape(-1)
         if send.dtype != recv.dtype:
             raise TypeError(f"sendbuf holds {send.dtype} but recvbuf {recv.dtype}")
         whole, part = (recv, send) if gathering else (send, recv)
@@ -423,10 +474,11 @@ class Communicator:
             raise ValueError(f"{'sendbuf' if gathering else 'recvbuf'} of rank {self.rank} has "
                              f"{part.size} elements but counts[{self.rank}] is "
                              f"{counts[self.rank]}")
-        return send, recv, counts, displacements
+        return send, recv, counts, displacements, write_back
 
     def _start_allgatherv(self, sendbuf, recvbuf, counts, kind, blocking):
-        send, recv, counts, displacements = self._vector_buffers(sendbuf, recvbuf, counts, True)
+        send, recv, counts, displacements, _ = self._vector_buffers(sendbuf, recvbuf, counts,
+                                                                    True)
         if self.size == 1:
             recv[:] = send
             return _Request()
@@ -468,7 +520,8 @@ class Communicator:
         return self._start_allgatherv(sendbuf, recvbuf, counts, kind, blocking=False)
 
     def _start_reduce_scatter(self, sendbuf, recvbuf, counts, op, kind, blocking):
-        send, recv, counts, _ = self._vector_buffers(sendbuf, recvbuf, counts, False)
+        send, recv, counts, _, write_back = self._vector_buffers(sendbuf, recvbuf, counts,
+                                                                 False)
         mpi_op = self._op(op) if self.size > 1 else None
         if self.size == 1:
             if op not in _OPS:
@@ -481,8 +534,11 @@ class Communicator:
         if blocking:
             self._watched(f"Reduce_scatter ({kind!r})", self.mpi.Reduce_scatter, send, recv,
                           counts, op=mpi_op)
+            if write_back is not None:
+                write_back()
             return _Request()
-        return _Request(self.mpi.Ireduce_scatter(send, recv, counts, op=mpi_op), self, kind)
+        return _Request(self.mpi.Ireduce_scatter(send, recv, counts, op=mpi_op), self, kind,
+                        write_back)
 
     def Reduce_scatter(self, sendbuf, recvbuf, counts, op="sum", kind="reduce_scatter"):
         """Reduce every rank's ``sendbuf`` element-wise and leave block q of the result on

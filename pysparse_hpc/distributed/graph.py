@@ -13,7 +13,7 @@ from .._base import sparray
 from .._csr import csr_array
 from .._sputils import get_index_dtype
 from . import _plan
-from ._comm import _as_buffer, _Request, check_communicator, init
+from ._comm import _as_buffer, _is_bfloat16, _Request, check_communicator, init
 from .partition import Partition, _check_owner
 
 __all__ = ["DistGraph", "HaloPlan"]
@@ -111,7 +111,7 @@ class HaloPlan:
     def start_exchange(self, local):
         """Send the owned rows the peers need, receive the halo rows: a `_Pending` whose
         ``wait()`` returns the (n_halo, ...) halo array (a new NumPy array)."""
-        local = _as_buffer(local, "local rows")
+        local = _rows_buffer(local, "local rows")
         if local.shape[0] != self.n_local:
             raise ValueError(f"expected the {self.n_local} owned rows of this rank, got "
                              f"{local.shape[0]}")
@@ -130,7 +130,7 @@ class HaloPlan:
         """Send each halo row's value back to its owner: a `_Pending` whose ``wait()``
         returns a function ``add_into(local)`` that adds the received values into the owned
         rows (in place; the sum over peers is taken in rank order, so it is reproducible)."""
-        halo_values = _as_buffer(halo_values, "halo rows")
+        halo_values = _rows_buffer(halo_values, "halo rows")
         if halo_values.shape[0] != self.n_halo:
             raise ValueError(f"expected the {self.n_halo} halo rows of this rank, got "
                              f"{halo_values.shape[0]}")
@@ -149,6 +149,15 @@ class HaloPlan:
                 _add_rows(local, self.send_index[q], buffer)
             return local
         return _Pending(requests, halo_values, lambda: add_into)
+
+
+def _rows_buffer(rows, name):
+    """``rows`` as `_as_buffer` views them; the exchanged rows are NumPy arrays, which have no
+    bfloat16 (the communicator would move its bits as int16)."""
+    if _is_bfloat16(rows):
+        raise TypeError(f"{name} are bfloat16, which the halo exchange's NumPy arrays cannot "
+                        "hold; convert them to float32")
+    return _as_buffer(rows, name)
 
 
 def _add_rows(target, index, rows):

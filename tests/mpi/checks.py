@@ -202,6 +202,60 @@ def check_data_parallel_sparse():
     torch.optim.SparseAdam([model.table.weight]).step()
 
 
+def check_bfloat16():
+    """bfloat16 tensors, which MPI cannot add: moved bit for bit, summed in float32 and
+    rounded once (the same bits on every rank); `DataParallel` averages a bfloat16 model's
+    gradients."""
+    every = torch.stack([torch.tensor([0.1, -1.7, 3.3], dtype=torch.bfloat16) * (r + 1)
+                         for r in range(size)])
+    mine = every[rank]
+    comm.reset_stats()
+    summed = comm.Allreduce(mine.clone(), kind="bf16")
+    assert torch.equal(summed, every.float().sum(0).bfloat16()), (summed, every)
+    if size > 1:
+        assert comm.stats()["bf16"]["bytes_sent"] == 3 * 4  # float32 crossed
+    pending = mine.clone()
+    comm.Iallreduce(pending).wait()
+    assert torch.equal(pending, summed)
+    assert all(torch.equal(other, summed) for other in comm.allgather(summed))
+    assert torch.equal(comm.Allreduce(mine.clone(), "max"), every.max(0).values)
+    blocks = torch.arange(2 * size, dtype=torch.bfloat16) * 0.3 + rank
+    block = torch.empty(2, dtype=torch.bfloat16)
+    comm.Reduce_scatter(blocks, block, [2] * size)
+    expected = sum(torch.arange(2 * size).float() * 0.3 + r for r in range(size))
+    torch.testing.assert_close(block.float(), expected[2 * rank:2 * rank + 2], rtol=1e-2,
+                               atol=0)
+    gathered = torch.empty(2 * size, dtype=torch.bfloat16)
+    comm.Allgatherv(mine[:2], gathered, [2] * size)
+    assert torch.equal(gathered.view(size, 2), every[:, :2])
+    assert torch.equal(comm.Bcast(mine.clone()), every[0])
+
+    torch.manual_seed(rank)  # different weights: the broadcast makes them rank 0's
+    model = torch.nn.Linear(5, 2).to(torch.bfloat16)
+    wrapped = distributed.DataParallel(model, comm)
+    data = torch.randn(4 * size, 5, generator=torch.Generator().manual_seed(3))
+    rows = np.array_split(np.arange(4 * size), size)[rank]
+    wrapped(data[rows].bfloat16()).square().sum().backward()
+    grads = [model.weight.grad.clone(), model.bias.grad.clone()]
+    with wrapped.no_sync():
+        reference = on_root_then_broadcast(lambda: _bfloat16_reference(model, data, size))
+    for got, expected in zip(grads, reference):
+        assert got.dtype == torch.bfloat16
+        torch.testing.assert_close(got.float(), expected, rtol=2e-2, atol=1e-2)
+        assert all(torch.equal(other, got) for other in comm.allgather(got))
+
+
+def _bfloat16_reference(model, data, parts):
+    """The gradients of each rank's rows, taken apart in bfloat16, averaged in float32."""
+    grads = []
+    for rows in np.array_split(np.arange(len(data)), parts):
+        model.zero_grad(set_to_none=True)
+        model(data[rows].bfloat16()).square().sum().backward()
+        grads.append([model.weight.grad.float(), model.bias.grad.float()])
+    model.zero_grad(set_to_none=True)
+    return [sum(column) / parts for column in zip(*grads)]
+
+
 def _sparse_reference(model, tokens, target):
     model.zero_grad(set_to_none=True)
     torch.nn.functional.cross_entropy(model(tokens), target, reduction="sum").backward()
