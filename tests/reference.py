@@ -174,16 +174,25 @@ def reference_rabbit(neighbours):
 
 def reference_lion_agreement(directions, sizes, compression, step=0):
     """The update direction every rank of a compressed Lion step takes, from every rank's
-    ``c = beta1 m + (1 - beta1) g`` (``directions``: one flat float array per rank), with
-    per-coordinate Python loops: the majority of bit votes (c > 0 votes +1, ties give 0), the
-    sign of summed L1-scaled int8 levels (scaled per tensor of ``sizes``), or the 1-bit
-    pairwise combine (ties: +1 at coordinates i with i + step odd, -1 at the others) folded
-    and doubled as the library's 1-bit allreduce does."""
+    ``c = beta1 m + (1 - beta1) g`` (``directions``: one flat float array per rank, the
+    rank its index), with per-coordinate Python loops: the majority of bit votes (ties give
+    0), the sign of summed L1-scaled int8 levels (scaled per tensor of ``sizes``), or the
+    1-bit pairwise combine (ties: +1 at coordinates i with i + step odd, -1 at the others)
+    folded and doubled as the library's 1-bit allreduce does. A bit vote is +1 where c > 0,
+    and where c == 0 on rank r at the coordinates i with i + r + step odd. One rank takes
+    Lion's ``sign(c)`` in every mode."""
     ranks, size = len(directions), len(directions[0])
+    if ranks == 1:  # nothing to agree on: Lion's own sign(c)
+        return np.sign(np.asarray(directions[0], dtype=float))
+
+    def bit(c, i, r):
+        return 1 if c[i] > 0 or (c[i] == 0 and (i + r + step) % 2 == 1) else 0
+
+    bits = [[bit(c, i, r) for i in range(size)] for r, c in enumerate(directions)]
     agreed = np.zeros(size)
     if compression in ("signs", "votes"):
         for i in range(size):
-            plus = sum(1 for c in directions if c[i] > 0)
+            plus = sum(votes[i] for votes in bits)
             agreed[i] = np.sign(2 * plus - ranks)
         return agreed
     if compression == "int8":
@@ -201,7 +210,6 @@ def reference_lion_agreement(directions, sizes, compression, step=0):
     def combine(a, b):  # a tie gives +1 where i + step is odd, -1 elsewhere
         return [x if x == y else (i + step) % 2 for i, (x, y) in enumerate(zip(a, b))]
 
-    bits = [[1 if v > 0 else 0 for v in c] for c in directions]
     paired = 1
     while paired * 2 <= ranks:
         paired *= 2

@@ -21,7 +21,8 @@ def run_optim_checks(ranks, *names, timeout=300):
 @requires_mpi
 @pytest.mark.parametrize("ranks", [1, 2, 3])
 def test_lion_modes(ranks):
-    run_optim_checks(ranks, "lion_modes", "lion_unused_parameters")
+    run_optim_checks(ranks, "lion_modes", "lion_unused_parameters",
+                     "lion_rows_without_gradient")
 
 
 @requires_mpi

@@ -1,8 +1,11 @@
-"""asv benchmarks of the optimizer steps: Lion, `DistributedLion` on one rank in every
-compression, and K-FAC's preconditioning step.
+"""asv benchmarks of the optimizer steps: Lion, `DistributedLion` in every compression, and
+K-FAC's preconditioning step.
 
-One rank runs the whole vote path (packing, the majority, the update) without MPI, so these
-time the compute a compressed step adds, the figure that bounds its projected speed-up on slow
+`DistributedLion` runs as rank 0 of two whose partner sends what it sends (`AgreeingPartner`,
+no MPI): the whole vote path (packing, the collective's arithmetic, the majority, the update)
+in one process (a real one-rank job takes Lion's step in every mode, having nothing to
+compress). These time the compute a compressed step adds, the figure that bounds its
+projected speed-up on slow
 links (``python -m pysparse_hpc.bench lion``, which runs the peers, ``lion-pytorch`` and ASDL
 among them). The model is the one of that command: a 64-1024-1024-10 MLP, 1,126,410
 parameters, with a fixed gradient. K-FAC preconditions the 784-256-128-10 MLP of ``python -m
@@ -25,8 +28,27 @@ def _mlp(torch, widths):
     return torch.nn.Sequential(*layers[:-1])
 
 
+class AgreeingPartner:
+    """Rank 0 of a two-rank communicator whose other rank sends what this one sends."""
+    rank, size = 0, 2
+
+    def Allreduce(self, buffer, op="sum", kind=None):
+        if op == "sum":
+            buffer *= 2
+        return buffer
+
+    def Allgatherv(self, sendbuf, recvbuf, counts, kind=None):
+        recvbuf.reshape(2, -1)[:] = sendbuf
+        return recvbuf
+
+    def Sendrecv(self, sendbuf, dest, recvbuf, source, tag=0, kind=None):
+        recvbuf[:] = sendbuf
+        return recvbuf
+
+
 class LionStep:
-    """One `Lion.step`, or one `DistributedLion.step` on one rank, on fixed gradients."""
+    """One `Lion.step`, or one `DistributedLion.step` as rank 0 of two, on fixed
+    gradients."""
 
     params = [["lion"] + COMPRESSIONS]
     param_names = ["optimizer"]
@@ -42,9 +64,10 @@ class LionStep:
         settings = dict(lr=1e-4, weight_decay=0.1)
         if optimizer == "lion":
             self.optimizer = Lion(model.parameters(), **settings)
-        else:  # one rank never synchronises momenta: "local" says so
-            self.optimizer = DistributedLion(model.parameters(), compression=optimizer,
-                                             momentum_sync="local", **settings)
+        else:  # the momentum syncs are full allreduces, timed apart: "local" leaves them out
+            self.optimizer = DistributedLion(model.parameters(), comm=AgreeingPartner(),
+                                             compression=optimizer, momentum_sync="local",
+                                             **settings)
         for _ in range(WARMUP_STEPS):
             self.optimizer.step()
 

@@ -8,9 +8,15 @@ reads or `directions` expands. One pass of a Numba kernel each
 (`pysparse_hpc.kernels.cpu.votes`). The collectives themselves are `DistributedLion`'s; tests
 compare these against plain loops.
 
-Votes are bits: a coordinate votes +1 where ``c > 0`` and -1 elsewhere (a bit cannot say 0).
+Votes are bits: a coordinate votes +1 where ``c > 0`` and -1 where ``c < 0`` (or ``c`` is not
+a number). A bit cannot say 0, so where ``c`` is exactly 0 (a parameter with no gradient yet:
+an embedding row nobody looked up, a dead unit) the ranks split their votes
+(`zero_vote_parity`): half vote +1 and half -1, by the parity of coordinate, rank and step.
 The majority of ``P`` ranks of which ``s`` vote +1 is ``sign(2 s - P)``: 0 on a tie, which only
-an even ``P`` can have, so a tied coordinate does not move.
+an even ``P`` can have, so a tied coordinate does not move. A coordinate whose ``c`` is 0 on
+every rank is such a tie on an even number of ranks and stays, as Lion's ``sign(0) = 0``
+leaves it; on an odd number it moves up and down on alternate steps, never drifting one way
+(where always voting -1 would move it down by ``lr`` at every step).
 """
 import functools
 
@@ -18,10 +24,19 @@ import numpy as np
 
 from ..kernels.cpu import votes as _kernels
 
-__all__ = ["vote_base", "vote_digits", "sign_bytes", "digit_words", "masks", "directions",
-           "plain_operands", "pack_signs", "add_sign_bits", "signs_majority", "signs_as_masks",
-           "pack_vote_digits", "add_vote_digits", "vote_digits_majority", "int8_levels",
-           "add_int8_levels", "quantize_int8", "levels_as_masks", "combine_one_bit", "tie_mask"]
+__all__ = ["zero_vote_parity", "vote_base", "vote_digits", "sign_bytes", "digit_words", "masks",
+           "directions", "plain_operands", "pack_signs", "add_sign_bits", "signs_majority",
+           "signs_as_masks", "pack_vote_digits", "add_vote_digits", "vote_digits_majority",
+           "int8_levels", "add_int8_levels", "quantize_int8", "levels_as_masks", "combine_one_bit",
+           "tie_mask"]
+
+
+def zero_vote_parity(rank, step):
+    """The ``zero_parity`` with which rank ``rank`` packs its votes at step ``step``: where its
+    ``c`` is exactly 0, coordinate ``i`` votes +1 if ``i + zero_parity`` is odd. The ranks of
+    one step alternate, so on ``2 k`` ranks ``k`` vote +1; the step alternates it too, so on
+    an odd number of ranks the coordinates that are 0 everywhere take turns."""
+    return (int(rank) + int(step)) & 1
 
 
 def tie_mask(step):
@@ -103,18 +118,19 @@ def plain_operands(direction):
     return direction, np.zeros_like(direction), one, one - one
 
 
-def add_sign_bits(out, start, momentum, grad, beta1, rest1):
-    """Add one tensor's votes ``beta1 m + rest1 g > 0`` to the packed sign bits ``out``
-    (uint8, zeroed, `sign_bytes` of the whole vote) from coordinate ``start`` on. The four
-    operands are flat arrays and scalars of one float dtype."""
-    _kernels.pack_sign_bits(momentum, grad, beta1, rest1, out, int(start))
+def add_sign_bits(out, start, momentum, grad, beta1, rest1, zero_parity=0):
+    """Add one tensor's votes on ``c = beta1 m + rest1 g`` (1 where ``c > 0``; where
+    ``c == 0``, 1 at the coordinates ``i`` with ``i + zero_parity`` odd) to the packed sign
+    bits ``out`` (uint8, zeroed, `sign_bytes` of the whole vote) from coordinate ``start``
+    on. The four operands are flat arrays and scalars of one float dtype."""
+    _kernels.pack_sign_bits(momentum, grad, beta1, rest1, out, int(start), int(zero_parity))
 
 
-def pack_signs(direction):
-    """One bit per coordinate, 1 where ``direction > 0``, eight to a byte (NumPy's bit order):
-    `sign_bytes` uint8."""
+def pack_signs(direction, zero_parity=0):
+    """One bit per coordinate, as `add_sign_bits` votes on ``c = direction``, eight to a
+    byte (NumPy's bit order): `sign_bytes` uint8."""
     out = np.zeros(sign_bytes(direction.size), dtype=np.uint8)
-    add_sign_bits(out, 0, *plain_operands(direction))
+    add_sign_bits(out, 0, *plain_operands(direction), zero_parity)
     return out
 
 
@@ -170,21 +186,22 @@ def _majority_patterns(ranks):
     return patterns
 
 
-def add_vote_digits(out, start, ranks, momentum, grad, beta1, rest1):
-    """Add one tensor's votes ``beta1 m + rest1 g > 0`` (in {0, 1}) to the packed vote digits
-    ``out`` (uint64, zeroed, `digit_words` of the whole vote) from coordinate ``start`` on:
-    coordinate ``i`` is digit ``i % k`` of word ``i // k`` (``k = vote_digits(ranks)``), so
-    an integer SUM allreduce of the words counts the votes."""
+def add_vote_digits(out, start, ranks, momentum, grad, beta1, rest1, zero_parity=0):
+    """Add one tensor's votes (in {0, 1}, as `add_sign_bits` casts them) to the packed vote
+    digits ``out`` (uint64, zeroed, `digit_words` of the whole vote) from coordinate
+    ``start`` on: coordinate ``i`` is digit ``i % k`` of word ``i // k``
+    (``k = vote_digits(ranks)``), so an integer SUM allreduce of the words counts the
+    votes."""
     _kernels.pack_vote_digits(momentum, grad, beta1, rest1, _digit_powers(int(ranks)), out,
-                              int(start))
+                              int(start), int(zero_parity))
 
 
-def pack_vote_digits(direction, ranks):
-    """Votes in {0, 1} (1 where ``direction > 0``) as digits of base `vote_base`,
-    `vote_digits` to a uint64 word: `digit_words` words, summed by an integer allreduce as
-    they are."""
+def pack_vote_digits(direction, ranks, zero_parity=0):
+    """Votes in {0, 1} on ``c = direction`` (as `add_sign_bits` casts them) as digits of
+    base `vote_base`, `vote_digits` to a uint64 word: `digit_words` words, summed by an
+    integer allreduce as they are."""
     out = np.zeros(digit_words(direction.size, ranks), dtype=np.uint64)
-    add_vote_digits(out, 0, ranks, *plain_operands(direction))
+    add_vote_digits(out, 0, ranks, *plain_operands(direction), zero_parity)
     return out
 
 

@@ -30,8 +30,15 @@ communicator counts them (`bytes_per_step`), for ``d`` coordinates on ``P`` rank
 
 The majority of ``s`` votes of +1 among ``P`` is ``sign(2 s - P)``; a tie (even ``P``) leaves
 the coordinate where it is, apart from weight decay. A bit cannot say 0, so in ``signs``,
-``votes`` and ``1bit`` a coordinate whose ``c = beta1 m + (1 - beta1) g`` is exactly zero votes
--1.
+``votes`` and ``1bit`` the ranks split their votes where ``c = beta1 m + (1 - beta1) g`` is
+exactly zero (a parameter no gradient has reached yet, such as an embedding row nobody looked
+up), half +1 and half -1 by the parity of coordinate, rank and step
+(`pysparse_hpc.optim._votes.zero_vote_parity`). Such a coordinate, zero on every rank, ties and
+stays on an even number of ranks, as Lion leaves it; on an odd number (and in ``1bit``, whose
+result has no 0) it moves up and down on alternate steps instead of drifting one way.
+
+On one rank nothing crosses a network and nothing is compressed: every mode takes `Lion`'s
+step, to the bit.
 
 The ranks first agree on which parameters take part (a MAX allreduce of one byte per parameter
 tensor, traffic kind `PARTICIPATION_KIND`, on more than one rank): those with a gradient on
@@ -184,7 +191,9 @@ class DistributedLion(Lion):
                 loss = closure()
         entries = self._taking_part()
         if entries:
-            if self.compression == "none":
+            if self.comm.size == 1:
+                self._step_alone(entries)
+            elif self.compression == "none":
                 self._step_on_reduced_gradients(entries)
             else:
                 self._step_on_votes(entries)
@@ -207,6 +216,11 @@ class DistributedLion(Lion):
                     param.grad = torch.zeros_like(param)
                 taking_part.append((group, param))
         return taking_part
+
+    def _step_alone(self, entries):
+        for group, param in entries:
+            lion_step(param, self.momentum(param), param.grad, group["lr"],
+                      group["weight_decay"], *group["betas"])
 
     def _step_on_reduced_gradients(self, entries):
         # A sparse gradient (an Embedding's) is summed densely: the ranks' rows differ.
@@ -240,17 +254,20 @@ class DistributedLion(Lion):
             direction = direction.float()  # exact, so the int8 levels are c's own
         return _votes.plain_operands(direction.numpy())
 
-    def _pack(self, entries, add, out, *args):
+    def _pack(self, entries, add, out, *args, zero_parity=None):
         """``out`` with every entry's vote added by ``add(out, start, *args, *operands)``
-        (`_votes.add_sign_bits`, ``add_vote_digits`` or ``add_int8_levels``) at its offset."""
+        (`_votes.add_sign_bits`, ``add_vote_digits`` or ``add_int8_levels``) at its offset,
+        ``zero_parity`` last where the format casts zeros by it."""
+        last = () if zero_parity is None else (zero_parity,)
         for group, param, start in _with_offsets(entries):
-            add(out, start, *args, *self._vote_operands(group, param))
+            add(out, start, *args, *self._vote_operands(group, param), *last)
         return out
 
     def _agree(self, entries):
         """The agreed update's `_votes.masks` from this rank's votes."""
         comm, ranks = self.comm, self.comm.size
         size = sum(param.numel() for _, param in entries)
+        zero_parity = _votes.zero_vote_parity(comm.rank, self.steps_taken)
         if self.compression == "int8":
             levels = self._pack(entries, _votes.add_int8_levels,
                                 np.empty(size, dtype=np.int8), ranks)
@@ -258,17 +275,18 @@ class DistributedLion(Lion):
             return _votes.levels_as_masks(levels)
         if self.compression == "votes":
             words = self._pack(entries, _votes.add_vote_digits,
-                               np.zeros(_votes.digit_words(size, ranks), dtype=np.uint64), ranks)
+                               np.zeros(_votes.digit_words(size, ranks), dtype=np.uint64), ranks,
+                               zero_parity=zero_parity)
             comm.Allreduce(words, "sum", kind=VOTE_KIND)
             return _votes.vote_digits_majority(words, ranks, size)
         packed = self._pack(entries, _votes.add_sign_bits,
-                            np.zeros(_votes.sign_bytes(size), dtype=np.uint8))
+                            np.zeros(_votes.sign_bytes(size), dtype=np.uint8),
+                            zero_parity=zero_parity)
         if self.compression == "signs":
             gathered = np.empty((ranks, packed.size), dtype=np.uint8)
             comm.Allgatherv(packed, gathered, [packed.size] * ranks, kind=VOTE_KIND)
             return _votes.signs_majority(gathered, size)
-        if ranks > 1:
-            packed = _one_bit_allreduce(comm, packed, VOTE_KIND, self.steps_taken)
+        packed = _one_bit_allreduce(comm, packed, VOTE_KIND, self.steps_taken)
         return _votes.signs_as_masks(packed, size)
 
     def _apply_agreed(self, group, param, plus, minus, start):

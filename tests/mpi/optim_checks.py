@@ -113,6 +113,40 @@ def check_lion_modes():
                 torch.testing.assert_close(params, reference, rtol=1e-10, atol=1e-12)
 
 
+def check_lion_rows_without_gradient():
+    """An ``Embedding(sparse=True)`` looked up alike on every rank: the rows looked up step
+    as one process's Lion, and a row no gradient has reached (c exactly 0 everywhere) does
+    not drift. In the sign formats the ranks split their votes there: on an even number of
+    ranks the vote ties and the row stays, as with Lion; on an odd number, and in ``1bit``
+    (which cannot say 0), it moves up and down on alternate steps."""
+    def steps_of(optimizer_for, steps):
+        torch.manual_seed(0)
+        table = torch.nn.Embedding(12, 3, sparse=True).double()
+        optimizer = optimizer_for(table.parameters())
+        for step in range(steps):
+            optimizer.zero_grad()
+            table(torch.tensor([1, 3, 3, 5 + step])).pow(2).sum().backward()
+            optimizer.step()
+        return table.weight.detach()
+
+    start = steps_of(lambda params: Lion(params, lr=LR), 0)
+    for steps in (4, 5):
+        lion = steps_of(lambda params: Lion(params, lr=LR), steps)
+        never = slice(5 + steps, None)  # rows 5 + steps.. were never looked up
+        for compression in COMPRESSIONS:
+            got = steps_of(lambda params: DistributedLion(params, comm, lr=LR,
+                                                          compression=compression), steps)
+            label = f"{compression}, {steps} steps"
+            torch.testing.assert_close(got[[1, 3]], lion[[1, 3]], rtol=0, atol=1e-12,
+                                       msg=label)
+            stays = (compression in ("none", "int8") or size == 1 or steps % 2 == 0
+                     or (size % 2 == 0 and compression != "1bit"))
+            moved = (got[never] - start[never]).abs()
+            expected = 0.0 if stays else LR
+            assert torch.allclose(moved, torch.full_like(moved, expected), rtol=0,
+                                  atol=1e-12), (label, moved)
+
+
 def _heads_model():
     torch.manual_seed(0)
     return torch.nn.ModuleDict({

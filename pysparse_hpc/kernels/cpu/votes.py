@@ -7,6 +7,8 @@ kernels (sign bits, vote digits, int8 levels) read the momentum and the gradient
 coordinate ``start`` of the whole vote; a tensor that begins or ends inside a byte or a word
 adds its bits to what its neighbour left there, so the bit and digit outputs start zeroed
 (int8 levels are written, a byte each). A plain vector ``c`` packs as ``(c, zeros, 1, 0)``.
+A bit cannot say 0: where ``c`` is exactly 0 the bit follows the parity of the coordinate
+plus ``zero_parity`` (`pysparse_hpc.optim._votes.zero_vote_parity` splits the ranks' votes).
 
 The agreed update is kept as two bit masks, ``plus`` and ``minus`` (uint64 words; coordinate
 ``i`` is bit ``(i % 64) ^ 7`` of word ``i // 64``, the little-endian words of NumPy's packed
@@ -35,9 +37,18 @@ def _interpolation(momentum, grad, i, beta1, rest1):
 
 
 @njit(inline="always", **_JIT)
-def _votes_plus(momentum, grad, i, beta1, rest1):
-    """Rank's vote at coordinate ``i``: True where ``beta1 m + rest1 g > 0``."""
-    return _interpolation(momentum, grad, i, beta1, rest1) > 0
+def _votes_plus(momentum, grad, i, beta1, rest1, zero_plus):
+    """Rank's vote at coordinate ``i``: True where ``beta1 m + rest1 g > 0``, and where it
+    is exactly 0 and ``zero_plus`` (the zero-vote parity of the coordinate)."""
+    direction = _interpolation(momentum, grad, i, beta1, rest1)
+    return direction > 0 or (direction == 0 and zero_plus)
+
+
+@njit(inline="always", **_JIT)
+def _zero_plus(index, zero_parity):
+    """Whether a zero ``c`` votes +1 at coordinate ``index`` of the whole vote: where
+    ``index + zero_parity`` is odd."""
+    return ((index + zero_parity) & 1) == 1
 
 
 @njit(inline="always", **_JIT)
@@ -47,45 +58,48 @@ def _mask_bit(index):
 
 
 @njit(inline="always", **_JIT)
-def _add_sign_bit(momentum, grad, i, beta1, rest1, out, index):
-    if _votes_plus(momentum, grad, i, beta1, rest1):
+def _add_sign_bit(momentum, grad, i, beta1, rest1, out, index, zero_parity):
+    if _votes_plus(momentum, grad, i, beta1, rest1, _zero_plus(index, zero_parity)):
         out[index >> 3] |= np.uint8(1 << (7 - (index & 7)))
 
 
 @njit(**_JIT)
-def pack_sign_bits(momentum, grad, beta1, rest1, out, start):
-    """Votes ``c > 0`` of one tensor as bits of ``out`` (uint8) from coordinate ``start`` on,
-    NumPy's order (coordinate ``k`` in bit ``7 - k % 8`` of byte ``k // 8``)."""
+def pack_sign_bits(momentum, grad, beta1, rest1, out, start, zero_parity):
+    """Votes of one tensor as bits of ``out`` (uint8) from coordinate ``start`` on, NumPy's
+    order (coordinate ``k`` in bit ``7 - k % 8`` of byte ``k // 8``): 1 where ``c > 0``, and
+    where ``c == 0`` and ``k + zero_parity`` is odd."""
     size = momentum.size
     i = 0
     while i < size and (start + i) & 63:  # bytes shared with the tensor before, or short
-        _add_sign_bit(momentum, grad, i, beta1, rest1, out, start + i)
+        _add_sign_bit(momentum, grad, i, beta1, rest1, out, start + i, zero_parity)
         i += 1
     # 64 coordinates to a register (an OR reduction, which vectorises), stored as 8 bytes.
+    # A word starts at a multiple of 64, so coordinate first + j has the parity of j.
     whole = i + (size - i) // 64 * 64
     for first in range(i, whole, 64):
         word = np.uint64(0)
         for j in range(64):
-            word |= np.uint64(_votes_plus(momentum, grad, first + j, beta1,
-                                          rest1)) << _mask_bit(j)
+            word |= np.uint64(_votes_plus(momentum, grad, first + j, beta1, rest1,
+                                          _zero_plus(j, zero_parity))) << _mask_bit(j)
         byte = (start + first) >> 3
         for k in range(8):
             out[byte + k] = np.uint8((word >> np.uint64(8 * k)) & np.uint64(255))
     for i in range(whole, size):  # bytes shared with the tensor after
-        _add_sign_bit(momentum, grad, i, beta1, rest1, out, start + i)
+        _add_sign_bit(momentum, grad, i, beta1, rest1, out, start + i, zero_parity)
 
 
 @njit(**_JIT)
-def pack_vote_digits(momentum, grad, beta1, rest1, powers, out, start):
-    """Votes ``c > 0`` of one tensor as digits of ``out`` (uint64) from coordinate ``start``
-    on: coordinate ``k`` adds ``powers[k % K]`` to word ``k // K`` (``K = powers.size``)."""
+def pack_vote_digits(momentum, grad, beta1, rest1, powers, out, start, zero_parity):
+    """Votes of one tensor (as `pack_sign_bits` casts them) as digits of ``out`` (uint64)
+    from coordinate ``start`` on: coordinate ``k`` adds ``powers[k % K]`` to word ``k // K``
+    (``K = powers.size``) where it votes +1."""
     digits = powers.size
     size = momentum.size
     word = start // digits
     digit = start - word * digits
     i = 0
     while i < size and digit:  # a word shared with the tensor before
-        if _votes_plus(momentum, grad, i, beta1, rest1):
+        if _votes_plus(momentum, grad, i, beta1, rest1, _zero_plus(start + i, zero_parity)):
             out[word] += powers[digit]
         i += 1
         digit += 1
@@ -95,13 +109,15 @@ def pack_vote_digits(momentum, grad, beta1, rest1, powers, out, start):
     while i + digits <= size:
         packed = np.uint64(0)
         for j in range(digits):
-            plus = _votes_plus(momentum, grad, i + j, beta1, rest1)
+            plus = _votes_plus(momentum, grad, i + j, beta1, rest1,
+                               _zero_plus(start + i + j, zero_parity))
             packed += powers[j] if plus else np.uint64(0)
         out[word] = packed
         i += digits
         word += 1
     for j in range(size - i):  # a word shared with the tensor after
-        if _votes_plus(momentum, grad, i + j, beta1, rest1):
+        if _votes_plus(momentum, grad, i + j, beta1, rest1,
+                       _zero_plus(start + i + j, zero_parity)):
             out[word] += powers[j]
 
 
