@@ -230,7 +230,7 @@ def run_train(args, out=None):
     out = sys.stdout if out is None else out
     from . import set_num_threads
     from .distributed import init
-    from .distributed._comm import raised_on_every_rank
+    from .distributed._comm import launched_rank, raised_on_every_rank
     from .distributed.training import train
 
     # Under mpiexec: a rank that raises ends the job with its message, and with a timeout so
@@ -238,7 +238,8 @@ def run_train(args, out=None):
     try:
         comm = init(timeout=args.timeout)
     except ValueError as exc:  # a bad PYSPARSE_HPC_COMM_TIMEOUT: the same on every rank
-        _train_error(exc)
+        if launched_rank() == 0:
+            _train_error(exc)
         return 2
     if comm.size > 1:
         # A rank killed outright (SIGKILL, the OOM killer) cannot say who it was, and MPICH's

@@ -100,6 +100,16 @@ def test_init_without_mpi4py(monkeypatch):
         distributed.init()
 
 
+def test_launched_rank_is_read_from_the_launchers_environment(monkeypatch):
+    for name in _comm._RANK_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    assert _comm.launched_rank() == 0
+    monkeypatch.setenv("OMPI_COMM_WORLD_RANK", "3")
+    assert _comm.launched_rank() == 3
+    monkeypatch.setenv("PMI_RANK", "1")  # MPICH's, read first
+    assert _comm.launched_rank() == 1
+
+
 def test_timeout_is_checked_and_read_from_the_environment(monkeypatch):
     comm = Communicator(None)
     assert comm.timeout is None

@@ -161,6 +161,16 @@ def test_train_command_reports_a_missing_file_on_every_rank():
 
 
 @requires_mpi
+def test_train_command_reports_a_bad_timeout_variable_once():
+    status, out, err, seconds = run_mpi(2, "-m", "pysparse_hpc", "train", "--epochs", "1",
+                                        "--no-progress", timeout=120,
+                                        env={"PYSPARSE_HPC_COMM_TIMEOUT": "soon"})
+    assert status == 2, (status, err[-3000:])
+    assert err.count("PYSPARSE_HPC_COMM_TIMEOUT must be a number of seconds > 0") == 1, err
+    assert "Traceback" not in err
+
+
+@requires_mpi
 @pytest.mark.parametrize("ranks", [2, 3])
 def test_checkpoints_save_fall_back_and_reload_at_another_size(ranks):
     """Asynchronous per-rank checkpoints: bit-exact reload, one rank's corrupt shard makes every

@@ -39,6 +39,8 @@ _OPS = ("sum", "max", "min", "land", "lor", "band", "bor")
 # MPI, PMIx launchers, Slurm's srun), read only to name mpi4py when it is missing.
 _SIZE_VARIABLES = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "MPI_LOCALNRANKS",
                    "SLURM_NTASKS")
+# ... and this process's rank, read only where no communicator exists yet.
+_RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID")
 
 _WORLD = None
 _WORLD_LOCK = threading.Lock()
@@ -54,6 +56,16 @@ def launched_ranks():
         if value is not None and value.strip().isdigit():
             return max(1, int(value))
     return 1
+
+
+def launched_rank():
+    """This process's rank as a launcher announced it in the environment (0 when none did):
+    for what must be said once before a communicator exists."""
+    for name in _RANK_VARIABLES:
+        value = os.environ.get(name)
+        if value is not None and value.strip().isdigit():
+            return int(value)
+    return 0
 
 
 def mpiexec_path():
