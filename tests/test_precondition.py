@@ -841,7 +841,8 @@ def test_load_state_dict_checks():
         other.load_state_dict(bad)
     bad = copy.deepcopy(state)
     del bad["factors"]["2"]
-    with pytest.raises(ValueError, match="modules"):
+    with pytest.raises(ValueError, match=r"holds the modules \['0', '4'\], this maker the "
+                                         r"modules \['0', '2', '4'\]"):
         other.load_state_dict(bad)
     with pytest.raises(ValueError, match="fisher_type"):
         other.load_state_dict({**state, "fisher_type": "fisher_mc"})

@@ -589,7 +589,11 @@ def test_load_state_dict_checks():
         target.load_state_dict(bad)
     bad = copy.deepcopy(state)
     del bad["parameters"]["4.bias"]
-    with pytest.raises(ValueError, match="parameters"):
+    with pytest.raises(ValueError, match=r"holds the parameters \['0.bias', .*\], this maker "
+                                         r"the parameters \[.*'4.bias'"):
+        target.load_state_dict(bad)
+    bad["parameters"] = ["0.weight"]
+    with pytest.raises(ValueError, match="holds the parameters list"):
         target.load_state_dict(bad)
     with pytest.raises(ValueError, match="from ShampooGradientMaker, expected Jorge"):
         P.JorgeGradientMaker(mlp(), P.PreconditioningConfig()).load_state_dict(state)

@@ -690,6 +690,35 @@ class PreconditionedGradientMaker:
         """Restore a ``state_dict()`` (also ASDL's, which holds only the step)."""
         self.state["step"] = self._loaded_step(state_dict)
 
+    def _loaded_entries(self, state_dict, holds, settings, names, of):
+        """The checked step and per-entry state of one of our ``state_dict()`` (under
+        `_entries_key`), or None for the entries of an ASDL state dict (the step alone: it is
+        restored, with a warning naming what is missing, ``holds``).
+
+        ``settings`` maps each setting the state depends on (the Fisher type, the grafting)
+        to this maker's value, and ``names`` lists the entries expected (``of``: what they
+        name, modules or parameters); a state dict that differs in either is refused with a
+        ``ValueError`` before anything changes.
+        """
+        step = self._loaded_step(state_dict)
+        key = self._entries_key
+        if key not in state_dict:
+            self.state["step"] = step
+            warnings.warn(f"state_dict holds no {holds} (an ASDL state_dict?): only the step is "
+                          "restored", UserWarning, stacklevel=3)
+            return step, None
+        for setting, mine in settings.items():
+            saved = state_dict.get(setting, mine)
+            if saved != mine:
+                raise ValueError(f"state_dict is for {setting}={saved!r}, this maker uses "
+                                 f"{setting}={mine!r}")
+        entries = state_dict[key]
+        if not isinstance(entries, dict) or set(entries) != set(names):
+            found = sorted(entries) if isinstance(entries, dict) else type(entries).__name__
+            raise ValueError(f"state_dict holds the {of} {found}, this maker the {of} "
+                             f"{sorted(names)}")
+        return step, entries
+
     def _loaded_step(self, state_dict):
         """The step of ``state_dict``, checked (with its maker class); nothing is assigned, so
         a subclass can check the rest before it changes anything."""

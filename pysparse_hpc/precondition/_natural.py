@@ -400,20 +400,11 @@ class NaturalGradientMaker(PreconditionedGradientMaker):
         Raises ``ValueError`` when the modules, the keys, the shapes or the Fisher type differ,
         and then changes nothing.
         """
-        step = self._loaded_step(state_dict)
-        if "factors" not in state_dict:
-            self.state["step"] = step
-            warnings.warn("state_dict holds no curvature (an ASDL state_dict?): only the step "
-                          "is restored", UserWarning, stacklevel=2)
+        step, saved = self._loaded_entries(state_dict, "curvature",
+                                           {"fisher_type": self.fisher_type}, self._modules,
+                                           "modules")
+        if saved is None:
             return
-        fisher_type = state_dict.get("fisher_type", self.fisher_type)
-        if fisher_type != self.fisher_type:
-            raise ValueError(f"state_dict is for fisher_type {fisher_type!r}, this maker uses "
-                             f"{self.fisher_type!r}")
-        saved = state_dict["factors"]
-        if set(saved) != set(self._modules):
-            raise ValueError(f"state_dict has factors for modules {sorted(saved)}, expected "
-                             f"{sorted(self._modules)}")
         restored = {}
         for name, entry in saved.items():
             expected = self._expected_shapes(name)

@@ -473,21 +473,12 @@ class RootGradientMaker(PreconditionedGradientMaker):
         Raises ``ValueError`` when the parameters, the blocks, the keys, the shapes or the
         grafting differ, and then changes nothing.
         """
-        step = self._loaded_step(state_dict)
-        if "parameters" not in state_dict:
-            self.state["step"] = step
-            warnings.warn("state_dict holds no statistics (an ASDL state_dict?): only the step "
-                          "is restored", UserWarning, stacklevel=2)
+        step, saved = self._loaded_entries(state_dict, "statistics",
+                                           {"grafting": self.grafting},
+                                           list(self._matrices) + list(self._vectors),
+                                           "parameters")
+        if saved is None:
             return
-        grafting = state_dict.get("grafting", self.grafting)
-        if grafting != self.grafting:
-            raise ValueError(f"state_dict is for grafting={grafting!r}, this maker uses "
-                             f"grafting={self.grafting!r}")
-        saved = state_dict["parameters"]
-        expected = set(self._matrices) | set(self._vectors)
-        if set(saved) != expected:
-            raise ValueError(f"state_dict has parameters {sorted(saved)}, expected "
-                             f"{sorted(expected)}")
         blocks, adagrad = {}, {}
         for name, entry in saved.items():
             unknown = set(entry) - {"blocks", "adagrad"}
