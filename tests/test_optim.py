@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from pysparse_hpc.bench._agreeing_partner import AgreeingPartner
 from pysparse_hpc.optim import COMPRESSIONS, DistributedLion, Lion, bytes_per_step
 from pysparse_hpc.optim import _votes
 
@@ -353,8 +354,8 @@ def test_distributed_lion_tensor_operations_equal_the_kernels(compression):
     half = torch.nn.Parameter(torch.randn(70).half())  # starts at coordinate 48, mid-word
     before = half.detach().clone()
     settings = dict(lr=1e-2, weight_decay=0.1, compression=compression)
-    optimizers = [DistributedLion(plain, comm=_AgreeingComm(), **settings),
-                  DistributedLion(strided + [half], comm=_AgreeingComm(), **settings)]
+    optimizers = [DistributedLion(plain, comm=AgreeingPartner(), **settings),
+                  DistributedLion(strided + [half], comm=AgreeingPartner(), **settings)]
     for _ in range(4):
         grads = torch.randn(13), torch.randn(5, 7)
         for params in (plain, strided):
@@ -367,25 +368,6 @@ def test_distributed_lion_tensor_operations_equal_the_kernels(compression):
     for mine, theirs in zip(plain, strided):
         assert torch.equal(mine, theirs)
     assert not torch.equal(half, before)
-
-
-class _AgreeingComm:
-    """Rank 0 of two, whose partner sends what this rank sends: the vote formats' whole path
-    (packing, the collective's arithmetic, the majority, the update) in one process."""
-    rank, size = 0, 2
-
-    def Allreduce(self, buffer, op="sum", kind=None):
-        if op == "sum":
-            buffer *= 2
-        return buffer
-
-    def Allgatherv(self, sendbuf, recvbuf, counts, kind=None):
-        recvbuf.reshape(2, -1)[:] = sendbuf
-        return recvbuf
-
-    def Sendrecv(self, sendbuf, dest, recvbuf, source, tag=0, kind=None):
-        recvbuf[:] = sendbuf
-        return recvbuf
 
 
 class _TwinComm:
@@ -485,3 +467,21 @@ def test_train_command_with_lion(capsys):
         with pytest.raises(SystemExit):
             main(["train", "--no-progress", *bad])
     assert "need --optimizer lion" in capsys.readouterr().err
+
+
+def test_asv_lion_benchmark_times_the_vote_path(monkeypatch):
+    """The asv benchmark of `DistributedLion` runs each mode as rank 0 of two (a one-rank
+    job would take Lion's step and time nothing of the votes)."""
+    from pathlib import Path
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "asv_bench"))
+    from benchmarks.bench_optim import COMPRESSIONS as TIMED, LionStep
+    assert list(TIMED) == list(COMPRESSIONS)
+    for compression in ("votes", "1bit"):
+        benchmark = LionStep()
+        benchmark.setup(compression)
+        before = [p.detach().clone() for p in benchmark.optimizer.param_groups[0]["params"]]
+        benchmark.time_step(compression)
+        assert benchmark.optimizer.comm.size == 2
+        assert benchmark.optimizer.steps_taken == 3  # the warm-up steps and the timed one
+        assert any(not torch.equal(b, p) for b, p in
+                   zip(before, benchmark.optimizer.param_groups[0]["params"]))

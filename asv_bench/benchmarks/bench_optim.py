@@ -1,14 +1,14 @@
 """asv benchmarks of the optimizer steps: Lion, `DistributedLion` in every compression, and
 K-FAC's preconditioning step.
 
-`DistributedLion` runs as rank 0 of two whose partner sends what it sends (`AgreeingPartner`,
-no MPI): the whole vote path (packing, the collective's arithmetic, the majority, the update)
-in one process (a real one-rank job takes Lion's step in every mode, having nothing to
-compress). These time the compute a compressed step adds, the figure that bounds its
-projected speed-up on slow
-links (``python -m pysparse_hpc.bench lion``, which runs the peers, ``lion-pytorch`` and ASDL
-among them). The model is the one of that command: a 64-1024-1024-10 MLP, 1,126,410
-parameters, with a fixed gradient. K-FAC preconditions the 784-256-128-10 MLP of ``python -m
+`DistributedLion` runs as rank 0 of two whose partner sends what it sends
+(`pysparse_hpc.bench._agreeing_partner.AgreeingPartner`, no MPI): the whole vote path
+(packing, the collective's arithmetic, the majority, the update) in one process, where a real
+one-rank job takes Lion's step in every mode, having nothing to compress. These time the
+compute a compressed step adds, the figure that bounds its projected speed-up on slow links
+(``python -m pysparse_hpc.bench lion``, which runs the peers, ``lion-pytorch`` and ASDL among
+them). The model is the one of that command: a 64-1024-1024-10 MLP, 1,126,410 parameters,
+with a fixed gradient. K-FAC preconditions the 784-256-128-10 MLP of ``python -m
 pysparse_hpc.bench precondition`` on a batch of 128, with curvature and inverses every step.
 ``setup`` takes untimed steps first, so kernels are compiled (or loaded from their cache).
 """
@@ -28,24 +28,6 @@ def _mlp(torch, widths):
     return torch.nn.Sequential(*layers[:-1])
 
 
-class AgreeingPartner:
-    """Rank 0 of a two-rank communicator whose other rank sends what this one sends."""
-    rank, size = 0, 2
-
-    def Allreduce(self, buffer, op="sum", kind=None):
-        if op == "sum":
-            buffer *= 2
-        return buffer
-
-    def Allgatherv(self, sendbuf, recvbuf, counts, kind=None):
-        recvbuf.reshape(2, -1)[:] = sendbuf
-        return recvbuf
-
-    def Sendrecv(self, sendbuf, dest, recvbuf, source, tag=0, kind=None):
-        recvbuf[:] = sendbuf
-        return recvbuf
-
-
 class LionStep:
     """One `Lion.step`, or one `DistributedLion.step` as rank 0 of two, on fixed
     gradients."""
@@ -55,6 +37,7 @@ class LionStep:
 
     def setup(self, optimizer):
         torch = import_torch()
+        from pysparse_hpc.bench._agreeing_partner import AgreeingPartner
         from pysparse_hpc.optim import DistributedLion, Lion
 
         model = _mlp(torch, [64, 1024, 1024, 10])
