@@ -205,7 +205,7 @@ def check_data_parallel_sparse():
 def check_bfloat16():
     """bfloat16 tensors, which MPI cannot add: moved bit for bit, summed in float32 and
     rounded once (the same bits on every rank); `DataParallel` averages a bfloat16 model's
-    gradients."""
+    gradients, and `DistributedLion` keeps its replicas and synchronised momenta equal."""
     every = torch.stack([torch.tensor([0.1, -1.7, 3.3], dtype=torch.bfloat16) * (r + 1)
                          for r in range(size)])
     mine = every[rank]
@@ -243,6 +243,19 @@ def check_bfloat16():
         assert got.dtype == torch.bfloat16
         torch.testing.assert_close(got.float(), expected, rtol=2e-2, atol=1e-2)
         assert all(torch.equal(other, got) for other in comm.allgather(got))
+
+    from pysparse_hpc.optim import DistributedLion
+    for compression, sync in (("none", "local"), ("votes", "always")):
+        optimizer = DistributedLion(model.parameters(), comm, lr=1e-2,
+                                    compression=compression, momentum_sync=sync)
+        for _ in range(2):
+            optimizer.zero_grad()
+            with wrapped.no_sync():  # the optimizer agrees on the step itself
+                model(data[rows].bfloat16()).square().sum().backward()
+            optimizer.step()
+        for tensor in [*model.parameters(), *(optimizer.momentum(p) for p in model.parameters())]:
+            assert tensor.dtype == torch.bfloat16
+            assert all(torch.equal(other, tensor) for other in comm.allgather(tensor.detach()))
 
 
 def _bfloat16_reference(model, data, parts):
