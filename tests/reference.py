@@ -172,6 +172,14 @@ def reference_rabbit(neighbours):
     return np.array(order, dtype=np.int64)
 
 
+def reference_lion_step_direction(directions, sizes, compression, step=0):
+    """The direction `DistributedLion` steps by: on one rank, where nothing is compressed,
+    Lion's own ``sign(c)`` in every mode; on more, `reference_lion_agreement`."""
+    if len(directions) == 1:
+        return np.sign(np.asarray(directions[0], dtype=float))
+    return reference_lion_agreement(directions, sizes, compression, step)
+
+
 def reference_lion_agreement(directions, sizes, compression, step=0):
     """The update direction every rank of a compressed Lion step takes, from every rank's
     ``c = beta1 m + (1 - beta1) g`` (``directions``: one flat float array per rank, the
@@ -179,11 +187,8 @@ def reference_lion_agreement(directions, sizes, compression, step=0):
     0), the sign of summed L1-scaled int8 levels (scaled per tensor of ``sizes``), or the
     1-bit pairwise combine (ties: +1 at coordinates i with i + step odd, -1 at the others)
     folded and doubled as the library's 1-bit allreduce does. A bit vote is +1 where c > 0,
-    and where c == 0 on rank r at the coordinates i with i + r + step odd. One rank takes
-    Lion's ``sign(c)`` in every mode."""
+    and where c == 0 on rank r at the coordinates i with i + r + step odd."""
     ranks, size = len(directions), len(directions[0])
-    if ranks == 1:  # nothing to agree on: Lion's own sign(c)
-        return np.sign(np.asarray(directions[0], dtype=float))
 
     def bit(c, i, r):
         return 1 if c[i] > 0 or (c[i] == 0 and (i + r + step) % 2 == 1) else 0

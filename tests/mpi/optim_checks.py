@@ -12,7 +12,7 @@ from checks import ALONE, checks_in, comm, on_root_then_broadcast, rank, run_nam
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from faults import NanInEpoch  # noqa: E402
-from reference import reference_lion_agreement  # noqa: E402
+from reference import reference_lion_step_direction  # noqa: E402
 
 from pysparse_hpc.optim import COMPRESSIONS, DistributedLion, Lion, bytes_per_step  # noqa: E402
 from pysparse_hpc.optim.distributed_lion import (  # noqa: E402
@@ -76,8 +76,8 @@ def check_lion_modes():
                 if compression == "none":
                     return
                 directions, start, step = before
-                agreed = reference_lion_agreement(directions, [p.numel() for p in params],
-                                                  compression, step)
+                agreed = reference_lion_step_direction(
+                    directions, [p.numel() for p in params], compression, step)
                 expected = start * (1 - LR * DECAY) - LR * torch.from_numpy(agreed)
                 torch.testing.assert_close(_flat(params), expected, rtol=0, atol=1e-12,
                                            msg=label)
