@@ -340,6 +340,8 @@ def test_bfloat16_on_one_rank():
     assert torch.equal(values, kept) and torch.equal(gathered, kept)
     with pytest.raises(TypeError, match="bfloat16 but recvbuf int16"):
         comm.Allgatherv(values, np.zeros(3, np.int16), [3])
+    with pytest.raises(TypeError, match="bfloat16 but recvbuf list"):
+        comm.Reduce_scatter(values, [0.0] * 3, [3])
     model = torch.nn.Linear(4, 2).to(torch.bfloat16)
     wrapped = distributed.DataParallel(model, comm)
     wrapped(torch.ones(3, 4, dtype=torch.bfloat16)).sum().backward()

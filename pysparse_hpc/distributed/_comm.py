@@ -469,7 +469,8 @@ class Communicator:
         """Views, layout and write-back (`_reduction_buffer`) of a vector collective
         (``gathering``: allgatherv, else reduce-scatter), checked on this rank."""
         if _is_bfloat16(sendbuf) != _is_bfloat16(recvbuf):
-            raise TypeError(f"sendbuf holds {sendbuf.dtype} but recvbuf {recvbuf.dtype}")
+            raise TypeError(f"sendbuf holds {getattr(sendbuf, 'dtype', type(sendbuf).__name__)} "
+                            f"but recvbuf {getattr(recvbuf, 'dtype', type(recvbuf).__name__)}")
         write_back = None
         if gathering or self.size == 1:
             send, recv = _as_buffer(sendbuf, "sendbuf"), _as_buffer(recvbuf, "recvbuf")
