@@ -691,9 +691,9 @@ class PreconditionedGradientMaker:
         self.state["step"] = self._loaded_step(state_dict)
 
     def _loaded_entries(self, state_dict, holds, settings, names, of):
-        """The checked step and per-entry state of one of our ``state_dict()`` (under
-        `_entries_key`), or None for the entries of an ASDL state dict (the step alone: it is
-        restored, with a warning naming what is missing, ``holds``).
+        """``(step, entries)``: the checked step and the entries under `_entries_key`.
+        ``entries`` is None for an ASDL state dict, which holds the step alone (restored here,
+        with a warning that names what is missing, ``holds``).
 
         ``settings`` maps each setting the state depends on (the Fisher type, the grafting)
         to this maker's value, and ``names`` lists the entries expected (``of``: what they
