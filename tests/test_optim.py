@@ -319,25 +319,22 @@ def test_distributed_lion_on_one_rank_is_lion(compression):
         assert torch.equal(g, e)
 
 
-def _embedding_steps(optimizer_for, steps=3):
-    """An ``Embedding(sparse=True)`` stepped on rows 1 and 3 and the step's own row."""
-    torch.manual_seed(0)
-    embedding = torch.nn.Embedding(10, 4, sparse=True).double()
-    optimizer = optimizer_for(embedding.parameters())
-    for step in range(steps):
-        optimizer.zero_grad()
-        embedding(torch.tensor([1, 3, 3, step])).pow(2).sum().backward()
-        optimizer.step()
-    return embedding.weight.detach()
-
-
 @pytest.mark.parametrize("compression", COMPRESSIONS)
 def test_distributed_lion_takes_sparse_gradients(compression):
     """An ``Embedding(sparse=True)``'s gradient: one rank steps as Lion does, and the rows
     not looked up yet stay."""
-    expected = _embedding_steps(lambda params: Lion(params, lr=1e-2))
-    got = _embedding_steps(lambda params: DistributedLion(params, lr=1e-2,
-                                                          compression=compression))
+    def run(optimizer_for):
+        torch.manual_seed(0)
+        embedding = torch.nn.Embedding(10, 4, sparse=True).double()
+        optimizer = optimizer_for(embedding.parameters())
+        for step in range(3):
+            optimizer.zero_grad()
+            embedding(torch.tensor([1, 3, 3, step])).pow(2).sum().backward()
+            optimizer.step()
+        return embedding.weight.detach()
+
+    expected = run(lambda params: Lion(params, lr=1e-2))
+    got = run(lambda params: DistributedLion(params, lr=1e-2, compression=compression))
     assert torch.equal(got, expected)
 
 
