@@ -131,12 +131,9 @@ def _reduction_buffer(array, name="buffer"):
     MPI cannot add bfloat16, so a bfloat16 tensor is reduced as a float32 copy (twice its
     bytes cross) and the result rounded back once: the ranks' sum is that of their float32
     values, as exact as float32 addition, and the same on every rank."""
+    view = _as_buffer(array, name)
     if not _is_bfloat16(array):
-        return _as_buffer(array, name), None
-    if array.device.type != "cpu":
-        _as_buffer(array, name)  # raises the device error
-    if not array.is_contiguous():
-        raise ValueError(f"{name} must be C-contiguous")
+        return view, None
     target = array.detach()
     work = target.float()
     return work.numpy(), lambda: target.copy_(work)

@@ -192,7 +192,7 @@ class DistributedLion(Lion):
         entries = self._taking_part()
         if entries:
             if self.comm.size == 1:
-                self._step_alone(entries)
+                super().step()
             elif self.compression == "none":
                 self._step_on_reduced_gradients(entries)
             else:
@@ -216,11 +216,6 @@ class DistributedLion(Lion):
                     param.grad = torch.zeros_like(param)
                 taking_part.append((group, param))
         return taking_part
-
-    def _step_alone(self, entries):
-        for group, param in entries:
-            lion_step(param, self.momentum(param), param.grad, group["lr"],
-                      group["weight_decay"], *group["betas"])
 
     def _step_on_reduced_gradients(self, entries):
         # A sparse gradient (an Embedding's) is summed densely: the ranks' rows differ.
@@ -254,13 +249,11 @@ class DistributedLion(Lion):
             direction = direction.float()  # exact, so the int8 levels are c's own
         return _votes.plain_operands(direction.numpy())
 
-    def _pack(self, entries, add, out, *args, zero_parity=None):
+    def _pack(self, entries, add, out, *args):
         """``out`` with every entry's vote added by ``add(out, start, *args, *operands)``
-        (`_votes.add_sign_bits`, ``add_vote_digits`` or ``add_int8_levels``) at its offset,
-        ``zero_parity`` last where the format casts zeros by it."""
-        last = () if zero_parity is None else (zero_parity,)
+        (`_votes.add_sign_bits`, ``add_vote_digits`` or ``add_int8_levels``) at its offset."""
         for group, param, start in _with_offsets(entries):
-            add(out, start, *args, *self._vote_operands(group, param), *last)
+            add(out, start, *args, *self._vote_operands(group, param))
         return out
 
     def _agree(self, entries):
@@ -274,14 +267,14 @@ class DistributedLion(Lion):
             comm.Allreduce(levels, "sum", kind=VOTE_KIND)
             return _votes.levels_as_masks(levels)
         if self.compression == "votes":
-            words = self._pack(entries, _votes.add_vote_digits,
-                               np.zeros(_votes.digit_words(size, ranks), dtype=np.uint64), ranks,
-                               zero_parity=zero_parity)
+            words = self._pack(entries, functools.partial(_votes.add_vote_digits,
+                                                          zero_parity=zero_parity),
+                               np.zeros(_votes.digit_words(size, ranks), dtype=np.uint64), ranks)
             comm.Allreduce(words, "sum", kind=VOTE_KIND)
             return _votes.vote_digits_majority(words, ranks, size)
-        packed = self._pack(entries, _votes.add_sign_bits,
-                            np.zeros(_votes.sign_bytes(size), dtype=np.uint8),
-                            zero_parity=zero_parity)
+        packed = self._pack(entries, functools.partial(_votes.add_sign_bits,
+                                                       zero_parity=zero_parity),
+                            np.zeros(_votes.sign_bytes(size), dtype=np.uint8))
         if self.compression == "signs":
             gathered = np.empty((ranks, packed.size), dtype=np.uint8)
             comm.Allgatherv(packed, gathered, [packed.size] * ranks, kind=VOTE_KIND)
