@@ -228,3 +228,29 @@ def test_two_ranks_count_what_bytes_per_step_says():
     assert by_label["signs"].window_syncs == 2 and by_label["signs/local"].window_syncs == 0
     assert by_label["none"].vote_bytes / by_label["votes"].vote_bytes == pytest.approx(20.0,
                                                                                        rel=1e-4)
+
+
+def test_partition_reaches_every_job():
+    class Args:
+        ranks, repeat, seeds, epochs, accuracy_ranks = [2, 3], 2, 1, None, 2
+        skip_accuracy, partition = False, "random"
+    jobs = lion._jobs(Args, [lion.parse_contender("none")], ["gcn-cora", "mlp-digits"])
+    assert [(ranks, config["mode"]) for ranks, config in jobs] == [
+        (2, "steps"), (3, "steps"), (2, "accuracy"), (2, "accuracy")]
+    assert all(config["partition"] == "random" for _, config in jobs)
+
+
+@pytest.mark.mpi
+@requires_mpi
+def test_gcn_steps_on_a_random_partition():
+    """A random split of Cora's nodes over two ranks cuts far more edges than METIS's: the
+    halo exchanges carry more rows."""
+    halo = {}
+    for partition in lion.GCN_PARTITIONS:
+        config = dict(mode="steps", workloads=["gcn-cora"], warmup=1, steps=1,
+                      contenders=[lion.parse_contender("signs/local")], partition=partition)
+        (result,) = lion.step_results(launch(2, 1, config, 300, mpiexec_path(),
+                                             worker=lion.WORKER))
+        assert result.ranks == 2 and result.mismatches == [], result.mismatches
+        halo[partition] = max(result.other_bytes)
+    assert halo["random"] > 3 * halo["metis"] > 0, halo

@@ -11,8 +11,9 @@ communicator. Workloads:
   global batch of `MLP_BATCH` rows (a permutation drawn from the seed and the epoch, the same on
   every rank) split into contiguous per-rank slices, each rank's loss the mean over its slice,
   gradients (or votes) averaged;
-- ``gcn-cora``, ``gcn-citeseer``: the library's two-layer GCN full-graph on a METIS
-  partition (`pysparse_hpc.distributed.DistGraph`), each rank's loss summed over its training
+- ``gcn-cora``, ``gcn-citeseer``: the library's two-layer GCN full-graph on a partition of
+  the graph (``config["partition"]``: METIS by default, or ``"random"``;
+  `pysparse_hpc.distributed.DistGraph`), each rank's loss summed over its training
   nodes and divided by the global count (gradients summed). Accuracy comes from
   `pysparse_hpc.distributed.train`, the trainer users run.
 
@@ -165,7 +166,7 @@ class _GcnCase:
 
     steps_per_epoch = 1
 
-    def __init__(self, name, comm):
+    def __init__(self, name, comm, partition="metis"):
         from .gnn import load_graph
         self.name, self.comm = name, comm
         dataset = name.split("-", 1)[1]
@@ -177,7 +178,7 @@ class _GcnCase:
         else:
             from ._distributed_worker import _distribute
             (self.graph, self.x, self.y, self.mask, self.n_train,
-             (self.features, self.classes)) = _distribute(case, comm, 0, "metis")
+             (self.features, self.classes)) = _distribute(case, comm, 0, partition)
 
     def build(self, contender, seed):
         from ..nn import models
@@ -199,11 +200,11 @@ class _GcnCase:
                                reduction="sum") / self.n_train
 
 
-def _case(workload, comm):
+def _case(workload, comm, partition):
     if workload == "mlp-digits":
         return _MlpCase(comm)
     if workload in ("gcn-cora", "gcn-citeseer"):
-        return _GcnCase(workload, comm)
+        return _GcnCase(workload, comm, partition)
     raise ValueError(f"unknown workload {workload!r}")
 
 
@@ -264,7 +265,9 @@ def measure_steps(config, comm):
     ----------
     config : dict
         ``workloads`` (names), ``contenders`` (``[label, optimizer, compression,
-        momentum_sync]`` lists), ``warmup`` (untimed steps of each) and ``steps`` (timed rounds).
+        momentum_sync]`` lists), ``warmup`` (untimed steps of each), ``steps`` (timed rounds)
+        and, optionally, ``partition`` (of the GCNs' graphs: ``"metis"``, the default, or
+        ``"random"``).
     comm : Communicator
         Wrapped in a `TimedCommunicator`.
 
@@ -280,7 +283,7 @@ def measure_steps(config, comm):
     comm = TimedCommunicator(comm)
     results = []
     for workload in config["workloads"]:
-        case = _case(workload, comm)
+        case = _case(workload, comm, config.get("partition", "metis"))
         runs = [_Run(case, contender, comm) for contender in config["contenders"]]
         for run in runs:
             for step in range(config["warmup"]):
@@ -322,10 +325,10 @@ def _mlp_accuracy(case, contender, seed, epochs):
             getattr(optimizer, "steps_taken", 0), len(set(checksums)) == 1)
 
 
-def _gcn_accuracy(workload, contender, seed, epochs, comm):
+def _gcn_accuracy(workload, contender, seed, epochs, comm, partition):
     from ..distributed.training import train
     _, name, compression, momentum_sync = contender
-    result = train(workload.split("-", 1)[1], "gcn", "metis", epochs=epochs, seed=seed,
+    result = train(workload.split("-", 1)[1], "gcn", partition, epochs=epochs, seed=seed,
                    comm=comm, progress=False, optimizer=name,
                    compression="none" if name == "adam" else compression,
                    momentum_sync=momentum_sync)
@@ -338,8 +341,8 @@ def measure_accuracy(config, comm):
     Parameters
     ----------
     config : dict
-        ``workloads``, ``contenders`` (as `measure_steps`), ``seeds`` (list of int),
-        ``gcn_epochs`` (None: the published 200) and ``mlp_epochs``.
+        ``workloads``, ``contenders`` and ``partition`` (as `measure_steps`), ``seeds`` (list
+        of int), ``gcn_epochs`` (None: the published 200) and ``mlp_epochs``.
     comm : Communicator
 
     Returns
@@ -362,7 +365,8 @@ def measure_accuracy(config, comm):
                                  replicas_equal=equal)
                 else:
                     accuracy, nbytes = _gcn_accuracy(workload, contender, seed,
-                                                     config.get("gcn_epochs"), comm)
+                                                     config.get("gcn_epochs"), comm,
+                                                     config.get("partition", "metis"))
                     entry.update(test_accuracy=accuracy, optimizer_bytes_per_epoch=nbytes)
                 results.append(entry)
     return results

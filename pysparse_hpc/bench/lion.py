@@ -12,7 +12,9 @@ allgathered, momenta never synchronised). ``MODE/SYNC`` picks another ``momentum
 **Workloads** (``--workload``; `pysparse_hpc.bench._lion_worker`): ``mlp-digits``, a
 64-1024-1024-10 MLP (1.1M parameters) data parallel on scikit-learn's digits (global batch 96
 split over the ranks, losses and updates averaged); ``gcn-cora`` and ``gcn-citeseer``, the
-library's GCN full-graph on a METIS partition (23k and 59k parameters).
+library's GCN full-graph on a METIS partition (23k and 59k parameters; ``--partition random``
+splits the nodes at random instead, so that every rank's training nodes are alike: Distributed
+Lion's local momenta assume that).
 
 **Steps**: one ``mpiexec -n P`` job per P. Every contender's model is built from the same seed
 and warmed up, then the contenders step in turns, ``--repeat`` rounds; a step starts after a
@@ -81,6 +83,8 @@ HELP = ("Lion's compressed distributed modes against the fp32 allreduce and Adam
 WORKLOADS = ("gcn-cora", "gcn-citeseer", "mlp-digits")
 CONTENDERS = ("adam", "none", "signs", "votes", "int8", "1bit", "signs/local")
 RANKS = (2, 3)
+#: How the GCN workloads' graphs are split (the first is the default).
+GCN_PARTITIONS = ("metis", "random")
 #: Link speeds of the projection (Gb/s) and their default latencies (us): MPI over TCP on
 #: commodity Ethernet at 1 and 10 Gb/s, RDMA (InfiniBand, RoCE) at 100 Gb/s.
 LINK_GBPS = (1, 10, 100)
@@ -809,6 +813,10 @@ def add_arguments(parser):
     parser.add_argument("--epochs", type=positive_int, metavar="N",
                         help="training epochs of every workload (default: the GCN's published "
                              f"200, the MLP's {MLP_EPOCHS})")
+    parser.add_argument("--partition", choices=GCN_PARTITIONS, default=GCN_PARTITIONS[0],
+                        help="how the GCN workloads' graphs are split over the ranks: metis "
+                             "(communities, the trainer's default) or random (every rank's "
+                             "training nodes alike; default: metis)")
     parser.add_argument("--accuracy-ranks", type=positive_int, default=2, metavar="P",
                         help="ranks of the accuracy runs (default: 2)")
     parser.add_argument("--latency-us", type=float, nargs="+", default=list(LATENCY_US),
@@ -839,10 +847,12 @@ def _jobs(args, contenders, workloads):
     """``(ranks, config)`` of every job to launch: one steps job per P, one accuracy job per
     workload."""
     jobs = [(p, dict(mode="steps", workloads=workloads, contenders=contenders,
-                     warmup=WARMUP, steps=args.repeat)) for p in args.ranks]
+                     warmup=WARMUP, steps=args.repeat, partition=args.partition))
+            for p in args.ranks]
     if not args.skip_accuracy:
         jobs += [(args.accuracy_ranks, dict(mode="accuracy", workloads=[w],
                                             contenders=contenders,
+                                            partition=args.partition,
                                             seeds=list(range(args.seeds)),
                                             gcn_epochs=args.epochs,
                                             mlp_epochs=args.epochs or MLP_EPOCHS))
@@ -880,8 +890,10 @@ def report_lines(report, args):
              + "); 'vs' columns: projected fp32-allreduce Lion (Adam) step / this step at "
              f"{networks[0].name}", format_projection(report.projections, networks), ""]
     if report.accuracies:
-        lines += [f"Test accuracy, mean of {args.seeds} seed(s), points against uncompressed "
-                  "Lion and Adam", format_accuracy(report.accuracies), ""]
+        graphs = (f", the GCNs' graphs on a {args.partition} partition"
+                  if any(a.workload.startswith("gcn") for a in report.accuracies) else "")
+        lines += [f"Test accuracy, mean of {args.seeds} seed(s){graphs}, points against "
+                  "uncompressed Lion and Adam", format_accuracy(report.accuracies), ""]
     lines += [format_peer(report.peer), ""]
     lines += bytes_verdict(report.steps)
     if report.accuracies:

@@ -53,9 +53,13 @@ averages them over the ranks after every step (a full-precision allreduce); ``"g
 default, Lion Cub's) at growing intervals: the gap between two synchronisations is
 ``floor(2 ** (j / k))`` steps after the j-th, with ``k = sync_doubling`` (16: the gap doubles
 every 16 synchronisations). The schedule trades bytes for accuracy: on the GCN over two ranks
-(BENCHMARKS.md, 20 seeds) it keeps every compressed mode within a point of uncompressed Lion
-on Cora and CiteSeer, where local momenta lose 2.2 points on Cora and 3.3 on CiteSeer; but in
-a 200-step training its syncs are full-precision allreduces on a quarter of the steps.
+of a METIS partition (BENCHMARKS.md, 20 seeds) it keeps every compressed mode within 0.2
+points of uncompressed Lion on Cora and CiteSeer, where local momenta lose 2.6 and 2.3; but
+in a 200-step training its syncs are full-precision allreduces on a quarter of the steps.
+Local momenta assume that every rank's gradient comes from data alike: METIS puts a graph's
+communities, and so its classes, on different ranks. On a random split of the same graphs
+local momenta end within a point (+0.1 and +0.9), but the halo exchanges then carry 8x
+(Cora) and 45x (CiteSeer) the rows.
 """
 import functools
 import math
