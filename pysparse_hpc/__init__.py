@@ -19,9 +19,12 @@ Subpackages
 -----------
 nn             GNN layers (GCN, GAT, AGNN) and sparse ops with PyTorch autograd (imports torch
                on first use: ``pysparse_hpc.nn`` or ``import pysparse_hpc.nn``)
-distributed    training over MPI: partitions, DistGraph with halo exchange, DataParallel
-               (``import pysparse_hpc.distributed``; mpi4py optional for one-rank jobs)
-precondition   ASDL-compatible gradient preconditioning: K-FAC, diagonal Fisher (needs torch)
+distributed    training over MPI: partitions, DistGraph with halo exchange, DataParallel,
+               checkpoints (``import pysparse_hpc.distributed``; mpi4py optional for one-rank
+               jobs)
+precondition   ASDL-compatible gradient preconditioning: K-FAC, Shampoo, Jorge, diagonal
+               Fisher, one process or over MPI (needs torch)
+optim          Lion, and DistributedLion with its compressed modes over MPI (needs torch)
 """
 from . import datasets, generators, io
 from ._base import issparse, sparray
