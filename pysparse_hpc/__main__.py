@@ -420,8 +420,8 @@ def main(argv=None):
                        help="with a compressed Lion: keep each rank's momentum (local), "
                             "average it every step (always) or at growing intervals "
                             "(default: growing). local assumes ranks whose training nodes "
-                            "are alike (--partition random): on METIS parts it ends 2-3 "
-                            "points below Lion on Cora and CiteSeer")
+                            "are alike (--partition random): on METIS parts it ends 2-8 "
+                            "points below Lion on Cora and CiteSeer (2 and 3 ranks)")
     train.add_argument("--curvature-interval", type=int, default=10, metavar="N",
                        help="steps between the preconditioner's curvature updates (default: 10)")
     train.add_argument("--checkpoint", metavar="DIR",
