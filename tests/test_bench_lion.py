@@ -230,7 +230,7 @@ def test_two_ranks_count_what_bytes_per_step_says():
                                                                                        rel=1e-4)
 
 
-def test_partition_reaches_every_job():
+def test_partition_reaches_every_job(capsys):
     class Args:
         ranks, repeat, seeds, epochs, accuracy_ranks = [2, 3], 2, 1, None, 2
         skip_accuracy, partition = False, "random"
@@ -238,6 +238,10 @@ def test_partition_reaches_every_job():
     assert [(ranks, config["mode"]) for ranks, config in jobs] == [
         (2, "steps"), (3, "steps"), (2, "accuracy"), (2, "accuracy")]
     assert all(config["partition"] == "random" for _, config in jobs)
+    with pytest.raises(SystemExit) as refused:
+        main(["lion", "--partition", "contiguous"])
+    assert refused.value.code == 2
+    assert "--partition: invalid choice: 'contiguous'" in capsys.readouterr().err
 
 
 @pytest.mark.mpi

@@ -44,6 +44,8 @@ MLP_WIDTHS = (64, 1024, 1024, 10)
 MLP_BATCH = 96
 #: (lr, weight_decay) of the MLP: Adam's, and Lion's 10x smaller lr with decoupled decay.
 MLP_SETTINGS = {"adam": (1e-3, 0.0), "lion": (1e-4, 0.1)}
+#: How the GCNs' graphs are split when a job's config names no ``partition``.
+DEFAULT_PARTITION = "metis"
 
 
 class TimedCommunicator(Communicator):
@@ -166,7 +168,7 @@ class _GcnCase:
 
     steps_per_epoch = 1
 
-    def __init__(self, name, comm, partition="metis"):
+    def __init__(self, name, comm, partition):
         from .gnn import load_graph
         self.name, self.comm = name, comm
         dataset = name.split("-", 1)[1]
@@ -283,7 +285,7 @@ def measure_steps(config, comm):
     comm = TimedCommunicator(comm)
     results = []
     for workload in config["workloads"]:
-        case = _case(workload, comm, config.get("partition", "metis"))
+        case = _case(workload, comm, config.get("partition", DEFAULT_PARTITION))
         runs = [_Run(case, contender, comm) for contender in config["contenders"]]
         for run in runs:
             for step in range(config["warmup"]):
@@ -366,7 +368,7 @@ def measure_accuracy(config, comm):
                 else:
                     accuracy, nbytes = _gcn_accuracy(workload, contender, seed,
                                                      config.get("gcn_epochs"), comm,
-                                                     config.get("partition", "metis"))
+                                                     config.get("partition", DEFAULT_PARTITION))
                     entry.update(test_accuracy=accuracy, optimizer_bytes_per_epoch=nbytes)
                 results.append(entry)
     return results
