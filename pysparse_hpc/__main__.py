@@ -3,6 +3,7 @@
 """
 import argparse
 import importlib.util
+import math
 import os
 import socket
 import subprocess
@@ -279,8 +280,10 @@ def run_train(args, out=None):
                 _train_error(exc)
             return 2
         # This rank alone: the others wait in a collective, so only ending the job ends them.
-        print(f"python -m pysparse_hpc train: error on rank {comm.rank} of {comm.size}: {exc}; "
-              f"ending the job", file=sys.stderr, flush=True)
+        # One write, so that the lines of ranks failing together do not interleave.
+        sys.stderr.write(f"python -m pysparse_hpc train: error on rank {comm.rank} of "
+                         f"{comm.size}: {exc}; ending the job\n")
+        sys.stderr.flush()
         comm.Abort(2)
     if comm.rank == 0:
         print(report_train(result, get_num_threads()), file=out)
@@ -298,9 +301,10 @@ def report_train(result, threads):
              f"  test accuracy {100 * result.test_accuracy:.1f}% (best validation accuracy "
              f"{100 * result.val_accuracy:.1f}% at epoch {result.best_epoch + 1}), final "
              f"training loss {result.losses[-1]:.4f}" if result.losses else "  no epoch run",
-             f"  {1e3 * result.seconds_per_epoch:.1f} ms per training epoch "
-             f"({'median' if result.preconditioner is None else 'mean'}), "
-             f"{result.seconds_total:.1f} s in all"]
+             (f"  {1e3 * result.seconds_per_epoch:.1f} ms per training epoch "
+              f"({'median' if result.preconditioner is None else 'mean'}), "
+              if math.isfinite(result.seconds_per_epoch) else "  ")
+             + f"{result.seconds_total:.1f} s in all"]
     if result.ranks > 1:
         share = (100 * result.halo_bytes_per_epoch / result.cagnet_bytes_per_epoch
                  if result.cagnet_bytes_per_epoch else 0.0)
@@ -449,11 +453,14 @@ def main(argv=None):
                          "jorge")
         if args.kl_clip is not None and args.optimizer != "kfac":
             parser.error("--kl-clip needs --optimizer kfac")
-        for name in ("damping", "kl_clip", "timeout"):
+        for name in ("lr", "damping", "kl_clip", "timeout"):
             value = getattr(args, name)
             if value is not None and not (0 < value < float("inf")):
                 parser.error(f"--{name.replace('_', '-')} must be a finite number > 0, got "
                              f"{value}")
+        if args.weight_decay is not None and not (0 <= args.weight_decay < float("inf")):
+            parser.error(f"--weight-decay must be a finite number >= 0, got "
+                         f"{args.weight_decay}")
         if args.checkpoint == "":
             parser.error("--checkpoint needs a directory, got ''")
         for option in ("resume", "checkpoint_every"):

@@ -86,6 +86,35 @@ def test_train_timeout_option(capsys):
         init().set_timeout(None)
 
 
+@pytest.mark.parametrize("option, value, message", [
+    ("--lr", "nan", "--lr must be a finite number > 0, got nan"),
+    ("--lr", "0", "--lr must be a finite number > 0, got 0.0"),
+    ("--weight-decay", "-1", "--weight-decay must be a finite number >= 0, got -1.0"),
+    ("--weight-decay", "inf", "--weight-decay must be a finite number >= 0, got inf"),
+])
+def test_train_refuses_a_bad_schedule(option, value, message, capsys):
+    from pysparse_hpc.__main__ import main
+    with pytest.raises(SystemExit) as exit_info:
+        main(["train", option, value])
+    assert exit_info.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_train_refuses_a_bad_schedule_through_the_api():
+    from pysparse_hpc.distributed.training import train
+    with pytest.raises(ValueError, match="lr must be a finite number > 0, got nan"):
+        train(lr=float("nan"), progress=False)
+    with pytest.raises(TypeError, match="epochs must be an int, got float"):
+        train(epochs=2.5, progress=False)
+
+
+def test_train_without_epochs_reports_no_time_per_epoch(capsys):
+    from pysparse_hpc.__main__ import main
+    assert main(["train", "--epochs", "0", "--no-progress"]) == 0
+    report = capsys.readouterr().out
+    assert "no epoch run" in report and "per training epoch" not in report
+    assert "nan" not in report
+
+
 def test_train_refuses_a_bad_timeout_variable(monkeypatch, capsys):
     from pysparse_hpc.__main__ import main
     from pysparse_hpc.distributed import _comm

@@ -423,14 +423,19 @@ def test_fit_with_lion_trains(compression):
     (dict(preconditioner="kfac", damping=0.0), "damping must be a finite number > 0"),
     (dict(optimizer="lion", preconditioner="kfac"), "takes none"),
     (dict(optimizer="lion", compression="zip"), "compression must be one of"),
+    (dict(lr=float("nan")), "lr must be a finite number > 0, got nan"),
+    (dict(lr=0.0), "lr must be a finite number > 0, got 0.0"),
+    (dict(optimizer="lion", lr=float("inf")), "lr must be a finite number > 0"),
+    (dict(weight_decay=-1e-4), "weight_decay must be a finite number >= 0"),
+    (dict(epochs=-1), "epochs must be at least 0, got -1"),
 ])
 def test_fit_rejects_bad_optimizer_settings(kwargs, message):
     from pysparse_hpc.nn import models
     from pysparse_hpc.nn.train import fit
     cora, (x, y, *masks) = _cora()
     with pytest.raises(ValueError, match=message):
-        fit(models.GCN(x.shape[1], 4, cora.num_classes), x, cora.adj, y, masks, epochs=1,
-            progress=False, **kwargs)
+        fit(models.GCN(x.shape[1], 4, cora.num_classes), x, cora.adj, y, masks,
+            **{"epochs": 1, "progress": False, **kwargs})
 
 
 @pytest.mark.parametrize("optimizer", ["adam", "lion"])

@@ -193,7 +193,7 @@ def train(dataset="cora", model="gcn", partition="metis", *, epochs=None, lr=Non
     import torch
 
     from ..nn import models
-    from ..nn.train import _check_kl_clip, default_damping, fit
+    from ..nn.train import _check_kl_clip, _check_schedule, default_damping, fit
     from ..optim._modes import default_momentum_sync
 
     comm = init() if comm is None else comm
@@ -210,6 +210,7 @@ def train(dataset="cora", model="gcn", partition="metis", *, epochs=None, lr=Non
         settings = default_settings(model, optimizer, preconditioner)
         overrides = dict(epochs=epochs, lr=lr, weight_decay=weight_decay)
         settings.update({k: v for k, v in overrides.items() if v is not None})
+        _check_schedule(settings["epochs"], settings["lr"], settings["weight_decay"])
 
         # The fingerprint holds the values the run uses, so that naming a default changes nothing.
         if preconditioner is not None and damping is None:

@@ -223,6 +223,7 @@ def fit(model, x, adj, y, masks, *, epochs=200, lr=0.01, weight_decay=5e-4, prog
     if isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, int) \
             or checkpoint_every < 1:
         raise ValueError(f"checkpoint_every must be a positive int, got {checkpoint_every!r}")
+    _check_schedule(epochs, lr, weight_decay)
     _check_kl_clip(preconditioner, kl_clip)
     step_optimizer = _optimizer(optimizer, param_groups(model, weight_decay), lr, graph,
                                 compression, momentum_sync, preconditioner)
@@ -426,6 +427,23 @@ def default_damping(preconditioner, optimizer="adam"):
     if optimizer == "sgd":
         return SGD_DAMPINGS.get(preconditioner, adam_damping)
     return adam_damping
+
+
+def _check_schedule(epochs, lr, weight_decay):
+    """Raise ``ValueError`` (``TypeError`` for a non-number) unless ``epochs`` is an int >= 0,
+    ``lr`` a finite number > 0 and ``weight_decay`` a finite number >= 0: checked before
+    anything trains, so that a bad value is one clear error on every rank alike rather than
+    the optimizer's, raised on some ranks while others wait."""
+    if isinstance(epochs, bool) or not isinstance(epochs, (int, np.integer)):
+        raise TypeError(f"epochs must be an int, got {type(epochs).__name__}")
+    if epochs < 0:
+        raise ValueError(f"epochs must be at least 0, got {epochs}")
+    for name, value, least in (("lr", lr, "> 0"), ("weight_decay", weight_decay, ">= 0")):
+        if isinstance(value, bool) or not isinstance(value, (int, float, np.integer,
+                                                             np.floating)):
+            raise TypeError(f"{name} must be a real number, got {type(value).__name__}")
+        if not (np.isfinite(value) and (value > 0 if least == "> 0" else value >= 0)):
+            raise ValueError(f"{name} must be a finite number {least}, got {value}")
 
 
 def _check_kl_clip(preconditioner, kl_clip):
