@@ -109,12 +109,81 @@ def test_lion_skips_parameters_without_gradient_and_zero_direction_stays():
 
 @pytest.mark.parametrize("kwargs, message", [
     (dict(lr=0.0), "lr must be"), (dict(lr=-1.0), "lr must be"),
+    (dict(lr=float("inf")), "lr must be"), (dict(lr=True), "lr must be"),
     (dict(betas=(0.9, 1.5)), "betas must be"), (dict(betas=(0.9,)), "betas must be"),
+    (dict(betas=0.9), "betas must be"), (dict(betas=(0.9, float("nan"))), "betas must be"),
     (dict(weight_decay=-1.0), "weight_decay must be"),
+    (dict(weight_decay=float("inf")), "weight_decay must be"),
+    (dict(lr=1.0, weight_decay=3.0), r"lr \* weight_decay must be at most 1"),
 ])
-def test_lion_rejects_bad_hyperparameters(kwargs, message):
+@pytest.mark.parametrize("where", ["constructor", "group", "added group"])
+def test_lion_rejects_bad_hyperparameters(kwargs, message, where):
+    model = _mlp()
     with pytest.raises(ValueError, match=message):
-        Lion(_mlp().parameters(), **kwargs)
+        if where == "constructor":
+            Lion(model.parameters(), **kwargs)
+        elif where == "group":
+            Lion([{"params": model[0].parameters(), **kwargs}])
+        else:
+            optimizer = Lion(model[0].parameters())
+            try:
+                optimizer.add_param_group({"params": model[2].parameters(), **kwargs})
+            finally:   # a refused group is not kept
+                assert len(optimizer.param_groups) == 1
+
+
+def test_lion_takes_betas_once_and_numpy_scalars():
+    optimizer = Lion(_mlp().parameters(), lr=np.float32(1e-3), betas=iter([0.8, 0.9]))
+    assert optimizer.param_groups[0]["betas"] == (0.8, 0.9)
+
+
+@pytest.mark.parametrize("optimizer_class", [Lion, DistributedLion])
+def test_lion_refuses_complex_parameters(optimizer_class):
+    with pytest.raises(TypeError, match="real parameters, got one of torch.complex64"):
+        optimizer_class([torch.nn.Parameter(torch.ones(2, dtype=torch.complex64))])
+
+
+@pytest.mark.parametrize("optimizer_class", [Lion, DistributedLion])
+@pytest.mark.parametrize("other_shape", [(20, 30), (9, 6)])  # larger; as many entries
+def test_lion_refuses_the_state_of_another_model(optimizer_class, other_shape):
+    # Its kernels index the momentum as the parameter: a state of other shapes once ran them
+    # past the momentum's end.
+    model, other = _mlp(), torch.nn.Linear(*reversed(other_shape)).double()
+    source = optimizer_class(other.parameters(), lr=0.1)
+    other(torch.ones(1, other_shape[1], dtype=torch.float64)).sum().backward()
+    source.step()
+    optimizer = optimizer_class(model[2].parameters(), lr=0.1)
+    with pytest.raises(ValueError, match=r"parameter of shape \(3, 9\) has shape"):
+        optimizer.load_state_dict(source.state_dict())
+    assert len(optimizer.state) == 0    # left as it was
+    model(torch.ones(1, 6, dtype=torch.float64)).sum().backward()
+    optimizer.step()
+    optimizer.state[model[2].weight]["exp_avg"] = torch.zeros(9, 3, dtype=torch.float64)
+    with pytest.raises(ValueError, match="a state of another model"):   # set by hand
+        optimizer.step()
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda state: state["param_groups"][0].update(lr=float("nan")), "lr must be"),
+    (lambda state: state["param_groups"][0].pop("betas"), "has no betas: not a Lion state"),
+])
+def test_lion_refuses_a_state_with_bad_settings(edit, message):
+    model = _mlp()
+    state = Lion(model.parameters(), lr=0.1).state_dict()
+    edit(state)
+    optimizer = Lion(model.parameters(), lr=0.2)
+    with pytest.raises(ValueError, match=message):
+        optimizer.load_state_dict(state)
+    assert optimizer.param_groups[0]["lr"] == 0.2
+
+
+def test_distributed_lion_refuses_a_non_bool_average_and_device_parameters():
+    with pytest.raises(TypeError, match="average must be a bool, got str"):
+        DistributedLion(_mlp().parameters(), average="no")
+    optimizer = DistributedLion(_mlp().parameters())
+    with pytest.raises(ValueError, match="host memory; a parameter is on meta"):
+        optimizer.add_param_group({"params": [torch.nn.Parameter(torch.ones(2, device="meta"))]})
+    assert len(optimizer.param_groups) == 1
 
 
 @pytest.mark.parametrize("kwargs, message", [

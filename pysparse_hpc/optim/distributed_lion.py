@@ -173,18 +173,24 @@ class DistributedLion(Lion):
         if isinstance(sync_doubling, bool) or not isinstance(sync_doubling, int) \
                 or sync_doubling < 1:
             raise ValueError(f"sync_doubling must be a positive int, got {sync_doubling!r}")
+        if not isinstance(average, (bool, np.bool_)):
+            raise TypeError(f"average must be a bool, got {type(average).__name__}")
         super().__init__(params, lr=lr, betas=betas, weight_decay=weight_decay)
-        for group in self.param_groups:
-            for param in group["params"]:
-                if param.device.type != "cpu":
-                    raise ValueError(f"DistributedLion exchanges host memory; a parameter is "
-                                     f"on {param.device}")
         self.comm = init() if comm is None else check_communicator(comm)
         self.compression, self.momentum_sync = compression, momentum_sync
         self.average, self.sync_doubling = average, sync_doubling
         self.steps_taken, self.momentum_syncs = 0, 0
         self._next_sync = 1
         self._sync_buffer = None
+
+    def add_param_group(self, param_group):
+        """`Lion.add_param_group`, refusing parameters outside host memory."""
+        super().add_param_group(param_group)
+        for param in self.param_groups[-1]["params"]:
+            if param.device.type != "cpu":
+                self.param_groups.pop()
+                raise ValueError(f"DistributedLion exchanges host memory; a parameter is "
+                                 f"on {param.device}")
 
     # ------------------------------------------------------------------ the step
     @torch.no_grad()

@@ -11,6 +11,9 @@ compressed votes. On CPU tensors of float32 or float64 a step is one pass of a N
 (`pysparse_hpc.kernels.cpu.lion`) with torch's arithmetic, so the same bits as the tensor
 operations, which remain for every other tensor (GPU, half precision, strided).
 """
+import math
+import numbers
+
 import numpy as np
 import torch
 
@@ -21,14 +24,32 @@ __all__ = ["Lion", "check_hyperparameters", "lion_step"]
 _KERNEL_DTYPES = {torch.float32: np.float32, torch.float64: np.float64}
 
 
+def _finite_real(value):
+    return (isinstance(value, numbers.Real) and not isinstance(value, bool)
+            and math.isfinite(value))
+
+
 def check_hyperparameters(lr, betas, weight_decay):
-    """Raise ValueError naming the first of Lion's hyper-parameters that is out of range."""
-    if not (isinstance(lr, (int, float)) and lr > 0):
-        raise ValueError(f"lr must be a positive number, got {lr!r}")
-    if len(tuple(betas)) != 2 or not all(0.0 <= b <= 1.0 for b in betas):
+    """Raise ValueError naming the first of Lion's hyper-parameters that is out of range;
+    return ``betas`` as a tuple (read once: an iterator is accepted).
+
+    ``lr * weight_decay`` above 1 is refused too: the decay multiplies the parameters by
+    ``1 - lr * weight_decay``, which would flip their signs.
+    """
+    if not (_finite_real(lr) and lr > 0):
+        raise ValueError(f"lr must be a finite number > 0, got {lr!r}")
+    try:
+        betas = tuple(betas)
+    except TypeError:
+        raise ValueError(f"betas must be two numbers in [0, 1], got {betas!r}") from None
+    if len(betas) != 2 or not all(_finite_real(b) and 0.0 <= b <= 1.0 for b in betas):
         raise ValueError(f"betas must be two numbers in [0, 1], got {betas!r}")
-    if not (isinstance(weight_decay, (int, float)) and weight_decay >= 0):
-        raise ValueError(f"weight_decay must be a non-negative number, got {weight_decay!r}")
+    if not (_finite_real(weight_decay) and weight_decay >= 0):
+        raise ValueError(f"weight_decay must be a finite number >= 0, got {weight_decay!r}")
+    if lr * weight_decay > 1:
+        raise ValueError(f"lr * weight_decay must be at most 1 (each step multiplies the "
+                         f"parameters by 1 - lr * weight_decay), got {lr!r} * {weight_decay!r}")
+    return betas
 
 
 def kernel_arrays(*tensors):
@@ -114,15 +135,41 @@ class Lion(torch.optim.Optimizer):
     """
 
     def __init__(self, params, lr=1e-4, betas=(0.9, 0.99), weight_decay=0.0):
-        check_hyperparameters(lr, betas, weight_decay)
-        super().__init__(params, dict(lr=lr, betas=tuple(betas), weight_decay=weight_decay))
+        betas = check_hyperparameters(lr, betas, weight_decay)
+        super().__init__(params, dict(lr=lr, betas=betas, weight_decay=weight_decay))
+
+    def add_param_group(self, param_group):
+        """Torch's, with the group's ``lr``, ``betas`` and ``weight_decay`` checked (the
+        constructor's groups come through here too) and complex parameters refused."""
+        super().add_param_group(param_group)
+        group = self.param_groups[-1]
+        try:
+            _check_group(group)
+        except (TypeError, ValueError):
+            self.param_groups.pop()
+            raise
+
+    def load_state_dict(self, state_dict):
+        """Torch's, refusing a state whose groups' hyper-parameters are out of range (the
+        state of another optimizer, such as SGD's, has none) or whose momenta do not have
+        their parameters' shapes; the optimizer is then left as it was."""
+        before = self.state_dict()
+        super().load_state_dict(state_dict)
+        try:
+            for index, group in enumerate(self.param_groups):
+                _check_group(group, f"parameter group {index} of the state dict")
+                for param in group["params"]:
+                    _check_momentum(self.state[param].get("exp_avg"), param)
+        except (TypeError, ValueError):
+            super().load_state_dict(before)
+            raise
 
     def momentum(self, param):
         """The momentum of ``param``, made (zeros) on first use."""
         state = self.state[param]
         if "exp_avg" not in state:
             state["exp_avg"] = torch.zeros_like(param, memory_format=torch.preserve_format)
-        return state["exp_avg"]
+        return _check_momentum(state["exp_avg"], param)
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -140,3 +187,28 @@ class Lion(torch.optim.Optimizer):
                 lion_step(param, self.momentum(param), param.grad, group["lr"],
                           group["weight_decay"], beta1, beta2)
         return loss
+
+
+def _check_group(group, where="a parameter group"):
+    """Raise for a group whose hyper-parameters `check_hyperparameters` refuses, that lacks
+    one, or that holds a complex parameter; normalise its ``betas`` to a tuple."""
+    missing = [key for key in ("lr", "betas", "weight_decay") if key not in group]
+    if missing:
+        raise ValueError(f"{where} has no {', '.join(missing)}: not a Lion state")
+    try:
+        group["betas"] = check_hyperparameters(group["lr"], group["betas"],
+                                               group["weight_decay"])
+    except ValueError as error:
+        raise ValueError(f"{where}: {error}") from None
+    for param in group["params"]:
+        if param.is_complex():
+            raise TypeError(f"Lion takes real parameters, got one of {param.dtype} (view it "
+                            f"as real with torch.view_as_real)")
+
+
+def _check_momentum(momentum, param):
+    """``momentum`` when it has ``param``'s shape (the kernels index both alike), else raise."""
+    if momentum is not None and momentum.shape != param.shape:
+        raise ValueError(f"the momentum (exp_avg) of a parameter of shape {tuple(param.shape)} "
+                         f"has shape {tuple(momentum.shape)}: a state of another model")
+    return momentum
