@@ -290,6 +290,25 @@ def test_saving_the_step_just_saved_again_keeps_the_first(tmp_path):
     checkpoints.close()
 
 
+def test_a_rolled_back_run_cannot_save_beside_newer_checkpoints(tmp_path):
+    # Pruning keeps the highest steps and load() takes the newest: steps 11 and 12 saved after
+    # going back to step 10 would have been pruned in favour of step 20, and loaded as it.
+    checkpoints = make(tmp_path, keep=2)
+    for step in (10, 20):
+        checkpoints.save(step, {"step": step})
+    checkpoints.wait()
+    assert checkpoints.load(step=10).shard == {"step": 10}
+    with pytest.raises(ValueError, match="cannot save step 11 .* newer checkpoint of step 20 "
+                                         r"\(a run rolled back"):
+        checkpoints.save(11, {"step": 11})
+    assert checkpoints.steps() == [10, 20]
+    checkpoints.save(21, {"step": 21})   # forward from the newest is fine
+    with pytest.raises(ValueError, match="cannot save step 15 .* checkpoints of steps 20, 21 "):
+        checkpoints.save(15, {"step": 15})   # older than the pending save: it is committed
+    assert checkpoints.steps() == [20, 21] and checkpoints.load().shard == {"step": 21}
+    checkpoints.close()
+
+
 def test_fingerprint_of_another_run(tmp_path):
     make(tmp_path / "a", fingerprint={"dataset": "cora", "seed": 0, "model": "gcn"})
     make(tmp_path / "a", fingerprint={"dataset": "cora", "seed": 0, "model": "gcn"})

@@ -350,7 +350,9 @@ class Checkpointer:
             A value the checkpoint cannot hold (the message gives its path in the state), a
             step that is not an int.
         ValueError
-            A negative step, steps that differ between ranks, malformed ``nodes``.
+            A negative step, steps that differ between ranks, malformed ``nodes``; a step
+            older than a good checkpoint in the directory (or than the previous save): the
+            checkpoints of a rolled-back run would mix with the newer ones of the run it left.
         FileExistsError
             The step is already committed, or is the previous save's (which is committed).
         """
@@ -404,6 +406,7 @@ class Checkpointer:
             if self.comm.rank == 0:
                 if self._lock is None:  # one writer at a time; readers need no lock
                     self._lock = _files.lock_directory(self.directory)
+                self._refuse_rollback(step, None if previous is None else previous[0])
                 self._clear_step(step)
         except Exception as exc:  # raised below on every rank, not just here
             error = exc
@@ -419,6 +422,21 @@ class Checkpointer:
         encoder = Encoder()
         encoder.tree = encoder.encode(state, root)
         return encoder
+
+    def _refuse_rollback(self, step, previous_step):
+        """Raise where good checkpoints newer than ``step`` exist (rank 0): saving it would let
+        pruning, which keeps the highest steps, delete the run's new checkpoints, and `load`
+        return the newer one of the abandoned run."""
+        newer = [s for s in self.steps() if s > step and s not in self._damaged]
+        if previous_step is not None and previous_step > step:
+            newer.append(previous_step)
+        if newer:
+            raise ValueError(
+                f"cannot save step {step} in {self.directory}: it holds the newer checkpoint"
+                f"{'s' if len(newer) > 1 else ''} of step{'s' if len(newer) > 1 else ''} "
+                f"{', '.join(map(str, sorted(newer)))} (a run rolled back to an older "
+                f"checkpoint?). Delete their step-* directories to continue from here, or "
+                f"save in another directory")
 
     def _clear_step(self, step):
         """Make room for saving ``step`` (rank 0): refuse a committed one, move a damaged one
