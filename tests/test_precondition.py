@@ -1121,6 +1121,40 @@ def test_schedules_follow_the_config_as_it_changes():
         gm.do_update_curvature(1)
 
 
+@pytest.mark.parametrize("maker", ["KfacGradientMaker", "DiagNaturalGradientMaker",
+                                   "ShampooGradientMaker", "JorgeGradientMaker"])
+@pytest.mark.parametrize("field, value, message", [
+    ("damping", -1e-3, "damping must be a finite number > 0, got -0.001"),
+    ("ema_decay", 5.0, "ema_decay must be -1 .* got 5.0"),
+    ("data_size", 0, "data_size must be >= 1"),
+])
+def test_every_changed_field_is_checked_before_the_next_step(maker, field, value, message):
+    """Not only the intervals: a damping made negative during training would flip the signs
+    of the diagonal Fisher's step."""
+    model = mlp()
+    config = P.PreconditioningConfig(data_size=32, damping=1e-3)
+    gm = getattr(P, maker)(model, config)
+    x, t = batch((32, 20))
+    gm.setup_loss_call(F.cross_entropy, gm.setup_model_call(model, x), t)
+    gm.forward_and_backward()
+    weights = [p.detach().clone() for p in model.parameters()]
+    setattr(config, field, value)
+    with pytest.raises(ValueError, match=message):
+        gm.forward_and_backward()
+    assert all(torch.equal(a, b) for a, b in zip(weights, model.parameters()))
+
+
+@pytest.mark.parametrize("maker", ["ShampooGradientMaker", "JorgeGradientMaker"])
+def test_root_makers_keep_their_ema_decay(maker):
+    model = mlp()
+    config = P.PreconditioningConfig(damping=1e-3, ema_decay=0.1)
+    gm = getattr(P, maker)(model, config)
+    config.ema_decay = 0.5   # valid, but the statistics gathered so far assume 0.1
+    with pytest.raises(ValueError, match="keeps the ema_decay it was made with \\(0.1\\), "
+                                         "got 0.5"):
+        gm.do_update_curvature()
+
+
 def test_pi_damping_switch():
     """pi_damping=False gives each factor sqrt(damping)."""
     x, t = batch((32, 20))

@@ -16,6 +16,7 @@ What a curvature *is* (Kronecker factors, diagonals) and how it preconditions be
 subclasses, which implement ``_kind_for``, ``_on_input``, ``_on_output_grad``,
 ``update_curvature``, ``update_preconditioner`` and ``precondition``.
 """
+import dataclasses
 import inspect
 import math
 import warnings
@@ -201,20 +202,16 @@ class PreconditionedGradientMaker:
         if not isinstance(config, PreconditioningConfig):
             raise TypeError(f"config must be a PreconditioningConfig, got "
                             f"{type(config).__name__}")
-        if self._requires_data_size and config.data_size == -1:
-            raise ValueError(
-                f"{type(self).__name__} needs PreconditioningConfig.data_size (found -1, "
-                f"unset; expected the number of examples the loss sums over, e.g. the batch "
-                f"size or the number of training nodes)")
         self.model = model
         self.config = config
+        self._check_config()
         self.comm = comm
         #: Whether there are other ranks to sum gradients and curvature with.
         self._distributed = comm is not None and comm.size > 1
         self.check_finite = bool(check_finite)
         self.state = {"step": 0}
         self.last_step_skipped = False
-        self._schedule_key = self._schedule_pair = None
+        self._schedule_key = self._schedule_pair = self._config_values = None
         self._current_schedules()
         self._model_fn = None
         self._model_args = ()
@@ -404,14 +401,27 @@ class PreconditionedGradientMaker:
         return self.state["step"]
 
     # ------------------------------------------------------------------ schedules
+    def _check_config(self):
+        """What this maker needs of its config beyond `PreconditioningConfig`'s own checks."""
+        if self._requires_data_size and self.config.data_size == -1:
+            raise ValueError(
+                f"{type(self).__name__} needs PreconditioningConfig.data_size (found -1, "
+                f"unset; expected the number of examples the loss sums over, e.g. the batch "
+                f"size or the number of training nodes)")
+
     def _current_schedules(self):
         """The (curvature, preconditioner) schedules of the config as it is now: ASDL reads
-        its intervals at every step, so a script may change them during training (a changed
-        field is checked as on construction)."""
+        its config at every step, so a script may change it during training. Any changed
+        field (damping, data_size, ...) is checked as on construction, at the start of the
+        next step, before it is used."""
+        values = _config_values(self.config)
+        if values != self._config_values:
+            if self._config_values is not None:
+                self.config._check()
+                self._check_config()
+            self._config_values = values
         key = tuple(getattr(self.config, field) for field in _SCHEDULE_FIELDS)
         if key != self._schedule_key:
-            if self._schedule_key is not None:
-                self.config._check()
             self._schedule_pair = _schedules(self.config)
             self._schedule_key = key
         return self._schedule_pair
@@ -741,3 +751,9 @@ class PreconditionedGradientMaker:
                 f"{shard[0]} of {shard[1]}, or save consolidated_state_dict() (every rank "
                 f"calls it) to resume on another number of ranks")
         return step
+
+
+def _config_values(config):
+    """Every field of ``config``, lists as tuples (so that a list changed in place shows)."""
+    return tuple(tuple(value) if isinstance(value, (list, set)) else value
+                 for value in (getattr(config, field.name) for field in dataclasses.fields(config)))

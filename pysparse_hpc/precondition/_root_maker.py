@@ -133,6 +133,7 @@ class RootGradientMaker(PreconditionedGradientMaker):
             raise ValueError(f"grafting must be one of {GRAFTINGS}, got {grafting!r}")
         self.grafting = grafting
         self.grafting_epsilon = check_positive("grafting_epsilon", grafting_epsilon)
+        self._ema_decay = getattr(config, "ema_decay", None)   # checked in super().__init__
         super().__init__(model, config, check_finite=check_finite, comm=comm)
         if config.uses_ema:
             self._decay, self._weight = 1.0 - config.ema_decay, float(config.ema_decay)
@@ -159,6 +160,14 @@ class RootGradientMaker(PreconditionedGradientMaker):
     def _supported_names(self):
         return ("module whose weight has 2 or more dimensions (nn.Linear, nn.Conv2d, "
                 "nn.Embedding, ...)")
+
+    def _check_config(self):
+        super()._check_config()
+        # The statistics gathered so far (sums, or averages and their decay) assume one.
+        if self.config.ema_decay != self._ema_decay:
+            raise ValueError(f"{type(self).__name__} keeps the ema_decay it was made with "
+                             f"({self._ema_decay}), got {self.config.ema_decay}: make a new "
+                             f"maker to change it")
 
     def _collect_parameters(self):
         for module_name, (module, _) in self._modules.items():
