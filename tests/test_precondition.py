@@ -189,7 +189,12 @@ def test_low_rank_rows_stack_over_calls_and_leave_with_a_larger_batch():
         return torch.cat([module(inputs), module(inputs * 2)])
     dy = gm.setup_model_call(twice, model, x)
     gm.setup_loss_call(F.cross_entropy, dy, t)
-    gm.forward_and_backward()
+    with pytest.warns(UserWarning, match=r"'<model>' \(2 calls\) ran more than once in one "
+                                         r"forward.*'expand'"):
+        gm.forward_and_backward()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")   # once per module
+        gm.forward_and_backward()
     rows = gm.factors("")["A_rows"]
     assert rows.shape == (8, 60) and "A" not in gm.factors("")
     torch.testing.assert_close(rows.T.mm(rows), 5 * x.T.mm(x) / 8, rtol=1e-12, atol=1e-14)

@@ -212,6 +212,8 @@ class PreconditionedGradientMaker:
         self.state = {"step": 0}
         self.last_step_skipped = False
         self._schedule_key = self._schedule_pair = self._config_values = None
+        self._forward_calls = None      # {module name: calls} during a curvature forward
+        self._warned_repeated = set()   # modules already warned of as called repeatedly
         self._current_schedules()
         self._model_fn = None
         self._model_args = ()
@@ -549,7 +551,10 @@ class PreconditionedGradientMaker:
                     partial(self._forward_hook, name), with_kwargs=True))
             if seed is not None:
                 torch.manual_seed(seed)
+            self._forward_calls = {}
             output = self._call_model()
+            calls, self._forward_calls = self._forward_calls, None
+            self._warn_repeated_calls(calls)
             loss_sum, logits = self._call_loss(output, reduction="sum")
             if fisher_type != FISHER_EMP:
                 weights = [module.weight for module, _ in self._modules.values()]
@@ -569,11 +574,32 @@ class PreconditionedGradientMaker:
         return output, loss
 
     def _forward_hook(self, name, module, args, kwargs, output):
+        # Counted in the forward only: a forward re-run inside backward (activation
+        # checkpointing) is the same call again.
+        if self._forward_calls is not None:
+            self._forward_calls[name] = self._forward_calls.get(name, 0) + 1
         x = args[0] if args else next(iter(kwargs.values()))
         with torch.no_grad():
             context = self._on_input(name, module, x.detach())
         if isinstance(output, torch.Tensor) and output.requires_grad:
             output.register_hook(partial(self._output_grad_hook, name, context))
+
+    def _warn_repeated_calls(self, calls):
+        """Warn once per module called more than once in a forward: its curvature counts the
+        calls as separate examples, an approximation where they see the same example."""
+        repeated = {name: n for name, n in calls.items()
+                    if n > 1 and name not in self._warned_repeated}
+        if repeated:
+            self._warned_repeated.update(repeated)
+            listed = ", ".join(f"{name or '<model>'!r} ({n} calls)"
+                               for name, n in repeated.items())
+            warnings.warn(f"{type(self).__name__}: {listed} ran more than once in one forward. "
+                          f"Each call's input and output gradient count as separate examples "
+                          f"(K-FAC's 'expand'): exact where the calls see different examples "
+                          f"(parts of a batch), an approximation where they see the same ones "
+                          f"(weights shared across the calls of a recurrent or Siamese network: "
+                          f"the terms that pair two calls are left out)", UserWarning,
+                          stacklevel=5)
 
     def _output_grad_hook(self, name, context, grad):
         if self._grad_weight is not None:
