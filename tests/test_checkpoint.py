@@ -338,6 +338,10 @@ def test_bad_arguments_are_clear_errors(tmp_path):
         make(tmp_path / "k", keep=0)
     with pytest.raises(TypeError, match="keep must be a positive int"):
         make(tmp_path / "k", keep="3")
+    with pytest.raises(ValueError, match="threads must be at least 1 .* got 0"):
+        make(tmp_path / "t", threads=0)
+    with pytest.raises(TypeError, match="threads must be a positive int or None, got 'x'"):
+        make(tmp_path / "t", threads="x")
     checkpoints = make(tmp_path / "run")
     for step, kind in ((-1, ValueError), (1.5, TypeError), (True, TypeError), ("3", TypeError)):
         with pytest.raises(kind, match="step must be a non-negative int"):

@@ -177,6 +177,14 @@ def test_lion_refuses_a_state_with_bad_settings(edit, message):
     assert optimizer.param_groups[0]["lr"] == 0.2
 
 
+def test_distributed_lion_refuses_incomplete_counters():
+    optimizer = DistributedLion(_mlp().parameters())
+    state = optimizer.state_dict()
+    del state["distributed_lion"]["next_sync"]
+    with pytest.raises(ValueError, match="counters lack next_sync"):
+        optimizer.load_state_dict(state)
+
+
 def test_distributed_lion_refuses_a_non_bool_average_and_device_parameters():
     with pytest.raises(TypeError, match="average must be a bool, got str"):
         DistributedLion(_mlp().parameters(), average="no")

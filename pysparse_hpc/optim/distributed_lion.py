@@ -351,6 +351,10 @@ class DistributedLion(Lion):
         momentum schedule continues where it was."""
         state_dict = dict(state_dict)
         counters = state_dict.pop("distributed_lion", None)
+        missing = {"steps_taken", "momentum_syncs", "next_sync"} - set(counters or {})
+        if counters is not None and missing:
+            raise ValueError(f"the state's distributed_lion counters lack "
+                             f"{', '.join(sorted(missing))}")
         super().load_state_dict(state_dict)
         if counters is not None:
             self.steps_taken = counters["steps_taken"]

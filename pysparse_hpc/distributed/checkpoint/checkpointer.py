@@ -221,7 +221,12 @@ class Checkpointer:
         if threads is None:
             cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
             threads = min(8, len(cpus) if cpus else os.cpu_count() or 1)
-        self.threads = max(1, int(threads))
+        elif isinstance(threads, bool) or not isinstance(threads, (int, np.integer)):
+            raise TypeError(f"threads must be a positive int or None, got {threads!r}")
+        elif threads < 1:
+            raise ValueError(f"threads must be at least 1 (or None: the CPUs available), "
+                             f"got {threads}")
+        self.threads = int(threads)
         self._pending = None
         self._pruning = None
         self._worker = self._queue = None
