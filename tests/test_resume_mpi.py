@@ -80,7 +80,12 @@ def test_killed_rank_ends_the_job_and_resume_reaches_the_same_accuracy(tmp_path)
         if job.poll() is None:
             job.kill()
     assert job.returncode != 0 and ended < 30, (job.returncode, ended)
-    assert f"PID {pids[1]}" in out + err, out + err  # the launcher names the PID we mapped
+    # The launcher names a PID of the job, which rank 0's map turns into a rank. It is the
+    # killed rank's PID nearly always; on a loaded machine MPICH's launcher has once named
+    # rank 0's instead, which its own clean-up had killed with the same signal by then.
+    named = [int(pid) for pid in re.findall(r"PID (\d+) RUNNING", out + err)]
+    assert named and set(named) <= set(pids.values()), out + err
+    assert "EXIT CODE: 9" in out + err, out + err
     assert "test accuracy" not in out
 
     status, out, err, _ = run_mpi(2, "-m", "pysparse_hpc", "train", "--epochs", "150",
