@@ -147,7 +147,9 @@ class csr_array(sparray):
             tuple(int(n) for n in csr.shape),
             None,
         )
-        self.check_format(full_check=False)
+        # scipy builds a matrix from arrays without checking its indices: a column out of
+        # range would send the kernels outside their operands. O(nnz), as the copy is.
+        self.check_format(full_check=True)
 
     def _init_from_tuple(self, arg, shape, dtype, copy, index_dtype):
         if len(arg) == 2 and _is_int(arg[0]) and _is_int(arg[1]):

@@ -122,6 +122,18 @@ def test_scipy_canonicalizing_its_input_later_does_not_corrupt_us(rng):
     assert np.shares_memory(sph.csr_array(C).indices, C.indices)  # canonical input is shared
 
 
+@pytest.mark.parametrize("indices, indptr, message", [
+    ([0, 1, 10**6], [0, 1, 2, 3], "column 1000000, out of range for 3 columns"),
+    ([0, 1, -5], [0, 1, 2, 3], "negative column"),
+    ([0, 1, 2], [0, 3, 1, 3], "indptr must be non-decreasing"),
+])
+def test_malformed_scipy_input_is_refused(indices, indptr, message):
+    # scipy builds these without a full check; our kernels would read out of bounds.
+    S = scipy.sparse.csr_array((np.ones(3), np.array(indices), np.array(indptr)), shape=(3, 3))
+    with pytest.raises(ValueError, match=message):
+        sph.csr_array(S)
+
+
 def test_inplace_ops_do_not_touch_caller_arrays(rng):
     S = random_scipy(rng, (20, 10), 0.3, duplicates=True)
     data, indices, indptr = S.data.copy(), S.indices.copy(), S.indptr.copy()
