@@ -162,6 +162,17 @@ def test_transpose_is_built_once_and_reused_for_symmetric_graphs(rng):
     np.testing.assert_array_equal(transposed.matrix.data, directed.data[transposed.order])
 
 
+def test_rebinding_an_array_of_the_graph_drops_what_was_built_from_it():
+    adj = sph.csr_array(np.array([[0.0, 1.0, 0.0], [0.0, 0.0, 1.0], [1.0, 0.0, 0.0]]))
+    x = torch.rand(3, 2, dtype=torch.float64, requires_grad=True)
+    F.spmm(adj, x).sum().backward()
+    np.testing.assert_array_equal(x.grad[:, 0].numpy(), [1.0, 1.0, 1.0])
+    adj.data = np.array([2.0, 3.0, 4.0])     # a new array: the cached transpose is stale
+    x.grad = None
+    F.spmm(adj, x).sum().backward()
+    np.testing.assert_array_equal(x.grad[:, 0].numpy(), [4.0, 2.0, 3.0])   # column sums
+
+
 def test_dropout_statistics_repeatability_and_gradient():
     x = torch.ones(200, 500)
     torch.manual_seed(7)

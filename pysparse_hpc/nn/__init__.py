@@ -14,6 +14,10 @@ functional  spmm, sddmm, edge_softmax, gat_attention with autograd
 Every layer takes ``forward(x, adj)`` with ``adj`` a pysparse_hpc sparse array (CSR, ME-BCRS or
 blocked) or a ``[2, E]`` edge_index tensor (converted once and cached), and runs on the CPU
 kernels or, for tensors on a GPU, the CUDA backend. Importing this module imports torch.
+
+Graphs are treated as immutable: what is built from a sparse array (normalization, transpose,
+dtype copies) is kept on it while it holds the same arrays. Rebinding one (``A.data = new``)
+starts afresh; values written into them in place are not seen. Edit a copy (``A.copy()``).
 """
 from . import functional
 from .agnn import AGNNConv

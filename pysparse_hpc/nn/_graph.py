@@ -3,7 +3,9 @@
 Everything built from an adjacency (its canonical CSR pattern, the transpose the backward pass
 multiplies by, a copy in another dtype) is cached on the adjacency object itself, so a training
 loop that passes the same graph every epoch builds each piece once. Sparse arrays are treated as
-immutable here, as the kernels' caches already do.
+immutable here, as the kernels' caches already do: rebinding an array of one (``A.data =
+new``) drops its cache, values written into its arrays in place are not seen (the public
+docs say so: `pysparse_hpc.nn`).
 """
 import sys
 import weakref
@@ -22,11 +24,17 @@ __all__ = ["EdgeIndexCache", "as_graph", "cached_on", "check_graph_for", "edge_i
 
 
 def cached_on(owner, key, build):
-    """``build()`` once per ``key``, kept on ``owner`` (a sparse array)."""
-    cache = owner.__dict__.setdefault("_nn_cache", {})
-    if key not in cache:
-        cache[key] = build()
-    return cache[key]
+    """``build()`` once per ``key``, kept on ``owner`` (a sparse array) while ``owner`` holds
+    the same array objects: rebinding one (``A.data = new``) drops everything built."""
+    arrays = [value for value in owner.__dict__.values() if isinstance(value, np.ndarray)]
+    cache = owner.__dict__.get("_nn_cache")
+    if cache is None or len(cache["arrays"]) != len(arrays) or any(
+            old is not new for old, new in zip(cache["arrays"], arrays)):
+        cache = owner.__dict__["_nn_cache"] = {"arrays": arrays, "built": {}}
+    built = cache["built"]
+    if key not in built:
+        built[key] = build()
+    return built[key]
 
 
 def pattern(adj):

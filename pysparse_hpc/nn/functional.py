@@ -241,7 +241,9 @@ def spmm(adj, x, values=None):
     adj : csr_array, mebcrs_array, blocked_array or DistGraph, shape (M, K)
         The sparse operand. Without ``values`` its own values are used (constants) and the
         product runs on adj's format (a blocked ``adj`` runs the blocked kernel, forward and
-        backward). With ``values`` only its pattern is read. A
+        backward); its transpose for the backward pass is built once and kept on it, so
+        values written into its arrays in place are not seen (`pysparse_hpc.nn`: graphs are
+        immutable). With ``values`` only its pattern is read. A
         `~pysparse_hpc.distributed.DistGraph` takes this rank's rows of ``x`` and returns
         its rows of the product; the halo rows travel while the owned columns are multiplied
         (forward), and their gradient goes back to the owners (backward).
