@@ -515,6 +515,42 @@ def test_fit_rejects_bad_optimizer_settings(kwargs, message):
             **{"epochs": 1, "progress": False, **kwargs})
 
 
+@pytest.mark.parametrize("change, kind, message", [
+    (lambda y, masks: (y, [masks[0].long(), *masks[1:]]), TypeError,
+     "train_mask must be a 1-D bool tensor, got 1-D torch.int64"),
+    (lambda y, masks: (y, [masks[0], masks[1].float(), masks[2]]), TypeError,
+     "val_mask must be a 1-D bool tensor"),
+    (lambda y, masks: (y.double(), masks), TypeError, "y must be a 1-D int64 tensor"),
+    (lambda y, masks: (torch.nn.functional.one_hot(y), masks), TypeError,
+     "y must be a 1-D int64 tensor of class ids, got 2-D"),
+    (lambda y, masks: (torch.where(masks[2], -100, y), masks), ValueError,
+     "y holds the class id -100 on a node of the masks"),
+])
+def test_fit_refuses_masks_and_labels_it_would_misread(change, kind, message):
+    # An int64 0/1 mask indexed rows 0 and 1 and reported accuracies of 3.0.
+    from pysparse_hpc.nn import models
+    from pysparse_hpc.nn.train import fit
+    cora, (x, y, *masks) = _cora()
+    y, masks = change(y, masks)
+    with pytest.raises(kind, match=message):
+        fit(models.GCN(x.shape[1], 4, cora.num_classes), x, cora.adj, y, masks, epochs=1,
+            progress=False)
+
+
+def test_fit_without_validation_nodes_keeps_the_last_epoch_and_no_epoch_measures_nothing():
+    from pysparse_hpc.nn import models
+    from pysparse_hpc.nn.train import fit
+    cora, (x, y, train, val, test) = _cora()
+    torch.manual_seed(0)
+    result = fit(models.GCN(x.shape[1], 4, cora.num_classes), x, cora.adj, y,
+                 (train, torch.zeros_like(val), test), epochs=5, progress=False)
+    assert result.best_epoch == 4 and result.val_accuracy == 0.0
+    result = fit(models.GCN(x.shape[1], 4, cora.num_classes), x, cora.adj, y,
+                 (train, val, test), epochs=0, progress=False)
+    assert result.best_epoch == -1 and np.isnan(result.test_accuracy)
+    assert np.isnan(result.val_accuracy) and result.losses == []
+
+
 @pytest.mark.parametrize("optimizer", ["adam", "lion"])
 def test_fit_skips_a_nonfinite_step_and_says_so(optimizer):
     from pysparse_hpc.nn import models

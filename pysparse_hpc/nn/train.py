@@ -32,8 +32,10 @@ class TrainResult:
     Attributes
     ----------
     test_accuracy, val_accuracy : float
-        At the epoch of best validation accuracy (ties: lower validation loss).
+        At the epoch of best validation accuracy (ties: lower validation loss); without
+        validation nodes, at the last epoch. NaN when no epoch ran.
     best_epoch : int
+        That epoch (-1 when no epoch ran).
     seconds_per_epoch : float
         Median time of one training step (forward, backward, optimizer step), evaluation
         excluded; with a preconditioner the mean, which spreads its curvature steps over the
@@ -95,12 +97,28 @@ class _Totals:
 
 
 def _check_node_tensors(graph, x, y, masks):
+    # An integer 0/1 mask would index rows 0 and 1 over and over; float labels or one-hot
+    # rows would broadcast in the accuracy: both ran and reported nonsense.
+    if y.dtype != torch.int64 or y.dim() != 1:
+        raise TypeError(f"y must be a 1-D int64 tensor of class ids, got {y.dim()}-D "
+                        f"{y.dtype}")
+    if len(masks) != 3:
+        raise ValueError(f"masks must be (train, val, test), got {len(masks)} of them")
+    for name, mask in zip(("train_mask", "val_mask", "test_mask"), masks):
+        if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool or mask.dim() != 1:
+            found = (f"{mask.dim()}-D {mask.dtype}" if isinstance(mask, torch.Tensor)
+                     else type(mask).__name__)
+            raise TypeError(f"{name} must be a 1-D bool tensor, got {found}")
     rows = x.shape[0] if graph is None else graph.n_local
     named = [("x", x), ("y", y)] + list(zip(("train_mask", "val_mask", "test_mask"), masks))
     for name, tensor in named:
         if tensor.shape[0] != rows:
             where = "" if graph is None else f" (rank {graph.comm.rank} owns {rows} nodes)"
             raise ValueError(f"{name} has {tensor.shape[0]} rows, expected {rows}{where}")
+    labelled = masks[0] | masks[1] | masks[2]
+    if bool(labelled.any()) and int(y[labelled].min()) < 0:
+        raise ValueError(f"y holds the class id {int(y[labelled].min())} on a node of the "
+                         f"masks; expected ids >= 0 (unlabelled nodes stay out of the masks)")
 
 
 #: ``fit(preconditioner=...)``: name -> (maker class name, its damping when Adam applies the
@@ -211,7 +229,7 @@ def fit(model, x, adj, y, masks, *, epochs=200, lr=0.01, weight_decay=5e-4, prog
         try:
             _check_node_tensors(graph, x, y, masks)
             error = None
-        except ValueError as exc:
+        except (TypeError, ValueError) as exc:
             error = exc
         graph.comm.raise_if_any(error)
     total = _Totals(graph)
@@ -219,6 +237,7 @@ def fit(model, x, adj, y, masks, *, epochs=200, lr=0.01, weight_decay=5e-4, prog
     n_train, n_val, n_test = total(*(float(m.sum()) for m in masks))
     if n_train == 0:
         raise ValueError("the training mask selects no node")
+    select_last = n_val == 0   # no validation to select by: the last epoch is the model
     n_val, n_test = max(n_val, 1.0), max(n_test, 1.0)  # empty splits report accuracy 0
     if isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, int) \
             or checkpoint_every < 1:
@@ -280,7 +299,7 @@ def fit(model, x, adj, y, masks, *, epochs=200, lr=0.01, weight_decay=5e-4, prog
                     float(F.cross_entropy(logits[val_mask], y[val_mask], reduction="sum")),
                     _correct(logits, y, val_mask), _correct(logits, y, test_mask))
                 val_loss, val_accuracy = val_loss / n_val, val_correct / n_val
-                if (val_accuracy, -val_loss) > (best[0], -best[1]):
+                if select_last or (val_accuracy, -val_loss) > (best[0], -best[1]):
                     best = (val_accuracy, val_loss, test_correct / n_test, epoch)
             bar.set_postfix(loss=f"{losses[-1]:.3f}", val=f"{val_accuracy:.3f}", refresh=False)
             run.best, run.epochs_done = best, epoch + 1
@@ -290,6 +309,8 @@ def fit(model, x, adj, y, masks, *, epochs=200, lr=0.01, weight_decay=5e-4, prog
     bar.close()
     if checkpointer is not None:
         checkpointer.wait()  # the last checkpoint is durable before fit returns
+    if best[3] < 0:   # no epoch ran: no accuracy was measured
+        best = (float("nan"), float("inf"), float("nan"), -1)
     return TrainResult(test_accuracy=best[2], val_accuracy=best[0], best_epoch=best[3],
                        seconds_per_epoch=float((np.median if maker is None else np.mean)(
                            step_seconds)) if step_seconds
