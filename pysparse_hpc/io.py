@@ -123,4 +123,16 @@ def write_matrix_market(path, A, comment="", symmetry=None):
     """
     if not isinstance(A, sparray):
         raise TypeError(f"expected a pysparse_hpc sparse array, got {type(A).__name__}")
-    scipy.io.mmwrite(path, A.to_scipy().tocoo(), comment=comment, symmetry=symmetry)
+    coo = A.to_scipy().tocoo()
+    # scipy writes one triangle for a declared symmetry without checking it: the other
+    # triangle would be lost, or come back mirrored.
+    if symmetry in ("symmetric", "skew-symmetric"):
+        transposed = -coo.T if symmetry == "skew-symmetric" else coo.T
+        if coo.shape[0] != coo.shape[1] or (coo - transposed).count_nonzero():
+            raise ValueError(f"symmetry={symmetry!r} but the matrix is not {symmetry}; "
+                             f"use symmetry=None to detect it or 'general'")
+    # and it returns without writing when the directory is missing.
+    directory = os.path.dirname(os.fspath(path))
+    if directory and not os.path.isdir(directory):
+        raise FileNotFoundError(f"no directory {directory!r} to write {os.fspath(path)!r} in")
+    scipy.io.mmwrite(path, coo, comment=comment, symmetry=symmetry)

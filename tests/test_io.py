@@ -53,6 +53,20 @@ def test_matrix_market_symmetric_and_pattern(tmp_path):
     np.testing.assert_array_equal(A.toarray(), [[0, 1, 0], [1, 0, 0], [0, 0, 1]])
 
 
+def test_matrix_market_writer_refuses_what_scipy_would_lose(tmp_path):
+    upper = sph.csr_array(np.triu(np.ones((3, 3))))
+    for symmetry in ("symmetric", "skew-symmetric"):
+        # scipy would write one triangle and read back a mirrored matrix
+        with pytest.raises(ValueError, match=f"symmetry='{symmetry}' but the matrix is not"):
+            write_matrix_market(tmp_path / "a.mtx", upper, symmetry=symmetry)
+    skew = sph.csr_array(np.array([[0.0, 2.0], [-2.0, 0.0]]))
+    write_matrix_market(tmp_path / "k.mtx", skew, symmetry="skew-symmetric")
+    np.testing.assert_array_equal(read_matrix_market(tmp_path / "k.mtx").toarray(),
+                                  skew.toarray())
+    with pytest.raises(FileNotFoundError, match="no directory"):   # scipy writes nothing
+        write_matrix_market(tmp_path / "missing" / "a.mtx", upper)
+
+
 def test_missing_and_corrupt_files(tmp_path):
     with pytest.raises(FileNotFoundError, match="no such file"):
         load_npz(tmp_path / "nope.npz")
