@@ -426,6 +426,22 @@ def test_load_file(tmp_path, cora):
     scipy.sparse.save_npz(tmp_path / "plain.npz", adj.to_scipy())
     with pytest.raises(ValueError):
         sph.datasets.load_file(tmp_path / "plain.npz", random_features=3)
+    # Cast unchecked, float labels were truncated and index masks read as 0/1 masks.
+    for change, message in [(dict(labels=cora.y + 0.9), "labels must be a 1-D integer array"),
+                            (dict(labels=np.where(cora.train_mask, 7, cora.y)),
+                             r"range over 0..7; expected 0..6"),
+                            (dict(labels=np.where(cora.test_mask, -1, cora.y)),
+                             r"range over -1..6"),
+                            (dict(train_mask=np.flatnonzero(cora.train_mask)),
+                             "train_mask must be a 1-D bool array, got 1-D int64"),
+                            (dict(num_classes=0), "num_classes must be an integer >= 1"),
+                            (dict(adj_shape=np.array([2708, 2709])), "a graph's is square")]:
+        np.savez(path, **{**arrays, **change})
+        with pytest.raises(ValueError, match=message):
+            sph.datasets.load_file(path, random_features=3)
+    unlabelled = np.where(cora.train_mask | cora.val_mask | cora.test_mask, cora.y, -1)
+    np.savez(path, **{**arrays, "labels": unlabelled})   # -1 outside the masks is fine
+    assert sph.datasets.load_file(path, random_features=3).y.min() == -1
 
 
 def test_train_command_without_mpiexec(capsys):

@@ -126,7 +126,9 @@ def load_file(path, random_features=None, seed=0, name=None):
     FileNotFoundError
         No such file.
     ValueError
-        The file lacks a key (named), or its arrays disagree in length.
+        The file lacks a key (named), its arrays disagree in length, the labels are not
+        integers in ``0..num_classes - 1`` on the masked nodes, a mask is not boolean, or the
+        adjacency is not square.
     """
     import os
     path = os.fspath(path)
@@ -138,9 +140,21 @@ def load_file(path, random_features=None, seed=0, name=None):
             raise ValueError(f"{path!r} lacks {', '.join(missing)} (a node-classification "
                              "graph file needs labels, the three masks and num_classes)")
         has_features = "feat_indptr" in archive.files
-        y = archive["labels"].astype(np.int64)
-        masks = [archive[f"{split}_mask"].astype(bool) for split in _SPLITS]
-        num_classes = int(archive["num_classes"])
+        y, masks = archive["labels"], [archive[f"{split}_mask"] for split in _SPLITS]
+        num_classes = archive["num_classes"]
+    # Cast without a check, float labels were truncated and index masks read as 0/1 masks.
+    if y.ndim != 1 or not np.issubdtype(y.dtype, np.integer):
+        raise ValueError(f"{path!r}: labels must be a 1-D integer array, got {y.ndim}-D {y.dtype}")
+    for split, mask in zip(_SPLITS, masks):
+        if mask.ndim != 1 or mask.dtype != np.bool_:
+            raise ValueError(f"{path!r}: {split}_mask must be a 1-D bool array, got {mask.ndim}-D "
+                             f"{mask.dtype}")
+    if num_classes.ndim or not np.issubdtype(num_classes.dtype, np.integer) or num_classes < 1:
+        raise ValueError(f"{path!r}: num_classes must be an integer >= 1, got {num_classes!r}")
+    y, num_classes = y.astype(np.int64), int(num_classes)
+    if adj.shape[0] != adj.shape[1]:
+        raise ValueError(f"{path!r}: the adjacency is {adj.shape[0]} x {adj.shape[1]}; a graph's "
+                         f"is square")
     n = adj.shape[0]
     if random_features is not None:
         if isinstance(random_features, bool) or int(random_features) < 1:
@@ -156,5 +170,10 @@ def load_file(path, random_features=None, seed=0, name=None):
         if array.shape[0] != n:
             raise ValueError(f"{path!r}: {label} have {array.shape[0]} rows but the graph has {n}"
                              " nodes")
+    labelled = masks[0] | masks[1] | masks[2]
+    if labelled.any() and not (0 <= y[labelled].min() and y[labelled].max() < num_classes):
+        raise ValueError(f"{path!r}: labels of the masked nodes range over "
+                         f"{y[labelled].min()}..{y[labelled].max()}; expected 0..{num_classes - 1}"
+                         f" (num_classes {num_classes})")
     name = os.path.splitext(os.path.basename(path))[0] if name is None else name
     return Dataset(name, adj, x, y, *masks, num_classes)
