@@ -329,6 +329,10 @@ def test_layer_options_are_validated():
         nn.GCNConv(0, 2)
     with pytest.raises(ValueError, match="dropout"):
         nn.GATConv(3, 2, dropout=1.0)
+    with pytest.raises(ValueError, match="negative_slope must be a finite number"):
+        nn.GATConv(3, 2, negative_slope=float("nan"))   # every output would be NaN
+    assert nn.GCNConv(np.int64(3), 2).in_channels == 3   # NumPy ints, as nn.Linear takes them
+    assert nn.GATConv(3, np.int32(2), heads=np.int64(2)).heads == 2
 
 
 @pytest.mark.parametrize("layer", [nn.GCNConv(3, 2), nn.GATConv(3, 2), nn.AGNNConv()])

@@ -6,6 +6,9 @@ included), ``Y_i = sum_j alpha_ij H_j`` per head, then heads concatenated or ave
 attention is one fused pass (`functional.gat_attention`), the aggregation a multi-head SpMM
 whose backward is an SDDMM for the attention and an SpMM with the cached transpose for H.
 """
+import math
+import numbers
+
 import torch
 from torch.utils.checkpoint import checkpoint
 
@@ -75,10 +78,13 @@ class GATConv(torch.nn.Module):
             raise ValueError(f"cache must be one of {GAT_CACHES}, got {cache!r}")
         for name, value in (("in_channels", in_channels), ("out_channels", out_channels),
                             ("heads", heads)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {dropout!r}")
+        if not (isinstance(negative_slope, numbers.Real) and math.isfinite(negative_slope)):
+            raise ValueError(f"negative_slope must be a finite number, got {negative_slope!r}")
+        in_channels, out_channels, heads = int(in_channels), int(out_channels), int(heads)
         self.in_channels, self.out_channels, self.heads = in_channels, out_channels, heads
         self.concat, self.dropout, self.negative_slope = concat, float(dropout), negative_slope
         self.cache, self.add_self_loops = cache, add_self_loops

@@ -8,6 +8,7 @@ unchanged input (a first layer fed the raw features, or evaluation passes) with 
 ``Â X`` is computed once and reused: the layer is then a dense product, with no SpMM at all.
 """
 import math
+import numbers
 import weakref
 
 import torch
@@ -162,9 +163,9 @@ class GCNConv(torch.nn.Module):
         if order not in ORDERS:
             raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
         for name, value in (("in_channels", in_channels), ("out_channels", out_channels)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
-        self.in_channels, self.out_channels = in_channels, out_channels
+        self.in_channels, self.out_channels = int(in_channels), int(out_channels)
         self.cached, self.order, self.normalize = cached, order, normalize
         # The dense transform is a Linear module, so that module hooks (gradient
         # preconditioning) see its input and output whichever operator order a call takes.
