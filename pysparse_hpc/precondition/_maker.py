@@ -568,7 +568,7 @@ class PreconditionedGradientMaker:
             loss = loss_sum / data_size
             loss.backward()
         finally:
-            self._grad_weight = None
+            self._grad_weight = self._forward_calls = None
             for handle in handles:
                 handle.remove()
         return output, loss
