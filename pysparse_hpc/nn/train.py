@@ -455,16 +455,15 @@ def _check_schedule(epochs, lr, weight_decay):
     ``lr`` a finite number > 0 and ``weight_decay`` a finite number >= 0: checked before
     anything trains, so that a bad value is one clear error on every rank alike rather than
     the optimizer's, raised on some ranks while others wait."""
+    from ..precondition._natural import _check_real
     if isinstance(epochs, bool) or not isinstance(epochs, (int, np.integer)):
         raise TypeError(f"epochs must be an int, got {type(epochs).__name__}")
     if epochs < 0:
         raise ValueError(f"epochs must be at least 0, got {epochs}")
-    for name, value, least in (("lr", lr, "> 0"), ("weight_decay", weight_decay, ">= 0")):
-        if isinstance(value, bool) or not isinstance(value, (int, float, np.integer,
-                                                             np.floating)):
-            raise TypeError(f"{name} must be a real number, got {type(value).__name__}")
-        if not (np.isfinite(value) and (value > 0 if least == "> 0" else value >= 0)):
-            raise ValueError(f"{name} must be a finite number {least}, got {value}")
+    _check_real("lr", lr)
+    _check_real("weight_decay", weight_decay, positive=False)
+    if weight_decay < 0:
+        raise ValueError(f"weight_decay must be a finite number >= 0, got {weight_decay}")
 
 
 def _check_kl_clip(preconditioner, kl_clip):

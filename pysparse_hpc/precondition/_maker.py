@@ -30,7 +30,7 @@ from ..distributed._comm import check_communicator
 from ..distributed._sparse_grads import allreduce_sparse, sparse_gradient_parameters
 from ._fisher import FISHER_EMP, fisher_passes
 from ._kaisa import allreduce_sum
-from .config import _SCHEDULE_FIELDS, PreconditioningConfig, _schedules
+from .config import PreconditioningConfig, _schedules
 
 __all__ = ["OutputPlaceholder", "PreconditionedGradientMaker"]
 
@@ -211,7 +211,7 @@ class PreconditionedGradientMaker:
         self.check_finite = bool(check_finite)
         self.state = {"step": 0}
         self.last_step_skipped = False
-        self._schedule_key = self._schedule_pair = self._config_values = None
+        self._schedule_pair = self._config_values = None
         self._forward_calls = None      # {module name: calls} during a curvature forward
         self._warned_repeated = set()   # modules already warned of as called repeatedly
         self._current_schedules()
@@ -421,11 +421,8 @@ class PreconditionedGradientMaker:
             if self._config_values is not None:
                 self.config._check()
                 self._check_config()
-            self._config_values = values
-        key = tuple(getattr(self.config, field) for field in _SCHEDULE_FIELDS)
-        if key != self._schedule_key:
             self._schedule_pair = _schedules(self.config)
-            self._schedule_key = key
+            self._config_values = values
         return self._schedule_pair
 
     @property

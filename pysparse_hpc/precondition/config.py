@@ -252,13 +252,6 @@ class _Schedule:
         return step < self.warmup_steps or (step - self.warmup_steps) % self.interval == 0
 
 
-#: The fields the schedules depend on.
-_SCHEDULE_FIELDS = ("num_total_steps", "preconditioner_upd_interval",
-                    "preconditioner_warmup_steps", "preconditioner_upd_ratio",
-                    "preconditioner_warmup_ratio", "curvature_upd_interval",
-                    "curvature_warmup_steps", "curvature_upd_ratio", "curvature_warmup_ratio")
-
-
 def _schedules(config):
     """The (curvature, preconditioner) schedules of `config`, as ASDL derives them."""
     if config.num_total_steps is None:
