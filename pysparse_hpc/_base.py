@@ -1,5 +1,8 @@
 """The base class of every sparse array: what all formats share, whatever their layout."""
 import numpy as np
+import scipy.sparse
+
+from ._dense import as_dense, is_torch_tensor
 
 __all__ = ["sparray", "issparse"]
 
@@ -73,12 +76,13 @@ class sparray:
         summed)."""
         return self.tocsr().toarray()
 
-    def to_scipy(self):
+    def to_scipy(self, copy=False):
         """Return a ``scipy.sparse.csr_array`` with the same entries (float16 becomes float32).
 
         scipy.sparse does not support float16, so float16 values are widened exactly to float32.
+        ``copy`` as for `csr_array.to_scipy` (a CSR array's own arrays may be shared).
         """
-        return self.tocsr().to_scipy()
+        return self.tocsr().to_scipy(copy=copy)
 
     @property
     def T(self):
@@ -99,15 +103,25 @@ class sparray:
 
     # -- operators ------------------------------------------------------------------------
     def __matmul__(self, other):
+        if issparse(other) or scipy.sparse.issparse(other):
+            raise TypeError(f"sparse @ sparse products are not supported (the right operand "
+                            f"is a {type(other).__name__}); convert both with to_scipy()")
         return _ops().spmm(self, other)
 
     def __rmatmul__(self, other):
         # (B @ A) = (A^T @ B^T)^T, so a dense-times-sparse product reuses the SpMM.
+        if issparse(other) or scipy.sparse.issparse(other):
+            raise TypeError(f"sparse @ sparse products are not supported (the left operand is "
+                            f"a {type(other).__name__}); convert both with to_scipy()")
+        left = other if is_torch_tensor(other) else np.asarray(other)
+        if left.ndim not in (1, 2):
+            raise ValueError(f"the left operand of @ must be 1-D or 2-D, got {left.ndim}-D "
+                             f"(use * for a scalar)")
+        as_dense(left, "the left operand of @")  # its error names it, not the SpMM's B
         spmm = _ops().spmm
-        other_t = np.asarray(other)
-        if other_t.ndim == 1:
-            return spmm(self.T, other_t)
-        return spmm(self.T, other_t.T).T
+        if left.ndim == 1:
+            return spmm(self.T, left)
+        return spmm(self.T, left.T).T
 
     def _repr_details(self):
         return ""

@@ -3,6 +3,7 @@
 One class, `blocked_array`, parameterized by the window height; `mebcrs_array` is its 8-row
 case, the format FlashSparse's swap-and-transpose MMA consumes.
 """
+import numbers
 import operator
 
 import numpy as np
@@ -119,7 +120,7 @@ class blocked_array(sparray):
         values = as_value_array(arg[0], "values", dtype)
         col_idx = as_index_array(arg[1], "col_idx")
         row_window_offset = as_index_array(arg[2], "row_window_offset")
-        vector_mask = None if arg[3] is None else np.asarray(arg[3])
+        vector_mask = None if arg[3] is None else np.ascontiguousarray(arg[3])
         if vector_mask is not None and (vector_mask.dtype != np.uint8 or vector_mask.ndim != 1):
             raise TypeError(
                 f"vector_mask must be a 1-D uint8 array, got dtype {vector_mask.dtype} "
@@ -316,6 +317,9 @@ def _check_geometry(window, block_width):
 
 
 def _check_window_id(window_id, n_windows):
+    if isinstance(window_id, (bool, np.bool_)) or not isinstance(window_id, numbers.Integral):
+        raise TypeError(f"window must be an integer, got {type(window_id).__name__} "
+                        f"{window_id!r}")
     if not 0 <= window_id < n_windows:
         raise IndexError(f"window {window_id} out of range for {n_windows} windows")
     return int(window_id)

@@ -30,6 +30,7 @@ across thread blocks that combine with atomics (FlashSparse's threshold), so the
 power-law graphs do not hold up the grid.
 """
 import ctypes
+import numbers
 import os
 
 import numba
@@ -123,6 +124,8 @@ def set_num_threads(n):
 
     ``n`` may not exceed ``numba.config.NUMBA_NUM_THREADS`` (the pool size fixed at start-up).
     """
+    if isinstance(n, bool) or not isinstance(n, numbers.Integral):
+        raise TypeError(f"number of threads must be an integer, got {type(n).__name__} {n!r}")
     n = int(n)
     if not 1 <= n <= numba.config.NUMBA_NUM_THREADS:
         raise ValueError(

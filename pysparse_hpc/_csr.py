@@ -10,6 +10,7 @@ from ._cy import convert as _convert
 from ._sputils import (
     as_index_array,
     as_value_array,
+    check_index_dtype_holds,
     check_shape,
     get_index_dtype,
     moved_view,
@@ -116,6 +117,7 @@ class csr_array(sparray):
         if shape is not None and shape != other.shape:
             raise ValueError(f"shape {shape} does not match the input's shape {other.shape}")
         index_dtype = index_dtype or other.index_dtype
+        check_index_dtype_holds(index_dtype, max(other.shape + (other.nnz,)))
         data = other.data.astype(value_dtype_for(other.dtype, dtype), copy=copy)
         self._set_arrays(
             data,
@@ -140,6 +142,7 @@ class csr_array(sparray):
         copy = copy or not csr.has_canonical_format
         index_dtype = index_dtype or get_index_dtype((csr.indptr, csr.indices),
                                                      maxval=max(csr.shape + (csr.nnz,)))
+        check_index_dtype_holds(index_dtype, max(csr.shape + (csr.nnz,)))
         self._set_arrays(
             csr.data.astype(value_dtype, copy=copy),
             csr.indices.astype(index_dtype, copy=copy),
@@ -164,7 +167,8 @@ class csr_array(sparray):
                 empty_shape,
                 True,
             )
-        elif len(arg) == 2 and isinstance(arg[1], (tuple, list)):
+        elif len(arg) == 2 and (isinstance(arg[1], (tuple, list)) or (
+                isinstance(arg[1], np.ndarray) and arg[1].ndim == 2)):  # scipy's (data, ij)
             if len(arg[1]) != 2:
                 raise ValueError(
                     f"COO input needs (data, (row, col)); got {len(arg[1])} index arrays")
@@ -189,6 +193,7 @@ class csr_array(sparray):
             shape = (indptr.size - 1, max(n_cols, 0))
         index_dtype = index_dtype or get_index_dtype((indices, indptr),
                                                      maxval=max(shape + (indices.size,)))
+        check_index_dtype_holds(index_dtype, max(shape + (indices.size,)))
         # Validate in the caller's dtype, before a cast could wrap out-of-range values.
         _check_csr_arrays(data, indices, indptr, shape, full_check=True)
         self._set_arrays(
@@ -219,6 +224,7 @@ class csr_array(sparray):
                     f"expected 0 <= {name} < {shape[axis]}"
                 )
         index_dtype = index_dtype or get_index_dtype((row, col), maxval=max(shape + (data.size,)))
+        check_index_dtype_holds(index_dtype, max(shape + (data.size,)))
         indptr, indices, summed = _convert.coo_to_csr(
             shape[0], row.astype(index_dtype), col.astype(index_dtype),
             np.ascontiguousarray(upcast_for_sum(data)), True,
@@ -239,6 +245,7 @@ class csr_array(sparray):
             raise ValueError(f"shape {shape} does not match the dense input's shape {dense_shape}")
         row, col = np.nonzero(dense)  # NaN counts as nonzero, so it is stored and propagates
         index_dtype = index_dtype or get_index_dtype(maxval=max(dense_shape + (row.size,)))
+        check_index_dtype_holds(index_dtype, max(dense_shape + (row.size,)))
         indptr = np.zeros(dense_shape[0] + 1, dtype=index_dtype)
         np.cumsum(np.bincount(row, minlength=dense_shape[0]), out=indptr[1:])
         self._set_arrays(dense[row, col].astype(value_dtype), col.astype(index_dtype), indptr,
@@ -341,7 +348,7 @@ class csr_array(sparray):
 
         The result's rows are always sorted; it is canonical if this array has no duplicates.
         """
-        if axes is not None and tuple(axes) != (1, 0):
+        if axes is not None and (not isinstance(axes, (tuple, list)) or tuple(axes) != (1, 0)):
             raise ValueError(f"axes must be None or (1, 0) for a 2-D array, got {axes!r}")
         indptr, indices, data = _convert.csr_transpose(
             self.shape[1], self.indptr, self.indices, moved_view(self.data))
@@ -356,19 +363,32 @@ class csr_array(sparray):
         return CooTriplets(row, self.indices.copy(), self.data.copy())
 
     def toarray(self):
-        """Return a dense ndarray; duplicate entries are summed."""
-        dense = np.zeros(self.shape, dtype=self.dtype)
+        """Return a dense ndarray; duplicate entries are summed (float16 in float32, rounded
+        once)."""
         row, col, data = self.tocoo()
         if self.has_canonical_format:
+            dense = np.zeros(self.shape, dtype=self.dtype)
             dense[row, col] = data
-        else:
-            np.add.at(dense, (row, col), data)
-        return dense
+            return dense
+        dense = np.zeros(self.shape, dtype=upcast_for_sum(data).dtype)
+        np.add.at(dense, (row, col), upcast_for_sum(data))
+        return dense.astype(self.dtype, copy=False)
 
-    def to_scipy(self):
-        """Return a ``scipy.sparse.csr_array`` sharing the index arrays (float16 becomes
-        float32)."""
+    def to_scipy(self, copy=False):
+        """Return a ``scipy.sparse.csr_array`` of the same entries (float16 becomes float32).
+
+        Parameters
+        ----------
+        copy : bool, default False
+            False shares this array's ``indptr``, ``indices`` and ``data`` (no copy, as
+            scipy's own conversions do). scipy's in-place methods (``sum_duplicates``,
+            ``eliminate_zeros``, ``sort_indices``, ``prune``) rewrite shared arrays and so
+            this array's too: take ``copy=True`` before calling them.
+        """
         data = self.data.astype(np.float32) if self.dtype == np.float16 else self.data
+        if copy:
+            return scipy.sparse.csr_array((data.copy(), self.indices.copy(), self.indptr.copy()),
+                                          shape=self.shape)
         return scipy.sparse.csr_array((data, self.indices, self.indptr), shape=self.shape)
 
     def to_blocked(self, window=8, block_width=8):

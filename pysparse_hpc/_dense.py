@@ -75,6 +75,8 @@ def as_dense(x, name):
         kind = "numpy"
     else:
         raise TypeError(f"{name} must be a NumPy array or a torch tensor, got {type(x).__name__}")
+    if not array.dtype.isnative and array.dtype.kind == "f":
+        array = array.astype(array.dtype.newbyteorder("="))  # big-endian data from a file
     if array.dtype not in _FLOAT_DTYPES:
         raise TypeError(
             f"{name} must hold float16, float32 or float64 values, got dtype {array.dtype}")

@@ -12,6 +12,7 @@ The reordered matrix is ``A[perm][:, perm]``, dense node features go along as ``
 a result computed in the new order returns to the original one as ``Y[inverse_permutation(perm)]``.
 """
 import numpy as np
+import scipy.sparse
 
 from ._config import get_num_threads
 from ._csr import as_csr, csr_array
@@ -39,6 +40,8 @@ def _as_csr(A):
     try:
         return as_csr(A)
     except (TypeError, ValueError) as exc:
+        if isinstance(exc, ValueError) and scipy.sparse.issparse(A):
+            raise ValueError(f"A is not a valid sparse matrix: {exc}") from None
         raise TypeError(f"A must be a sparse array or matrix: {exc}") from None
 
 
@@ -123,6 +126,8 @@ def reorder(A, method="rabbit"):
 def _check_permutation(perm, n, name="perm"):
     """``perm`` as a trusted int64 array, after checking it is a permutation of ``range(n)``."""
     array = np.asarray(perm)
+    if array.size == 0 and array.dtype == np.float64:
+        array = array.astype(np.int64)  # ``[]``: numpy's default dtype for no values
     if array.dtype.kind not in "iu":
         raise TypeError(f"{name} must hold integers, got dtype {array.dtype}")
     if array.ndim != 1:

@@ -1,8 +1,11 @@
-"""Validation and dtype rules shared by every sparse format.
+"""Validation and dtype rules shared by every sparse format, and the scalar checks the rest
+of the package shares.
 
-Public entry points call these to turn user input into trusted arrays; private kernels never
-validate. Messages say what was found and what was expected.
+Public entry points call these to turn user input into trusted arrays and numbers; private
+kernels never validate. Messages say what was found and what was expected.
 """
+import math
+import numbers
 import operator
 
 import numpy as np
@@ -13,8 +16,12 @@ __all__ = [
     "get_index_dtype",
     "as_index_array",
     "as_value_array",
+    "check_index_dtype_holds",
     "value_dtype_for",
     "upcast_for_sum",
+    "is_real_number",
+    "check_real_number",
+    "check_integer",
 ]
 
 #: Value dtypes a sparse array may hold. Integer and boolean input is converted to float64.
@@ -62,18 +69,38 @@ def get_index_dtype(arrays=(), maxval=0):
     return np.dtype(np.int64) if maxval > _INT32_MAX else np.dtype(np.int32)
 
 
-def as_index_array(array, name):
-    """A 1-D integer ndarray view of ``array`` (no copy when possible).
+def check_index_dtype_holds(index_dtype, maxval):
+    """Refuse an index dtype that cannot hold ``maxval`` (the largest dimension or number of
+    entries): a requested int32 would wrap larger indices."""
+    if np.dtype(index_dtype) == np.int32 and maxval > _INT32_MAX:
+        raise ValueError(f"index_dtype int32 cannot hold {maxval} (the largest dimension or "
+                         f"number of entries); use int64 or leave index_dtype unset")
 
-    Raises TypeError for non-integer dtypes (booleans and floats included) and ValueError for the
-    wrong number of dimensions.
+
+def _native_contiguous(array):
+    """``array`` in the machine's byte order and C-contiguous (no copy when it already is):
+    what the kernels read."""
+    if not array.dtype.isnative:
+        array = array.astype(array.dtype.newbyteorder("="))
+    return np.ascontiguousarray(array)
+
+
+def as_index_array(array, name):
+    """A 1-D integer ndarray of ``array``'s values, native and contiguous (no copy when it
+    already is).
+
+    Raises TypeError for non-integer dtypes (booleans and floats included; an empty float array,
+    NumPy's type of ``[]``, is taken as no indices) and ValueError for the wrong number of
+    dimensions.
     """
     array = np.asarray(array)
+    if array.size == 0 and array.dtype == np.float64:
+        array = array.astype(np.int32)
     if array.dtype.kind not in "iu":
         raise TypeError(f"{name} must hold integers, got dtype {array.dtype}")
     if array.ndim != 1:
         raise ValueError(f"{name} must be 1-D, got {array.ndim}-D with shape {array.shape}")
-    return array
+    return _native_contiguous(array)
 
 
 def value_dtype_for(dtype, requested=None):
@@ -91,13 +118,18 @@ def value_dtype_for(dtype, requested=None):
             raise TypeError(
                 f"dtype {requested} is not supported; expected one of float16, float32, float64"
             )
-        _check_convertible(np.dtype(dtype))
+        _check_convertible(_native(np.dtype(dtype)))
         return requested
-    dtype = np.dtype(dtype)
+    dtype = _native(np.dtype(dtype))
     _check_convertible(dtype)
     if dtype in VALUE_DTYPES:
         return dtype
     return np.dtype(np.float64)
+
+
+def _native(dtype):
+    """``dtype`` in the machine's byte order (big-endian data from a file is converted)."""
+    return dtype if dtype.isnative else dtype.newbyteorder("=")
 
 
 def _check_convertible(dtype):
@@ -117,7 +149,7 @@ def as_value_array(array, name, dtype=None):
     target = value_dtype_for(array.dtype, dtype)
     if array.ndim != 1:
         raise ValueError(f"{name} must be 1-D, got {array.ndim}-D with shape {array.shape}")
-    return array.astype(target, copy=False)
+    return np.ascontiguousarray(array.astype(target, copy=False))
 
 
 def upcast_for_sum(data):
@@ -128,3 +160,26 @@ def upcast_for_sum(data):
 def moved_view(data):
     """View float16 values as uint16 so typed kernels that only move values copy them exactly."""
     return data.view(np.uint16) if data.dtype == np.float16 else data
+
+
+def is_real_number(value):
+    """Whether ``value`` is a real number (Python's or NumPy's), a bool not counted."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def check_real_number(name, value, positive=True):
+    """Raise TypeError unless ``value`` is a real number, ValueError unless it is finite (and
+    > 0 where ``positive``)."""
+    if not is_real_number(value):
+        raise TypeError(f"{name} must be a float, got {type(value).__name__} ({value!r})")
+    if not math.isfinite(value) or (positive and value <= 0):
+        raise ValueError(f"{name} must be a finite number{' > 0' if positive else ''}, "
+                         f"got {value}")
+
+
+def check_integer(value, name):
+    """``value`` as a Python int; TypeError for bools, floats and anything else that is not an
+    integer (a float would otherwise be truncated silently)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an integer, got {type(value).__name__} {value!r}")
+    return int(value)

@@ -5,6 +5,7 @@ Each generator is deterministic for a given ``seed`` and returns a canonical `cs
 import numpy as np
 
 from ._csr import csr_array
+from ._sputils import check_integer, check_real_number
 
 __all__ = ["planted_partition", "rmat"]
 
@@ -45,8 +46,12 @@ def rmat(scale, edge_factor=16, probabilities=(0.57, 0.19, 0.19, 0.05), seed=0,
     >>> A.shape
     (1024, 1024)
     """
-    if not 1 <= int(scale) <= 40:
+    scale = check_integer(scale, "scale")
+    edge_factor = check_integer(edge_factor, "edge_factor")
+    if not 1 <= scale <= 40:
         raise ValueError(f"scale must be in [1, 40], got {scale}")
+    if edge_factor < 0:
+        raise ValueError(f"edge_factor must be >= 0, got {edge_factor}")
     probabilities = np.asarray(probabilities, dtype=np.float64)
     if (probabilities.shape != (4,) or np.any(probabilities < 0)
             or not np.isclose(probabilities.sum(), 1)):
@@ -111,13 +116,16 @@ def planted_partition(n_communities, community_size, internal_degree=8.0, extern
     >>> A.shape, labels[:3]
     ((64, 64), array([0, 0, 0]))
     """
-    n_communities, community_size = int(n_communities), int(community_size)
+    n_communities = check_integer(n_communities, "n_communities")
+    community_size = check_integer(community_size, "community_size")
     if n_communities < 1 or community_size < 1:
         raise ValueError(f"n_communities and community_size must be >= 1, got {n_communities} and "
                          f"{community_size}")
-    if internal_degree < 0 or external_degree < 0:
-        raise ValueError(f"degrees must be non-negative, got internal {internal_degree} and "
-                         f"external {external_degree}")
+    for name, degree in (("internal_degree", internal_degree),
+                         ("external_degree", external_degree)):
+        check_real_number(name, degree, positive=False)
+        if degree < 0:
+            raise ValueError(f"{name} must be non-negative, got {degree}")
     n = n_communities * community_size
     rng = np.random.default_rng(seed)
     labels = np.repeat(np.arange(n_communities, dtype=np.int64), community_size)

@@ -58,21 +58,31 @@ def load_npz(path, prefix=None, index_dtype=None):
     with archive:
         keys = set(archive.files)
         if prefix is None:
-            prefix = "" if "indptr" in keys else "adj_"
+            prefix = "" if "indptr" in keys or "format" in keys else "adj_"
+        try:
+            stored_format = (archive[prefix + "format"] if prefix + "format" in keys
+                             else np.str_("csr"))
+        except (ValueError, EOFError, OSError, zipfile.BadZipFile) as exc:
+            raise ValueError(f"{path!r} has a corrupt member: {exc}") from None
+        # scipy stores the format as a bytes scalar, NumPy's savez a str one.
+        fmt = stored_format.item() if stored_format.size == 1 else stored_format.tolist()
+        fmt = fmt.decode("ascii", "replace") if isinstance(fmt, bytes) else str(fmt)
+        if fmt != "csr":
+            raise ValueError(f"{path!r} stores format {fmt!r}; only 'csr' is supported "
+                             f"(scipy converts it: save_npz(path, load_npz(path).tocsr()))")
         missing = [prefix + key for key in _CSR_KEYS if prefix + key not in keys]
         if missing:
             raise ValueError(
                 f"{path!r} has no CSR matrix under prefix {prefix!r}: missing keys {missing}; "
-                f"found {sorted(keys)}"
-            )
-        fmt = str(archive[prefix + "format"]) if prefix + "format" in keys else "csr"
+                f"found {sorted(keys)}")
         try:
             arrays = {key: archive[prefix + key] for key in _CSR_KEYS}
         except (ValueError, EOFError, OSError, zipfile.BadZipFile) as exc:
             raise ValueError(f"{path!r} has a corrupt member: {exc}") from None
-    if fmt != "csr":
-        raise ValueError(f"{path!r} stores format {fmt!r}; only 'csr' is supported")
-    shape = tuple(int(n) for n in np.asarray(arrays["shape"]).ravel())
+    shape = np.asarray(arrays["shape"]).ravel()
+    if shape.dtype.kind not in "iu" or shape.size != 2:
+        raise ValueError(f"{path!r} stores shape {shape.tolist()}; expected two integers")
+    shape = tuple(int(n) for n in shape)
     return csr_array((arrays["data"], arrays["indices"], arrays["indptr"]), shape=shape,
                      index_dtype=index_dtype)
 
@@ -109,6 +119,28 @@ def read_matrix_market(path):
     return csr_array(matrix).canonical()
 
 
+_SYMMETRIES = (None, "general", "symmetric", "skew-symmetric", "hermitian")
+
+
+def _has_symmetry(coo, symmetry):
+    """Whether real ``coo`` equals its transpose (negated for "skew-symmetric"), entry for
+    entry: NaN matches NaN where the triangle written stands for both (not on the diagonal of
+    a skew-symmetric matrix, which is not written and must be 0)."""
+    if coo.shape[0] != coo.shape[1]:
+        return False
+    sign = -1.0 if symmetry == "skew-symmetric" else 1.0
+
+    def canonical(matrix):
+        matrix = scipy.sparse.csr_array(matrix)
+        matrix.sum_duplicates()
+        matrix.eliminate_zeros()
+        return matrix
+    matrix, transposed = canonical(coo), canonical(coo.T * sign)
+    return (np.array_equal(matrix.indptr, transposed.indptr)
+            and np.array_equal(matrix.indices, transposed.indices)
+            and np.array_equal(matrix.data, transposed.data, equal_nan=sign > 0))
+
+
 def write_matrix_market(path, A, comment="", symmetry=None):
     """Write a sparse array as a Matrix Market coordinate file.
 
@@ -118,19 +150,21 @@ def write_matrix_market(path, A, comment="", symmetry=None):
     A : sparse array
     comment : str, optional
         Written as comment lines under the header.
-    symmetry : {None, "general", "symmetric", "skew-symmetric"}, optional
-        None detects symmetry (as scipy does); "general" always writes every entry.
+    symmetry : {None, "general", "symmetric", "skew-symmetric", "hermitian"}, optional
+        None detects symmetry (as scipy does); "general" always writes every entry. A declared
+        symmetry is checked first (the values are real: "hermitian" is "symmetric"), since
+        only one triangle is written.
     """
     if not isinstance(A, sparray):
         raise TypeError(f"expected a pysparse_hpc sparse array, got {type(A).__name__}")
+    if symmetry not in _SYMMETRIES:
+        raise ValueError(f"symmetry must be one of {_SYMMETRIES}, got {symmetry!r}")
     coo = A.to_scipy().tocoo()
     # scipy writes one triangle for a declared symmetry without checking it: the other
     # triangle would be lost, or come back mirrored.
-    if symmetry in ("symmetric", "skew-symmetric"):
-        transposed = -coo.T if symmetry == "skew-symmetric" else coo.T
-        if coo.shape[0] != coo.shape[1] or (coo - transposed).count_nonzero():
-            raise ValueError(f"symmetry={symmetry!r} but the matrix is not {symmetry}; "
-                             f"use symmetry=None to detect it or 'general'")
+    if symmetry not in (None, "general") and not _has_symmetry(coo, symmetry):
+        raise ValueError(f"symmetry={symmetry!r} but the matrix is not {symmetry}; "
+                         f"use symmetry=None to detect it or 'general'")
     # and it returns without writing when the directory is missing.
     directory = os.path.dirname(os.fspath(path))
     if directory and not os.path.isdir(directory):

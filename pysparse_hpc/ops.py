@@ -5,7 +5,6 @@ Dtypes: the computation runs in numpy's promotion of the operands' dtypes, excep
 give float64 results; integer, boolean and complex operands are rejected with a TypeError.
 """
 import functools
-import numbers
 
 import numpy as np
 
@@ -13,7 +12,8 @@ from . import _buffers
 from ._base import sparray
 from ._blocked import blocked_array
 from ._config import get_num_threads, parallel_min_flops, spmm_tile
-from ._dense import as_dense, wrap_like
+from ._dense import as_dense, is_torch_tensor, wrap_like
+from ._sputils import is_real_number
 from .kernels.cpu import sddmm as _cpu_sddmm
 from .kernels.cpu import spmm as _cpu_spmm
 
@@ -73,6 +73,11 @@ _NO_PARTS = np.zeros(2, dtype=np.int64)  # the serial drivers take (and ignore) 
 
 def _check_out(out, like, shape, dtype):
     """``out`` must match the result exactly: same kind as ``like``, shape, dtype, contiguous."""
+    if not (isinstance(out, np.ndarray) or is_torch_tensor(out)):
+        # A list would be converted to a temporary array and the result written there.
+        raise TypeError(f"out must be a NumPy array or a torch tensor, got {type(out).__name__}")
+    if isinstance(out, np.ndarray) and not out.dtype.isnative:
+        raise TypeError(f"out must be in the machine's byte order, got dtype {out.dtype}")
     operand = as_dense(out, "out")
     if operand.kind != like.kind or operand.device != like.device:
         raise TypeError(f"out must be a {like.kind} array like B, got {type(out).__name__}")
@@ -174,7 +179,7 @@ def spmm(A, B, *, out=None, backend="auto", precision="fp32"):
 
 
 def _check_scalar(value, name):
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+    if not is_real_number(value):
         raise TypeError(f"{name} must be a real number, got {type(value).__name__} {value!r}")
     return float(value)
 
@@ -182,7 +187,11 @@ def _check_scalar(value, name):
 def sddmm(A, X, Y, *, alpha=1.0, beta=0.0, backend="auto", precision="fp32"):
     """Sampled dense-dense product on A's pattern: ``alpha * (X @ Y.T)[i, j] + beta * A[i, j]``.
 
-    Computed only at A's stored entries (torch's ``sampled_addmm(A, X, Y.T, beta, alpha)``).
+    Computed only at A's stored entries (torch's ``sampled_addmm(A, X, Y.T, beta, alpha)``),
+    one result per stored slot: a CSR ``A`` with duplicates (two slots for one position) gets
+    the product in each, so the summed dense view counts it once per slot. Call
+    ``A.canonical()`` first for one value per position (the blocked formats are built from the
+    canonical pattern already).
 
     Parameters
     ----------

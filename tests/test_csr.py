@@ -240,3 +240,21 @@ def test_hypothesis_roundtrip_vs_scipy(params):
     coo = S.tocoo()
     B = sph.csr_array((coo.data, (coo.row, coo.col)), shape=S.shape, index_dtype=index_dtype)
     assert_same_csr(B, expected, rtol)
+
+
+def test_to_scipy_shares_or_copies():
+    """Shared arrays (scipy's own convention) or, with copy=True, arrays scipy's in-place
+    methods may rewrite without touching ours."""
+    A = sph.csr_array((np.array([1.0, 2.0, 3.0]), np.array([1, 0, 1]), np.array([0, 3, 3])),
+                      shape=(2, 2))
+    shared = A.to_scipy()
+    assert shared.indices is A.indices or np.shares_memory(shared.indices, A.indices)
+    before = A.toarray()
+    copied = A.to_scipy(copy=True)
+    copied.sum_duplicates()
+    copied.eliminate_zeros()
+    np.testing.assert_array_equal(A.indptr, [0, 3, 3])
+    np.testing.assert_array_equal(A.toarray(), before)
+    np.testing.assert_array_equal(copied.toarray(), before)
+    blocked = A.to_mebcrs()
+    assert not np.shares_memory(blocked.to_scipy(copy=True).data, blocked.values)

@@ -180,6 +180,9 @@ def test_one_rank_graph_is_the_whole_graph(cora, cora_graph):
     assert np.array_equal(cora_graph.local.toarray(), cora.adj.toarray())
     x = np.arange(cora.adj.shape[0], dtype=np.float32)[:, None]
     assert np.array_equal(cora_graph.local_rows(x), x)
+    assert np.array_equal(cora_graph.local_rows(x[:, 0].tolist()), x[:, 0])  # a list: rows
+    with pytest.raises(ValueError, match="2708 rows, got shape \\(3,\\)"):
+        cora_graph.local_rows([1, 2, 3])
     assert np.array_equal(cora_graph.scatter_rows(x), x)
     assert np.array_equal(cora_graph.gather_rows(x), x)
     assert "2708 rows" in repr(cora_graph)
@@ -323,6 +326,25 @@ def test_data_parallel_on_one_rank():
         distributed.DataParallel(lambda x: x)
     with pytest.raises(ValueError, match="bucket_mb must be positive"):
         distributed.DataParallel(model, bucket_mb=0)
+
+
+def test_data_parallel_leaves_unreached_parameters_without_gradient():
+    """A parameter no backward reaches keeps ``.grad`` None, as in one process, so Adam's
+    weight decay and momentum leave it alone; one reached keeps its gradient."""
+    torch.manual_seed(0)
+    used, unused = torch.nn.Linear(3, 2), torch.nn.Linear(3, 2)
+    model = torch.nn.ModuleDict({"used": used, "unused": unused})
+    wrapped = distributed.DataParallel(model, Communicator(None), bucket_mb=1e-5)
+    kept = unused.weight.detach().clone()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1, weight_decay=0.5)
+    for _ in range(2):
+        optimizer.zero_grad()
+        used(torch.ones(4, 3)).sum().backward()
+        assert unused.weight.grad is None and unused.bias.grad is None
+        assert torch.equal(used.bias.grad, torch.full((2,), 4.0))
+        optimizer.step()
+    assert torch.equal(unused.weight, kept)
+    assert not wrapped.comm.stats()  # one rank: nothing crosses, nothing is booked
 
 
 def test_bfloat16_on_one_rank():

@@ -353,6 +353,10 @@ def test_bad_owner():
         Partition.from_owner(adj, np.zeros(7, dtype=np.int64), nparts=0)
     with pytest.raises(TypeError, match="method must be a str"):
         Partition.from_owner(adj, np.zeros(7, dtype=np.int64), method=3)
+    beyond = np.zeros(7, dtype=np.uint64)
+    beyond[2] = 2 ** 63 + 5
+    with pytest.raises(ValueError, match=r"owner\[2\] is 9223372036854775813, beyond"):
+        Partition.from_owner(adj, beyond)
 
 
 @pytest.mark.parametrize("nparts, message", [
@@ -393,6 +397,16 @@ def test_bad_method_seed_and_adj(cora):
         partition(np.ones((3, 3)), 2, method="random")
     with pytest.raises(TypeError, match="got builtins.list"):
         Partition.from_owner([[1, 0], [0, 1]], [0, 1])
+    # scipy builds a matrix from raw arrays without checking them: a column out of range
+    # (or negative) is refused before any kernel reads it.
+    for column in (500, -7):
+        unchecked = scipy.sparse.csr_matrix(
+            (np.ones(3), np.array([1, 0, column]), np.array([0, 1, 2, 3])), shape=(3, 3))
+        for method in METHODS:
+            with pytest.raises(ValueError, match="adj is not a valid sparse matrix"):
+                partition(unchecked, 2, method=method)
+        with pytest.raises(ValueError, match="adj is not a valid sparse matrix"):
+            Partition.from_owner(unchecked, [0, 1, 0])
 
 
 def test_balance_rows_or_entries():
@@ -419,8 +433,12 @@ def test_balance_rows_or_entries():
     with pytest.raises(ValueError, match="balance must be 'rows', 'nnz' or a number >= 0 for "
                                          "method 'contiguous'"):
         partition(A, 4, "contiguous", balance="rows+nnz")
-    with pytest.raises(ValueError, match="must be finite and >= 0"):
+    with pytest.raises(ValueError, match=r"must be finite and in \[0, 1e\+09\]"):
         partition(A, 4, "metis", balance=-1.0)
+    for huge in (1e15, 1e17):  # the summed weights would overflow int64
+        for method in ("metis", "contiguous"):
+            with pytest.raises(ValueError, match="'rows' in effect"):
+                partition(A, 4, method, balance=huge)
     with pytest.raises(ValueError, match="balance must be 'rows' for method 'random'"):
         partition(A, 4, "random", balance="nnz")
 

@@ -67,6 +67,39 @@ def test_matrix_market_writer_refuses_what_scipy_would_lose(tmp_path):
         write_matrix_market(tmp_path / "missing" / "a.mtx", upper)
 
 
+def test_npz_files_written_by_scipy(tmp_path):
+    """scipy stores the format as bytes; a COO file is refused by its format, a shape that is
+    not two integers by its values."""
+    matrix = scipy.sparse.csr_array(np.array([[0.0, 2.0], [3.0, 0.0]]))
+    scipy.sparse.save_npz(tmp_path / "csr.npz", matrix)
+    np.testing.assert_array_equal(load_npz(tmp_path / "csr.npz").toarray(), matrix.toarray())
+    scipy.sparse.save_npz(tmp_path / "coo.npz", scipy.sparse.coo_array(matrix))
+    with pytest.raises(ValueError, match="stores format 'coo'; only 'csr' is supported"):
+        load_npz(tmp_path / "coo.npz")
+    np.savez(tmp_path / "shape.npz", indptr=np.array([0, 1]), indices=np.array([0]),
+             data=np.ones(1), shape=np.array([1.5, 2.7]))
+    with pytest.raises(ValueError, match="expected two integers"):
+        load_npz(tmp_path / "shape.npz")
+
+
+def test_matrix_market_hermitian_and_nan_symmetry(tmp_path):
+    """Real values: "hermitian" is "symmetric", checked as such; a NaN mirrored by a NaN is
+    symmetric."""
+    with pytest.raises(ValueError, match="symmetry='hermitian' but the matrix is not"):
+        write_matrix_market(tmp_path / "h.mtx", sph.csr_array(np.array([[1.0, 2.0], [3.0, 4.0]])),
+                            symmetry="hermitian")
+    with pytest.raises(ValueError, match="symmetry must be one of"):
+        write_matrix_market(tmp_path / "h.mtx", sph.csr_array(np.eye(2)), symmetry="upper")
+    for symmetry, dense in (("hermitian", [[1.0, 2.0], [2.0, 4.0]]),
+                            ("symmetric", [[np.nan, 2.0], [2.0, 1.0]])):
+        write_matrix_market(tmp_path / "s.mtx", sph.csr_array(np.array(dense)), symmetry=symmetry)
+        np.testing.assert_array_equal(read_matrix_market(tmp_path / "s.mtx").toarray(), dense)
+    with pytest.raises(ValueError, match="not skew-symmetric"):  # its diagonal is not written
+        write_matrix_market(tmp_path / "k.mtx",
+                            sph.csr_array(np.array([[np.nan, 2.0], [-2.0, 0.0]])),
+                            symmetry="skew-symmetric")
+
+
 def test_missing_and_corrupt_files(tmp_path):
     with pytest.raises(FileNotFoundError, match="no such file"):
         load_npz(tmp_path / "nope.npz")

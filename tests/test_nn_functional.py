@@ -188,6 +188,39 @@ def test_dropout_statistics_repeatability_and_gradient():
     out.backward(torch.ones_like(out))
     torch.testing.assert_close(leaf.grad, (out != 0).double() * 2.0)
     assert F.dropout(x, 0.5, training=False) is x
+    scalar = F.dropout(torch.tensor(2.0), 0.5)  # keeps its shape, as torch's does
+    assert scalar.shape == () and float(scalar) in (0.0, 4.0)
+    with pytest.raises(ValueError, match="row_ids needs an x with rows"):
+        F.dropout(torch.tensor(2.0), 0.5, row_ids=np.arange(1))
+
+
+def test_second_derivatives_are_exact_or_refused(rectangular):
+    """A gradient penalty through `spmm` and `dropout` equals the dense one; through the
+    once-differentiable operations it raises instead of dropping the second-order term."""
+    square = sph.csr_array(np.array([[0.0, 1.0, 1.0], [1.0, 0.0, 0.0], [1.0, 1.0, 0.0]]))
+    dense = torch.tensor(square.toarray())
+    x, weight = f64(3, 2), f64(2, 2)
+
+    def penalty(product):
+        grad_x, = torch.autograd.grad(product(x @ weight).tanh().sum(), x, create_graph=True)
+        return torch.autograd.grad(grad_x.pow(2).sum(), weight)[0]
+    torch.testing.assert_close(penalty(lambda h: F.spmm(square, h)),
+                               penalty(lambda h: dense @ h))
+    assert torch.autograd.gradgradcheck(lambda h: F.spmm(square, h), (x,))
+
+    def dropped(h):
+        torch.manual_seed(3)  # the same mask at every call gradgradcheck makes
+        return F.dropout(h, 0.5)
+    assert torch.autograd.gradgradcheck(dropped, (x,))
+    scores = f64(F.pattern(square).nnz)
+    for once in (lambda: F.sddmm(square, x, x), lambda: F.edge_softmax(square, scores),
+                 lambda: F.spmm(square, x, values=scores),
+                 lambda: F.gat_attention(square, x[:, :1], x[:, :1])):
+        first = [t for t in (x, scores) if t.requires_grad]
+        grads = torch.autograd.grad(once().pow(2).sum(), first, create_graph=True,
+                                    allow_unused=True)
+        with pytest.raises(RuntimeError, match="differentiate twice"):
+            sum(g.sum() for g in grads if g is not None).backward()
 
 
 @pytest.mark.parametrize("call, error, message", [
@@ -202,6 +235,13 @@ def test_dropout_statistics_repeatability_and_gradient():
     (lambda A, x: F.edge_softmax(A, torch.ones(2, 2, 2)), ValueError, "1-D or 2-D"),
     (lambda A, x: F.dropout(x, 1.0), ValueError, "[0, 1)"),
     (lambda A, x: F.gat_attention(A, x, x, keep="everything"), ValueError, "keep must be"),
+    (lambda A, x: F.gat_attention(A, x, x, negative_slope="a"), ValueError,
+     "negative_slope must be a finite number"),
+    (lambda A, x: F.gat_attention(A, x, x, negative_slope=float("nan")), ValueError,
+     "negative_slope must be a finite number"),
+    (lambda A, x: F.pattern(A.toarray()), TypeError, "adj must be a pysparse_hpc sparse array"),
+    (lambda A, x: F.row_ids(A.to_scipy(), "edge"), TypeError,
+     "wrap it with pysparse_hpc.csr_array"),
 ])
 def test_bad_input_is_rejected_clearly(rectangular, call, error, message):
     x = f64(5, 2, grad=False)

@@ -75,6 +75,29 @@ def test_gcn_norm_from_edge_index_and_without_self_loops(graph):
     np.testing.assert_allclose(no_loops, scale[:, None] * A * scale[None, :])
 
 
+def test_gcn_norm_warns_of_negative_degrees():
+    """D^-1/2 is not real where a row of A + I sums below zero: zeroed, with a warning."""
+    signed = sph.csr_array(np.array([[0.0, 1.0, 0.0], [1.0, 0.0, -5.0], [0.0, -5.0, 0.0]]))
+    with pytest.warns(RuntimeWarning, match="2 rows of A \\+ I sum to a negative degree"):
+        normalized = nn.gcn_norm(signed).toarray()
+    assert not normalized[1:].any() and not normalized[:, 1:].any()
+    assert normalized[0, 0] == pytest.approx(0.5)
+
+
+def test_gcn_norm_in_a_chosen_dtype(graph):
+    """float64 values of an unweighted (float32) graph carry no float32 rounding."""
+    pattern_only = sph.csr_array((np.ones(graph.nnz), graph.indices, graph.indptr),
+                                 shape=graph.shape)
+    exact = dense_gcn_norm(pattern_only)
+    wide = nn.gcn_norm(edge_index_of(graph), num_nodes=14, dtype="float64")
+    assert wide.dtype == np.float64
+    np.testing.assert_allclose(wide.toarray(), exact, rtol=1e-14)
+    assert nn.gcn_norm(graph.astype(np.float64), dtype=np.float32).dtype == np.float32
+    for bad in ("int64", "float16", "bogus", 3):
+        with pytest.raises(ValueError, match="dtype must be float32 or float64"):
+            nn.gcn_norm(graph, dtype=bad)
+
+
 # -- GCNConv ----------------------------------------------------------------------------------
 
 def test_choose_order_rule():
@@ -170,7 +193,7 @@ def test_gcnconv_accepts_every_graph_form(graph, fmt):
     else:
         adj = graph.to_mebcrs() if fmt == "mebcrs" else graph.to_blocked(16)
         out = conv(x, adj)
-        assert isinstance(conv._normalized[1], type(adj))   # normalized in adj's format
+        assert isinstance(conv._normalized[2], type(adj))   # normalized in adj's format
         torch.testing.assert_close(out, conv(x, graph))
 
 
@@ -178,7 +201,8 @@ def test_gcnconv_cached_keeps_the_first_graph(graph, rng):
     conv = nn.GCNConv(3, 2, cached=True).double()
     x = features(14, 3)
     first = conv(x, graph)
-    other = sph.csr_array(random_scipy(rng, (14, 14), 0.5))
+    other = abs(sph.csr_array(random_scipy(rng, (14, 14), 0.5)).to_scipy())
+    other = sph.csr_array(other)  # non-negative weights: every degree has a real D^-1/2
     torch.testing.assert_close(conv(x, other), first)
     conv.reset_cache()
     assert not torch.allclose(conv(x, other), first)
@@ -201,6 +225,10 @@ def test_gcnconv_matches_pyg_on_the_same_weights(graph):
                           without_loops.indptr), shape=without_loops.shape)
     x = features(14, 6)
     torch.testing.assert_close(ours(x, ones), theirs(x, edge_index_of(ones)))
+    # An edge_index (a float32 graph of ones) with float64 features is normalized in
+    # float64, as PyG does: equal to float64 rounding.
+    torch.testing.assert_close(ours(x, edge_index_of(ones)), theirs(x, edge_index_of(ones)),
+                               rtol=1e-13, atol=1e-13)
 
 
 # -- GATConv ----------------------------------------------------------------------------------
@@ -297,6 +325,8 @@ def test_layers_reject_bad_input_clearly(graph, layer, make, error, message):
     x, adj = make(graph, features(14, 3, dtype=torch.float32))
     with pytest.raises(error, match=message):
         layer()(x, adj)
+    with pytest.raises(TypeError, match="num_nodes must be an integer, got float 14.0"):
+        layer()(features(14, 3, dtype=torch.float32), edge_index_of(graph), num_nodes=14.0)
 
 
 def test_inputs_are_left_untouched(graph):

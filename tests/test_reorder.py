@@ -254,6 +254,17 @@ def test_reorder_rejects_bad_input(rng):
         sph.reorder("graph")
     with pytest.raises(TypeError, match="sparse"):
         sph.reorder(np.arange(5.0))                          # 1-D: not a matrix
+    unchecked = scipy.sparse.csr_matrix((np.ones(3), np.array([1, 0, 500]),
+                                         np.array([0, 1, 2, 3])), shape=(3, 3))
+    with pytest.raises(ValueError, match="A is not a valid sparse matrix"):
+        sph.reorder(unchecked)
+
+
+def test_empty_permutations_of_an_empty_graph():
+    """``[]`` (a float64 array to NumPy) is the permutation of no nodes."""
+    assert sph.permute(sph.csr_array((0, 0)), []).shape == (0, 0)
+    assert sph.permute_rows(sph.csr_array((0, 3)), []).shape == (0, 3)
+    assert sph.inverse_permutation([]).dtype == np.int64
 
 
 @pytest.mark.parametrize("perm, error, message", [
@@ -313,3 +324,17 @@ def test_planted_partition_rejects_bad_input():
         planted_partition(0, 10)
     with pytest.raises(ValueError, match="non-negative"):
         planted_partition(2, 10, internal_degree=-1)
+    with pytest.raises(ValueError, match="internal_degree must be a finite number"):
+        planted_partition(2, 10, internal_degree=float("nan"))
+    with pytest.raises(TypeError, match="community_size must be an integer, got float"):
+        planted_partition(2, 10.5)
+
+
+def test_rmat_takes_integers_only():
+    from pysparse_hpc.generators import rmat
+    for bad, name in (({"scale": 2.7}, "scale"), ({"scale": "3"}, "scale"),
+                      ({"scale": 3, "edge_factor": 1.9}, "edge_factor")):
+        with pytest.raises(TypeError, match=f"{name} must be an integer"):
+            rmat(**bad)
+    with pytest.raises(ValueError, match="edge_factor must be >= 0, got -1"):
+        rmat(3, edge_factor=-1)

@@ -1,6 +1,7 @@
 """Bad input: a clear TypeError/ValueError that says what was found, and nothing modified."""
 import numpy as np
 import pytest
+import scipy.sparse
 
 import pysparse_hpc as sph
 
@@ -118,6 +119,77 @@ def test_int64_indices_out_of_int32_range_are_caught_before_cast():
     # A column of 2**32 would wrap to 0 if cast to int32 before the range check.
     with pytest.raises(ValueError, match="out of range"):
         sph.csr_array((np.ones(1), np.array([2**32], np.int64), np.array([0, 1])), shape=(1, 5))
+
+
+def test_a_requested_int32_index_dtype_must_hold_the_indices():
+    """int32 requested for indices beyond its range would wrap them (past the range check)."""
+    big = 2 ** 31 + 1
+    for make in (
+            lambda: sph.csr_array((np.ones(1), np.array([big]), np.array([0, 1])),
+                                  shape=(1, big + 1), index_dtype=np.int32),
+            lambda: sph.csr_array((np.ones(2), (np.array([0, big]), np.array([0, 1]))),
+                                  shape=(big + 1, 2), index_dtype=np.int32),
+            lambda: sph.csr_array(scipy.sparse.csr_array(
+                (np.ones(1), np.array([big]), np.array([0, 1])), shape=(1, big + 1)),
+                index_dtype=np.int32)):
+        with pytest.raises(ValueError, match="index_dtype int32 cannot hold 2147483650"):
+            make()
+
+
+def test_raw_arrays_as_scipy_takes_them():
+    """Strided, big-endian and empty-list arrays and a 2 x nnz coordinate array are taken as
+    scipy takes them, and every operation works on the result."""
+    data = np.repeat([1.0, 2.0, 3.0, 4.0], 2)[::2]
+    indices, indptr = np.repeat([1, 0, 1, 2], 2)[::2], np.repeat([0, 2, 2, 4], 2)[::2]
+    strided = sph.csr_array((data, indices, indptr), shape=(3, 3))
+    expected = scipy.sparse.csr_array((data, indices, indptr), shape=(3, 3)).toarray()
+    for result in (strided, strided.T.T, strided.to_mebcrs(), strided.canonical()):
+        np.testing.assert_array_equal(result.toarray(), expected)
+    swapped = sph.csr_array((data.astype(">f8"), indices.astype(">i4"), indptr.astype(">i8")),
+                            shape=(3, 3))
+    np.testing.assert_array_equal(swapped.toarray(), expected)
+    assert swapped.dtype == np.float64 and swapped.dtype.isnative
+    np.testing.assert_array_equal(sph.csr_array(expected.astype(">f4")).toarray(), expected)
+    np.testing.assert_array_equal(strided @ np.ones(3, ">f8"), expected.sum(1))
+    coordinates = np.array([[0, 1], [1, 0]])
+    np.testing.assert_array_equal(sph.csr_array((np.array([1.0, 2.0]), coordinates)).toarray(),
+                                  [[0.0, 1.0], [2.0, 0.0]])
+    assert sph.csr_array(([], ([], [])), shape=(2, 2)).nnz == 0
+    assert sph.csr_array(([], [], [0, 0, 0]), shape=(2, 2)).nnz == 0
+
+
+def test_float16_duplicates_are_summed_in_float32():
+    A = sph.csr_array((np.array([60000, 60000, -60000], np.float16), np.zeros(3, np.int32),
+                       np.array([0, 3])), shape=(1, 1))
+    assert A.toarray().dtype == np.float16 and A.toarray()[0, 0] == 60000
+
+
+def test_operator_operands_are_named():
+    A = sph.csr_array(np.eye(2))
+    with pytest.raises(TypeError, match="sparse @ sparse products are not supported"):
+        A @ A
+    with pytest.raises(TypeError, match="sparse @ sparse products are not supported"):
+        scipy.sparse.csr_array(np.eye(2)) @ A
+    with pytest.raises(TypeError, match="the left operand of @ must hold float16"):
+        np.ones((2, 2), dtype=int) @ A
+    with pytest.raises(ValueError, match="use \\* for a scalar"):
+        2.0 @ A
+    torch = pytest.importorskip("torch")
+    product = torch.ones(3, 2, dtype=torch.float64) @ A
+    assert isinstance(product, torch.Tensor) and product.shape == (3, 2)
+    with pytest.raises(ValueError, match="axes must be None or \\(1, 0\\)"):
+        A.transpose(axes=5)
+    with pytest.raises(TypeError, match="out must be a NumPy array or a torch tensor, got list"):
+        sph.spmm(A, np.ones((2, 3)), out=[[0.0] * 3] * 2)
+    with pytest.raises(TypeError, match="byte order"):
+        sph.spmm(A, np.ones((2, 3)), out=np.zeros((2, 3), ">f8"))
+    blocked = sph.csr_array(np.eye(16)).to_mebcrs()
+    for window in (0.5, "a", True):
+        with pytest.raises(TypeError, match="window must be an integer"):
+            blocked.get_block(window, 0)
+    for threads in (1.5, True, None):
+        with pytest.raises(TypeError, match="number of threads must be an integer"):
+            sph.set_num_threads(threads)
 
 
 def test_spmm_bad_operands():

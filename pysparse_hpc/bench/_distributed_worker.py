@@ -38,6 +38,7 @@ import torch
 import torch.nn.functional as F
 
 from .._csr import csr_array
+from ..distributed._comm import PARTICIPATION_KIND
 from ..distributed.graph import DistGraph, comm_sum
 from ..nn import _backend, _graph, functional
 from ..nn.gcn import choose_order
@@ -51,6 +52,10 @@ __all__ = ["CagnetGCN", "CagnetOperator", "LossMismatch", "cagnet_spmm", "main"]
 #: books its allgatherv as "halo" and its reduce-scatter as "reverse_halo", so that the two
 #: schemes are compared kind for kind).
 STEP_KINDS = ("halo", "reverse_halo", "allreduce")
+#: The communicator's kinds counted under each of `STEP_KINDS` (`DataParallel` books its flags
+#: of which parameters have a gradient apart from the gradients).
+_COUNTED_AS = {"halo": ("halo",), "reverse_halo": ("reverse_halo",),
+               "allreduce": ("allreduce", PARTICIPATION_KIND)}
 
 #: Relative tolerance of the loss comparison between the CAGNET peer and ours (float32, the
 #: same products summed in another order).
@@ -221,12 +226,14 @@ class _Run:
         waited_after, stats_after = comm.wait_seconds(), comm.stats()
         blocked = 0.0
         for kind in STEP_KINDS:
-            delta = waited_after.get(kind, 0.0) - waited.get(kind, 0.0)
-            self.waited[kind] += delta
-            blocked += delta
-            for totals, key in ((self.received, "bytes_received"), (self.sent, "bytes_sent")):
-                totals[kind] += (stats_after.get(kind, {}).get(key, 0)
-                                 - stats.get(kind, {}).get(key, 0))
+            for booked in _COUNTED_AS[kind]:
+                delta = waited_after.get(booked, 0.0) - waited.get(booked, 0.0)
+                self.waited[kind] += delta
+                blocked += delta
+                for totals, key in ((self.received, "bytes_received"),
+                                    (self.sent, "bytes_sent")):
+                    totals[kind] += (stats_after.get(booked, {}).get(key, 0)
+                                     - stats.get(booked, {}).get(key, 0))
         self.blocked.append(blocked)
         return loss
 

@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import precondition
+from ..distributed._comm import PARTICIPATION_KIND
 from ..distributed.graph import comm_sum
 from ._worker import finish, start
 from .precondition import _maker, _workload
@@ -38,9 +39,9 @@ __all__ = ["KIND_COLUMNS", "STRATEGIES", "main", "measure_configurations"]
 STRATEGIES = ("inverse", "gradient")
 
 #: Columns of the byte counts: each gathers the `Communicator.stats` kinds listed (plain SGD's
-#: `DataParallel` books its gradient sum as "allreduce").
+#: `DataParallel` books its gradient sum as "allreduce", and its participation flags apart).
 KIND_COLUMNS = {
-    "gradient allreduce": ("gradient allreduce", "allreduce"),
+    "gradient allreduce": ("gradient allreduce", "allreduce", PARTICIPATION_KIND),
     "curvature allreduce": ("curvature allreduce",),
     "inverse broadcast": ("inverse broadcast",),
     "gradient broadcast": ("gradient broadcast",),

@@ -17,7 +17,6 @@ watchdog thread ends the job instead, naming the rank, the call and where it wai
 """
 import contextlib
 import math
-import numbers
 import os
 import shutil
 import sys
@@ -28,10 +27,16 @@ from collections import defaultdict
 
 import numpy as np
 
+from .._sputils import is_real_number
+
 __all__ = ["Communicator", "init", "launched_ranks", "mpiexec_path"]
 
 #: Kinds of traffic `Communicator.stats` reports (any other string is accepted too).
-KINDS = ("halo", "reverse_halo", "allreduce", "broadcast", "gather", "scatter", "setup")
+#: Traffic kind of `DataParallel`'s flags (one byte per parameter tensor) that say which
+#: parameters got a gradient on some rank; the gradients themselves are ``"allreduce"``.
+PARTICIPATION_KIND = "gradient participation"
+KINDS = ("halo", "reverse_halo", "allreduce", PARTICIPATION_KIND, "broadcast", "gather",
+         "scatter", "setup")
 
 _OPS = ("sum", "max", "min", "land", "lor", "band", "bor")
 
@@ -182,7 +187,7 @@ def check_timeout(seconds, name="timeout"):
     """``seconds`` as a float (a finite number > 0), or None; else a clear error."""
     if seconds is None:
         return None
-    if isinstance(seconds, bool) or not isinstance(seconds, numbers.Real):
+    if not is_real_number(seconds):
         raise TypeError(f"{name} must be a number of seconds or None, got "
                         f"{type(seconds).__name__}")
     if not (math.isfinite(seconds) and seconds > 0):

@@ -9,12 +9,13 @@ collectives. The full-graph GNN trainer uses it, and so can any data-parallel to
 """
 import contextlib
 
+import numpy as np
 import torch
 
-from ._comm import check_communicator, init
+from ._comm import PARTICIPATION_KIND, check_communicator, init
 from ._sparse_grads import allreduce_sparse, sparse_gradient_parameters
 
-__all__ = ["DataParallel"]
+__all__ = ["DataParallel", "PARTICIPATION_KIND"]
 
 
 class _Bucket:
@@ -48,7 +49,11 @@ class DataParallel(torch.nn.Module):
     Notes
     -----
     A parameter that one rank's backward does not reach contributes zero there (torch DDP
-    needs ``find_unused_parameters=True`` for that). A backward that reaches no parameter at
+    needs ``find_unused_parameters=True`` for that); one that no rank's backward reaches
+    keeps ``.grad`` None, as in one process (and DDP), so optimizers skip it rather than
+    decaying it or applying momentum to a zero. Which is which is agreed on by a MAX
+    allreduce of one byte per parameter tensor (traffic kind `PARTICIPATION_KIND`), started
+    after the last bucket and waited on with them. A backward that reaches no parameter at
     all never starts this rank's allreduces, and the other ranks wait for them, as under
     DDP: give every rank a loss computed from the model's output (a rank without data can use
     ``0 * output.sum()``), and set a communicator timeout
@@ -163,25 +168,37 @@ class DataParallel(torch.nn.Module):
             offset += size
         bucket.request = self.comm.Iallreduce(bucket.flat)
 
+    def _start_participation(self):
+        """One flag per bucketed parameter, in bucket order: whether it has a gradient here,
+        and once the returned request is waited on, whether it has one on some rank."""
+        has_grad = np.array([p.grad is not None for b in self._buckets for p in b.params],
+                            dtype=np.uint8)
+        return has_grad, self.comm.Iallreduce(has_grad, "max", kind=PARTICIPATION_KIND)
+
     def _finish(self):
         """Launch the buckets whose parameters got no gradient, wait for all, write back."""
         try:
             while self._launched < len(self._buckets):
                 self._launch(self._buckets[self._launched])
                 self._launched += 1
+            has_grad, participation = self._start_participation()
             scale = 1.0 / self.comm.size if self.average else None
             for bucket in self._buckets:
                 bucket.request.wait()
+            participation.wait()
+            flags = iter(has_grad)
+            for bucket in self._buckets:
                 if scale is not None:
                     bucket.flat.mul_(scale)
                 offset = 0
                 for p in bucket.params:
                     size = p.numel()
                     reduced = bucket.flat[offset:offset + size].view_as(p)
-                    if p.grad is None:
-                        p.grad = reduced.clone()
-                    else:
+                    used_on_some_rank = next(flags)
+                    if p.grad is not None:
                         p.grad.copy_(reduced)
+                    elif used_on_some_rank:
+                        p.grad = reduced.clone()
                     offset += size
             for p in self._sparse:
                 summed = allreduce_sparse(self.comm, p)

@@ -363,9 +363,11 @@ class DistGraph:
     def local_rows(self, array):
         """The owned rows ``array[owned]`` of a global array (NumPy, torch, anything indexable
         by an integer array) that every rank holds."""
-        if array.shape[0] != self.shape[0]:
-            raise ValueError(f"expected a global array with {self.shape[0]} rows, got "
-                             f"{array.shape[0]}")
+        if not hasattr(array, "shape"):
+            array = np.asarray(array)  # a list: NumPy's rows
+        if array.ndim == 0 or array.shape[0] != self.shape[0]:
+            raise ValueError(f"expected a global array with {self.shape[0]} rows, got shape "
+                             f"{tuple(array.shape)}")
         if hasattr(array, "index_select"):  # torch
             import torch
             return array.index_select(0, torch.from_numpy(self.owned))

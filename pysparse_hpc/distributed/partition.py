@@ -43,7 +43,13 @@ def _as_pattern(adj):
     elif scipy.sparse.issparse(adj):
         if adj.ndim != 2:
             raise ValueError(f"adj must be 2-D, got {adj.ndim}-D with shape {adj.shape}")
-        csr = adj.tocsr()  # scipy validated its own index arrays when it built them
+        csr = adj.tocsr()
+        # scipy builds a matrix from raw arrays without checking its indices; the pattern's
+        # kernels trust them. O(nnz), as reading the pattern is.
+        try:
+            csr.check_format(full_check=True)
+        except ValueError as exc:
+            raise ValueError(f"adj is not a valid sparse matrix: {exc}") from None
     else:
         raise TypeError(
             f"adj must be a sparse array (pysparse_hpc or scipy.sparse), got "
@@ -99,6 +105,9 @@ def _check_owner(owner, n, nparts, name="owner", parts="nparts"):
         raise ValueError(
             f"partition has {array.size} owners but the graph has {n} nodes; expected one owner "
             "per node")
+    if array.dtype == np.uint64 and n and array.max() > np.iinfo(np.int64).max:
+        bad = int(np.flatnonzero(array > np.iinfo(np.int64).max)[0])
+        raise ValueError(f"{name}[{bad}] is {array[bad]}, beyond any number of parts")
     if nparts is None:
         nparts = int(array.max()) + 1 if n else 1
         nparts = max(nparts, 1)  # all owners negative: the range check below reports it
@@ -381,6 +390,11 @@ class Partition:
 
 # -- partitioners ---------------------------------------------------------------------------
 
+#: The largest numeric balance: node weights stay integers whose sums over a billion nodes fit
+#: int64 (METIS and the contiguous split add them up).
+_MAX_ROW_WORK = 1e9
+
+
 def _node_weights(indptr, balance):
     """What each node weighs for ``balance``, one column per balance constraint: 1 ("rows"),
     its stored entries + 1 ("nnz"), its stored entries + ``balance`` (a number), rounded to
@@ -536,9 +550,10 @@ def partition(adj, nparts, method="metis", seed=0, balance=None):
     balance = _DEFAULT_BALANCE[method] if balance is None else balance
     numeric = isinstance(balance, (int, float, np.integer, np.floating)) and not isinstance(
         balance, (bool, np.bool_))
-    if numeric and not (np.isfinite(balance) and balance >= 0):
+    if numeric and not (np.isfinite(balance) and 0 <= balance <= _MAX_ROW_WORK):
         raise ValueError(f"a numeric balance (work per row, in stored entries) must be finite "
-                         f"and >= 0, got {balance!r}")
+                         f"and in [0, {_MAX_ROW_WORK:.0e}], got {balance!r} (a larger one is "
+                         f"'rows' in effect, and the summed weights would overflow)")
     allowed = {"random": "'rows'", "contiguous": "'rows', 'nnz' or a number >= 0"}.get(
         method, "'rows', 'nnz', 'rows+nnz' or a number >= 0")
     if ((not numeric and balance not in BALANCES) or (method == "random" and balance != "rows")

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .. import datasets
-from ._comm import init, raising_alike
+from ._comm import PARTICIPATION_KIND, init, raising_alike
 from .graph import DistGraph, comm_sum
 from ._metis import multi_constraint_available
 from .partition import (PARTITION_METHODS, ROWS_AND_NNZ, Partition,
@@ -260,8 +260,10 @@ def train(dataset="cora", model="gcn", partition="metis", *, epochs=None, lr=Non
         checkpointer.close()
     seconds_total = time.perf_counter() - start
     stats = comm.stats()
+    # The gradient allreduce's bytes include its participation flags (DataParallel's).
     received = np.array([stats.get(kind, {}).get("bytes_received", 0)
-                         for kind in ("halo", "reverse_halo", "allreduce", *_OPTIMIZER_KINDS)],
+                         for kind in ("halo", "reverse_halo", "allreduce", PARTICIPATION_KIND,
+                                      *_OPTIMIZER_KINDS)],
                         dtype=np.float64)
     received = comm_sum(comm, received)
     row_bytes = graph.plan.exchanged_row_bytes - row_bytes_before
@@ -276,12 +278,12 @@ def train(dataset="cora", model="gcn", partition="metis", *, epochs=None, lr=Non
         seconds_per_epoch=float(seconds[0]) / comm.size, seconds_total=seconds_total,
         halo_bytes_per_epoch=float(received[0] + received[1]) / n_epochs,
         cagnet_bytes_per_epoch=float(row_bytes * (comm.size - 1) * graph.shape[0]) / n_epochs,
-        allreduce_bytes_per_epoch=float(received[2]) / n_epochs,
+        allreduce_bytes_per_epoch=float(received[2] + received[3]) / n_epochs,
         partition_summary=piece.summary,
         optimizer=optimizer, preconditioner=preconditioner, damping=result.damping,
         kl_clip=kl_clip, lr=settings["lr"], weight_decay=settings["weight_decay"],
         compression=compression,
-        optimizer_bytes_per_epoch=float(received[3:].sum()) / n_epochs,
+        optimizer_bytes_per_epoch=float(received[4:].sum()) / n_epochs,
         skipped_epochs=result.skipped_epochs,
         resumed_after=None if state is None else state.step)
 

@@ -8,6 +8,7 @@ fixed-value SpMM of GCN has its own Function that overlaps both exchanges with t
 the owned columns.
 """
 import torch
+from torch.autograd.function import once_differentiable
 
 from . import _backend, _graph
 
@@ -37,6 +38,7 @@ class _HaloRows(torch.autograd.Function):
         return torch.cat([x.detach(), halo])
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, grad):
         graph = ctx.graph
         grad = grad.contiguous()
@@ -84,6 +86,7 @@ class _SpMMOverlapped(torch.autograd.Function):
         return y
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, grad_y):
         if not ctx.needs_input_grad[0]:
             return None, None

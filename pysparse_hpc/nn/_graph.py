@@ -15,7 +15,7 @@ import numpy as np
 from .._base import sparray
 from .._blocked import blocked_array
 from .._csr import csr_array
-from .._sputils import get_index_dtype
+from .._sputils import check_integer, get_index_dtype
 from .._cy import convert as _convert
 from ..distributed.graph import DistGraph
 
@@ -185,6 +185,8 @@ def as_graph(adj, num_nodes=None, edge_cache=None, default_num_nodes=None):
     """A pysparse_hpc sparse array for ``adj``: a sparse array is returned as it is; a torch
     ``[2, E]`` edge_index is converted (through ``edge_cache`` when given, so once) with
     ``num_nodes`` nodes, else ``default_num_nodes`` (a layer's number of input rows)."""
+    if num_nodes is not None:
+        num_nodes = check_integer(num_nodes, "num_nodes")
     if isinstance(adj, DistGraph):
         if num_nodes is not None and adj.n_local != num_nodes:
             raise ValueError(f"rank {adj.comm.rank} owns {adj.n_local} nodes of the distributed "

@@ -9,14 +9,23 @@ entries comes from) is built on first use and kept on the adjacency.
 Gradients (gnn.md's formulas): for ``Y = A @ X``, ``dX = A^T @ dY`` and, for per-edge values
 that require grad, ``dA_ij = <dY_i, X_j>`` (an SDDMM); for ``s = SDDMM(A; X, Y)``,
 ``dX = S @ Y`` and ``dY = S^T @ X`` with S holding ``ds`` on A's pattern.
+
+Second derivatives (``create_graph=True``: gradient penalties, Hessian-vector products):
+`spmm` with A's own values and `dropout` are linear, and their backward passes run through
+the same operations, so they differentiate as often as asked (a GCN does). The other
+operations are once-differentiable: differentiating their gradient raises a ``RuntimeError``
+rather than silently dropping the second-order term.
 """
+import math
+
 import numpy as np
 import torch
+from torch.autograd.function import once_differentiable
 
 from .._base import sparray
+from .._sputils import is_real_number
 from ..distributed.graph import DistGraph
 from . import _backend, _distributed, _graph
-from ._graph import pattern
 
 __all__ = ["spmm", "sddmm", "edge_softmax", "gat_attention", "dropout", "pattern", "row_ids",
            "GAT_KEEP"]
@@ -74,7 +83,9 @@ class _SpMMFixed(torch.autograd.Function):
     def backward(ctx, grad_y):
         if not ctx.needs_input_grad[0]:
             return None, None
-        return _backend.spmm_fixed(_graph.transposed_like(ctx.adj), grad_y), None
+        # Through this Function again, so a gradient of the gradient (create_graph=True: a
+        # gradient penalty, a Hessian-vector product) is exact: the product is linear in X.
+        return _SpMMFixed.apply(grad_y, _graph.transposed_like(ctx.adj)), None
 
 
 def _spmm_transposed(csr, edge_values, dense):
@@ -95,6 +106,7 @@ class _SpMMValues(torch.autograd.Function):
         return _backend.spmm_values(csr, values, x)
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, grad_y):
         values, x = ctx.saved_tensors
         grad_values = grad_x = None
@@ -115,6 +127,7 @@ class _SDDMM(torch.autograd.Function):
         return _backend.sddmm_values(csr, x, y)
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, grad_s):
         x, y = ctx.saved_tensors
         grad_x = grad_y = None
@@ -134,6 +147,7 @@ class _EdgeSoftmax(torch.autograd.Function):
         return alpha
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, grad_alpha):
         alpha, = ctx.saved_tensors
         return _backend.softmax_backward(ctx.csr, alpha, grad_alpha), None
@@ -152,6 +166,7 @@ class _GATAttention(torch.autograd.Function):
         return alpha
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, grad_alpha):
         if ctx.keep == "alpha":
             alpha, = ctx.saved_tensors
@@ -166,14 +181,14 @@ class _GATAttention(torch.autograd.Function):
 
 class _Dropout(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, p, row_ids):
-        # The seed comes from torch's generator, so torch.manual_seed makes runs repeatable.
-        ctx.p, ctx.row_ids, ctx.seed = p, row_ids, int(torch.randint(0, 2 ** 62, (1,)))
-        return _backend.dropout(x, p, ctx.seed, row_ids)
+    def forward(ctx, x, p, seed, row_ids):
+        ctx.p, ctx.seed, ctx.row_ids = p, seed, row_ids
+        return _backend.dropout(x, p, seed, row_ids)
 
     @staticmethod
     def backward(ctx, grad_out):
-        return _backend.dropout(grad_out, ctx.p, ctx.seed, ctx.row_ids), None, None
+        # The same mask, through this Function again: differentiable as often as asked.
+        return _Dropout.apply(grad_out, ctx.p, ctx.seed, ctx.row_ids), None, None, None
 
 
 def dropout(x, p=0.5, training=True, row_ids=None):
@@ -200,14 +215,26 @@ def dropout(x, p=0.5, training=True, row_ids=None):
         raise ValueError(f"dropout probability must be in [0, 1), got {p!r}")
     if not training or p == 0.0:
         return x
-    if not _backend.on_cpu(x) or x.dtype not in _FLOAT_DTYPES:
+    if row_ids is not None and x.dim() == 0:
+        raise ValueError("row_ids needs an x with rows, got a 0-d tensor")
+    if not _backend.on_cpu(x) or x.dtype not in _FLOAT_DTYPES or x.dim() == 0:
         return torch.nn.functional.dropout(x, p, training=True)
     if row_ids is not None:
         row_ids = np.ascontiguousarray(row_ids, dtype=np.int64)
         if row_ids.shape != (x.shape[0],):
             raise ValueError(f"row_ids must have shape ({x.shape[0]},), one id per row of x, "
                              f"got {row_ids.shape}")
-    return _Dropout.apply(x, float(p), row_ids)
+    # The seed comes from torch's generator, so torch.manual_seed makes runs repeatable.
+    seed = int(torch.randint(0, 2 ** 62, (1,)))
+    return _Dropout.apply(x, float(p), seed, row_ids)
+
+
+def pattern(adj):
+    """The canonical CSR form of ``adj`` (sorted, no duplicates): per-edge values, attention
+    scores and SDDMM results are aligned with its storage order. A `DistGraph` is its own
+    pattern (its local matrix is canonical). Built once and kept on ``adj``."""
+    _check_adj(adj)
+    return _graph.pattern(adj)
 
 
 def row_ids(adj, kind="node"):
@@ -226,6 +253,7 @@ def row_ids(adj, kind="node"):
     -------
     numpy.ndarray of int64 or None
     """
+    _check_adj(adj)
     if kind == "node":
         return adj.owned if isinstance(adj, DistGraph) else None
     if kind != "edge":
@@ -387,6 +415,8 @@ def gat_attention(adj, s_dst, s_src, negative_slope=0.2, keep="alpha"):
     _check_adj(adj)
     if keep not in GAT_KEEP:
         raise ValueError(f"keep must be one of {GAT_KEEP}, got {keep!r}")
+    if not (is_real_number(negative_slope) and math.isfinite(negative_slope)):
+        raise ValueError(f"negative_slope must be a finite number, got {negative_slope!r}")
     _check_tensor(s_dst, "s_dst")
     _check_tensor(s_src, "s_src")
     _check_same(s_dst, "s_dst", s_src, "s_src")

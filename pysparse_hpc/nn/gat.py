@@ -12,6 +12,7 @@ import numbers
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from .._sputils import is_real_number
 from . import functional
 from ._checks import check_features, warn_once_if_nan
 from ._graph import EdgeIndexCache, as_graph, check_graph_for, with_self_loops
@@ -82,7 +83,7 @@ class GATConv(torch.nn.Module):
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {dropout!r}")
-        if not (isinstance(negative_slope, numbers.Real) and math.isfinite(negative_slope)):
+        if not (is_real_number(negative_slope) and math.isfinite(negative_slope)):
             raise ValueError(f"negative_slope must be a finite number, got {negative_slope!r}")
         in_channels, out_channels, heads = int(in_channels), int(out_channels), int(heads)
         self.in_channels, self.out_channels, self.heads = in_channels, out_channels, heads

@@ -11,6 +11,7 @@ import math
 import numbers
 import weakref
 
+import numpy as np
 import torch
 
 from .._blocked import blocked_array
@@ -172,7 +173,7 @@ class GCNConv(torch.nn.Module):
         self.lin = linear_without_init(in_channels, out_channels)
         self.bias = torch.nn.Parameter(torch.empty(out_channels)) if bias else None
         self._edge_cache = EdgeIndexCache()
-        self._normalized = None  # (weakref to the source graph, normalized graph)
+        self._normalized = None  # (weakref to the source graph, dtype, normalized graph)
         self._propagated = _InputMemo()
         #: The order the last forward call used (for inspection and tests).
         self.last_order = None
@@ -189,15 +190,19 @@ class GCNConv(torch.nn.Module):
         self._normalized = None
         self._propagated.clear()
 
-    def _normalized_graph(self, graph):
-        if self._normalized is not None and (self.cached or self._normalized[0]() is graph):
-            return self._normalized[1]
+    def _normalized_graph(self, graph, x):
+        # Normalized in the features' precision: float64 features get float64 values even
+        # on an unweighted (float32) graph.
+        dtype = np.float64 if x.dtype == torch.float64 else np.float32
+        if self._normalized is not None and self._normalized[1] == dtype and (
+                self.cached or self._normalized[0]() is graph):
+            return self._normalized[2]
         normalized = graph
         if self.normalize:
-            normalized = gcn_norm(graph)
+            normalized = gcn_norm(graph, dtype=dtype)
             if isinstance(graph, blocked_array):  # keep the kernel the caller chose
                 normalized = normalized.to_blocked(graph.window, graph.block_width)
-        self._normalized = (weakref.ref(graph), normalized)
+        self._normalized = (weakref.ref(graph), dtype, normalized)
         self._propagated.clear()
         return normalized
 
@@ -228,7 +233,7 @@ class GCNConv(torch.nn.Module):
         check_features(x, self.in_channels)
         graph = as_graph(adj, num_nodes, self._edge_cache, default_num_nodes=x.shape[0])
         check_graph_for(graph, x)
-        graph = self._normalized_graph(graph)
+        graph = self._normalized_graph(graph, x)
         order = self._order_for(x, graph)
         self.last_order = order
         needs_grad = x.requires_grad and torch.is_grad_enabled()

@@ -1,4 +1,6 @@
 """Graph normalization for GCN: ``D^-1/2 (A + I) D^-1/2``."""
+import warnings
+
 import numpy as np
 import scipy.sparse
 
@@ -10,7 +12,7 @@ from ._graph import as_graph, cached_on
 __all__ = ["gcn_norm"]
 
 
-def gcn_norm(adj, add_self_loops=True, num_nodes=None):
+def gcn_norm(adj, add_self_loops=True, num_nodes=None, dtype=None):
     """Kipf and Welling's symmetric normalization ``D^-1/2 (A + I) D^-1/2``.
 
     Parameters
@@ -24,12 +26,18 @@ def gcn_norm(adj, add_self_loops=True, num_nodes=None):
         Add the identity (on top of any stored diagonal, as ``A + I`` reads).
     num_nodes : int, optional
         Needed with an edge_index.
+    dtype : {None, float32, float64}
+        The values' dtype (a NumPy dtype or its name). None: float32 unless ``adj`` holds
+        float64. The degrees and scales are computed in float64 either way, so float64 gives
+        the normalization of an unweighted or float32 graph without a float32 rounding (what
+        float64 features need).
 
     Returns
     -------
     csr_array or DistGraph
-        Canonical; float32 unless ``adj`` holds float64. ``D`` is the row sums of ``A + I``;
-        rows that sum to 0 (isolated nodes without self-loops) stay zero.
+        Canonical. ``D`` is the row sums of ``A + I``; rows that sum to 0 (isolated nodes
+        without self-loops) stay zero, and so do rows whose sum is negative (possible with
+        negative weights), with a ``RuntimeWarning``.
 
     Examples
     --------
@@ -40,18 +48,19 @@ def gcn_norm(adj, add_self_loops=True, num_nodes=None):
            [0.5, 0.5]])
     """
     adj = as_graph(adj, num_nodes)
+    dtype = _values_dtype(adj, dtype)
     if isinstance(adj, DistGraph):
-        return cached_on(adj, ("gcn_norm", add_self_loops),
-                         lambda: _gcn_norm_distributed(adj, add_self_loops))
+        return cached_on(adj, ("gcn_norm", add_self_loops, dtype),
+                         lambda: _gcn_norm_distributed(adj, add_self_loops, dtype))
     if adj.shape[0] != adj.shape[1]:
         raise ValueError(f"adj must be square, got shape {adj.shape}")
-    dtype = np.float64 if adj.dtype == np.float64 else np.float32
     matrix = adj.tocsr().to_scipy().astype(np.float64)
     if add_self_loops:
         matrix = matrix + scipy.sparse.eye_array(adj.shape[0], format="csr")
     matrix = scipy.sparse.csr_array(matrix)
     matrix.sum_duplicates()
     degree = np.asarray(matrix.sum(axis=1)).ravel()
+    _warn_if_negative(degree)
     with np.errstate(divide="ignore"):
         scale = np.where(degree > 0, 1.0 / np.sqrt(np.where(degree > 0, degree, 1.0)), 0.0)
     rows = np.repeat(np.arange(adj.shape[0]), np.diff(matrix.indptr))
@@ -59,11 +68,32 @@ def gcn_norm(adj, add_self_loops=True, num_nodes=None):
     return csr_array(matrix.astype(dtype))
 
 
-def _gcn_norm_distributed(graph, add_self_loops):
+def _warn_if_negative(degree):
+    negative = np.flatnonzero(degree < 0)
+    if negative.size:
+        warnings.warn(f"gcn_norm: {negative.size} rows of A + I sum to a negative degree (the "
+                      f"first: row {negative[0]}, {degree[negative[0]]:g}); D^-1/2 is not real "
+                      f"there, and their rows and columns are set to zero", RuntimeWarning,
+                      stacklevel=3)
+
+
+def _values_dtype(adj, dtype):
+    if dtype is None:
+        held = adj.local.dtype if isinstance(adj, DistGraph) else adj.dtype
+        return np.dtype(np.float64 if held == np.float64 else np.float32)
+    try:
+        chosen = np.dtype(dtype)
+    except TypeError:
+        chosen = None
+    if chosen not in (np.float32, np.float64):
+        raise ValueError(f"dtype must be float32 or float64, got {dtype!r}")
+    return chosen
+
+
+def _gcn_norm_distributed(graph, add_self_loops, dtype):
     """`gcn_norm` of a `DistGraph`: a row's degree is known to its owner (rows are whole on
     one rank); the halo columns' degrees travel in one halo exchange."""
     local = graph.local
-    dtype = np.float64 if local.dtype == np.float64 else np.float32
     rows, cols, data = local.tocoo()
     data = data.astype(np.float64)
     if add_self_loops:
@@ -76,6 +106,7 @@ def _gcn_norm_distributed(graph, add_self_loops):
                        index_dtype=index_dtype).canonical()
     degree = np.bincount(np.repeat(np.arange(graph.n_local), np.diff(matrix.indptr)),
                          weights=matrix.data, minlength=graph.n_local)
+    _warn_if_negative(degree)
     degree = np.concatenate([degree, graph.halo_exchange(np.ascontiguousarray(degree))])
     with np.errstate(divide="ignore"):
         scale = np.where(degree > 0, 1.0 / np.sqrt(np.where(degree > 0, degree, 1.0)), 0.0)

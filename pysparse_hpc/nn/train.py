@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from .._compiling import compile_messages
+from .._sputils import check_real_number
 from ..distributed.graph import DistGraph, comm_sum
 
 __all__ = ["TrainResult", "default_damping", "fit", "node_tensors", "normalize_features",
@@ -455,13 +456,12 @@ def _check_schedule(epochs, lr, weight_decay):
     ``lr`` a finite number > 0 and ``weight_decay`` a finite number >= 0: checked before
     anything trains, so that a bad value is one clear error on every rank alike rather than
     the optimizer's, raised on some ranks while others wait."""
-    from ..precondition._natural import _check_real
     if isinstance(epochs, bool) or not isinstance(epochs, (int, np.integer)):
         raise TypeError(f"epochs must be an int, got {type(epochs).__name__}")
     if epochs < 0:
         raise ValueError(f"epochs must be at least 0, got {epochs}")
-    _check_real("lr", lr)
-    _check_real("weight_decay", weight_decay, positive=False)
+    check_real_number("lr", lr)
+    check_real_number("weight_decay", weight_decay, positive=False)
     if weight_decay < 0:
         raise ValueError(f"weight_decay must be a finite number >= 0, got {weight_decay}")
 
@@ -473,8 +473,7 @@ def _check_kl_clip(preconditioner, kl_clip):
         return
     if preconditioner != "kfac":
         raise ValueError(f"kl_clip applies to preconditioner='kfac', got {preconditioner!r}")
-    from ..precondition._natural import _check_real
-    _check_real("kl_clip", kl_clip)
+    check_real_number("kl_clip", kl_clip)
 
 
 def _preconditioner(name, model, graph, n_train, curvature_interval, optimizer, damping,

@@ -12,11 +12,11 @@ compressed votes. On CPU tensors of float32 or float64 a step is one pass of a N
 operations, which remain for every other tensor (GPU, half precision, strided).
 """
 import math
-import numbers
 
 import numpy as np
 import torch
 
+from .._sputils import is_real_number
 from ..kernels.cpu import lion as kernels
 
 __all__ = ["Lion", "check_hyperparameters", "lion_step"]
@@ -25,8 +25,7 @@ _KERNEL_DTYPES = {torch.float32: np.float32, torch.float64: np.float64}
 
 
 def _finite_real(value):
-    return (isinstance(value, numbers.Real) and not isinstance(value, bool)
-            and math.isfinite(value))
+    return is_real_number(value) and math.isfinite(value)
 
 
 def check_hyperparameters(lr, betas, weight_decay):

@@ -27,6 +27,7 @@ import warnings
 
 import torch
 
+from .._sputils import check_real_number
 from ._fisher import LOSS_CROSS_ENTROPY, LOSS_TYPES, FISHER_MC, canonical_fisher_type
 from ._kaisa import STRATEGIES, allreduce_sum, assign_owners, broadcast_from_owners
 from ._maker import PreconditionedGradientMaker, _all_finite
@@ -53,16 +54,8 @@ def _fits(shape, expected):
 def _learning_rate(lr):
     """The value of `lr` (a number or a callable returning one), checked."""
     value = lr() if callable(lr) else lr
-    _check_real("lr" if not callable(lr) else "the value lr() returned", value)
+    check_real_number("lr" if not callable(lr) else "the value lr() returned", value)
     return float(value)
-
-
-def _check_real(name, value, positive=True):
-    if not isinstance(value, numbers.Real) or isinstance(value, bool):
-        raise TypeError(f"{name} must be a float, got {type(value).__name__} ({value!r})")
-    if not math.isfinite(value) or (positive and value <= 0):
-        raise ValueError(f"{name} must be a finite number{' > 0' if positive else ''}, "
-                         f"got {value}")
 
 
 class NaturalGradientMaker(PreconditionedGradientMaker):
@@ -97,9 +90,9 @@ class NaturalGradientMaker(PreconditionedGradientMaker):
         self.fisher_type = canonical_fisher_type(fisher_type)
         if loss_type not in LOSS_TYPES:
             raise ValueError(f"loss_type must be one of {LOSS_TYPES}, got {loss_type!r}")
-        _check_real("scale", scale)
-        _check_real("grad_scale", grad_scale, positive=False)
-        _check_real("var", var)
+        check_real_number("scale", scale)
+        check_real_number("grad_scale", grad_scale, positive=False)
+        check_real_number("var", var)
         if not isinstance(n_mc_samples, numbers.Integral) or isinstance(n_mc_samples, bool):
             raise TypeError(f"n_mc_samples must be an int, got {type(n_mc_samples).__name__}")
         if n_mc_samples < 1:
@@ -114,14 +107,14 @@ class NaturalGradientMaker(PreconditionedGradientMaker):
         self.var = float(var)
         self.seed = seed
         if kl_clip is not None:
-            _check_real("kl_clip", kl_clip)
+            check_real_number("kl_clip", kl_clip)
             if lr is None:
                 raise ValueError("kl_clip needs lr: the learning rate the optimizer applies the "
                                  "preconditioned gradients with (a float, or a callable "
                                  "returning the current one, e.g. lambda: "
                                  "opt.param_groups[0]['lr'])")
             if not callable(lr):
-                _check_real("lr", lr)
+                check_real_number("lr", lr)
         elif lr is not None:
             raise ValueError("lr is only used with kl_clip, which is None")
         self.kl_clip = None if kl_clip is None else float(kl_clip)

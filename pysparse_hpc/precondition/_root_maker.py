@@ -48,6 +48,7 @@ from collections import Counter, OrderedDict
 import torch
 from torch import nn
 
+from .._sputils import is_real_number
 from ._kaisa import STRATEGIES, assign_owners, broadcast_from_owners
 from ._maker import PreconditionedGradientMaker, _all_finite, curvature_dtype
 from ._roots import block_bounds, finite_norm
@@ -75,7 +76,7 @@ def _check_block_size(block_size):
 
 def check_positive(name, value, upper=None):
     """`value` as a float; TypeError unless a real number, ValueError unless in (0, upper]."""
-    if not isinstance(value, numbers.Real) or isinstance(value, bool):
+    if not is_real_number(value):
         raise TypeError(f"{name} must be a float, got {type(value).__name__} ({value!r})")
     value = float(value)
     if not (value > 0 and (value <= upper if upper is not None else value < float("inf"))):

@@ -11,6 +11,8 @@ import warnings
 from dataclasses import dataclass
 from typing import Any, List, Optional
 
+from .._sputils import is_real_number
+
 __all__ = ["PreconditioningConfig", "INTERVAL_CONSTANT", "update_schedule"]
 
 INTERVAL_CONSTANT = "constant"
@@ -21,10 +23,6 @@ _UNSET = -1
 
 def _is_int(value):
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-
-
-def _is_real(value):
-    return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
 @dataclass
@@ -134,7 +132,7 @@ class PreconditioningConfig:
             value = getattr(self, name)
             if value is None and name == "curvature_upd_ratio":
                 continue
-            if not _is_real(value):
+            if not is_real_number(value):
                 raise TypeError(f"{name} must be a float, got {type(value).__name__} ({value!r})")
             if not 0.0 <= value <= 1.0:
                 raise ValueError(f"{name} must be in [0, 1], got {value}")
@@ -151,12 +149,12 @@ class PreconditioningConfig:
                             f"({self.data_size!r})")
         if self.data_size != _UNSET and self.data_size < 1:
             raise ValueError(f"data_size must be >= 1 (or -1: unset), got {self.data_size}")
-        if not _is_real(self.damping):
+        if not is_real_number(self.damping):
             raise TypeError(f"damping must be a float, got {type(self.damping).__name__} "
                             f"({self.damping!r})")
         if not (math.isfinite(self.damping) and self.damping > 0):
             raise ValueError(f"damping must be a finite number > 0, got {self.damping}")
-        if not _is_real(self.ema_decay):
+        if not is_real_number(self.ema_decay):
             raise TypeError(f"ema_decay must be a float, got {type(self.ema_decay).__name__} "
                             f"({self.ema_decay!r})")
         if self.ema_decay != _UNSET and not 0.0 < self.ema_decay <= 1.0:

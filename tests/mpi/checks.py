@@ -159,7 +159,8 @@ def check_data_parallel():
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
     extra = torch.nn.Linear(3, 3)  # used only by rank 0
-    container = torch.nn.ModuleDict({"body": model, "extra": extra}).double()
+    unused = torch.nn.Linear(3, 3)  # used by no rank: its gradient stays None
+    container = torch.nn.ModuleDict({"body": model, "extra": extra, "unused": unused}).double()
     data = torch.randn(30, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
     target = torch.randint(0, 3, (30,), generator=torch.Generator().manual_seed(2))
 
@@ -172,12 +173,23 @@ def check_data_parallel():
     wrapped = distributed.DataParallel(container, comm, bucket_mb=1e-4, average=False)
     assert len(wrapped.bucket_sizes) > 2
     mine = np.array_split(np.arange(30), size)[rank]
+    comm.reset_stats()
     loss_of(mine, rank == 0).backward()
-    grads = [p.grad.clone() for p in container.parameters()]
+    grads = [None if p.grad is None else p.grad.clone() for p in container.parameters()]
+    if size > 1:  # the gradients' bytes, and apart one byte per parameter tensor
+        stats = comm.stats()
+        parameters = list(container.parameters())
+        assert stats["allreduce"]["bytes_sent"] == 8 * sum(p.numel() for p in parameters)
+        assert stats[distributed.data_parallel.PARTICIPATION_KIND]["bytes_sent"] == len(
+            parameters)
     with wrapped.no_sync():  # the reference runs on rank 0 alone: no allreduce there
         reference = on_root_then_broadcast(lambda: _reference_grads(container, loss_of, size))
+    assert unused.weight.grad is None and unused.bias.grad is None
     for got, expected in zip(grads, reference):
-        torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-14)
+        if expected is None:
+            assert got is None
+        else:
+            torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-14)
 
 
 def check_data_parallel_sparse():
@@ -281,7 +293,7 @@ def _reference_grads(container, loss_of, parts):
     container.zero_grad()
     for part, rows in enumerate(np.array_split(np.arange(30), parts)):
         loss_of(rows, part == 0).backward()
-    grads = [p.grad.clone() for p in container.parameters()]
+    grads = [None if p.grad is None else p.grad.clone() for p in container.parameters()]
     container.zero_grad()
     return grads
 
