@@ -7,6 +7,7 @@ import scipy.sparse
 
 from ._base import sparray
 from ._cy import convert as _convert
+from ._dense import is_torch_tensor
 from ._sputils import (
     as_index_array,
     as_value_array,
@@ -232,6 +233,8 @@ class csr_array(sparray):
         self._set_arrays(summed.astype(data.dtype, copy=False), indices, indptr, shape, True)
 
     def _init_from_dense(self, arg, shape, dtype, index_dtype):
+        if is_torch_tensor(arg):
+            arg = arg.detach().cpu()  # the values, not the autograd graph NumPy cannot take
         try:
             dense = np.asarray(arg)
         except (TypeError, ValueError) as exc:

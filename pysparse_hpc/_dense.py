@@ -66,6 +66,9 @@ def as_dense(x, name):
             x = x.detach()  # autograd goes through pysparse_hpc.nn.functional, not here
         if x.device.type != "cpu":
             return DenseOperand(None, "torch", x.device.type, x)
+        if x.dtype == _torch().bfloat16:  # NumPy has no bfloat16: say so before numpy() does
+            raise TypeError(f"{name} must hold float16, float32 or float64 values, got "
+                            f"torch.bfloat16 (convert with .float())")
         array = x.numpy()
         kind = "torch"
     elif is_device_array(x):

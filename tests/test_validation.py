@@ -177,6 +177,11 @@ def test_operator_operands_are_named():
     torch = pytest.importorskip("torch")
     product = torch.ones(3, 2, dtype=torch.float64) @ A
     assert isinstance(product, torch.Tensor) and product.shape == (3, 2)
+    with pytest.raises(TypeError, match="got torch.bfloat16 \\(convert with .float\\(\\)\\)"):
+        A @ torch.ones(2, 2, dtype=torch.bfloat16)
+    # A tensor that requires grad gives its values, as torch.Tensor.numpy() after detach().
+    np.testing.assert_array_equal(sph.csr_array(torch.eye(2, requires_grad=True)).toarray(),
+                                  np.eye(2))
     with pytest.raises(ValueError, match="axes must be None or \\(1, 0\\)"):
         A.transpose(axes=5)
     with pytest.raises(TypeError, match="out must be a NumPy array or a torch tensor, got list"):
