@@ -31,10 +31,10 @@ from .._sputils import is_real_number
 
 __all__ = ["Communicator", "init", "launched_ranks", "mpiexec_path"]
 
-#: Kinds of traffic `Communicator.stats` reports (any other string is accepted too).
 #: Traffic kind of `DataParallel`'s flags (one byte per parameter tensor) that say which
 #: parameters got a gradient on some rank; the gradients themselves are ``"allreduce"``.
 PARTICIPATION_KIND = "gradient participation"
+#: Kinds of traffic `Communicator.stats` reports (any other string is accepted too).
 KINDS = ("halo", "reverse_halo", "allreduce", PARTICIPATION_KIND, "broadcast", "gather",
          "scatter", "setup")
 
