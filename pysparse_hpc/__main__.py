@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 
+import numba
 import numpy as np
 
 from . import block_stats, datasets, sddmm
@@ -274,7 +275,7 @@ def run_train(args, out=None):
                                   else args.optimizer),
                        compression=args.compression, momentum_sync=args.momentum_sync,
                        checkpoint=args.checkpoint, resume=args.resume, **given)
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, MemoryError) as exc:
         if comm.size == 1 or raised_on_every_rank(exc):
             if comm.rank == 0:
                 _train_error(exc)
@@ -287,6 +288,13 @@ def run_train(args, out=None):
         comm.Abort(2)
     if comm.rank == 0:
         print(report_train(result, get_num_threads()), file=out)
+    trained = result.epochs - (result.resumed_after or 0)
+    if trained > 0 and len(result.skipped_epochs) >= trained:
+        if comm.rank == 0:
+            _train_error(ValueError("every step was skipped for a non-finite loss or "
+                                    "gradient: nothing was trained (check the data for NaN "
+                                    "or infinity, or lower --lr)"))
+        return 1
     return 0
 
 
@@ -361,7 +369,8 @@ def main(argv=None):
                                      description="pysparse_hpc command line")
     commands = parser.add_subparsers(dest="command", required=True)
     demo = commands.add_parser("demo", help="formats, kernels and GNN training on a bundled graph")
-    demo.add_argument("--dataset", default="cora", choices=datasets.available())
+    demo.add_argument("--dataset", default="cora", type=str.lower,
+                      choices=datasets.available())
     demo.add_argument("--model", action="append", choices=("gcn", "gat", "agnn"),
                       help="GNN to train (repeatable; default: gcn and gat)")
     demo.add_argument("--no-train", action="store_true", help="skip the GNN training")
@@ -444,38 +453,48 @@ def main(argv=None):
     if args.command == "train":
         if args.optimizer != "lion" and (args.compression != "none"
                                          or args.momentum_sync is not None):
-            parser.error("--compression and --momentum-sync need --optimizer lion")
+            train.error("--compression and --momentum-sync need --optimizer lion")
         if args.compression == "none" and args.momentum_sync not in (None, "local"):
-            parser.error("--momentum-sync applies to a compressed Lion (--compression)")
+            train.error("--momentum-sync applies to a compressed Lion (--compression)")
         preconditioner_options = args.base_optimizer != "adam" or args.damping is not None
         if args.optimizer not in PRECONDITIONER_NAMES and preconditioner_options:
-            parser.error("--base-optimizer and --damping need --optimizer kfac, shampoo or "
-                         "jorge")
+            train.error("--base-optimizer and --damping need --optimizer kfac, shampoo or "
+                        "jorge")
         if args.kl_clip is not None and args.optimizer != "kfac":
-            parser.error("--kl-clip needs --optimizer kfac")
+            train.error("--kl-clip needs --optimizer kfac")
         for name in ("lr", "damping", "kl_clip", "timeout"):
             value = getattr(args, name)
             if value is not None and not (0 < value < float("inf")):
-                parser.error(f"--{name.replace('_', '-')} must be a finite number > 0, got "
-                             f"{value}")
+                train.error(f"--{name.replace('_', '-')} must be a finite number > 0, got "
+                            f"{value}")
         if args.weight_decay is not None and not (0 <= args.weight_decay < float("inf")):
-            parser.error(f"--weight-decay must be a finite number >= 0, got "
-                         f"{args.weight_decay}")
+            train.error(f"--weight-decay must be a finite number >= 0, got "
+                        f"{args.weight_decay}")
+        # The optimizers multiply the weights by these: beyond the dtype's range they overflow.
+        largest = float(np.finfo(args.dtype).max)
+        for name in ("lr", "weight_decay", "damping", "kl_clip"):
+            value = getattr(args, name)
+            if value is not None and value > largest:
+                train.error(f"--{name.replace('_', '-')} {value:g} does not fit --dtype "
+                            f"{args.dtype} (at most {largest:g})")
+        if args.threads is not None and args.threads > numba.config.NUMBA_NUM_THREADS:
+            train.error(f"--threads must be at most {numba.config.NUMBA_NUM_THREADS} (the "
+                        f"kernels' thread pool, NUMBA_NUM_THREADS), got {args.threads}")
         if args.checkpoint == "":
-            parser.error("--checkpoint needs a directory, got ''")
+            train.error("--checkpoint needs a directory, got ''")
         for option in ("resume", "checkpoint_every"):
             if getattr(args, option) not in (None, False) and args.checkpoint is None:
-                parser.error(f"--{option.replace('_', '-')} needs --checkpoint DIR")
+                train.error(f"--{option.replace('_', '-')} needs --checkpoint DIR")
         for name in ("epochs", "threads", "random_features", "curvature_interval",
                      "checkpoint_every"):
             value = getattr(args, name)
             if value is not None and value < (0 if name == "epochs" else 1):
-                parser.error(f"--{name.replace('_', '-')} must be at least "
-                             f"{0 if name == 'epochs' else 1}, got {value}")
+                train.error(f"--{name.replace('_', '-')} must be at least "
+                            f"{0 if name == 'epochs' else 1}, got {value}")
         return run_train(args)
     if args.command == "demo":
         if args.seeds < 1:
-            parser.error(f"--seeds must be at least 1, got {args.seeds}")
+            demo.error(f"--seeds must be at least 1, got {args.seeds}")
         models = () if args.no_train else tuple(args.model or ("gcn", "gat"))
         return run_demo(args.dataset, models=models, seeds=args.seeds,
                         progress=not args.no_progress, distributed=not args.no_distributed)

@@ -302,15 +302,22 @@ def blocked_from_csr(csr, window, block_width):
     return result
 
 
+_INT32_MAX = np.iinfo(np.int32).max
+
+
 def _check_geometry(window, block_width):
     for name, value in (("window", window), ("block_width", block_width)):
         try:
+            if isinstance(value, (bool, np.bool_)):
+                raise TypeError
             value = operator.index(value)
         except TypeError:
             raise TypeError(
                 f"{name} must be an integer, got {type(value).__name__} {value!r}") from None
         if value < 1:
             raise ValueError(f"{name} must be a positive integer, got {value}")
+        if value > _INT32_MAX:  # sizes are products of it: beyond, they overflow
+            raise ValueError(f"{name} must be at most {_INT32_MAX}, got {value}")
     if operator.index(window) > MAX_WINDOW:
         raise ValueError(f"window must be at most {MAX_WINDOW} rows, got {window}")
     return operator.index(window), operator.index(block_width)

@@ -49,6 +49,8 @@ def load_npz(path, prefix=None, index_dtype=None):
         Fully validated (the file is untrusted input).
     """
     path = _existing_path(path)
+    if not zipfile.is_zipfile(path):  # np.load would guess it holds pickled objects
+        raise ValueError(f"{path!r} is not a readable .npz archive: not a zip file")
     try:
         archive = np.load(path, allow_pickle=False)
     except (ValueError, EOFError, OSError, zipfile.BadZipFile) as exc:

@@ -258,3 +258,44 @@ def test_gcn_steps_on_a_random_partition():
         assert result.ranks == 2 and result.mismatches == [], result.mismatches
         halo[partition] = max(result.other_bytes)
     assert halo["random"] > 3 * halo["metis"] > 0, halo
+
+
+def _running_workers():
+    """PIDs of this machine's processes running the lion benchmark's worker."""
+    import os
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as file:
+                    if b"pysparse_hpc.bench._lion_worker" in file.read():
+                        pids.append(int(entry))
+            except OSError:
+                continue
+    return pids
+
+
+@pytest.mark.skipif(not __import__("os").path.isdir("/proc"), reason="reads /proc")
+@pytest.mark.parametrize("signal_name, status", [("SIGINT", 130), ("SIGTERM", 143)])
+def test_an_interrupted_benchmark_stops_its_job(signal_name, status):
+    """The job runs in its own process group, which no signal to the command reaches: the
+    command stops it before it exits, interrupted (Ctrl-C) or terminated."""
+    import signal
+    import subprocess
+    import sys
+    import time
+    assert not _running_workers()
+    command = subprocess.Popen([sys.executable, "-m", "pysparse_hpc.bench", "lion", "--ranks",
+                                "1", "--accuracy-ranks", "1", "--workload", "mlp-digits",
+                                "--seeds", "1"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not _running_workers() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _running_workers(), "the job never started"
+    command.send_signal(getattr(signal, signal_name))
+    _, errors = command.communicate(timeout=60)
+    assert command.returncode == status, errors[-2000:]
+    assert not _running_workers()
+    if signal_name == "SIGINT":
+        assert "interrupted" in errors and "Traceback" not in errors

@@ -150,6 +150,10 @@ def test_bad_geometry():
         A.to_blocked(window=8, block_width=2.5)
     with pytest.raises(ValueError, match="at most 64"):
         A.to_blocked(window=65)
+    with pytest.raises(TypeError, match="window must be an integer, got bool"):
+        sph.block_stats(A, window=True)
+    with pytest.raises(ValueError, match="block_width must be at most 2147483647"):
+        sph.block_stats(A, block_width=2 ** 63)
 
 
 @pytest.mark.parametrize("window,block_width", [(33, 4), (64, 16), (64, 1)])

@@ -57,6 +57,12 @@ def test_bad_command_line():
     assert result.returncode == 2 and "invalid choice" in result.stderr
 
 
+def test_demo_dataset_names_ignore_case():
+    from pysparse_hpc.__main__ import main
+    assert main(["demo", "--dataset", "CORA", "--no-train", "--no-progress",
+                 "--no-distributed"]) == 0
+
+
 def test_threads_per_rank_share_the_node(monkeypatch):
     import numba
 
@@ -91,12 +97,48 @@ def test_train_timeout_option(capsys):
     ("--lr", "0", "--lr must be a finite number > 0, got 0.0"),
     ("--weight-decay", "-1", "--weight-decay must be a finite number >= 0, got -1.0"),
     ("--weight-decay", "inf", "--weight-decay must be a finite number >= 0, got inf"),
+    ("--lr", "1e300", "--lr 1e+300 does not fit --dtype float32"),
+    ("--weight-decay", "1e300", "--weight-decay 1e+300 does not fit --dtype float32"),
+    ("--threads", "100000", "--threads must be at most"),
 ])
 def test_train_refuses_a_bad_schedule(option, value, message, capsys):
     from pysparse_hpc.__main__ import main
     with pytest.raises(SystemExit) as exit_info:
         main(["train", option, value])
-    assert exit_info.value.code == 2 and message in capsys.readouterr().err
+    error = capsys.readouterr().err
+    assert exit_info.value.code == 2 and message in error
+    assert "usage: python -m pysparse_hpc train" in error  # the subcommand's usage
+
+
+def test_train_on_a_file_with_nan_features_or_garbage(tmp_path, capsys):
+    """A graph file with NaN features is refused by name (training would skip every step),
+    and a file that is not an .npz archive is called that (not 'pickled data')."""
+    import numpy as np
+    import pysparse_hpc as sph
+    from pysparse_hpc.__main__ import main
+    cora = sph.datasets.load("cora")
+    features = sph.csr_array(cora.x)
+    features.data[0] = np.nan
+    arrays = {f"adj_{k}": v for k, v in (("indptr", cora.adj.indptr),
+                                         ("indices", cora.adj.indices),
+                                         ("data", cora.adj.data),
+                                         ("shape", np.array(cora.adj.shape)))}
+    arrays.update({f"feat_{k}": v for k, v in (("indptr", features.indptr),
+                                               ("indices", features.indices),
+                                               ("data", features.data),
+                                               ("shape", np.array(features.shape)))})
+    arrays.update(labels=cora.y, num_classes=np.array(cora.num_classes),
+                  **{f"{split}_mask": getattr(cora, f"{split}_mask")
+                     for split in ("train", "val", "test")})
+    with open(tmp_path / "nan.NPZ", "wb") as file:  # a name np.savez would extend
+        np.savez(file, **arrays)
+    assert main(["train", "--dataset", str(tmp_path / "nan.NPZ"), "--epochs", "1",
+                 "--no-progress"]) == 2
+    assert "the features hold NaN or infinite values" in capsys.readouterr().err
+    (tmp_path / "garbage.npz").write_bytes(b"\x93NUMPY not really")
+    assert main(["train", "--dataset", str(tmp_path / "garbage.npz"), "--no-progress"]) == 2
+    error = capsys.readouterr().err
+    assert "not a zip file" in error and "pickle" not in error
 
 
 def test_train_refuses_a_bad_schedule_through_the_api():

@@ -2,6 +2,7 @@
 job's kernels ahead, and what starting Numba's pool leaves of OpenMP's thread count. Each test
 runs in a fresh process with an empty Numba cache directory, so that kernels really compile
 (serial, small ones: a few seconds)."""
+import importlib.util
 import os
 import subprocess
 import sys
@@ -114,6 +115,14 @@ def test_benchmark_output_paths_are_checked_before_measuring(capsys):
         assert stop.value.code == 2
         assert f"{option}: the directory of /no/such/directory/out.file does not exist" in \
             capsys.readouterr().err
+    cases = [("--csv", "", "an empty file name"), ("--csv", ".", ". is a directory"),
+             ("--plot", "plot.txt", "needs a file extension matplotlib writes")]
+    if importlib.util.find_spec("matplotlib") is None:
+        cases.pop()
+    for option, path, message in cases:
+        with pytest.raises(SystemExit) as stop:
+            main(["firstrun", option, path])
+        assert stop.value.code == 2 and message in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("torch_first", [True, False])

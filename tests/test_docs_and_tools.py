@@ -52,3 +52,24 @@ def test_benchmark_cli_bad_arguments():
     assert result.returncode == 2 and "does not exist" in result.stderr
     result = run(["-m", "pysparse_hpc.bench", "convert", "--threads", "0"])
     assert result.returncode == 2 and "positive integer" in result.stderr
+    result = run(["-m", "pysparse_hpc.bench", "lion", "--ranks", "100000", "--skip-accuracy"])
+    assert result.returncode == 2 and "100000 ranks on" in result.stderr
+    for bad in (["--max-ranks", "100000000000000000000"], ["--seed", str(2 ** 70)]):
+        result = run(["-m", "pysparse_hpc.bench", "distributed", "--skip-runs", "--quick"]
+                     + bad)
+        assert result.returncode == 2 and "must be in" in result.stderr, result.stderr
+    result = run(["-m", "pysparse_hpc.bench", "reorder", "--planted", "4:8:nan:1"])
+    assert result.returncode == 2 and "finite" in result.stderr
+
+
+def test_benchmark_refuses_an_unreadable_matrix_and_twin_planted_graphs(tmp_path):
+    (tmp_path / "suitesparse").mkdir()
+    (tmp_path / "suitesparse" / "bad.npz").write_bytes(b"not a zip archive")
+    result = run(["-m", "pysparse_hpc.bench", "convert", "--data", str(tmp_path),
+                  "--repeat", "1"])
+    assert result.returncode == 2 and "matrix bad" in result.stderr, result.stderr
+    assert "not a zip file" in result.stderr and "Traceback" not in result.stderr
+    (tmp_path / "empty").mkdir()
+    result = run(["-m", "pysparse_hpc.bench", "reorder", "--data", str(tmp_path / "empty"),
+                  "--planted", "4:8:2:1", "64:8:2:1"])
+    assert result.returncode == 2 and "would both be named planted-c8-i2-e1" in result.stderr

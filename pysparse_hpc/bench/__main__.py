@@ -7,12 +7,13 @@ plotting check). A command is a module with ``HELP``, ``add_arguments(parser)`` 
 import argparse
 import importlib.util
 import os
+import signal
 import sys
 
 from .._config import get_num_threads, set_num_threads
 from . import (checkpoint, convergence, convert, distributed, firstrun, gnn, lion,
                positive_int, precondition, reorder, sddmm, spmm)
-from ._data import DATA_ENV, data_dir
+from ._data import DATA_ENV, DataError, data_dir
 
 __all__ = ["COMMANDS", "build_parser", "main"]
 
@@ -78,12 +79,52 @@ def main(argv=None):
     except FileNotFoundError as exc:
         parser.error(str(exc))
     for option in ("csv", "plot"):   # checked now, not after minutes of measuring
-        path = getattr(args, option)
-        if path and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
-            parser.error(f"--{option}: the directory of {path} does not exist")
-    if args.plot and importlib.util.find_spec("matplotlib") is None:
-        parser.error("--plot needs matplotlib: pip install matplotlib (or pysparse_hpc[bench])")
-    return args.run(args)
+        error = _output_path_error(getattr(args, option))
+        if error:
+            parser.error(f"--{option}: {error}")
+    if args.plot is not None:
+        if importlib.util.find_spec("matplotlib") is None:
+            parser.error("--plot needs matplotlib: pip install matplotlib (or "
+                         "pysparse_hpc[bench])")
+        suffix = os.path.splitext(args.plot)[1].lstrip(".").lower()
+        if suffix not in _PLOT_FORMATS:
+            parser.error(f"--plot: {args.plot!r} needs a file extension matplotlib writes: "
+                         f"{', '.join(_PLOT_FORMATS)}")
+    # A terminated benchmark stops its MPI jobs as an interrupted one does (the jobs run in
+    # their own process group, which no signal to this process reaches).
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    try:
+        return args.run(args)
+    except DataError as exc:
+        print(f"python -m pysparse_hpc.bench {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"python -m pysparse_hpc.bench {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+#: The extensions ``--plot`` takes (formats every matplotlib backend writes).
+_PLOT_FORMATS = ("png", "pdf", "svg", "eps", "ps")
+
+
+def _output_path_error(path):
+    """Why ``path`` cannot take an output file (None when it can, or when no path was given)."""
+    if path is None:
+        return None
+    if not path:
+        return "an empty file name"
+    if os.path.isdir(path):
+        return f"{path} is a directory; name a file"
+    directory = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(directory):
+        return f"the directory of {path} does not exist"
+    if not os.access(directory, os.W_OK):
+        return f"the directory of {path} is not writable"
+    return None
+
+
+def _exit_on_sigterm(signum, frame):
+    raise SystemExit(128 + signum)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ import numpy as np
 from ..io import load_npz
 
 __all__ = ["DATA_ENV", "GRAPHS", "INDEX_SECOND", "MatrixSpec", "data_dir", "find_matrices",
-           "index_variants", "load_matrix", "scipy_index_dtype"]
+           "index_variants", "load_matrix", "scipy_index_dtype", "DataError"]
 
 DATA_ENV = "PYSPARSE_HPC_DATA"
 
@@ -107,6 +107,10 @@ def find_matrices(directory):
     return specs, missing
 
 
+class DataError(ValueError):
+    """A file of the data directory that cannot be read: the command exits with status 2."""
+
+
 def load_matrix(spec, index_dtype=None):
     """Load a matrix as a canonical `csr_array` with ``has_canonical_format`` already computed.
 
@@ -123,7 +127,10 @@ def load_matrix(spec, index_dtype=None):
     -------
     csr_array
     """
-    matrix = load_npz(spec.path, prefix=spec.prefix)
+    try:
+        matrix = load_npz(spec.path, prefix=spec.prefix)
+    except ValueError as exc:
+        raise DataError(f"matrix {spec.name}: {exc}") from None
     if isinstance(index_dtype, str) and index_dtype == "scipy":
         index_dtype = scipy_index_dtype(matrix.shape, matrix.nnz)
     if index_dtype is not None and matrix.index_dtype != np.dtype(index_dtype):

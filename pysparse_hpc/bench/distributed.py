@@ -197,6 +197,24 @@ CSV_COLUMNS = ("section", "graph", "method", "ranks", "hidden", "config", "netwo
                "rank_nnz", "rank_compute_ms", "rank_blocked_ms", "work_ratio")
 
 
+#: The most ranks a benchmark job starts per core: a few oversubscribe usefully (three ranks
+#: on two cores), far more only take turns and can exhaust the machine.
+MAX_RANKS_PER_CORE = 8
+#: The largest P the partitions are planned for (``--max-ranks``): each doubling plans anew.
+MAX_PLANNED_RANKS = 4096
+
+
+def check_ranks(values, option, error=ValueError):
+    """Raise ``error`` naming ``option`` when a job of ``values`` ranks would put more than
+    `MAX_RANKS_PER_CORE` on each of this machine's cores."""
+    cores = os.cpu_count() or 1
+    limit = MAX_RANKS_PER_CORE * cores
+    for ranks in values:
+        if ranks > limit:
+            raise error(f"{option}: {ranks} ranks on {cores} cores; at most {limit} "
+                        f"({MAX_RANKS_PER_CORE} per core)")
+
+
 class UsageError(ValueError):
     """Bad command-line input: the command exits with status 2."""
 
@@ -761,6 +779,9 @@ def launch(ranks, threads_per_rank, config, timeout, mpiexec=None, worker=WORKER
             _stop(process)
             raise RunError(f"the P={ranks} job did not finish within {timeout} s (--timeout); "
                            "it was stopped") from None
+        except BaseException:  # interrupted or terminated: the job must not outlive us
+            _stop(process)
+            raise
         result = json.loads(result_path.read_text()) if result_path.is_file() else None
     if result is not None and result.get("error"):
         raise RunError(f"the P={ranks} job stopped: {result['error']}")
@@ -1542,12 +1563,14 @@ def _check_arguments(args):
         args.cagnet_methods = []
     else:
         args.cagnet_methods = _names(args.cagnet_methods, args.run_methods, "CAGNET method")
-    if args.max_ranks < 2:
-        raise UsageError(f"--max-ranks must be at least 2, got {args.max_ranks}")
+    if not 2 <= args.max_ranks <= MAX_PLANNED_RANKS:
+        raise UsageError(f"--max-ranks must be in [2, {MAX_PLANNED_RANKS}], got "
+                         f"{args.max_ranks}")
     if args.run_ranks < 2:
         raise UsageError(f"--run-ranks must be at least 2, got {args.run_ranks}")
-    if args.seed < 0:
-        raise UsageError(f"--seed must be non-negative, got {args.seed}")
+    check_ranks([args.run_ranks], "--run-ranks", UsageError)
+    if not 0 <= args.seed < 2 ** 63:
+        raise UsageError(f"--seed must be in [0, 2**63), got {args.seed}")
     args.mixing = _external_degrees(args.mixing)
     ranks = [2 ** k for k in range(1, int(math.log2(args.max_ranks)) + 1)]
     return graphs, methods, ranks

@@ -68,7 +68,7 @@ from tqdm import tqdm
 from ..optim import COMPRESSIONS, MOMENTUM_SYNC, bytes_per_step
 from ..optim._votes import vote_digits
 from . import best_times, positive_int, write_outputs
-from .distributed import (VALUE_BYTES, Network, RunError, allreduce_seconds,
+from .distributed import (VALUE_BYTES, Network, RunError, allreduce_seconds, check_ranks,
                           exchange_seconds, find_mpiexec, launch)
 
 __all__ = ["AccuracyResult", "CONTENDERS", "HELP", "LINK_GBPS", "PeerResult", "Projection",
@@ -838,6 +838,8 @@ def _check_arguments(args):
     if len(latencies) != len(LINK_GBPS) or any(not 0 <= x < math.inf for x in latencies):
         raise UsageError(f"--latency-us takes 1 or {len(LINK_GBPS)} finite non-negative "
                          f"values, got {args.latency_us}")
+    check_ranks(list(args.ranks) + [args.accuracy_ranks], "--ranks/--accuracy-ranks",
+                UsageError)
     if any(p > 1 for p in list(args.ranks) + [args.accuracy_ranks]) and find_mpiexec() is None:
         raise UsageError("more than one rank needs mpiexec (pip install mpi4py mpich)")
     return contenders, list(args.workload or WORKLOADS), latencies

@@ -118,6 +118,10 @@ def add_arguments(parser):
                          help="skip the generated planted-community graphs")
 
 
+#: The largest planted graph ``--planted`` makes (C x S nodes).
+MAX_PLANTED_NODES = 1 << 26
+
+
 def _planted_spec(text):
     """``C:S:IN:OUT`` -> (communities, size, internal degree, external degree)."""
     parts = text.split(":")
@@ -125,9 +129,13 @@ def _planted_spec(text):
         values = [int(parts[0]), int(parts[1]), float(parts[2]), float(parts[3])]
     except (ValueError, IndexError):
         values = None
-    if values is None or len(parts) != 4 or values[0] < 1 or values[1] < 1 or min(values[2:]) < 0:
+    if (values is None or len(parts) != 4 or values[0] < 1 or values[1] < 1
+            or not all(0 <= v < math.inf for v in values[2:])):
         raise argparse.ArgumentTypeError(
-            f"expected C:S:IN:OUT (C, S >= 1 integers, IN, OUT >= 0), got {text!r}")
+            f"expected C:S:IN:OUT (C, S >= 1 integers, IN, OUT finite and >= 0), got {text!r}")
+    if values[0] * values[1] > MAX_PLANTED_NODES:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} asks for {values[0] * values[1]} nodes; at most {MAX_PLANTED_NODES}")
     values[2:] = [int(v) if float(v).is_integer() else v for v in values[2:]]
     return tuple(values)
 
@@ -161,7 +169,14 @@ def _planted_case(n_communities, size, internal, external):
 def _select_cases(args, err):
     cases = shared_cases(args.data_dir, err)
     if not args.no_planted:
-        cases += [_planted_case(*spec) for spec in (args.planted or PLANTED)]
+        planted = [_planted_case(*spec) for spec in dict.fromkeys(args.planted or PLANTED)]
+        names = [case.name for case in planted]
+        twice = sorted({name for name in names if names.count(name) > 1})
+        if twice:  # the name holds the community size and degrees, not the count
+            print(f"error: --planted: two graphs would both be named {twice[0]} (the same "
+                  f"community size and degrees); measure them in separate runs", file=err)
+            return None
+        cases += planted
     return keep_requested(cases, args, err)
 
 

@@ -289,8 +289,9 @@ def start(args):
         message (a bad option, no GPU, an unknown matrix).
     """
     from .._cuda_backend import require_gpu
-    if args.flush_mb is not None and args.flush_mb < 0:
-        print(f"error: --flush-mb must be 0 or more, got {args.flush_mb}", file=sys.stderr)
+    if args.flush_mb is not None and not 0 <= args.flush_mb <= 1 << 20:
+        print(f"error: --flush-mb must be in [0, {1 << 20}] (MiB), got {args.flush_mb}",
+              file=sys.stderr)
         return 2
     try:
         cuda = require_gpu()

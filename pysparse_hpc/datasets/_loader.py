@@ -5,6 +5,7 @@ from importlib import resources
 import numpy as np
 
 from .._csr import csr_array
+from .._sputils import check_integer
 from ..io import load_npz
 
 __all__ = ["Dataset", "available", "load", "load_file"]
@@ -156,16 +157,21 @@ def load_file(path, random_features=None, seed=0, name=None):
         raise ValueError(f"{path!r}: the adjacency is {adj.shape[0]} x {adj.shape[1]}; a graph's "
                          f"is square")
     n = adj.shape[0]
+    if not np.isfinite(adj.data).all():
+        raise ValueError(f"{path!r}: the adjacency holds NaN or infinite weights")
     if random_features is not None:
-        if isinstance(random_features, bool) or int(random_features) < 1:
+        random_features = check_integer(random_features, "random_features")
+        if random_features < 1:
             raise ValueError(f"random_features must be a positive width, got {random_features!r}")
         rng = np.random.default_rng(seed)
-        x = rng.standard_normal((n, int(random_features)), dtype=np.float32)
+        x = rng.standard_normal((n, random_features), dtype=np.float32)
     elif has_features:
         x = load_npz(path, prefix="feat_", index_dtype=np.int32).toarray().astype(np.float32)
     else:
         raise ValueError(f"{path!r} has no features (feat_* keys); ask for random ones "
                          "(random_features=WIDTH, --random-features WIDTH on the command line)")
+    if not np.isfinite(x).all():
+        raise ValueError(f"{path!r}: the features hold NaN or infinite values")
     for label, array in [("features", x), ("labels", y)] + list(zip(_SPLITS, masks)):
         if array.shape[0] != n:
             raise ValueError(f"{path!r}: {label} have {array.shape[0]} rows but the graph has {n}"

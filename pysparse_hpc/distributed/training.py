@@ -117,7 +117,7 @@ def _load(dataset, random_features, seed):
     name = str(dataset)
     if name.lower() in datasets.available():
         return datasets.load(name, random_features=random_features, seed=seed)
-    if name.endswith(".npz"):
+    if name.lower().endswith(".npz"):
         return datasets.load_file(name, random_features=random_features, seed=seed)
     raise ValueError(f"unknown dataset {name!r}: use one of {', '.join(datasets.available())} "
                      "or the path of an .npz graph file")
