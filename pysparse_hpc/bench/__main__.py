@@ -9,6 +9,7 @@ import importlib.util
 import os
 import signal
 import sys
+import threading
 
 from .._config import get_num_threads, set_num_threads
 from . import (checkpoint, convergence, convert, distributed, firstrun, gnn, lion,
@@ -92,7 +93,8 @@ def main(argv=None):
                          f"{', '.join(_PLOT_FORMATS)}")
     # A terminated benchmark stops its MPI jobs as an interrupted one does (the jobs run in
     # their own process group, which no signal to this process reaches).
-    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _exit_on_sigterm) if in_main_thread else None
     try:
         return args.run(args)
     except DataError as exc:
@@ -101,6 +103,9 @@ def main(argv=None):
     except KeyboardInterrupt:
         print(f"python -m pysparse_hpc.bench {args.command}: interrupted", file=sys.stderr)
         return 130
+    finally:
+        if in_main_thread:
+            signal.signal(signal.SIGTERM, previous)
 
 
 #: The extensions ``--plot`` takes (formats every matplotlib backend writes).
