@@ -370,7 +370,7 @@ def test_plans_and_projection_cli(tmp_path, capsys):
 @pytest.mark.parametrize("args, message", [
     (["--graphs", "cora,nosuch"], "unknown graph 'nosuch'"),
     (["--methods", "metis,spectral"], "unknown partition method 'spectral'"),
-    (["--max-ranks", "1"], "--max-ranks must be at least 2, got 1"),
+    (["--max-ranks", "1"], "--max-ranks must be in [2, 4096], got 1"),
     (["--run-ranks", "1"], "--run-ranks must be at least 2, got 1"),
     (["--run-methods", "metis,rabbit"], "unknown run method 'rabbit'"),
     (["--mixing", "1,x"], "--mixing must be comma-separated numbers or 'none', got '1,x'"),

@@ -87,12 +87,12 @@ def test_kernel_benchmark_cli_small_rmat(tmp_path):
     (["spmm", "--rmat", "10:4", "--no-rmat"], "not allowed with"),
     (["spmm", "--n", "0"], "positive integer"),
     (["spmm", "--flush-mb", "8", "--no-rmat"], "applies to --backend cuda"),
-    (["spmm", "--backend", "cuda", "--flush-mb", "-1"], "0 or more"),
+    (["spmm", "--backend", "cuda", "--flush-mb", "-1"], "--flush-mb must be in [0, 1048576]"),
     (["spmm", "--backend", "tpu"], "invalid choice"),
     (["sddmm", "--flush-mb", "8", "--no-rmat"], "--flush-mb applies to --backend cuda"),
     (["sddmm", "--heads", "2", "--no-rmat"], "--heads applies to --backend cuda"),
     (["sddmm", "--heads", "0"], "positive integer"),
-    (["sddmm", "--backend", "cuda", "--flush-mb", "-1"], "0 or more"),
+    (["sddmm", "--backend", "cuda", "--flush-mb", "-1"], "--flush-mb must be in [0, 1048576]"),
     (["sddmm", "--backend", "cuda", "--bound", "--no-rmat"], "--bound applies to --backend cpu"),
 ])
 def test_kernel_benchmark_cli_bad_arguments(args, message):
