@@ -374,7 +374,7 @@ def main(argv=None):
     demo.add_argument("--model", action="append", choices=("gcn", "gat", "agnn"),
                       help="GNN to train (repeatable; default: gcn and gat)")
     demo.add_argument("--no-train", action="store_true", help="skip the GNN training")
-    demo.add_argument("--seeds", type=int, default=5, metavar="N",
+    demo.add_argument("--seeds", type=int, metavar="N",
                       help="report the mean test accuracy over N seeds (default: 5)")
     demo.add_argument("--no-progress", action="store_true", help="no progress bars")
     demo.add_argument("--no-distributed", action="store_true",
@@ -493,6 +493,9 @@ def main(argv=None):
                             f"{0 if name == 'epochs' else 1}, got {value}")
         return run_train(args)
     if args.command == "demo":
+        if args.no_train and (args.model or args.seeds is not None):
+            demo.error("--model and --seeds choose what is trained; drop them or --no-train")
+        args.seeds = 5 if args.seeds is None else args.seeds
         if args.seeds < 1:
             demo.error(f"--seeds must be at least 1, got {args.seeds}")
         models = () if args.no_train else tuple(args.model or ("gcn", "gat"))

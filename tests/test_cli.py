@@ -57,6 +57,15 @@ def test_bad_command_line():
     assert result.returncode == 2 and "invalid choice" in result.stderr
 
 
+def test_demo_refuses_training_options_without_training(capsys):
+    from pysparse_hpc.__main__ import main
+    for options in (["--model", "gat"], ["--seeds", "2"]):
+        with pytest.raises(SystemExit) as stop:
+            main(["demo", "--no-train", *options])
+        assert stop.value.code == 2
+        assert "--model and --seeds choose what is trained" in capsys.readouterr().err
+
+
 def test_demo_dataset_names_ignore_case():
     from pysparse_hpc.__main__ import main
     assert main(["demo", "--dataset", "CORA", "--no-train", "--no-progress",
