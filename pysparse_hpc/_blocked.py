@@ -3,7 +3,6 @@
 One class, `blocked_array`, parameterized by the window height; `mebcrs_array` is its 8-row
 case, the format FlashSparse's swap-and-transpose MMA consumes.
 """
-import numbers
 import operator
 
 import numpy as np
@@ -15,6 +14,7 @@ from ._cy import blocked as _blocked
 from ._sputils import (
     as_index_array,
     as_value_array,
+    check_integer,
     check_shape,
     get_index_dtype,
     moved_view,
@@ -307,13 +307,7 @@ _INT32_MAX = np.iinfo(np.int32).max
 
 def _check_geometry(window, block_width):
     for name, value in (("window", window), ("block_width", block_width)):
-        try:
-            if isinstance(value, (bool, np.bool_)):
-                raise TypeError
-            value = operator.index(value)
-        except TypeError:
-            raise TypeError(
-                f"{name} must be an integer, got {type(value).__name__} {value!r}") from None
+        value = check_integer(value, name)
         if value < 1:
             raise ValueError(f"{name} must be a positive integer, got {value}")
         if value > _INT32_MAX:  # sizes are products of it: beyond, they overflow
@@ -324,12 +318,10 @@ def _check_geometry(window, block_width):
 
 
 def _check_window_id(window_id, n_windows):
-    if isinstance(window_id, (bool, np.bool_)) or not isinstance(window_id, numbers.Integral):
-        raise TypeError(f"window must be an integer, got {type(window_id).__name__} "
-                        f"{window_id!r}")
+    window_id = check_integer(window_id, "window")
     if not 0 <= window_id < n_windows:
         raise IndexError(f"window {window_id} out of range for {n_windows} windows")
-    return int(window_id)
+    return window_id
 
 
 def value_positions(row_window_offset, window, block_width):

@@ -30,10 +30,11 @@ across thread blocks that combine with atomics (FlashSparse's threshold), so the
 power-law graphs do not hold up the grid.
 """
 import ctypes
-import numbers
 import os
 
 import numba
+
+from ._sputils import check_integer
 
 
 def _openmp_runtime():
@@ -124,9 +125,7 @@ def set_num_threads(n):
 
     ``n`` may not exceed ``numba.config.NUMBA_NUM_THREADS`` (the pool size fixed at start-up).
     """
-    if isinstance(n, bool) or not isinstance(n, numbers.Integral):
-        raise TypeError(f"number of threads must be an integer, got {type(n).__name__} {n!r}")
-    n = int(n)
+    n = check_integer(n, "number of threads")
     if not 1 <= n <= numba.config.NUMBA_NUM_THREADS:
         raise ValueError(
             f"number of threads must be in [1, {numba.config.NUMBA_NUM_THREADS}], got {n}")

@@ -19,7 +19,7 @@ from ._csr import as_csr, csr_array
 from ._cy import convert as _convert
 from ._cy import rabbit as _rabbit
 from ._cy import reorder as _reorder
-from ._sputils import upcast_for_sum
+from ._sputils import as_index_array, upcast_for_sum
 
 __all__ = [
     "REORDER_METHODS",
@@ -125,13 +125,7 @@ def reorder(A, method="rabbit"):
 
 def _check_permutation(perm, n, name="perm"):
     """``perm`` as a trusted int64 array, after checking it is a permutation of ``range(n)``."""
-    array = np.asarray(perm)
-    if array.size == 0 and array.dtype == np.float64:
-        array = array.astype(np.int64)  # ``[]``: numpy's default dtype for no values
-    if array.dtype.kind not in "iu":
-        raise TypeError(f"{name} must hold integers, got dtype {array.dtype}")
-    if array.ndim != 1:
-        raise ValueError(f"{name} must be 1-D, got {array.ndim}-D with shape {array.shape}")
+    array = as_index_array(perm, name)
     if array.size != n:
         raise ValueError(f"{name} has length {array.size}, expected {n}")
     if n == 0:

@@ -15,7 +15,6 @@ Convention: row ``i`` of the adjacency holds the edges into node ``i``; a stored
 (values, explicit zeros and duplicates are not inspected, except that duplicates count as
 stored entries in `Partition.owned_nnz` and `Partition.edge_cut`).
 """
-import operator
 from typing import NamedTuple
 
 import numpy as np
@@ -23,6 +22,7 @@ import scipy.sparse
 
 from .._base import sparray
 from .._csr import csr_array
+from .._sputils import as_index_array, check_integer
 from .._reorder import _symmetric_graph
 from ._metis import import_pymetis, part_graph
 
@@ -61,20 +61,9 @@ def _as_pattern(adj):
     return np.asarray(csr.indptr), np.asarray(csr.indices), n_rows
 
 
-def _check_int(value, name):
-    """``value`` as a Python int; bools and non-integers are a TypeError."""
-    if isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"{name} must be an integer, got bool {value!r}")
-    try:
-        return operator.index(value)
-    except TypeError:
-        raise TypeError(f"{name} must be an integer, got {type(value).__name__} {value!r}") \
-            from None
-
-
 def _check_nparts(nparts):
     try:
-        nparts = _check_int(nparts, "nparts")
+        nparts = check_integer(nparts, "nparts")
     except TypeError as exc:
         raise ValueError(f"{exc}; expected a positive integer") from None
     if nparts < 1:
@@ -83,7 +72,7 @@ def _check_nparts(nparts):
 
 
 def _check_seed(seed):
-    seed = _check_int(seed, "seed")
+    seed = check_integer(seed, "seed")
     if not 0 <= seed < _MAX_SEED:
         raise ValueError(f"seed must be in [0, 2**63), got {seed}")
     return seed
@@ -94,13 +83,7 @@ def _check_owner(owner, n, nparts, name="owner", parts="nparts"):
 
     ``name`` is the argument as the caller's user knows it, ``parts`` what ``nparts`` is to
     them (`DistGraph` checks its ``partition`` against the communicator's size)."""
-    array = np.asarray(owner)
-    if array.size == 0 and array.dtype == np.float64:
-        array = array.astype(np.int64)  # ``[]``: numpy's default dtype for no values
-    if array.dtype.kind not in "iu":
-        raise TypeError(f"{name} must hold integers, got dtype {array.dtype}")
-    if array.ndim != 1:
-        raise ValueError(f"{name} must be 1-D, got {array.ndim}-D with shape {array.shape}")
+    array = as_index_array(owner, name)
     if array.size != n:
         raise ValueError(
             f"partition has {array.size} owners but the graph has {n} nodes; expected one owner "
@@ -347,7 +330,7 @@ class Partition:
         ValueError
             If ``rank`` is outside ``[0, nparts)``.
         """
-        rank = _check_int(rank, "rank")
+        rank = check_integer(rank, "rank")
         if not 0 <= rank < self.nparts:
             raise ValueError(f"rank {rank} is outside [0, {self.nparts})")
         if self._order is None:
