@@ -308,7 +308,8 @@ def test_jorge_refreshes_thin_blocks_from_the_gradient(monkeypatch, case, factor
     is thin (the MLP's 8 x 16 and 3 x 8 weights: right sides of 16 and 8 against 8 and 3
     rows) refreshes from the gradient itself, and the run still equals the NumPy formulas;
     a moving average (its damping term is not of low rank) or statistics of two steps take
-    the dense update."""
+    the dense update. The 3 x 8 gradient of the cross-entropy's logits has rank 2 (its rows
+    sum to zero), and its 8-side root refreshes from 2 columns."""
     calls = []
 
     def counted(root, factor, *args):
@@ -325,12 +326,91 @@ def test_jorge_refreshes_thin_blocks_from_the_gradient(monkeypatch, case, factor
                                 init=spec["init"], symmetrize=symmetrize, **spec["ref"])
     assert_grads_close(expected, actual)
     if factored:  # 7 steps, each refreshing the two thin roots (from eps^-1/4 I first)
-        assert sorted(set(calls)) == [(8, 3), (16, 8)] and len(calls) == 2 * 7
+        assert sorted(set(calls)) == [(8, 2), (16, 8)] and len(calls) == 2 * 7
     else:
         assert calls == []
 
 
-def test_series_update_is_exact_to_second_order_when_commuting():
+def test_pivoted_cholesky_finds_the_rank_and_a_factor():
+    """Against NumPy: a 30 x 30 Gram matrix of rank 7 gives 7 columns whose product is the
+    matrix (float64 1e-12, float32 1e-5 relative); full rank gives all 30; a search stopped at
+    max_rank says it found more; a zero matrix has rank 0."""
+    from pysparse_hpc.kernels.cpu.pivoted_cholesky import pivoted_cholesky
+    rng = np.random.default_rng(5)
+    for dtype, rtol in ((np.float64, 1e-12), (np.float32, 1e-5)):
+        for rank in (7, 30):
+            a = rng.standard_normal((30, rank)).astype(dtype)
+            gram = a @ a.T
+            rows = np.zeros((30, 30), dtype=dtype)
+            tol = 30 * np.finfo(dtype).eps * gram.diagonal().max()
+            found = pivoted_cholesky(gram, tol, 30, rows)
+            assert found == rank
+            factor = rows[:found].T
+            np.testing.assert_allclose(factor @ factor.T, gram, rtol=0,
+                                       atol=rtol * np.abs(gram).max())
+            assert pivoted_cholesky(gram, tol, rank - 1, rows) == rank
+    assert pivoted_cholesky(np.zeros((4, 4)), 0.0, 3, np.zeros((3, 4))) == 0
+
+
+@pytest.mark.parametrize("shape, rank", [((12, 40), 5), ((40, 12), 5), ((12, 40), 12),
+                                         ((6, 6), 0)])
+def test_gram_factors_have_the_gradient_rank(shape, rank):
+    """A gradient block of rank r < min(m, n) gets factors of r columns whose products are its
+    two Gram matrices (1e-12 relative); full rank (or a search stopped below the rank) keeps
+    G and G^T themselves."""
+    from pysparse_hpc.precondition._roots import gram_factors
+    rng = np.random.default_rng(6)
+    block = torch.from_numpy(rng.standard_normal((shape[0], rank)) @
+                             rng.standard_normal((rank, shape[1])))
+    left, right = block @ block.T, block.T @ block
+    f_left, f_right = gram_factors(block, left, right)
+    if rank < min(shape):
+        assert f_left.shape == (shape[0], rank) and f_right.shape == (shape[1], rank)
+        scale = max(float(left.abs().max()), 1e-300)
+        torch.testing.assert_close(f_left @ f_left.T, left, rtol=0, atol=1e-12 * scale)
+        torch.testing.assert_close(f_right @ f_right.T, right, rtol=0, atol=1e-12 * scale)
+    else:
+        assert f_left is block and f_right.data_ptr() == block.data_ptr()
+    if rank > 0:
+        assert gram_factors(block, left, right, max_rank=rank - 1)[0] is block
+
+
+def test_jorge_refreshes_from_the_batch_rank_without_the_larger_gram(monkeypatch):
+    """A batch of 4 (rank 4 gradients, below every side but the last layer's 3): the wide
+    roots refresh from 4 columns (2 for the 3-row output layer), the larger Gram matrix of
+    such a block is never formed in the loop, and the run equals the NumPy formulas. Calling
+    the steps by hand (`update_curvature` without a refresh) keeps full statistics."""
+    calls, statistics = [], []
+
+    def counted(root, factor, *args):
+        calls.append(tuple(factor.shape))
+        return series_root_update_factored(root, factor, *args)
+    monkeypatch.setattr(jorge_module, "series_root_update_factored", counted)
+    refresh = P.JorgeGradientMaker._refresh
+
+    def watched(self, root, stats, *args):
+        statistics.append(stats is None)
+        return refresh(self, root, stats, *args)
+    monkeypatch.setattr(P.JorgeGradientMaker, "_refresh", watched)
+    x, t = batch((4, 20))
+    config = P.PreconditioningConfig(damping=1e-3)
+    gm = P.JorgeGradientMaker(model := mlp(), config)
+    actual = train(gm, model, x, t, 5)
+    expected, _ = reference_run(mlp(), x, t, 5, method="jorge", damping=1e-3, grafting="sgd")
+    assert_grads_close(expected, actual)
+    assert sorted(set(calls)) == [(8, 2), (8, 4), (16, 4), (20, 4)]
+    assert sum(statistics) == 3 * 5   # one skipped Gram per weight and step
+    model.zero_grad()
+    F.cross_entropy(model(x), t).backward()
+    gm.update_curvature()
+    for name in gm.preconditioned_parameters():
+        state = gm._blocks[name][0]
+        if "L_stat" in state:
+            assert state["L_stat"] is not None and state["R_stat"] is not None
+    statistics.clear()
+    gm.update_preconditioner()
+    assert statistics and not any(statistics)
+
     """L and M diagonal in one basis: the refresh error against (a L + M)^-1/4 is third order
     in ||X|| (halving X divides it by ~8); clipping equals the series of the scaled M."""
     rng = np.random.default_rng(0)
@@ -728,3 +808,22 @@ def test_inverse_root_edge_cases():
     root = inverse_root(rank_one, 1e-2, relative=True)  # eps = 1e-2 * 4
     assert torch.allclose(root.diagonal(), torch.tensor([4.04, 0.04], dtype=DTYPE) ** -0.25)
     assert block_bounds(7, 7) == [(0, 7)] and block_bounds(8, 3) == [(0, 3), (3, 6), (6, 8)]
+
+
+def test_an_interrupted_jorge_refresh_leaves_no_partial_statistics(monkeypatch):
+    """A refresh that raises (here the thin update) propagates, and the fresh blocks' half-formed
+    statistics (the larger Gram matrix is not formed in the loop) are dropped: the state saves
+    and the next step runs."""
+    x, t = batch((4, 20))
+    gm = P.JorgeGradientMaker(model := mlp(), P.PreconditioningConfig(damping=1e-3))
+
+    def broken(*args):
+        raise RuntimeError("interrupted")
+    monkeypatch.setattr(jorge_module, "series_root_update_factored", broken)
+    gm.setup_loss_call(F.cross_entropy, gm.setup_model_call(model, x), t)
+    with pytest.raises(RuntimeError, match="interrupted"):
+        gm.forward_and_backward()
+    assert all("L_stat" not in state for states in gm._blocks.values() for state in states)
+    gm.state_dict()
+    monkeypatch.undo()
+    gm.forward_and_backward()

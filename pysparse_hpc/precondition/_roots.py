@@ -9,15 +9,18 @@ validation (the makers check their input):
 * `series_root_update`: Jorge's update of a stored inverse fourth root ``Lh ~ L^(-1/4)`` by
   matrix products only (see its docstring for the formula and the normalisation), and
   `series_root_update_factored`, the same update for statistics ``F F^T`` of low rank;
+* `gram_factors`: thin factors of one gradient's two statistics, with as many columns as the
+  gradient's rank;
 * `finite_norm`: a Euclidean norm that does not overflow where the tensor is finite.
 """
 import math
 
+import numpy as np
 import torch
 
 from ._maker import _all_finite
 
-__all__ = ["block_bounds", "finite_norm", "inverse_root", "series_root_update",
+__all__ = ["block_bounds", "finite_norm", "gram_factors", "inverse_root", "series_root_update",
            "series_root_update_factored", "SERIES_COEFFICIENTS"]
 
 #: ``(1 + x)^(-1/4) = 1 - x/4 + (5/32) x^2 - (15/128) x^3 + ...``: the terms Jorge keeps.
@@ -187,6 +190,56 @@ def series_root_update_factored(root, factor, decay, radius, symmetrize=True):
     if symmetrize:
         new = new.add(new.T).mul_(0.5)
     return new, clipped
+
+
+def gram_factors(block, left, right, max_rank=None):
+    """Factors ``(F_L, F_R)`` of the statistics of one gradient block ``G``, with
+    ``F_L F_L^T = G G^T`` and ``F_R F_R^T = G^T G``, each of ``rank(G)`` columns.
+
+    ``G`` itself gives factors of ``n`` and ``m`` columns (``F_L = G``, ``F_R = G^T``), but a
+    gradient summed over a batch of ``b`` examples has rank at most ``b``: the ``256 x 784``
+    weight of a layer over 128 examples has rank 128, and its ``784``-side root refreshes from
+    128 columns instead of 256 (`series_root_update_factored` costs ``12 n^2 k``). The rank and
+    a factor ``C`` of the smaller statistics ``S`` come from a Cholesky factorisation with
+    pivoting of ``S`` (`pysparse_hpc.kernels.cpu.pivoted_cholesky`), stopped at LAPACK's
+    default tolerance ``s eps max(diag S)``; an orthonormal basis ``Q`` of ``C``'s columns spans
+    ``G``'s columns (or rows), so the other side's statistics are ``(G^T Q)(G^T Q)^T`` (or
+    ``(G Q)(G Q)^T``). What is dropped is at most that tolerance, in the norm of ``S``.
+
+    Parameters
+    ----------
+    block : torch.Tensor
+        ``G`` (``m x n``).
+    left, right : torch.Tensor
+        ``G G^T`` and ``G^T G``, finite.
+    max_rank : int, optional
+        The largest rank worth factoring (the search stops there); default ``min(m, n) - 1``.
+
+    Returns
+    -------
+    (torch.Tensor, torch.Tensor)
+        ``(F_L, F_R)``; ``(G, G^T)`` themselves when the rank of ``G`` is above `max_rank`, or
+        ``G`` is not a float32 or float64 tensor on the CPU.
+    """
+    rows, cols = block.shape
+    smaller = left if rows <= cols else right
+    side = smaller.shape[0]
+    max_rank = side - 1 if max_rank is None else min(int(max_rank), side - 1)
+    if (block.device.type != "cpu" or max_rank < 0
+            or block.dtype not in (torch.float32, torch.float64)):
+        return block, block.T
+    from ..kernels.cpu.pivoted_cholesky import pivoted_cholesky
+    gram = smaller.detach().contiguous().numpy()
+    tolerance = side * float(torch.finfo(block.dtype).eps) * max(float(gram.diagonal().max()), 0.0)
+    factor_rows = np.empty((max_rank, side), dtype=gram.dtype)
+    rank = pivoted_cholesky(gram, tolerance, max_rank, factor_rows)
+    if rank > max_rank:
+        return block, block.T
+    small_factor = torch.from_numpy(factor_rows[:rank]).T
+    basis = torch.linalg.qr(small_factor).Q
+    if rows <= cols:
+        return small_factor, torch.mm(block.T, basis)
+    return torch.mm(block, basis), small_factor
 
 
 def finite_norm(tensor):

@@ -19,9 +19,11 @@ For the gradient ``G`` of a parameter (``m x n``; per block with ``block_size``)
   paper's ``X_L = ((1 - b) / b) Lh^4 G G^T``. The ``(1 - a) eps I`` term (``eps =
   config.damping``) keeps the damping constant: ``Lh^-4`` tracks Shampoo's ``L + eps I``
   instead of letting the initial ``eps I`` decay like old statistics. Where the statistics are
-  one gradient's, summed, and gathered in the refreshing step, ``M_L = G G^T`` has the rank
-  ``k`` of ``G``'s other side, and a root with ``k <= n / 2`` (`FACTORED_SHARE`) refreshes
-  from ``G`` itself by thin products (`_roots.series_root_update_factored`, ``O(n^2 k)``);
+  one gradient's, summed, and gathered in the refreshing step, ``M_L = G G^T = F F^T`` with
+  ``F`` of ``k = rank(G)`` columns (at most ``G``'s other side, and the batch size for a
+  layer's weight; `_roots.gram_factors` finds ``k`` and ``F``), and a root with
+  ``k <= n / 2`` (`FACTORED_SHARE`) refreshes by thin products
+  (`_roots.series_root_update_factored`, ``O(n^2 k)``);
 * direction: ``Lh G Rh``, grafted per parameter to SGD's norm by default.
 
 Initialisation (`init`): ``"identity"``: ``Lh = eps^-1/4 I`` before the first refresh, i.e.
@@ -44,7 +46,8 @@ import torch
 
 from ._maker import _all_finite
 from ._root_maker import RootGradientMaker, check_positive
-from ._roots import inverse_root, series_root_update, series_root_update_factored
+from ._roots import (gram_factors, inverse_root, series_root_update,
+                     series_root_update_factored)
 
 __all__ = ["JorgeGradientMaker", "JORGE_INITS"]
 
@@ -124,6 +127,7 @@ class JorgeGradientMaker(RootGradientMaker):
         self.symmetrize = bool(symmetrize)
         self.clipped_updates = 0
         self._fresh = (None, {})   # (step, {(name, block): gradient block}), see below
+        self._refresh_follows = False
         super().__init__(model, config, block_size, grafting=grafting,
                          grafting_epsilon=grafting_epsilon, check_finite=check_finite,
                          comm=comm, strategy=strategy)
@@ -133,20 +137,55 @@ class JorgeGradientMaker(RootGradientMaker):
 
     # A block whose gathered statistics are one gradient's, G G^T and G^T G summed (no decay,
     # so no damping term joins them), refreshes in the same step from G itself: the series'
-    # matrix then has the rank of G's other side (`series_root_update_factored`). The blocks
+    # matrix then has the rank of G (`gram_factors`, `series_root_update_factored`). The blocks
     # are views of .grad, valid until the step preconditions it, and only in that step.
-    def _accumulate_statistics(self, pending):
-        step, fresh = self.state["step"], {}
-        if self._decay == 1.0:
-            for name in pending:
+    def forward_and_backward(self):
+        # Within the loop a refresh follows the statistics at once, so a fresh block's larger
+        # Gram matrix (784 x 784 for a 256 x 784 weight) is formed only if its refresh needs it.
+        self._refresh_follows = True
+        try:
+            return super().forward_and_backward()
+        finally:
+            self._refresh_follows = False
+
+    def _compute_statistics(self, names):
+        fresh = {}
+        if self._decay != 1.0:
+            self._fresh = (self.state["step"], fresh)
+            return super()._compute_statistics(names)
+        skip_larger = (getattr(self, "_refresh_follows", False)
+                       and self.do_update_preconditioner())
+        pending = {}
+        with torch.no_grad():
+            for name in names:
                 matrix = self._matrices[name]
+                if matrix.param.grad is None:
+                    continue
                 G = matrix.view(matrix.param.grad)
+                pairs = []
                 for k, (rows, cols) in enumerate(matrix.blocks):
-                    if "L_stat" not in self._blocks[name][k]:
-                        fresh[name, k] = G[rows, cols]
-        super()._accumulate_statistics(pending)
-        self._fresh = (step, {key: block for key, block in fresh.items()
-                              if "L_stat" in self._blocks[key[0]][key[1]]})
+                    block = G[rows, cols]
+                    if "L_stat" in self._blocks[name][k]:
+                        pairs.append((torch.mm(block, block.T), torch.mm(block.T, block)))
+                        continue
+                    fresh[name, k] = block
+                    if not skip_larger:
+                        pairs.append((torch.mm(block, block.T), torch.mm(block.T, block)))
+                    elif block.shape[0] <= block.shape[1]:
+                        pairs.append((torch.mm(block, block.T), None))
+                    else:
+                        pairs.append((None, torch.mm(block.T, block)))
+                pending[name] = pairs
+        self._fresh = (self.state["step"], fresh)
+        return pending
+
+    def _combine_pair(self, state, keys, pair):
+        if pair[0] is not None and pair[1] is not None:
+            return super()._combine_pair(state, keys, pair)
+        # A fresh block refreshed in this step: only its smaller Gram matrix was formed (its
+        # entries bound the larger one's, so one check covers both).
+        gram = pair[0] if pair[0] is not None else pair[1]
+        return pair if _all_finite(gram) else None
 
     def _fresh_block(self, name, k):
         """The gradient block whose statistics alone are gathered in block ``k`` of ``name``,
@@ -159,6 +198,12 @@ class JorgeGradientMaker(RootGradientMaker):
             super().update_preconditioner()
         finally:
             self._fresh = (None, {})
+            # A refresh that did not finish leaves no half-formed statistics behind.
+            for states in self._blocks.values():
+                for state in states:
+                    if state.get("L_stat", 0) is None or state.get("R_stat", 0) is None:
+                        for key in ("L_stat", "R_stat", "stat_decay"):
+                            state.pop(key, None)
 
     def _update_roots(self, names):
         for name in names:
@@ -169,7 +214,8 @@ class JorgeGradientMaker(RootGradientMaker):
                 stats = (state.pop("L_stat"), state.pop("R_stat"))
                 decay = state.pop("stat_decay")
                 block = self._fresh_block(name, k)
-                factors = (None, None) if block is None else (block, block.T)
+                factors = (None, None) if block is None else gram_factors(
+                    block, *stats, max_rank=self._useful_rank(block.shape))
                 roots = [self._refresh(state.get(key), stat, decay, factor)
                          for key, stat, factor in zip(("Lh", "Rh"), stats, factors)]
                 if roots[0] is None or roots[1] is None:
@@ -180,17 +226,30 @@ class JorgeGradientMaker(RootGradientMaker):
                 self._warn(name, ("non-finite root update", "the previous roots are kept and "
                                   "the gathered statistics dropped"), bad)
 
+    @staticmethod
+    def _useful_rank(shape):
+        """The largest rank of a gradient block of `shape` that lets one of its roots refresh
+        by thinner products than the block itself gives (`gram_factors` searches no further)."""
+        small, large = sorted(shape)
+        if small <= FACTORED_SHARE * large:
+            return small - 1   # the larger side is thin already: any lower rank is cheaper
+        return int(FACTORED_SHARE * large)
+
     def _refresh(self, root, statistics, decay, factor=None):
         """The new root for ``decay L + statistics`` (None when not finite); `factor`, when
-        given, is ``F`` with ``statistics = F F^T`` (and ``decay`` 1)."""
+        given, is ``F`` with ``statistics = F F^T`` (and ``decay`` 1), and `statistics` may
+        then be None (formed here if the update needs them)."""
         damping = self.config.damping
+        first_root = root is None and self.init == "first_statistics"
+        if statistics is None and (first_root or not self._thin(factor)):
+            statistics = torch.mm(factor, factor.T)
+        if first_root:
+            return inverse_root(statistics, damping, 4)
         if root is None:
-            if self.init == "first_statistics":
-                return inverse_root(statistics, damping, 4)
-            root = torch.eye(statistics.shape[0], dtype=statistics.dtype,
-                             device=statistics.device).mul_(damping ** -0.25)
-        if (factor is not None and decay == 1.0
-                and factor.shape[1] <= FACTORED_SHARE * factor.shape[0]):
+            like = factor if statistics is None else statistics
+            root = torch.eye(like.shape[0], dtype=like.dtype,
+                             device=like.device).mul_(damping ** -0.25)
+        if decay == 1.0 and self._thin(factor):
             new, clipped = series_root_update_factored(root, factor, decay, self.series_radius,
                                                        self.symmetrize)
         else:
@@ -203,6 +262,11 @@ class JorgeGradientMaker(RootGradientMaker):
         if new is None or not _all_finite(new):
             return None
         return new
+
+    @staticmethod
+    def _thin(factor):
+        """Whether a root refreshes from `factor` (``n x k``) by thin products."""
+        return factor is not None and factor.shape[1] <= FACTORED_SHARE * factor.shape[0]
 
     def _roots_of(self, state):
         if "Lh" in state:
