@@ -331,11 +331,24 @@ def test_jorge_refreshes_thin_blocks_from_the_gradient(monkeypatch, case, factor
         assert calls == []
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_symmetrized_gives_the_bits_of_the_plain_formula(dtype):
+    """In place by tiles (sides around the 64-wide tile, and one of several tiles) or, for a
+    transposed view, by the formula: (M + M^T) / 2 to the bit."""
+    from pysparse_hpc.precondition._roots import symmetrized
+    generator = torch.Generator().manual_seed(7)
+    for n in (1, 2, 63, 64, 65, 200):
+        matrix = torch.randn(n, n, generator=generator, dtype=dtype)
+        expected = matrix.add(matrix.T).mul_(0.5)
+        assert torch.equal(symmetrized(matrix.clone()), expected)
+        assert torch.equal(symmetrized(matrix.T), matrix.T.add(matrix).mul_(0.5))
+
+
 def test_pivoted_cholesky_finds_the_rank_and_a_factor():
     """Against NumPy: a 30 x 30 Gram matrix of rank 7 gives 7 columns whose product is the
     matrix (float64 1e-12, float32 1e-5 relative); full rank gives all 30; a search stopped at
     max_rank says it found more; a zero matrix has rank 0."""
-    from pysparse_hpc.kernels.cpu.pivoted_cholesky import pivoted_cholesky
+    from pysparse_hpc.kernels.cpu.linalg import pivoted_cholesky
     rng = np.random.default_rng(5)
     for dtype, rtol in ((np.float64, 1e-12), (np.float32, 1e-5)):
         for rank in (7, 30):

@@ -11,6 +11,7 @@ validation (the makers check their input):
   `series_root_update_factored`, the same update for statistics ``F F^T`` of low rank;
 * `gram_factors`: thin factors of one gradient's two statistics, with as many columns as the
   gradient's rank;
+* `symmetrized`: ``(M + M^T) / 2``, in place and by tiles on the CPU;
 * `finite_norm`: a Euclidean norm that does not overflow where the tensor is finite.
 """
 import math
@@ -21,7 +22,7 @@ import torch
 from ._maker import _all_finite
 
 __all__ = ["block_bounds", "finite_norm", "gram_factors", "inverse_root", "series_root_update",
-           "series_root_update_factored", "SERIES_COEFFICIENTS"]
+           "series_root_update_factored", "symmetrized", "SERIES_COEFFICIENTS"]
 
 #: ``(1 + x)^(-1/4) = 1 - x/4 + (5/32) x^2 - (15/128) x^3 + ...``: the terms Jorge keeps.
 SERIES_COEFFICIENTS = (1.0, -0.25, 5.0 / 32.0)
@@ -137,7 +138,7 @@ def series_root_update(root, statistics, decay, radius, symmetrize=True):
     if decay != 1.0:
         new.mul_(decay ** -0.25)
     if symmetrize:
-        new = new.add(new.T).mul_(0.5)
+        new = symmetrized(new)
     return new, clipped
 
 
@@ -188,7 +189,7 @@ def series_root_update_factored(root, factor, decay, radius, symmetrize=True):
     if decay != 1.0:
         new.mul_(decay ** -0.25)
     if symmetrize:
-        new = new.add(new.T).mul_(0.5)
+        new = symmetrized(new)
     return new, clipped
 
 
@@ -201,7 +202,7 @@ def gram_factors(block, left, right, max_rank=None):
     weight of a layer over 128 examples has rank 128, and its ``784``-side root refreshes from
     128 columns instead of 256 (`series_root_update_factored` costs ``12 n^2 k``). The rank and
     a factor ``C`` of the smaller statistics ``S`` come from a Cholesky factorisation with
-    pivoting of ``S`` (`pysparse_hpc.kernels.cpu.pivoted_cholesky`), stopped at LAPACK's
+    pivoting of ``S`` (`pysparse_hpc.kernels.cpu.linalg`), stopped at LAPACK's
     default tolerance ``s eps max(diag S)``; an orthonormal basis ``Q`` of ``C``'s columns spans
     ``G``'s columns (or rows), so the other side's statistics are ``(G^T Q)(G^T Q)^T`` (or
     ``(G Q)(G Q)^T``). What is dropped is at most that tolerance, in the norm of ``S``.
@@ -228,7 +229,7 @@ def gram_factors(block, left, right, max_rank=None):
     if (block.device.type != "cpu" or max_rank < 0
             or block.dtype not in (torch.float32, torch.float64)):
         return block, block.T
-    from ..kernels.cpu.pivoted_cholesky import pivoted_cholesky
+    from ..kernels.cpu.linalg import pivoted_cholesky
     gram = smaller.detach().contiguous().numpy()
     tolerance = side * float(torch.finfo(block.dtype).eps) * max(float(gram.diagonal().max()), 0.0)
     factor_rows = np.empty((max_rank, side), dtype=gram.dtype)
@@ -240,6 +241,18 @@ def gram_factors(block, left, right, max_rank=None):
     if rows <= cols:
         return small_factor, torch.mm(block.T, basis)
     return torch.mm(block, basis), small_factor
+
+
+def symmetrized(matrix):
+    """``(M + M^T) / 2`` of a square `matrix`, in place where it is a contiguous float32 or
+    float64 CPU tensor (`pysparse_hpc.kernels.cpu.linalg.symmetrize_`: the same bits, 3x
+    faster once the matrix outgrows the cache)."""
+    if (matrix.device.type == "cpu" and matrix.dtype in (torch.float32, torch.float64)
+            and matrix.is_contiguous() and not matrix.requires_grad):
+        from ..kernels.cpu.linalg import symmetrize_
+        symmetrize_(matrix.numpy())
+        return matrix
+    return matrix.add(matrix.T).mul_(0.5)
 
 
 def finite_norm(tensor):
