@@ -275,6 +275,18 @@ def run_train(args, out=None):
                                   else args.optimizer),
                        compression=args.compression, momentum_sync=args.momentum_sync,
                        checkpoint=args.checkpoint, resume=args.resume, **given)
+    except KeyboardInterrupt:
+        # Ctrl-C reaches every rank of a job launched from a terminal: one line from rank 0,
+        # not P tracebacks. Checkpoints are renamed into place only once complete, so the last
+        # one is whole whenever this lands.
+        if comm.rank == 0:
+            resume = (f"; --resume continues from the last checkpoint in {args.checkpoint}"
+                      if args.checkpoint else "")
+            sys.stderr.write(f"python -m pysparse_hpc train: interrupted{resume}\n")
+            sys.stderr.flush()
+        if comm.size > 1:
+            comm.Abort(130)   # a rank interrupted alone would leave the others waiting
+        return 130
     except (OSError, ValueError, MemoryError) as exc:
         if comm.size == 1 or raised_on_every_rank(exc):
             if comm.rank == 0:

@@ -1,7 +1,8 @@
 """Tunables of the library, in one place; environment variables override the defaults.
 
 ``PYSPARSE_HPC_NUM_THREADS`` (else ``NUMBA_NUM_THREADS``, else all cores): threads used by the
-Cython conversions and the Numba kernels. Change it at run time with `set_num_threads`. OpenMP's
+Cython conversions and the Numba kernels; at most Numba's pool (``NUMBA_NUM_THREADS``, a larger
+value is lowered to it with a warning). Change it at run time with `set_num_threads`. OpenMP's
 own default (``OMP_NUM_THREADS``, which torch reads) is left as it was (`_start_numba_pool`).
 
 ``PYSPARSE_HPC_PARALLEL_MIN_FLOPS`` (default 2**17): kernels with less work than this run on
@@ -31,6 +32,7 @@ power-law graphs do not hold up the grid.
 """
 import ctypes
 import os
+import warnings
 
 import numba
 
@@ -60,9 +62,16 @@ def _initial_threads():
     try:
         threads = int(value)
     except ValueError:
-        raise ValueError(
-            f"PYSPARSE_HPC_NUM_THREADS must be a positive integer, got {value!r}") from None
-    return max(1, min(threads, numba.config.NUMBA_NUM_THREADS))
+        threads = 0
+    if threads < 1:
+        raise ValueError(f"PYSPARSE_HPC_NUM_THREADS must be a positive integer, got {value!r}")
+    pool = numba.config.NUMBA_NUM_THREADS
+    if threads > pool:
+        warnings.warn(f"PYSPARSE_HPC_NUM_THREADS={threads} is more than the kernels' thread "
+                      f"pool (NUMBA_NUM_THREADS={pool}, all cores unless set); using {pool}",
+                      RuntimeWarning, stacklevel=2)
+        threads = pool
+    return threads
 
 
 def _env_int(name, default):

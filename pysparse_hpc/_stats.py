@@ -98,7 +98,15 @@ def block_stats(A, window=8, block_width=8):
     window, block_width = _check_geometry(window, block_width)
     csr = as_csr(A).canonical()
     n_rows, n_cols = csr.shape
-    vectors_per_window = _blocked.count_window_vectors(csr.indptr, csr.indices, n_cols, window)
+    indices, distinct_cols = csr.indices, n_cols
+    if n_cols > 2 * csr.nnz + 4096:
+        # The counter keeps one slot per column; renumbering the columns that hold entries
+        # keeps each window's distinct columns and sizes it by nnz (a 3 x 2**40 matrix would
+        # otherwise ask for 8 TiB).
+        used, renumbered = np.unique(indices, return_inverse=True)
+        indices, distinct_cols = renumbered.astype(indices.dtype, copy=False), used.size
+    vectors_per_window = _blocked.count_window_vectors(csr.indptr, indices, distinct_cols,
+                                                       window)
     blocks_per_window = -(-vectors_per_window // block_width)
     n_vectors = int(vectors_per_window.sum())
     padded_vectors = int(blocks_per_window.sum()) * block_width

@@ -175,3 +175,28 @@ def test_train_refuses_a_bad_timeout_variable(monkeypatch, capsys):
     assert capsys.readouterr().err == ("python -m pysparse_hpc train: error: "
                                        "PYSPARSE_HPC_COMM_TIMEOUT must be a number of seconds "
                                        "> 0, got 'soon'\n")
+
+
+@pytest.mark.skipif(not hasattr(__import__("signal"), "SIGINT"), reason="needs SIGINT")
+def test_train_interrupted_says_so_and_leaves_a_checkpoint_to_resume(tmp_path):
+    """Ctrl-C during training: status 130 and one line naming the checkpoints, no traceback;
+    the last checkpoint is whole, and a resumed run with as many epochs ends as a finished one."""
+    import signal
+    import time
+    checkpoints = tmp_path / "run"
+    command = [sys.executable, "-m", "pysparse_hpc", "train", "--no-progress", "--checkpoint",
+               str(checkpoints), "--checkpoint-every", "1"]
+    job = subprocess.Popen(command + ["--epochs", "100000"], stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and len(list(checkpoints.glob("*/manifest*"))) < 2:
+        time.sleep(0.2)
+    job.send_signal(signal.SIGINT)
+    _, errors = job.communicate(timeout=60)
+    assert job.returncode == 130, errors[-2000:]
+    assert (f"train: interrupted; --resume continues from the last checkpoint in {checkpoints}"
+            in errors) and "Traceback" not in errors
+    resumed = subprocess.run(command + ["--epochs", "1", "--resume"], capture_output=True,
+                             text=True, timeout=120)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert "test accuracy" in resumed.stdout.lower()

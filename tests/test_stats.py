@@ -49,3 +49,19 @@ def test_empty_matrix():
     stats = sph.block_stats(sph.csr_array((9, 4)))
     assert stats.n_vectors == 0 and stats.nnz_per_vector == 0.0 and stats.redundancy == 0.0
     assert stats.n_windows == 2 and stats.n_empty_windows == 2
+
+
+@pytest.mark.parametrize("window", [8, 16])
+def test_hypersparse_columns_are_counted_without_a_slot_per_column(rng, window):
+    """Far more columns than entries: the counts of a 2**40-column matrix (which would need an
+    8 TiB counter) equal those of the same entries in a narrow matrix and of the built format."""
+    rows = np.array([0, 1, 2, 3, 9, 9, 17])
+    cols = np.array([5, 2 ** 40, 5, 7, 2 ** 39, 5, 3])
+    wide = sph.csr_array((np.ones(7), (rows, cols)), shape=(20, 2 ** 40 + 1))
+    narrow_cols = np.unique(cols, return_inverse=True)[1].ravel()
+    narrow = sph.csr_array((np.ones(7), (rows, narrow_cols)), shape=(20, 5))
+    stats = sph.block_stats(wide, window=window)
+    expected = sph.block_stats(narrow, window=window).as_dict()
+    expected.update(n_cols=2 ** 40 + 1, bytes_csr=stats.bytes_csr)
+    assert stats.as_dict() == expected
+    assert stats.n_vectors == wide.to_blocked(window=window).n_vectors

@@ -209,3 +209,24 @@ def test_spmm_bad_operands():
         A @ np.ones((3, 2, 2))
     with pytest.raises(TypeError, match="sparse array"):
         sph.spmm(np.eye(3), np.ones((3, 2)))
+
+
+@pytest.mark.parametrize("value, status, expected", [
+    ("64", 0, "PYSPARSE_HPC_NUM_THREADS=64 is more than the kernels' thread pool "
+              "(NUMBA_NUM_THREADS=2, all cores unless set); using 2"),
+    ("0", 1, "PYSPARSE_HPC_NUM_THREADS must be a positive integer, got '0'"),
+    ("two", 1, "PYSPARSE_HPC_NUM_THREADS must be a positive integer, got 'two'")])
+def test_the_thread_variable_is_checked_at_import(value, status, expected):
+    """Beyond Numba's pool the variable is lowered to it with a warning (it was silently);
+    zero, negative and non-integer values are refused by name."""
+    import os
+    import subprocess
+    import sys
+    env = dict(os.environ, PYSPARSE_HPC_NUM_THREADS=value, NUMBA_NUM_THREADS="2")
+    result = subprocess.run([sys.executable, "-c", "import pysparse_hpc as p; "
+                             "print(p.get_num_threads())"], env=env, capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == status, result.stderr[-2000:]
+    assert expected in result.stderr
+    if status == 0:
+        assert result.stdout.strip() == "2"
