@@ -487,3 +487,70 @@ def test_one_run_writes_a_directory_at_a_time(tmp_path):
         holder.kill()
         holder.wait()
     make(directory).save(4, {"x": torch.zeros(3)}, blocking=True)  # a killed holder left none
+
+
+def test_loaded_tensors_share_nothing_with_the_files(tmp_path):
+    """Loading reads the files into memory: overwriting or truncating a checkpoint file later
+    (a copy over the run directory) changes nothing loaded (a mapping of the file followed it,
+    and a truncated file ended the process with SIGBUS on the next read)."""
+    checkpoints = make(tmp_path)
+    checkpoints.save(1, {"w": torch.zeros(1000)}, blocking=True)
+    loaded = checkpoints.load().shard["w"]
+    path = tmp_path / "step-000000001" / "rank-00000.ckpt"
+    with open(path, "r+b") as handle:
+        handle.seek(-4000, 2)
+        handle.write(np.ones(1000, np.float32).tobytes())
+    assert float(loaded.sum()) == 0.0
+    with open(path, "r+b") as handle:
+        handle.truncate(0)
+    assert float(loaded.sum()) == 0.0
+
+
+def test_a_failing_block_commits_the_finished_save_in_one_process(tmp_path):
+    """`with Checkpointer(...)` whose body raises: the save's files are finished and, in one
+    process, committed (it was lost); the body's exception propagates."""
+    with pytest.raises(RuntimeError, match="the body"):
+        with make(tmp_path) as checkpoints:
+            checkpoints.save(100, {"w": torch.ones(3)})
+            raise RuntimeError("the body failed")
+    assert torch.equal(make(tmp_path).load().shard["w"], torch.ones(3))
+
+
+def test_an_interrupted_save_or_wait_keeps_the_save_before(tmp_path, monkeypatch):
+    """Ctrl-C while a save copies its state commits the previous save (its files are whole);
+    Ctrl-C while `wait` waits for the files leaves the save pending, and the next `wait`
+    commits it (both were lost)."""
+    checkpoints = make(tmp_path)
+    checkpoints.save(1, {"w": torch.ones(2)})
+
+    def interrupted(self, region):
+        raise KeyboardInterrupt
+    with monkeypatch.context() as patch:
+        patch.setattr(ckpt._format.Encoder, "stage", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            checkpoints.save(2, {"w": torch.zeros(2)})
+    assert checkpoints.steps() == [1] and checkpoints.wait() is None
+
+    release = threading.Event()
+    original = ckpt._files.write_atomic
+
+    def held_write(path, chunks, threads=1):
+        assert release.wait(10)
+        return original(path, chunks, threads)
+    monkeypatch.setattr(ckpt._files, "write_atomic", held_write)
+    checkpoints.save(3, {"w": torch.full((2,), 3.0)})
+    waiting = threading.Event()
+    original_wait = threading.Event.wait
+
+    def interrupt_once(self, timeout=None):
+        if not waiting.is_set() and self is not release:
+            waiting.set()
+            raise KeyboardInterrupt
+        return original_wait(self, timeout)
+    with monkeypatch.context() as patch:
+        patch.setattr(threading.Event, "wait", interrupt_once)
+        with pytest.raises(KeyboardInterrupt):
+            checkpoints.wait()
+    release.set()
+    assert checkpoints.wait() == 3
+    assert torch.equal(checkpoints.load().shard["w"], torch.full((2,), 3.0))

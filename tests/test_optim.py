@@ -600,3 +600,93 @@ def test_asv_lion_benchmark_times_the_vote_path(monkeypatch):
         assert benchmark.optimizer.steps_taken == 3  # the warm-up steps and the timed one
         assert any(not torch.equal(b, p) for b, p in
                    zip(before, benchmark.optimizer.param_groups[0]["params"]))
+
+
+@pytest.mark.parametrize("optimizer_class", [Lion, DistributedLion])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+def test_a_nan_gradient_stops_its_coordinate_as_in_lion_pytorch(optimizer_class, dtype):
+    """sign(NaN) is 0 in torch: lion-pytorch leaves the coordinate (its momentum turns NaN and
+    keeps it still); the kernels moved it to NaN."""
+    lion_pytorch = pytest.importorskip("lion_pytorch")
+    results = []
+    for make in (lambda p: lion_pytorch.Lion(p, lr=0.1, weight_decay=0.1),
+                 lambda p: optimizer_class(p, lr=0.1, weight_decay=0.1)):
+        param = torch.nn.Parameter(torch.ones(4, dtype=dtype))
+        optimizer = make([param])
+        for grad in ([float("nan"), 1.0, -1.0, 0.0], [1.0, 1.0, float("nan"), 1.0]):
+            param.grad = torch.tensor(grad, dtype=dtype)
+            optimizer.step()
+        results.append(param.detach().clone())
+    assert torch.equal(results[0], results[1]) and not results[1][1].isnan()
+
+
+def test_decoupled_weight_decay_and_use_triton_as_lion_pytorch():
+    """lion-pytorch's two switches: decoupled_weight_decay (the decay over the first lr, so it
+    follows a schedule) gives its bits under a StepLR; use_triton=True is refused."""
+    lion_pytorch = pytest.importorskip("lion_pytorch")
+    params = []
+    for make in (lion_pytorch.Lion, Lion):
+        model = _mlp()
+        optimizer = make(model.parameters(), lr=1e-2, weight_decay=0.5,
+                         decoupled_weight_decay=True, use_triton=False)
+        schedule = torch.optim.lr_scheduler.StepLR(optimizer, step_size=3, gamma=0.5)
+        generator = torch.Generator().manual_seed(1)
+        for _ in range(10):
+            optimizer.zero_grad()
+            model(torch.randn(8, 6, generator=generator, dtype=torch.float64)).sum().backward()
+            optimizer.step()
+            schedule.step()
+        params.append([p.detach().clone() for p in model.parameters()])
+    assert all(torch.equal(a, b) for a, b in zip(*params))
+    with pytest.raises(ValueError, match="use_triton=True"):
+        Lion(_mlp().parameters(), use_triton=True)
+    with pytest.raises(ValueError, match=r"lr \* weight_decay / initial lr must be at most 1"):
+        Lion(_mlp().parameters(), lr=1e-3, weight_decay=2.0, decoupled_weight_decay=True)
+
+
+def test_a_schedule_at_lr_zero_saves_and_loads_and_each_step_checks_its_groups():
+    """A warm-up from lr = 0 (LambdaLR) or a cosine schedule's end: its state loads (it was
+    refused) and steps; an lr raised by hand so that lr * weight_decay > 1 (which flips the
+    weights' signs) is refused by the step before anything moves; a group that asks to
+    maximize is refused."""
+    model = _mlp()
+    optimizer = Lion(model.parameters(), lr=1e-3, weight_decay=0.5)
+    torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: step / 100)
+    assert optimizer.param_groups[0]["lr"] == 0.0
+    model(torch.ones(2, 6, dtype=torch.float64)).sum().backward()
+    before = [p.detach().clone() for p in model.parameters()]
+    optimizer.step()   # lr = 0: nothing moves
+    assert all(torch.equal(a, p) for a, p in zip(before, model.parameters()))
+    resumed = Lion(_mlp().parameters(), lr=1e-3)
+    resumed.load_state_dict(optimizer.state_dict())
+    assert resumed.param_groups[0]["lr"] == 0.0
+    optimizer.param_groups[0]["lr"] = 4.0
+    with pytest.raises(ValueError, match=r"parameter group 0: lr \* weight_decay must be"):
+        optimizer.step()
+    assert all(torch.equal(a, p) for a, p in zip(before, model.parameters()))
+    with pytest.raises(ValueError, match="asks to maximize"):
+        Lion([{"params": model.parameters(), "maximize": True}])
+
+
+def test_lion_refuses_the_state_of_another_optimizer():
+    """Adam's state has betas and an exp_avg: it loaded, and Lion took Adam's first moment as
+    its momentum beside exp_avg_sq and step. Now its extra entries are named and refused."""
+    model = _mlp()
+    adam = torch.optim.Adam(model.parameters())
+    model(torch.ones(2, 6, dtype=torch.float64)).sum().backward()
+    adam.step()
+    optimizer = Lion(model.parameters(), lr=0.1)
+    with pytest.raises(ValueError, match="holds exp_avg_sq, step for a parameter, which Lion"):
+        optimizer.load_state_dict(adam.state_dict())
+    assert len(optimizer.state) == 0 and optimizer.param_groups[0]["lr"] == 0.1
+
+
+def test_distributed_lion_checks_its_counters_and_names_another_compression():
+    state = DistributedLion(_mlp().parameters(), compression="votes").state_dict()
+    bad = copy.deepcopy(state)
+    bad["distributed_lion"]["steps_taken"] = "seven"
+    optimizer = DistributedLion(_mlp().parameters(), compression="signs")
+    with pytest.raises(ValueError, match="counter steps_taken must be an int >= 0, got 'seven'"):
+        optimizer.load_state_dict(bad)
+    with pytest.warns(RuntimeWarning, match="compression='votes' into compression='signs'"):
+        optimizer.load_state_dict(state)

@@ -1049,6 +1049,117 @@ def test_kfac_on_a_half_precision_model_keeps_float32_factors(dtype):
         assert float((got.float() - expected).norm() / expected.norm()) < tolerance
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_state_resumes_and_embeddings_count_in_float32(dtype):
+    """A half-precision model's K-FAC state (float32 factors, a moving average) loads back in
+    float32 and the resumed maker continues as the uninterrupted one to the bit; a
+    half-precision Embedding's token counts are float32 too (Cholesky has no half kernels)."""
+    def model_and_maker():
+        model = mlp(dtype=torch.float32).to(dtype)
+        config = P.PreconditioningConfig(data_size=32, damping=1e-2, ema_decay=0.1)
+        return model, P.KfacGradientMaker(model, config, fisher_type="emp")
+
+    x, t = batch((32, 20), dtype=torch.float32)
+    x = x.to(dtype)
+
+    def step(gm, model):
+        model.zero_grad()
+        gm.setup_loss_call(F.cross_entropy, gm.setup_model_call(model, x), t)
+        gm.forward_and_backward()
+        return [p.grad.clone() for p in model.parameters()]
+    model, gm = model_and_maker()
+    step(gm, model)
+    resumed_model, resumed = model_and_maker()
+    resumed_model.load_state_dict(model.state_dict())
+    resumed.load_state_dict(copy.deepcopy(gm.state_dict()))
+    assert {v.dtype for k in resumed.preconditioned_modules()
+            for v in resumed.factors(k).values()} == {torch.float32}
+    for expected, got in zip(step(gm, model), step(resumed, resumed_model)):
+        assert torch.equal(expected, got)
+
+    class Bag(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed, self.head = nn.Embedding(20, 8), nn.Linear(8, 3)
+
+        def forward(self, tokens):
+            return self.head(self.embed(tokens).mean(1))
+    torch.manual_seed(0)
+    bag = Bag().to(dtype)
+    gm = P.KfacGradientMaker(bag, P.PreconditioningConfig(data_size=16, damping=1e-2),
+                             fisher_type="emp")
+    tokens = torch.randint(0, 20, (16, 5), generator=torch.Generator().manual_seed(3))
+    gm.setup_loss_call(F.cross_entropy, gm.setup_model_call(bag, tokens), t[:16])
+    gm.forward_and_backward()
+    assert gm.factors("embed")["A"].dtype == torch.float32
+    assert all(torch.isfinite(p.grad).all() for p in bag.parameters())
+
+
+def test_a_moving_average_switched_on_averages_the_factor_held_as_rows():
+    """Without a moving average a thin input factor is kept as its rows; switching
+    ``ema_decay`` on (or loading such a state into a maker with one) averages the new factor
+    with the whole old one: the same batch twice gives the same A (it gave half of it)."""
+    model = mlp(dtype=torch.float32)
+    x, t = batch((4, 20), dtype=torch.float32)   # 4 rows of 21 inputs: kept as rows
+    config = P.PreconditioningConfig(data_size=4, damping=1e-2)
+    gm = P.KfacGradientMaker(model, config, fisher_type="emp")
+    gm.setup_loss_call(F.cross_entropy, gm.setup_model_call(model, x), t)
+    gm.forward_and_backward()
+    assert "A_rows" in gm.factors("0")
+    rows = gm.factors("0")["A_rows"]
+    config.ema_decay = 0.5
+    model.zero_grad()
+    gm.forward_and_backward()
+    factors = gm.factors("0")
+    assert "A_rows" not in factors
+    torch.testing.assert_close(factors["A"], rows.T @ rows)
+
+
+def test_diag_fisher_of_a_float16_model_keeps_float32_diagonals():
+    """At the default damping (1e-7) 1 / (0 + damping) overflows float16: the diagonals are
+    float32, and the step is preconditioned without a warning (it fell back to the plain
+    gradient), close to the same rounded weights and inputs in float32."""
+    def preconditioned(dtype):
+        model = mlp(dtype=torch.float32).to(torch.float16).to(dtype)
+        x, t = batch((64, 20), dtype=torch.float32)
+        gm = P.DiagNaturalGradientMaker(model, P.PreconditioningConfig(data_size=64),
+                                        fisher_type="emp")
+        gm.setup_loss_call(F.cross_entropy,
+                           gm.setup_model_call(model, x.to(torch.float16).to(dtype)), t)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            gm.forward_and_backward()
+        return gm, [p.grad for p in model.parameters()]
+    reference = preconditioned(torch.float32)[1]
+    gm, grads = preconditioned(torch.float16)
+    assert {v.dtype for k in gm.preconditioned_modules() for v in gm.factors(k).values()} \
+        == {torch.float32}
+    for got, expected in zip(grads, reference):
+        # float16 holds magnitudes up to 65504: beyond, the float32 result itself is that big
+        finite = torch.isfinite(got)
+        assert got.dtype == torch.float16 and bool((finite | (expected.abs() > 6e4)).all())
+        error = (got[finite].float() - expected[finite]).norm() / expected[finite].norm()
+        assert float(error) < 0.05
+
+
+def test_kl_clip_takes_a_tensor_learning_rate():
+    """torch optimizers take a 0-d tensor as lr, and a param group then returns it: kl_clip
+    reads it as its value."""
+    model = mlp(dtype=torch.float32)
+    x, t = batch((16, 20), dtype=torch.float32)
+    clipped = {}
+    for name, lr in (("float", lambda: 0.1),
+                     ("tensor", lambda: torch.tensor(0.1, dtype=torch.float64))):
+        model.load_state_dict(mlp(dtype=torch.float32).state_dict())
+        model.zero_grad()
+        gm = P.KfacGradientMaker(model, P.PreconditioningConfig(data_size=16, damping=1e-2),
+                                 fisher_type="emp", kl_clip=1e-3, lr=lr)
+        gm.setup_loss_call(F.cross_entropy, gm.setup_model_call(model, x), t)
+        gm.forward_and_backward()
+        clipped[name] = gm.last_kl_clip_scale
+    assert clipped["tensor"] == clipped["float"] < 1.0
+
+
 def test_non_finite_curvature_keeps_previous_inverses():
     """An input so large that X^T X overflows in float32 while the gradients stay finite: the
     new factors are refused (RuntimeWarning), the previous inverses precondition the step."""

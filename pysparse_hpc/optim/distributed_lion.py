@@ -65,6 +65,7 @@ seeds): each vote carries its rank's own gradient.
 """
 import functools
 import math
+import warnings
 
 import numpy as np
 import torch
@@ -129,7 +130,7 @@ class DistributedLion(Lion):
         CPU parameters, as for `Lion`.
     comm : Communicator, optional
         Default: `pysparse_hpc.distributed.init()` (one rank without ``mpiexec``).
-    lr, betas, weight_decay
+    lr, betas, weight_decay, decoupled_weight_decay
         As for `Lion`.
     compression : {"none", "signs", "votes", "int8", "1bit"}
         What crosses the network (the module docstring lists the modes and their bytes).
@@ -159,7 +160,8 @@ class DistributedLion(Lion):
     """
 
     def __init__(self, params, comm=None, lr=1e-4, betas=(0.9, 0.99), weight_decay=0.0, *,
-                 compression="votes", momentum_sync=None, average=True, sync_doubling=16):
+                 compression="votes", momentum_sync=None, average=True, sync_doubling=16,
+                 decoupled_weight_decay=False):
         if compression not in COMPRESSIONS:
             raise ValueError(f"compression must be one of {COMPRESSIONS}, got {compression!r}")
         if momentum_sync is None:
@@ -175,7 +177,8 @@ class DistributedLion(Lion):
             raise ValueError(f"sync_doubling must be a positive int, got {sync_doubling!r}")
         if not isinstance(average, (bool, np.bool_)):
             raise TypeError(f"average must be a bool, got {type(average).__name__}")
-        super().__init__(params, lr=lr, betas=betas, weight_decay=weight_decay)
+        super().__init__(params, lr=lr, betas=betas, weight_decay=weight_decay,
+                         decoupled_weight_decay=decoupled_weight_decay)
         self.comm = init() if comm is None else check_communicator(comm)
         self.compression, self.momentum_sync = compression, momentum_sync
         self.average, self.sync_doubling = average, sync_doubling
@@ -201,6 +204,7 @@ class DistributedLion(Lion):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        self.check_groups()
         entries = self._taking_part()
         if entries:
             if self.comm.size == 1:
@@ -240,7 +244,7 @@ class DistributedLion(Lion):
         for group, param in entries:
             grad = grads[start:start + param.numel()].view_as(param)
             start += param.numel()
-            lion_step(param, self.momentum(param), grad, group["lr"], group["weight_decay"],
+            lion_step(param, self.momentum(param), grad, group["lr"], self.weight_decay(group),
                       *group["betas"])
 
     def _step_on_votes(self, entries):
@@ -298,7 +302,7 @@ class DistributedLion(Lion):
         """The rest of ``param``'s step once the ranks agreed on the masks, ``param`` at
         coordinate ``start`` of them."""
         momentum = self.momentum(param)
-        lr, weight_decay, beta2 = group["lr"], group["weight_decay"], group["betas"][1]
+        lr, weight_decay, beta2 = group["lr"], self.weight_decay(group), group["betas"][1]
         arrays = kernel_arrays(param, momentum, param.grad)
         if arrays is None:
             direction = _votes.directions(plus, minus, param.numel(), start)
@@ -355,8 +359,18 @@ class DistributedLion(Lion):
         if counters is not None and missing:
             raise ValueError(f"the state's distributed_lion counters lack "
                              f"{', '.join(sorted(missing))}")
+        for name in () if counters is None else ("steps_taken", "momentum_syncs", "next_sync"):
+            value = counters[name]
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+                raise ValueError(f"the state's distributed_lion counter {name} must be an "
+                                 f"int >= 0, got {value!r}")
+        saved = None if counters is None else counters.get("compression", self.compression)
         super().load_state_dict(state_dict)
+        if saved != self.compression and saved is not None:
+            warnings.warn(f"loading a state saved with compression={saved!r} into "
+                          f"compression={self.compression!r}: the momenta and the sync "
+                          f"schedule carry over", RuntimeWarning, stacklevel=2)
         if counters is not None:
-            self.steps_taken = counters["steps_taken"]
-            self.momentum_syncs = counters["momentum_syncs"]
-            self._next_sync = counters["next_sync"]
+            self.steps_taken = int(counters["steps_taken"])
+            self.momentum_syncs = int(counters["momentum_syncs"])
+            self._next_sync = int(counters["next_sync"])

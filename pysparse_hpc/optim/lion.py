@@ -28,15 +28,18 @@ def _finite_real(value):
     return is_real_number(value) and math.isfinite(value)
 
 
-def check_hyperparameters(lr, betas, weight_decay):
+def check_hyperparameters(lr, betas, weight_decay, *, zero_lr=False, init_lr=None):
     """Raise ValueError naming the first of Lion's hyper-parameters that is out of range;
     return ``betas`` as a tuple (read once: an iterator is accepted).
 
     ``lr * weight_decay`` above 1 is refused too: the decay multiplies the parameters by
-    ``1 - lr * weight_decay``, which would flip their signs.
+    ``1 - lr * weight_decay``, which would flip their signs (``lr * weight_decay / init_lr``
+    for lion-pytorch's ``decoupled_weight_decay``, given ``init_lr``). ``zero_lr``: accept
+    ``lr = 0``, where a learning-rate schedule starts or ends (a new optimizer refuses it, as
+    lion-pytorch's does).
     """
-    if not (_finite_real(lr) and lr > 0):
-        raise ValueError(f"lr must be a finite number > 0, got {lr!r}")
+    if not (_finite_real(lr) and (lr >= 0 if zero_lr else lr > 0)):
+        raise ValueError(f"lr must be a finite number {'>=' if zero_lr else '>'} 0, got {lr!r}")
     try:
         betas = tuple(betas)
     except TypeError:
@@ -45,9 +48,12 @@ def check_hyperparameters(lr, betas, weight_decay):
         raise ValueError(f"betas must be two numbers in [0, 1], got {betas!r}")
     if not (_finite_real(weight_decay) and weight_decay >= 0):
         raise ValueError(f"weight_decay must be a finite number >= 0, got {weight_decay!r}")
-    if lr * weight_decay > 1:
-        raise ValueError(f"lr * weight_decay must be at most 1 (each step multiplies the "
-                         f"parameters by 1 - lr * weight_decay), got {lr!r} * {weight_decay!r}")
+    decay = weight_decay if init_lr is None else weight_decay / init_lr
+    if lr * decay > 1:
+        what = "lr * weight_decay" if init_lr is None else "lr * weight_decay / initial lr"
+        raise ValueError(f"{what} must be at most 1 (each step multiplies the parameters by "
+                         f"1 - {what}), got {lr!r} * {weight_decay!r}"
+                         + ("" if init_lr is None else f" / {init_lr!r}"))
     return betas
 
 
@@ -116,12 +122,22 @@ class Lion(torch.optim.Optimizer):
         ``beta1`` interpolates the update's direction, ``beta2`` the momentum.
     weight_decay : float
         Decoupled (``p *= 1 - lr * weight_decay``): take 3-10x larger than AdamW's.
+    use_triton : bool, default False
+        lion-pytorch's switch to its Triton (CUDA) kernels: True is refused, these kernels are
+        the library's own.
+    decoupled_weight_decay : bool, default False
+        As lion-pytorch: the decay is ``weight_decay / lr_0`` with ``lr_0`` the constructor's
+        ``lr``, so ``p *= 1 - (lr / lr_0) weight_decay`` follows a learning-rate schedule.
 
     Notes
     -----
     Parameters whose ``.grad`` is None are skipped. The momentum is the state ``"exp_avg"``, as
-    in ``lion-pytorch``, so state dicts carry over. A coordinate where ``beta1 m + (1 - beta1) g``
-    is exactly zero does not move (``sign(0) = 0``).
+    in ``lion-pytorch``, so state dicts carry over (a state holding other per-parameter
+    entries, such as Adam's, is refused). A coordinate where ``beta1 m + (1 - beta1) g`` is
+    exactly zero or NaN does not move (``sign(0) = 0``, and torch's ``sign(NaN) = 0``, as in
+    lion-pytorch); a NaN gradient makes the momentum NaN, which then stops the coordinate.
+    Each step checks its groups' settings first (a scheduler may have changed ``lr``; ``lr =
+    0`` is accepted there and in loaded states).
 
     Examples
     --------
@@ -133,9 +149,30 @@ class Lion(torch.optim.Optimizer):
     >>> optimizer.step()
     """
 
-    def __init__(self, params, lr=1e-4, betas=(0.9, 0.99), weight_decay=0.0):
-        betas = check_hyperparameters(lr, betas, weight_decay)
+    def __init__(self, params, lr=1e-4, betas=(0.9, 0.99), weight_decay=0.0, use_triton=False,
+                 decoupled_weight_decay=False):
+        if use_triton:
+            raise ValueError("use_triton=True selects lion-pytorch's Triton (CUDA) kernels; "
+                             "this Lion runs the library's own kernels: leave it False")
+        self.decoupled_weight_decay = bool(decoupled_weight_decay)
+        self._init_lr = None   # add_param_group (called by torch's constructor) reads it
+        betas = check_hyperparameters(lr, betas, weight_decay,
+                                      init_lr=lr if self.decoupled_weight_decay else None)
+        self._init_lr = lr if self.decoupled_weight_decay else None
         super().__init__(params, dict(lr=lr, betas=betas, weight_decay=weight_decay))
+
+    def weight_decay(self, group):
+        """The decay a step of ``group`` applies: its ``weight_decay``, divided by the
+        constructor's ``lr`` with ``decoupled_weight_decay`` (as lion-pytorch)."""
+        decay = group["weight_decay"]
+        return decay / self._init_lr if self._init_lr is not None else decay
+
+    def check_groups(self):
+        """Check every group's settings before a step changes anything (a scheduler or a
+        hand edit may have changed them since they were checked)."""
+        for index, group in enumerate(self.param_groups):
+            _check_group(group, f"parameter group {index}", zero_lr=True,
+                         init_lr=self._init_lr)
 
     def add_param_group(self, param_group):
         """Torch's, with the group's ``lr``, ``betas`` and ``weight_decay`` checked (the
@@ -143,7 +180,7 @@ class Lion(torch.optim.Optimizer):
         super().add_param_group(param_group)
         group = self.param_groups[-1]
         try:
-            _check_group(group)
+            _check_group(group, init_lr=self._init_lr)
         except (TypeError, ValueError):
             self.param_groups.pop()
             raise
@@ -156,9 +193,16 @@ class Lion(torch.optim.Optimizer):
         super().load_state_dict(state_dict)
         try:
             for index, group in enumerate(self.param_groups):
-                _check_group(group, f"parameter group {index} of the state dict")
+                _check_group(group, f"parameter group {index} of the state dict",
+                             zero_lr=True, init_lr=self._init_lr)
                 for param in group["params"]:
-                    _check_momentum(self.state[param].get("exp_avg"), param)
+                    state = self.state[param]
+                    others = sorted(map(str, set(state) - {"exp_avg"}))
+                    if others:
+                        raise ValueError(f"the state dict holds {', '.join(others)} for a "
+                                         f"parameter, which Lion does not keep (only exp_avg): "
+                                         f"the state of another optimizer")
+                    _check_momentum(state.get("exp_avg"), param)
         except (TypeError, ValueError):
             super().load_state_dict(before)
             raise
@@ -178,25 +222,31 @@ class Lion(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        self.check_groups()
         for group in self.param_groups:
             beta1, beta2 = group["betas"]
             for param in group["params"]:
                 if param.grad is None:
                     continue
                 lion_step(param, self.momentum(param), param.grad, group["lr"],
-                          group["weight_decay"], beta1, beta2)
+                          self.weight_decay(group), beta1, beta2)
         return loss
 
 
-def _check_group(group, where="a parameter group"):
+def _check_group(group, where="a parameter group", *, zero_lr=False, init_lr=None):
     """Raise for a group whose hyper-parameters `check_hyperparameters` refuses, that lacks
-    one, or that holds a complex parameter; normalise its ``betas`` to a tuple."""
+    one, that asks to maximize, or that holds a complex parameter; normalise its ``betas`` to
+    a tuple."""
     missing = [key for key in ("lr", "betas", "weight_decay") if key not in group]
     if missing:
         raise ValueError(f"{where} has no {', '.join(missing)}: not a Lion state")
+    if group.get("maximize"):
+        raise ValueError(f"{where} asks to maximize, which Lion does not do (it would "
+                         f"minimize): negate the loss instead")
     try:
         group["betas"] = check_hyperparameters(group["lr"], group["betas"],
-                                               group["weight_decay"])
+                                               group["weight_decay"], zero_lr=zero_lr,
+                                               init_lr=init_lr)
     except ValueError as error:
         raise ValueError(f"{where}: {error}") from None
     for param in group["params"]:

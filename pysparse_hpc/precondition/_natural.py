@@ -30,7 +30,7 @@ import torch
 from .._sputils import check_real_number
 from ._fisher import LOSS_CROSS_ENTROPY, LOSS_TYPES, FISHER_MC, canonical_fisher_type
 from ._kaisa import STRATEGIES, allreduce_sum, assign_owners, broadcast_from_owners
-from ._maker import PreconditionedGradientMaker, _all_finite
+from ._maker import PreconditionedGradientMaker, _all_finite, curvature_dtype
 
 __all__ = ["NaturalGradientMaker"]
 
@@ -52,8 +52,12 @@ def _fits(shape, expected):
 
 
 def _learning_rate(lr):
-    """The value of `lr` (a number or a callable returning one), checked."""
+    """The value of `lr` (a number, a 0-d tensor as torch optimizers take, or a callable
+    returning one), checked."""
     value = lr() if callable(lr) else lr
+    if (isinstance(value, torch.Tensor) and value.ndim == 0 and value.dtype != torch.bool
+            and not value.is_complex()):
+        value = value.item()
     check_real_number("lr" if not callable(lr) else "the value lr() returned", value)
     return float(value)
 
@@ -411,7 +415,9 @@ class NaturalGradientMaker(PreconditionedGradientMaker):
                 if not _fits(tuple(tensor.shape), expected[key]):
                     raise ValueError(f"state_dict factor {key} of {name!r} has shape "
                                      f"{tuple(tensor.shape)}, expected {expected[key]}")
-                restored[name][key] = tensor.to(device=weight.device, dtype=weight.dtype)
+                # The dtype the maker computes them in (float32 for half-precision weights).
+                restored[name][key] = tensor.to(device=weight.device,
+                                                dtype=curvature_dtype(weight.dtype))
             self._check_entry(name, restored[name])
         self.state["step"] = step
         self._factors = restored

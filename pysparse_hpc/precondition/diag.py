@@ -18,6 +18,7 @@ K-FAC, and a forward input kept per module during curvature passes.
 import torch
 
 from ._layers import conv2d_patches, supported_kind
+from ._maker import curvature_dtype
 from ._natural import NaturalGradientMaker
 
 __all__ = ["DiagNaturalGradientMaker"]
@@ -96,14 +97,18 @@ class DiagNaturalGradientMaker(NaturalGradientMaker):
     def _kind_for(self, name, module):
         return supported_kind(name, module)
 
+    # The diagonals are kept in the curvature's dtype, float32 for half-precision weights:
+    # in float16 1 / (0 + damping) overflows at the default damping (1e-7).
     def _on_input(self, name, module, x):
-        if x.is_floating_point() and x.dtype != module.weight.dtype:
-            x = x.to(module.weight.dtype)
+        dtype = curvature_dtype(module.weight.dtype)
+        if x.is_floating_point() and x.dtype != dtype:
+            x = x.to(dtype)
         return x
 
     def _on_output_grad(self, name, module, grad, weight, context):
-        if grad.dtype != module.weight.dtype:
-            grad = grad.to(module.weight.dtype)
+        dtype = curvature_dtype(module.weight.dtype)
+        if grad.dtype != dtype:
+            grad = grad.to(dtype)
         contribution = _DIAGONALS[self._modules[name][1]](module, context, grad)
         for key, value in contribution.items():
             if weight != 1.0:

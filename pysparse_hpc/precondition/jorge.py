@@ -153,8 +153,7 @@ class JorgeGradientMaker(RootGradientMaker):
         if self._decay != 1.0:
             self._fresh = (self.state["step"], fresh)
             return super()._compute_statistics(names)
-        skip_larger = (getattr(self, "_refresh_follows", False)
-                       and self.do_update_preconditioner())
+        skip_larger = self._refresh_follows and self.do_update_preconditioner()
         pending = {}
         with torch.no_grad():
             for name in names:

@@ -276,9 +276,12 @@ class _EmbeddingKind(_KronKind):
         index = (x.reshape(-1, 1) if x.ndim <= 1
                  else x.reshape(x.shape[0], math.prod(x.shape[1:])))
         weight = module.weight
-        counts = torch.zeros(index.shape[0], module.num_embeddings, dtype=weight.dtype,
+        # Counts in the curvature's dtype: float32 for a half-precision table (whose counts
+        # would also overflow float16 on long sequences).
+        dtype = curvature_dtype(weight.dtype)
+        counts = torch.zeros(index.shape[0], module.num_embeddings, dtype=dtype,
                              device=weight.device)
-        counts.scatter_add_(1, index, torch.ones(index.shape, dtype=weight.dtype,
+        counts.scatter_add_(1, index, torch.ones(index.shape, dtype=dtype,
                                                  device=weight.device))
         if module.padding_idx is not None:
             counts[:, module.padding_idx] = 0
@@ -441,6 +444,11 @@ class KfacGradientMaker(NaturalGradientMaker):
         ``A`` where calls stacked more of them than `LOW_RANK_SHARE` (or a call gave ``A``)."""
         rows = {}
         for name, entry in pending.items():
+            state = self._factors[name]
+            if self.config.uses_ema and "A" in entry and "A" not in state and "A_rows" in state:
+                # A factor held as its rows (no moving average until now, or a state saved
+                # without one) is averaged whole: else the average would start from nothing.
+                state["A"] = gram(state["A_rows"])
             stacked = entry.get("A_rows")
             if stacked is None or not _all_finite(stacked):
                 continue  # non-finite rows: the base refuses the module's update, as for A

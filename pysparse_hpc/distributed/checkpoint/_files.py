@@ -8,7 +8,6 @@ several threads can hash (and verify) one file, and a damaged file says where.
 """
 import hashlib
 import json
-import mmap
 import os
 import threading
 
@@ -163,15 +162,22 @@ def read_verified(path, entry, threads=1):
     if size != entry["bytes"]:
         raise Damaged(f"{name} has {size} bytes but the manifest says {entry['bytes']} "
                       f"({'truncated' if size < entry['bytes'] else 'grown'})")
+    # Read into memory, not mapped: the checksums then vouch for the bytes the tensors are
+    # built on, and a file changed or truncated later (a copy over the run directory) can
+    # neither change them nor end the process with SIGBUS, as pages of a mapping would.
+    buffer = np.empty(size, np.uint8)
     try:
         with open(path, "rb") as handle:
-            # A private (copy-on-write) mapping: the page cache is read in place, not copied,
-            # and the arrays built on it are the caller's to modify.
-            mapped = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_COPY)
-    except (OSError, ValueError) as exc:
+            filled = 0
+            while filled < size:
+                count = handle.readinto(memoryview(buffer)[filled:])
+                if not count:
+                    break
+                filled += count
+            grown = bool(handle.read(1))
+    except OSError as exc:
         raise Damaged(f"{name} cannot be read ({exc})") from None
-    buffer = np.frombuffer(mapped, np.uint8)
-    if buffer.size != size:
+    if filled != size or grown:
         raise Damaged(f"{name} changed size while it was read")
     pool = _pool(threads)
     digests, position = [], 0

@@ -186,6 +186,14 @@ class Checkpointer:
     object dtype), None, bool, int, float, str and bytes. Saving copies its arrays into a
     staging buffer kept for the next save, so a checkpointer holds about one state's bytes
     between saves (`close` frees it); a tensor or array saved twice is loaded as two copies.
+    Loading reads the files into memory: what `load` returns shares nothing with them.
+
+    As a context manager it calls `close` on leaving. When the block raises, the pending save's
+    files are finished; in one process that save is then committed too (a failure to commit
+    is a warning, and the block's exception propagates), while over several ranks it is left
+    uncommitted (committing is collective and the other ranks may be elsewhere), and `load`
+    then takes the save before it. A `save` or `wait` interrupted by Ctrl-C keeps the save
+    before it: `save` commits it, `wait` leaves it pending for the next call.
 
     Examples
     --------
@@ -252,11 +260,21 @@ class Checkpointer:
     def __exit__(self, kind, value, traceback):
         if kind is None:
             self.close()
-        else:  # already failing: let the write finish, but raise the first error
-            try:
+            return
+        # Already failing: let the write finish, but raise the first error. In one process a
+        # save whose files are whole is committed (no other rank to wait for); over several
+        # ranks committing is collective, and the others may not be here.
+        try:
+            if self.comm.size == 1:
+                try:
+                    self.wait()
+                except Exception as exc:
+                    warnings.warn(f"could not commit the pending checkpoint in "
+                                  f"{self.directory}: {exc}", stacklevel=2)
+            else:
                 self._join()
-            finally:
-                self.release()
+        finally:
+            self.release()
 
     # ------------------------------------------------------------ directory
     def _prepare_directory(self):
@@ -370,25 +388,32 @@ class Checkpointer:
             raise
         pending = _Pending(step, previous if self.comm.rank == 0 else None)
         step_dir = os.path.join(self.directory, _step_name(step))
-        if blocking:
-            self._write(pending, step_dir, {name: (enc, None) for name, enc in encoders.items()},
-                        self.threads)
+        try:
+            if blocking:
+                self._write(pending, step_dir,
+                            {name: (enc, None) for name, enc in encoders.items()}, self.threads)
+                self._pending = pending
+                self.wait()
+                return
+            total = sum(-(-enc.size // ALIGN) * ALIGN for enc in encoders.values())
+            if self._staging is None or self._staging.size < total:
+                self._staging = None  # free the old one before allocating its successor
+                self._staging = np.empty(total, np.uint8)
+            jobs, offset = {}, 0
+            for name, encoder in encoders.items():
+                region = self._staging[offset:offset + encoder.size]
+                encoder.stage(region)
+                encoder.leaves = None  # the copy is taken: let the caller's arrays go
+                jobs[name] = (encoder, region)
+                offset += -(-encoder.size // ALIGN) * ALIGN
             self._pending = pending
-            self.wait()
-            return
-        total = sum(-(-enc.size // ALIGN) * ALIGN for enc in encoders.values())
-        if self._staging is None or self._staging.size < total:
-            self._staging = None  # free the old one before allocating its successor
-            self._staging = np.empty(total, np.uint8)
-        jobs, offset = {}, 0
-        for name, encoder in encoders.items():
-            region = self._staging[offset:offset + encoder.size]
-            encoder.stage(region)
-            encoder.leaves = None  # the copy is taken: let the caller's arrays go
-            jobs[name] = (encoder, region)
-            offset += -(-encoder.size // ALIGN) * ALIGN
-        self._pending = pending
-        pending.thread = self._background(self._write, pending, step_dir, jobs)
+            pending.thread = self._background(self._write, pending, step_dir, jobs)
+        except BaseException:
+            # Interrupted (Ctrl-C, no memory for the copy) before the writer took over the
+            # previous save, whose files are whole: commit it here rather than lose it.
+            if previous is not None and pending.commit is not None and pending.thread is None:
+                self._commit_now(previous)
+            raise
 
     def _prepare_save(self, step, shard, shared, nodes, previous):
         """Check the arguments and encode the state on every rank; ``(step, encoders)``.
@@ -473,11 +498,12 @@ class Checkpointer:
         if pending.commit is not None:
             try:
                 self._commit(*pending.commit)
-                self._delete(self._retire(pending.commit[0], busy=pending.step))
+                committed, pending.commit = pending.commit[0], None
+                self._delete(self._retire(committed, busy=pending.step))
             except BaseException as exc:
                 if hasattr(exc, "add_note"):
-                    exc.add_note(f"while committing checkpoint step {pending.commit[0]} in "
-                                 f"{self.directory}")
+                    exc.add_note(f"while committing checkpoint step "
+                                 f"{(pending.commit or (committed,))[0]} in {self.directory}")
                 pending.error = exc
                 return
         try:
@@ -500,9 +526,11 @@ class Checkpointer:
 
     def _join(self):
         self._join_pruning()
-        pending, self._pending = self._pending, None
+        pending = self._pending
         if pending is not None and pending.thread is not None:
             pending.thread.wait()
+        # Only now: a wait interrupted (Ctrl-C) leaves the save pending for the next one.
+        self._pending = None
         return pending
 
     def wait(self):

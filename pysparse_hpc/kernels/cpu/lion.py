@@ -38,6 +38,9 @@ def lion_step(param, momentum, grad, decay, neg_lr, beta1, rest1, beta2, rest2):
     for i in range(param.size):
         m = momentum[i]
         g = grad[i]
-        direction = np.sign(fused_multiply_add(g, rest1, m * beta1))
+        interpolated = fused_multiply_add(g, rest1, m * beta1)
+        direction = np.sign(interpolated)
+        if interpolated != interpolated:
+            direction = rest1 - rest1   # NaN: no move, as torch.sign (and lion-pytorch) give 0
         param[i] = fused_multiply_add(direction, neg_lr, param[i] * decay)
         momentum[i] = fused_multiply_add(g, rest2, m * beta2)
