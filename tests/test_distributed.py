@@ -511,3 +511,88 @@ def test_train_balances_rows_and_entries_with_metis_by_default(monkeypatch):
 
 def _no_library(path):
     raise OSError(f"cannot open {path}")
+
+
+def test_data_parallel_follows_dtype_changes_and_other_sparse_gradients():
+    """A model converted after wrapping (``.double()``) gets exact float64 gradients (the
+    float32 buckets rounded them); a sparse gradient from ``F.embedding(sparse=True)`` on a
+    plain parameter, and a dense one for a sparse Embedding whose weight is also used
+    densely, are reduced (both crashed inside backward)."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    wrapped = distributed.DataParallel(model, Communicator(None))
+    model.double()
+    x = torch.tensor([[1 / 3, 1e-9, 2.0, 5.0]], dtype=torch.float64)
+    wrapped(x).sum().backward()
+    assert torch.equal(model.weight.grad, x)
+
+    class Functional(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.table = torch.nn.Parameter(torch.randn(6, 3))
+
+        def forward(self, tokens):
+            return torch.nn.functional.embedding(tokens, self.table, sparse=True).sum()
+    functional = Functional()
+    tokens = torch.tensor([1, 4, 4])
+    distributed.DataParallel(functional, Communicator(None))(tokens).backward()
+    expected = torch.zeros(6, 3)
+    expected[1], expected[4] = 1.0, 2.0
+    torch.testing.assert_close(functional.table.grad.to_dense(), expected)
+
+    class Tied(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = torch.nn.Embedding(6, 3, sparse=True)
+
+        def forward(self, tokens):
+            hidden = self.embed(tokens)
+            return (hidden @ self.embed.weight.T).sum()
+    tied = Tied()
+    distributed.DataParallel(tied, Communicator(None))(tokens).backward()
+    grad = tied.embed.weight.grad
+    tied.embed.weight.grad = None
+    tied(tokens).backward()   # unwrapped: the plain gradient
+    assert not grad.is_sparse
+    torch.testing.assert_close(grad, tied.embed.weight.grad.to_dense())
+
+
+def test_train_refuses_arguments_it_would_misuse():
+    """An owner array as partition failed on rank 0 alone after the graph was built (the other
+    ranks hung); an mpi4py communicator failed mid-run; random_features beside a Dataset was
+    ignored (yet recorded in the fingerprint)."""
+    from pysparse_hpc.distributed.training import train
+    cora = sph.datasets.load("cora")
+    with pytest.raises(TypeError, match=r"Partition.from_owner\(adj, owner\)"):
+        train(cora, partition=np.arange(cora.adj.shape[0]) % 2, epochs=1, progress=False)
+    with pytest.raises(ValueError, match="random_features applies to a dataset name"):
+        train(cora, random_features=8, epochs=1, progress=False)
+    mpi = pytest.importorskip("mpi4py.MPI")
+    with pytest.raises(TypeError, match="mpi4py communicator"):
+        train("cora", comm=mpi.COMM_WORLD, epochs=1, progress=False)
+
+
+def test_the_communicator_refuses_at_one_rank_what_mpi_refuses_at_two():
+    """One rank returned these unchanged where two ranks failed inside MPI (or crashed it):
+    a reduction MPI does not define for the dtype, a big-endian or object array, a root
+    beyond the ranks, counts that are not integers."""
+    comm = Communicator(None)
+    for buffer, op in ((np.ones(3, bool), "sum"), (torch.ones(3, dtype=torch.bool), "max"),
+                       (np.ones(3), "land"), (np.ones(3, np.complex128), "max"),
+                       (torch.ones(2, dtype=torch.bfloat16), "band")):
+        with pytest.raises(TypeError, match=f"op '{op}' does not apply"):
+            comm.Allreduce(buffer, op)
+        with pytest.raises(TypeError, match=f"op '{op}' does not apply"):
+            comm.Iallreduce(buffer, op)
+    comm.Allreduce(np.ones(3, bool), "lor")
+    comm.Allreduce(np.ones(3, np.uint8), "max")
+    with pytest.raises(ValueError, match="not in this machine's byte order"):
+        comm.Allreduce(np.ones(3, ">f8"))
+    with pytest.raises(TypeError, match="numbers and bools only"):
+        comm.Bcast(np.array([None, 1], dtype=object))
+    for call in (lambda: comm.Bcast(np.ones(2), root=5), lambda: comm.bcast(1, root=-1),
+                 lambda: comm.gather(1, root=1)):
+        with pytest.raises(ValueError, match=r"root must be a rank in \[0, 1\)"):
+            call()
+    with pytest.raises(ValueError, match="counts must be integers"):
+        comm.Allgatherv(np.ones(2), np.ones(2), [2.7])

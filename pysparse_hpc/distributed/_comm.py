@@ -126,7 +126,32 @@ def _as_buffer(array, name="buffer"):
                         f"{type(array).__name__}")
     if not view.flags.c_contiguous:
         raise ValueError(f"{name} must be C-contiguous")
+    # Checked at every size: MPI refuses these only with more than one rank.
+    if view.dtype.kind not in "biufc":
+        raise TypeError(f"{name} has dtype {view.dtype}: the communicator moves numbers and "
+                        f"bools only (pickle other objects with bcast or allgather)")
+    if not view.dtype.isnative:
+        raise ValueError(f"{name} is {view.dtype.str}, not in this machine's byte order; "
+                         f"convert it first (array.astype(array.dtype.newbyteorder('=')))")
     return view
+
+
+#: The reductions MPI defines for each kind of value: logical ones for bools, no bitwise or
+#: logical ones for floats, sums for complex numbers.
+_OPS_BY_KIND = {"b": ("land", "lor"), "i": _OPS, "u": _OPS, "f": ("sum", "max", "min"),
+                "c": ("sum",)}
+
+
+def _check_reduction(buffer, op, name="buffer"):
+    """Refuse an ``op`` MPI does not define for ``buffer``'s dtype, at every size (one rank
+    would return the buffer unchanged where two fail inside MPI)."""
+    if op not in _OPS:
+        raise ValueError(f"op must be one of {_OPS}, got {op!r}")
+    kind = "f" if _is_bfloat16(buffer) else _as_buffer(buffer, name).dtype.kind
+    if op not in _OPS_BY_KIND[kind]:
+        raise TypeError(f"op {op!r} does not apply to {name} of dtype "
+                        f"{getattr(buffer, 'dtype', '?')}: MPI reduces it with "
+                        f"{', '.join(map(repr, _OPS_BY_KIND[kind]))} only")
 
 
 def _reduction_buffer(array, name="buffer"):
@@ -378,10 +403,8 @@ class Communicator:
     def Allreduce(self, buffer, op="sum", kind="allreduce"):
         """Reduce ``buffer`` over all ranks, in place; returns ``buffer``. A bfloat16 tensor
         is reduced in float32 and rounded back (`_reduction_buffer`)."""
+        _check_reduction(buffer, op)
         if self.size == 1:
-            _as_buffer(buffer)
-            if op not in _OPS:
-                raise ValueError(f"op must be one of {_OPS}, got {op!r}")
             return buffer
         view, write_back = _reduction_buffer(buffer)
         from mpi4py import MPI
@@ -395,10 +418,8 @@ class Communicator:
     def Iallreduce(self, buffer, op="sum", kind="allreduce"):
         """Start reducing ``buffer`` in place; returns a request to ``wait()`` on (a bfloat16
         tensor holds the result once waited on)."""
+        _check_reduction(buffer, op)
         if self.size == 1:
-            _as_buffer(buffer)
-            if op not in _OPS:
-                raise ValueError(f"op must be one of {_OPS}, got {op!r}")
             return _Request()
         view, write_back = _reduction_buffer(buffer)
         from mpi4py import MPI
@@ -406,8 +427,15 @@ class Communicator:
         self._count(kind, 1, view.nbytes, 1, view.nbytes)
         return _Request(request, self, kind, write_back)
 
+    def _check_root(self, root):
+        if isinstance(root, bool) or not isinstance(root, (int, np.integer)) \
+                or not 0 <= root < self.size:
+            raise ValueError(f"root must be a rank in [0, {self.size}), got {root!r}")
+        return int(root)
+
     def Bcast(self, buffer, root=0, kind="broadcast"):
         """Broadcast ``buffer`` from ``root`` in place; returns ``buffer``."""
+        root = self._check_root(root)
         view = _as_buffer(buffer)
         if self.size > 1:
             self._watched(f"Bcast ({kind!r})", self.mpi.Bcast, view, root=root)
@@ -457,6 +485,9 @@ class Communicator:
     def _vector_layout(self, counts, total, name):
         """``(counts, displacements)`` as int lists after checking them against a buffer of
         ``total`` elements: one count per rank, none negative, summing to ``total``."""
+        counts = list(counts)
+        if any(isinstance(c, bool) or not isinstance(c, (int, np.integer)) for c in counts):
+            raise ValueError(f"counts must be integers, got {counts}")
         counts = [int(c) for c in counts]
         if len(counts) != self.size or any(c < 0 for c in counts):
             raise ValueError(f"counts must hold {self.size} non-negative element counts, one "
@@ -537,10 +568,9 @@ class Communicator:
     def _start_reduce_scatter(self, sendbuf, recvbuf, counts, op, kind, blocking):
         send, recv, counts, _, write_back = self._vector_buffers(sendbuf, recvbuf, counts,
                                                                  False)
+        _check_reduction(sendbuf, op, "sendbuf")
         mpi_op = self._op(op) if self.size > 1 else None
         if self.size == 1:
-            if op not in _OPS:
-                raise ValueError(f"op must be one of {_OPS}, got {op!r}")
             recv[:] = send
             return _Request()
         own = recv.nbytes
@@ -588,6 +618,7 @@ class Communicator:
     # ---------------------------------------------------------------- object collectives
     def bcast(self, obj, root=0):
         """``obj`` of ``root`` on every rank (pickled; set-up only)."""
+        root = self._check_root(root)
         return obj if self.size == 1 else self._watched("bcast", self.mpi.bcast, obj, root=root)
 
     def allgather(self, obj):
@@ -596,12 +627,14 @@ class Communicator:
 
     def gather(self, obj, root=0):
         """The list of every rank's ``obj`` on ``root``, None elsewhere (pickled)."""
+        root = self._check_root(root)
         if self.size == 1:
             return [obj]
         return self._watched("gather", self.mpi.gather, obj, root=root)
 
     def scatter(self, objs, root=0):
         """Element ``rank`` of ``root``'s list ``objs`` on each rank (pickled)."""
+        root = self._check_root(root)
         if self.size == 1:
             return objs[0]
         return self._watched("scatter", self.mpi.scatter, objs, root=root)

@@ -8,6 +8,8 @@ the same order on every rank (a bucket waits for the ones before it), as MPI req
 collectives. The full-graph GNN trainer uses it, and so can any data-parallel torch model.
 """
 import contextlib
+import warnings
+import weakref
 
 import numpy as np
 import torch
@@ -16,6 +18,10 @@ from ._comm import PARTICIPATION_KIND, check_communicator, init
 from ._sparse_grads import allreduce_sparse, sparse_gradient_parameters
 
 __all__ = ["DataParallel", "PARTICIPATION_KIND"]
+
+#: The wrapper of each wrapped module (weak on both sides: neither keeps the other alive, and
+#: the module pickles as it did).
+_WRAPPER_OF = weakref.WeakKeyDictionary()
 
 
 class _Bucket:
@@ -60,6 +66,20 @@ class DataParallel(torch.nn.Module):
     (`~pysparse_hpc.distributed.Communicator.set_timeout`) to end such a job with a message
     instead of a hang.
 
+    The hooks are the parameters' own: every backward that reaches them after wrapping is
+    reduced, whether or not it went through the wrapper's ``forward`` (torch DDP reduces only
+    after its own forward), so every rank must run it; wrap a rank-local backward (a saliency
+    map on one rank) in `no_sync`. With ``average=False`` a gradient already in ``.grad``
+    from an earlier reduced backward is summed over the ranks again (counted P times): zero
+    the gradients between reduced backwards, and accumulate inside `no_sync`, as under DDP
+    (with ``average=True`` the mean makes either way right). Buffers (BatchNorm's running
+    statistics) are copied from rank 0 at construction only; each rank then updates its own,
+    so call `broadcast_parameters` before saving or evaluating on one rank. Wrapping a module
+    again (``fit`` does, once per call) retires the earlier wrapper: its hooks are removed
+    and calling it is an error. A backward that raised part-way leaves its reductions
+    unfinished: the wrapper's next ``forward`` waits for those it started and starts afresh,
+    with a warning.
+
     Examples
     --------
     >>> import torch
@@ -90,12 +110,25 @@ class DataParallel(torch.nn.Module):
         self._buckets = self._make_buckets([p for p in params[::-1] if id(p) not in sparse],
                                            bucket_mb * 2 ** 20)
         self._bucket_of = {id(p): b for b in self._buckets for p in b.params}
+        self._bucket_mb = bucket_mb
         self._launched = 0
         self._in_backward = False
         self._enabled = True
+        self._retired = False
+        # One wrapper per module: a second set of hooks would start every reduction twice, in
+        # an order that can differ between ranks.
+        earlier = _WRAPPER_OF.get(module)
+        if earlier is not None and earlier() is not None:
+            earlier()._retire()
+        _WRAPPER_OF[module] = weakref.ref(self)
         self._hooks = [p.register_post_accumulate_grad_hook(self._on_gradient) for p in params]
         if broadcast_parameters:
             self.broadcast_parameters()
+
+    def _retire(self):
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks, self._retired = [], True
 
     @staticmethod
     def _make_buckets(params, capacity):
@@ -117,7 +150,29 @@ class DataParallel(torch.nn.Module):
         return [len(b.params) for b in self._buckets]
 
     def forward(self, *args, **kwargs):
+        if self._retired:
+            raise RuntimeError("this DataParallel was retired: its module was wrapped again "
+                               "(by a newer DataParallel, or by fit); call the newer wrapper")
+        if self._in_backward:
+            self._abandon_backward()
+        if any(p.dtype != b.flat.dtype for b in self._buckets for p in b.params):
+            # The model changed dtype after wrapping (model.double()): buckets of the old one
+            # would round its gradients.
+            self._buckets = self._make_buckets([p for b in self._buckets for p in b.params],
+                                               self._bucket_mb * 2 ** 20)
+            self._bucket_of = {id(p): b for b in self._buckets for p in b.params}
         return self.module(*args, **kwargs)
+
+    def _abandon_backward(self):
+        """Wait for the reductions a backward that raised had started, and start afresh."""
+        warnings.warn("the last backward through DataParallel raised before it ended: its "
+                      "partial gradient reductions are dropped", RuntimeWarning, stacklevel=3)
+        try:
+            for bucket in self._buckets:
+                if bucket.request is not None:
+                    bucket.request.wait()
+        finally:
+            self._reset()
 
     def broadcast_parameters(self, root=0):
         """Overwrite every rank's parameters and buffers with those of ``root``."""
@@ -164,6 +219,12 @@ class DataParallel(torch.nn.Module):
             if p.grad is None:  # unused in this backward on this rank: contributes zero
                 target.zero_()
             else:
+                if p.grad.dtype != target.dtype:
+                    raise RuntimeError(f"a parameter is {p.dtype} but DataParallel's buckets "
+                                       f"are {target.dtype}: the model changed dtype after "
+                                       f"wrapping; call the wrapper (it rebuilds them)")
+                if p.grad.is_sparse:   # F.embedding(..., sparse=True) on a plain Parameter
+                    p.grad = p.grad.to_dense()
                 target.copy_(p.grad.reshape(-1))
             offset += size
         bucket.request = self.comm.Iallreduce(bucket.flat)
@@ -201,9 +262,20 @@ class DataParallel(torch.nn.Module):
                         p.grad = reduced.clone()
                     offset += size
             for p in self._sparse:
+                # A sparse Embedding whose weight is also used densely (tied weights) gets a
+                # dense gradient: it takes the sparse reduction like the other ranks' (which
+                # may differ), and is dense again after it.
+                dense = p.grad is not None and not p.grad.is_sparse
+                if dense:
+                    p.grad = p.grad.to_sparse()
                 summed = allreduce_sparse(self.comm, p)
                 p.grad = summed if summed is None or scale is None else summed * scale
+                if dense:
+                    p.grad = p.grad.to_dense()
         finally:
-            for bucket in self._buckets:
-                bucket.ready, bucket.request = 0, None
-            self._launched, self._in_backward = 0, False
+            self._reset()
+
+    def _reset(self):
+        for bucket in self._buckets:
+            bucket.ready, bucket.request = 0, None
+        self._launched, self._in_backward = 0, False

@@ -7,6 +7,8 @@ once: which rows it receives from whom, which of its rows it sends to whom. The 
 their owners) are nonblocking, so a product over the local columns can run while they travel.
 The `pysparse_hpc.nn` ops and layers take a `DistGraph` wherever they take a sparse array.
 """
+import hashlib
+
 import numpy as np
 
 from .._base import sparray
@@ -223,16 +225,23 @@ class DistGraph:
             owner = _owner_array(partition, csr.shape[0], comm.size)
             piece = _plan.local_pieces(csr.indptr, csr.indices, csr.data, owner, comm.size,
                                        [comm.rank])[0]
-            fingerprint = (csr.shape[0], csr.nnz, int(owner @ np.arange(1, owner.size + 1)
-                                                      % (2 ** 61 - 1)) if owner.size else 0)
+            # A hash, not a weighted sum: two different partitions (or graphs) with one sum
+            # passed, and the product was silently wrong.
+            digest = hashlib.sha256()
+            for array, dtype in ((owner, np.int64), (csr.indptr, np.int64),
+                                 (csr.indices, np.int64), (csr.data, np.float64)):
+                # One dtype per array: the same graph held with int32 or int64 indices agrees.
+                digest.update(np.ascontiguousarray(array, dtype=dtype).view(np.uint8).data)
+            fingerprint = (csr.shape[0], csr.nnz, digest.hexdigest()[:16])
         except Exception as exc:  # noqa: BLE001 -- re-raised on every rank below
             error, fingerprint = exc, None
         comm.raise_if_any(error)
         prints = comm.allgather(fingerprint)
         if any(p != prints[0] for p in prints):
             comm.raise_if_any(ValueError(
-                "the ranks passed different graphs or partitions (nodes, entries, owner "
-                f"checksum by rank: {prints}); pass the same ones on every rank, or use "
+                "the ranks passed different graphs or partitions (nodes, entries, checksum of "
+                f"the graph and owners by rank: {prints}); pass the same ones on every rank, "
+                "or use "
                 "DistGraph.scatter"))
         self._setup(comm, csr.shape[0], piece, owner if comm.rank == 0 else None)
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .. import datasets
-from ._comm import PARTICIPATION_KIND, init, raising_alike
+from ._comm import PARTICIPATION_KIND, check_communicator, init, raising_alike
 from .graph import DistGraph, comm_sum
 from ._metis import multi_constraint_available
 from .partition import (PARTITION_METHODS, ROWS_AND_NNZ, Partition,
@@ -113,6 +113,9 @@ def _default_balance(method, balance):
 
 def _load(dataset, random_features, seed):
     if isinstance(dataset, datasets.Dataset):
+        if random_features is not None:
+            raise ValueError("random_features applies to a dataset name or file; this Dataset "
+                             "already holds its features")
         return dataset
     name = str(dataset)
     if name.lower() in datasets.available():
@@ -196,7 +199,7 @@ def train(dataset="cora", model="gcn", partition="metis", *, epochs=None, lr=Non
     from ..nn.train import _check_kl_clip, _check_schedule, default_damping, fit
     from ..optim._modes import default_momentum_sync
 
-    comm = init() if comm is None else comm
+    comm = init() if comm is None else check_communicator(comm)
     # Every rank checks the same arguments and reads rank 0's view of the checkpoints.
     with raising_alike():
         if model not in models.MODELS:
@@ -206,6 +209,7 @@ def train(dataset="cora", model="gcn", partition="metis", *, epochs=None, lr=Non
         if isinstance(partition, str) and partition not in PARTITION_METHODS:
             raise ValueError(f"partition must be one of {PARTITION_METHODS} or a Partition, got "
                              f"{partition!r}")
+
         model_class = models.MODELS[model]
         settings = default_settings(model, optimizer, preconditioner)
         overrides = dict(epochs=epochs, lr=lr, weight_decay=weight_decay)
@@ -325,8 +329,12 @@ def _distribute(comm, dataset, partition, balance, random_features, seed, state,
             elif isinstance(partition, str):
                 parts = make_partition(data.adj, comm.size, partition, seed=seed,
                                        balance=_default_balance(partition, balance))
-            else:
+            elif isinstance(partition, Partition):
                 parts = partition
+            else:   # read here, on rank 0: the other ranks may pass None
+                raise TypeError(f"partition must be one of {PARTITION_METHODS} or a Partition, "
+                                f"got {type(partition).__name__} (for an owner array, pass "
+                                f"Partition.from_owner(adj, owner))")
         except Exception as exc:  # noqa: BLE001 -- raised on every rank below
             error = exc
     comm.raise_if_any(error)

@@ -164,29 +164,31 @@ def read_verified(path, entry, threads=1):
                       f"({'truncated' if size < entry['bytes'] else 'grown'})")
     # Read into memory, not mapped: the checksums then vouch for the bytes the tensors are
     # built on, and a file changed or truncated later (a copy over the run directory) can
-    # neither change them nor end the process with SIGBUS, as pages of a mapping would.
+    # neither change them nor end the process with SIGBUS, as pages of a mapping would. Block
+    # by block: each block hashes in the pool while the next one is read.
+    blocks = entry["sha256"]
+    if sum(length for length, _ in blocks) != size:
+        raise Damaged(f"{name}: its manifest's blocks cover "
+                      f"{sum(length for length, _ in blocks)} of {size} bytes")
     buffer = np.empty(size, np.uint8)
-    try:
-        with open(path, "rb") as handle:
-            filled = 0
-            while filled < size:
-                count = handle.readinto(memoryview(buffer)[filled:])
-                if not count:
-                    break
-                filled += count
-            grown = bool(handle.read(1))
-    except OSError as exc:
-        raise Damaged(f"{name} cannot be read ({exc})") from None
-    if filled != size or grown:
-        raise Damaged(f"{name} changed size while it was read")
     pool = _pool(threads)
     digests, position = [], 0
-    for length, _ in entry["sha256"]:
-        view = memoryview(buffer)[position:position + length]
-        digests.append(pool.submit(_digest, [view]) if pool else _digest([view]))
-        position += length
-    if position != size:
-        raise Damaged(f"{name}: its manifest's blocks cover {position} of {size} bytes")
+    try:
+        with open(path, "rb") as handle:
+            for length, _ in blocks:
+                view = memoryview(buffer)[position:position + length]
+                filled = 0
+                while filled < length:
+                    count = handle.readinto(view[filled:])
+                    if not count:
+                        raise Damaged(f"{name} changed size while it was read")
+                    filled += count
+                digests.append(pool.submit(_digest, [view]) if pool else _digest([view]))
+                position += length
+            if handle.read(1):
+                raise Damaged(f"{name} changed size while it was read")
+    except OSError as exc:
+        raise Damaged(f"{name} cannot be read ({exc})") from None
     for index, ((length, expected), digest) in enumerate(zip(entry["sha256"], digests)):
         if (digest if isinstance(digest, str) else digest.result()) != expected:
             start = sum(b[0] for b in entry["sha256"][:index])
