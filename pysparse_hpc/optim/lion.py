@@ -155,9 +155,9 @@ class Lion(torch.optim.Optimizer):
             raise ValueError("use_triton=True selects lion-pytorch's Triton (CUDA) kernels; "
                              "this Lion runs the library's own kernels: leave it False")
         self.decoupled_weight_decay = bool(decoupled_weight_decay)
-        self._init_lr = None   # add_param_group (called by torch's constructor) reads it
         betas = check_hyperparameters(lr, betas, weight_decay,
                                       init_lr=lr if self.decoupled_weight_decay else None)
+        # Read by add_param_group, which torch's constructor calls for every group.
         self._init_lr = lr if self.decoupled_weight_decay else None
         super().__init__(params, dict(lr=lr, betas=betas, weight_decay=weight_decay))
 
