@@ -142,6 +142,14 @@ _OPS_BY_KIND = {"b": ("land", "lor"), "i": _OPS, "u": _OPS, "f": ("sum", "max", 
                 "c": ("sum",)}
 
 
+def check_rank(value, size, name="root"):
+    """``value`` as an int when it names one of ``size`` ranks, else a ValueError."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) \
+            or not 0 <= value < size:
+        raise ValueError(f"{name} must be a rank in [0, {size}), got {value!r}")
+    return int(value)
+
+
 def _check_reduction(buffer, op, name="buffer"):
     """Refuse an ``op`` MPI does not define for ``buffer``'s dtype, at every size (one rank
     would return the buffer unchanged where two fail inside MPI)."""
@@ -428,10 +436,7 @@ class Communicator:
         return _Request(request, self, kind, write_back)
 
     def _check_root(self, root):
-        if isinstance(root, bool) or not isinstance(root, (int, np.integer)) \
-                or not 0 <= root < self.size:
-            raise ValueError(f"root must be a rank in [0, {self.size}), got {root!r}")
-        return int(root)
+        return check_rank(root, self.size)
 
     def Bcast(self, buffer, root=0, kind="broadcast"):
         """Broadcast ``buffer`` from ``root`` in place; returns ``buffer``."""

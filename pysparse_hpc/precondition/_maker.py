@@ -26,7 +26,7 @@ from functools import partial
 import torch
 from torch import nn
 
-from ..distributed._comm import check_communicator
+from ..distributed._comm import check_communicator, check_rank
 from ..distributed._sparse_grads import allreduce_sparse, sparse_gradient_parameters
 from ._fisher import FISHER_EMP, fisher_passes
 from ._kaisa import allreduce_sum
@@ -701,8 +701,7 @@ class PreconditionedGradientMaker:
         """
         if not self._distributed:
             return self.state_dict()
-        if not (isinstance(to, int) and 0 <= to < self.comm.size):
-            raise ValueError(f"to must be a rank in [0, {self.comm.size}), got {to!r}")
+        to = check_rank(to, self.comm.size, "to")
         state = self.state_dict()
         key = self._entries_key
         order = list(state[key])

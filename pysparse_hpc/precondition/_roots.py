@@ -211,8 +211,9 @@ def gram_factors(block, left, right, max_rank=None):
     ----------
     block : torch.Tensor
         ``G`` (``m x n``).
-    left, right : torch.Tensor
-        ``G G^T`` and ``G^T G``, finite.
+    left, right : torch.Tensor or None
+        ``G G^T`` and ``G^T G``, finite; only the smaller is read (the other may be None,
+        as Jorge's training loop leaves it).
     max_rank : int, optional
         The largest rank worth factoring (the search stops there); default ``min(m, n) - 1``.
 
