@@ -51,6 +51,13 @@ def _fits(shape, expected):
         want is None or have == want for have, want in zip(shape, expected))
 
 
+def in_curvature_dtype(tensor, module):
+    """A captured input or output gradient of ``module`` in the dtype its curvature is kept in
+    (`curvature_dtype`: float32 for half-precision weights); integer inputs as they are."""
+    dtype = curvature_dtype(module.weight.dtype)
+    return tensor.to(dtype) if tensor.is_floating_point() and tensor.dtype != dtype else tensor
+
+
 def _learning_rate(lr):
     """The value of `lr` (a number, a 0-d tensor as torch optimizers take, or a callable
     returning one), checked."""

@@ -18,8 +18,7 @@ K-FAC, and a forward input kept per module during curvature passes.
 import torch
 
 from ._layers import conv2d_patches, supported_kind
-from ._maker import curvature_dtype
-from ._natural import NaturalGradientMaker
+from ._natural import NaturalGradientMaker, in_curvature_dtype
 
 __all__ = ["DiagNaturalGradientMaker"]
 
@@ -100,15 +99,10 @@ class DiagNaturalGradientMaker(NaturalGradientMaker):
     # The diagonals are kept in the curvature's dtype, float32 for half-precision weights:
     # in float16 1 / (0 + damping) overflows at the default damping (1e-7).
     def _on_input(self, name, module, x):
-        dtype = curvature_dtype(module.weight.dtype)
-        if x.is_floating_point() and x.dtype != dtype:
-            x = x.to(dtype)
-        return x
+        return in_curvature_dtype(x, module)
 
     def _on_output_grad(self, name, module, grad, weight, context):
-        dtype = curvature_dtype(module.weight.dtype)
-        if grad.dtype != dtype:
-            grad = grad.to(dtype)
+        grad = in_curvature_dtype(grad, module)
         contribution = _DIAGONALS[self._modules[name][1]](module, context, grad)
         for key, value in contribution.items():
             if weight != 1.0:

@@ -47,7 +47,7 @@ from ._maker import _all_finite, curvature_dtype
 from ._fisher import FISHER_MC, LOSS_CROSS_ENTROPY
 from ._gram import gram
 from ._layers import conv2d_patch_columns, supported_kind
-from ._natural import _INVERSE_SUFFIXES, NaturalGradientMaker
+from ._natural import _INVERSE_SUFFIXES, NaturalGradientMaker, in_curvature_dtype
 
 __all__ = ["KfacGradientMaker", "pi_damping", "damped_cholesky"]
 
@@ -410,9 +410,7 @@ class KfacGradientMaker(NaturalGradientMaker):
 
     # ------------------------------------------------------------------ compute
     def _on_input(self, name, module, x):
-        dtype = curvature_dtype(module.weight.dtype)
-        if x.is_floating_point() and x.dtype != dtype:
-            x = x.to(dtype)
+        x = in_curvature_dtype(x, module)
         # Added with the call's first output gradient, not here: a call whose output gets no
         # gradient (a forward re-run by activation checkpointing inside backward, as
         # GATConv(cache="none") does) must not count twice.
@@ -426,9 +424,7 @@ class KfacGradientMaker(NaturalGradientMaker):
     def _on_output_grad(self, name, module, grad, weight, context):
         if context:
             self._add_pending(name, *context.pop())
-        dtype = curvature_dtype(module.weight.dtype)
-        if grad.dtype != dtype:
-            grad = grad.to(dtype)
+        grad = in_curvature_dtype(grad, module)
         contribution = self._modules[name][1].grad_factor(module, grad)
         if weight != 1.0:
             contribution.mul_(weight)
