@@ -306,10 +306,13 @@ class RootGradientMaker(PreconditionedGradientMaker):
                 if grad is None:
                     continue
                 G = matrix.view(grad)
-                pending[name] = [(torch.mm(G[rows, cols], G[rows, cols].T),
-                                  torch.mm(G[rows, cols].T, G[rows, cols]))
-                                 for rows, cols in matrix.blocks]
+                pending[name] = [self._block_statistics(name, k, G[rows, cols])
+                                 for k, (rows, cols) in enumerate(matrix.blocks)]
         return pending
+
+    def _block_statistics(self, name, k, block):
+        """``(G_b G_b^T, G_b^T G_b)`` of block ``k`` of parameter ``name``."""
+        return torch.mm(block, block.T), torch.mm(block.T, block)
 
     def _reduce_statistics(self, pending):
         """Combine the new statistics across processes (the identity in one process)."""

@@ -149,34 +149,18 @@ class JorgeGradientMaker(RootGradientMaker):
             self._refresh_follows = False
 
     def _compute_statistics(self, names):
-        fresh = {}
-        if self._decay != 1.0:
-            self._fresh = (self.state["step"], fresh)
-            return super()._compute_statistics(names)
-        skip_larger = self._refresh_follows and self.do_update_preconditioner()
-        pending = {}
-        with torch.no_grad():
-            for name in names:
-                matrix = self._matrices[name]
-                if matrix.param.grad is None:
-                    continue
-                G = matrix.view(matrix.param.grad)
-                pairs = []
-                for k, (rows, cols) in enumerate(matrix.blocks):
-                    block = G[rows, cols]
-                    if "L_stat" in self._blocks[name][k]:
-                        pairs.append((torch.mm(block, block.T), torch.mm(block.T, block)))
-                        continue
-                    fresh[name, k] = block
-                    if not skip_larger:
-                        pairs.append((torch.mm(block, block.T), torch.mm(block.T, block)))
-                    elif block.shape[0] <= block.shape[1]:
-                        pairs.append((torch.mm(block, block.T), None))
-                    else:
-                        pairs.append((None, torch.mm(block.T, block)))
-                pending[name] = pairs
-        self._fresh = (self.state["step"], fresh)
-        return pending
+        self._fresh = (self.state["step"], {})
+        return super()._compute_statistics(names)
+
+    def _block_statistics(self, name, k, block):
+        if self._decay != 1.0 or "L_stat" in self._blocks[name][k]:
+            return super()._block_statistics(name, k, block)
+        self._fresh[1][name, k] = block
+        if not (self._refresh_follows and self.do_update_preconditioner()):
+            return super()._block_statistics(name, k, block)
+        if block.shape[0] <= block.shape[1]:
+            return torch.mm(block, block.T), None
+        return None, torch.mm(block.T, block)
 
     def _combine_pair(self, state, keys, pair):
         if pair[0] is not None and pair[1] is not None:
