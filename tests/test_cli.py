@@ -186,8 +186,11 @@ def test_train_interrupted_says_so_and_leaves_a_checkpoint_to_resume(tmp_path):
     checkpoints = tmp_path / "run"
     command = [sys.executable, "-m", "pysparse_hpc", "train", "--no-progress", "--checkpoint",
                str(checkpoints), "--checkpoint-every", "1"]
+    # A shell's background job inherits SIGINT ignored, and Python then never raises
+    # KeyboardInterrupt: the job gets the default a terminal gives.
     job = subprocess.Popen(command + ["--epochs", "100000"], stdout=subprocess.PIPE,
-                           stderr=subprocess.PIPE, text=True)
+                           stderr=subprocess.PIPE, text=True,
+                           preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 300   # a first run compiles its kernels on a busy machine
     while time.monotonic() < deadline and len(list(checkpoints.glob("*/manifest*"))) < 2:
         time.sleep(0.2)
