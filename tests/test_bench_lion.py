@@ -288,7 +288,10 @@ def test_an_interrupted_benchmark_stops_its_job(signal_name, status):
     command = subprocess.Popen([sys.executable, "-m", "pysparse_hpc.bench", "lion", "--ranks",
                                 "1", "--accuracy-ranks", "1", "--workload", "mlp-digits",
                                 "--seeds", "1"],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               # a shell's background job inherits SIGINT ignored: give the
+                               # command the default a terminal gives
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 120
     while not _running_workers() and time.monotonic() < deadline:
         time.sleep(0.2)
