@@ -383,6 +383,27 @@ def test_halo_exchange_refuses_bfloat16_rows(cora):
         plan.start_reverse_exchange(torch.zeros(plan.n_halo, 2, dtype=torch.bfloat16))
 
 
+def test_exchanges_and_gathers_refuse_what_has_no_rows(cora):
+    graph = DistGraph(cora.adj, np.zeros(cora.adj.shape[0], np.int64), Communicator(None))
+    with pytest.raises(ValueError, match="one row per node, got a 0-d array"):
+        graph.halo_exchange(np.array(1.0, np.float32))
+    with pytest.raises(ValueError, match="one row per node"):
+        graph.start_reverse_exchange(np.zeros((), np.float32))
+    with pytest.raises(ValueError, match=r"owned rows of this rank, got shape \(\)"):
+        graph.gather_rows(np.float64(2.0))
+    with pytest.raises(TypeError, match="bfloat16.*convert them to float32"):
+        graph.gather_rows(torch.zeros(graph.n_local, 2, dtype=torch.bfloat16))
+    rows = torch.arange(graph.n_local * 2.0).reshape(-1, 2)
+    np.testing.assert_array_equal(graph.gather_rows(rows), rows.numpy())
+
+
+def test_a_partition_is_required(cora):
+    with pytest.raises(TypeError, match="a partition is required"):
+        DistGraph(cora.adj, None, Communicator(None))
+    with pytest.raises(TypeError, match="a partition is required"):
+        DistGraph.scatter(cora.adj, comm=Communicator(None))
+
+
 def test_data_parallel_keeps_sparse_gradients_sparse():
     table, head = torch.nn.Embedding(10, 4, sparse=True), torch.nn.Linear(4, 3)
     model = distributed.DataParallel(torch.nn.Sequential(table, head), comm=Communicator())

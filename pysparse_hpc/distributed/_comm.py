@@ -180,13 +180,18 @@ def _reduction_buffer(array, name="buffer"):
 class _Request:
     """A pending nonblocking call; ``wait()`` completes it (a no-op for a one-rank call),
     adds the time it blocked to its communicator's `Communicator.wait_seconds`, and writes a
-    reduction's result back where it was computed in a copy (`_reduction_buffer`)."""
+    reduction's result back where it was computed in a copy (`_reduction_buffer`).
 
-    __slots__ = ("_request", "_comm", "_kind", "_write_back")
+    A receive (``receive=(source, nbytes)``) checks that the message filled its buffer: the
+    library's messages have known sizes, and a peer that sent another dtype or row shape would
+    otherwise leave part of the buffer unwritten (a shorter message) or fail with MPI's bare
+    truncation error (a longer one)."""
 
-    def __init__(self, request=None, comm=None, kind=None, write_back=None):
+    __slots__ = ("_request", "_comm", "_kind", "_write_back", "_receive")
+
+    def __init__(self, request=None, comm=None, kind=None, write_back=None, receive=None):
         self._request, self._comm, self._kind = request, comm, kind
-        self._write_back = write_back
+        self._write_back, self._receive = write_back, receive
 
     def _complete(self):
         self._request = None
@@ -194,11 +199,40 @@ class _Request:
             self._write_back()
             self._write_back = None
 
+    def _check_received(self, status, error=None):
+        """Raise a clear error if this receive's message was not its buffer's size (other
+        errors are left to the caller, which raises ``error``)."""
+        if self._receive is None:
+            return
+        from mpi4py import MPI
+        source, expected = self._receive
+        code = MPI.SUCCESS if error is None else error.Get_error_class()
+        if code == MPI.ERR_IN_STATUS:  # Waitall: each request's own error is in its status
+            code = MPI.Get_error_class(status.Get_error())
+        if code == MPI.ERR_TRUNCATE:
+            received = "more"
+        elif code == MPI.SUCCESS and status.Get_count(MPI.BYTE) != expected:
+            received = status.Get_count(MPI.BYTE)
+        else:
+            return
+        comm = self._comm
+        raise ValueError(f"rank {comm.rank} expected {expected} bytes from rank {source} in "
+                         f"{self._kind!r} but received {received}: the ranks passed arrays of "
+                         f"different dtypes or shapes")
+
     def wait(self):
         if self._request is not None:
+            from mpi4py import MPI
             start = time.perf_counter()
-            self._comm._watched(f"a wait for {self._kind!r}", self._request.Wait)
+            status, error = MPI.Status(), None
+            try:
+                self._comm._watched(f"a wait for {self._kind!r}", self._request.Wait, status)
+            except MPI.Exception as exc:
+                error = exc
             self._comm._waited[self._kind] += time.perf_counter() - start
+            self._check_received(status, error)
+            if error is not None:
+                raise error
             self._complete()
 
     @staticmethod
@@ -209,9 +243,17 @@ class _Request:
             from mpi4py import MPI
             comm = pending[0]._comm
             start = time.perf_counter()
-            comm._watched(f"a wait for {pending[0]._kind!r}", MPI.Request.Waitall,
-                          [r._request for r in pending])
+            statuses, error = [MPI.Status() for _ in pending], None
+            try:
+                comm._watched(f"a wait for {pending[0]._kind!r}", MPI.Request.Waitall,
+                              [r._request for r in pending], statuses)
+            except MPI.Exception as exc:
+                error = exc
             comm._waited[pending[0]._kind] += time.perf_counter() - start
+            for r, status in zip(pending, statuses):
+                r._check_received(status, error)
+            if error is not None:
+                raise error
         for r in pending:
             r._complete()
 
@@ -460,7 +502,8 @@ class Communicator:
         """Start receiving into ``buffer`` from rank ``source``."""
         view = _as_buffer(buffer)
         self._count(kind, 0, 0, 1, view.nbytes)
-        return _Request(self.mpi.Irecv(view, source=source, tag=tag), self, kind)
+        return _Request(self.mpi.Irecv(view, source=source, tag=tag), self, kind,
+                        receive=(source, view.nbytes))
 
     def Sendrecv(self, sendbuf, dest, recvbuf, source, tag=0, kind="sendrecv"):
         """Send ``sendbuf`` to rank ``dest`` while receiving ``recvbuf`` from rank ``source``

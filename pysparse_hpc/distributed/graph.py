@@ -38,6 +38,9 @@ def _owner_array(partition, n, nparts_expected):
                 f"the partition is for {partition.nparts} ranks but the communicator has "
                 f"{nparts_expected}; partition the graph for {nparts_expected} parts")
         partition = partition.owner
+    elif partition is None:
+        raise TypeError("a partition is required: a Partition (see partition()) or an array "
+                        "of each node's owner rank")
     owner, _ = _check_owner(partition, n, nparts_expected, name="partition",
                             parts="the communicator's size")
     return owner
@@ -159,7 +162,10 @@ def _rows_buffer(rows, name):
     if _is_bfloat16(rows):
         raise TypeError(f"{name} are bfloat16, which the halo exchange's NumPy arrays cannot "
                         "hold; convert them to float32")
-    return _as_buffer(rows, name)
+    rows = _as_buffer(rows, name)
+    if rows.ndim == 0:
+        raise ValueError(f"{name} must have one row per node, got a 0-d array")
+    return rows
 
 
 def _add_rows(target, index, rows):
@@ -404,10 +410,13 @@ class DistGraph:
     def gather_rows(self, local, root=0):
         """The global array of every rank's owned rows, in node order, on ``root`` (None on
         the other ranks). ``local`` is a NumPy array or CPU tensor of ``n_local`` rows."""
-        local = np.asarray(local.detach().numpy() if hasattr(local, "detach") else local)
-        if local.shape[0] != self.n_local:
+        if _is_bfloat16(local):
+            raise TypeError("the local rows are bfloat16, which the gathered NumPy array "
+                            "cannot hold; convert them to float32")
+        local = np.asarray(local.detach().cpu().numpy() if hasattr(local, "detach") else local)
+        if local.ndim == 0 or local.shape[0] != self.n_local:
             raise ValueError(f"expected the {self.n_local} owned rows of this rank, got "
-                             f"{local.shape[0]}")
+                             f"shape {local.shape}")
         pieces = self.comm.gather((self.owned, local), root=root)
         if pieces is None:
             return None
