@@ -51,6 +51,10 @@ class DataParallel(torch.nn.Module):
         already normalized by the global batch (the full-graph GNN trainer).
     broadcast_parameters : bool
         Copy rank 0's parameters and buffers to every rank first, so replicas start equal.
+    broadcast_buffers : bool
+        Copy rank 0's buffers (BatchNorm's running statistics) to every rank at the start of
+        each forward with gradients enabled, as torch DDP does by default: one broadcast per
+        buffer dtype, booked as ``"broadcast"``. False leaves each rank its own buffers.
 
     Notes
     -----
@@ -72,9 +76,11 @@ class DataParallel(torch.nn.Module):
     map on one rank) in `no_sync`. With ``average=False`` a gradient already in ``.grad``
     from an earlier reduced backward is summed over the ranks again (counted P times): zero
     the gradients between reduced backwards, and accumulate inside `no_sync`, as under DDP
-    (with ``average=True`` the mean makes either way right). Buffers (BatchNorm's running
-    statistics) are copied from rank 0 at construction only; each rank then updates its own,
-    so call `broadcast_parameters` before saving or evaluating on one rank. Wrapping a module
+    (with ``average=True`` the mean makes either way right). With ``broadcast_buffers``
+    every rank must call the wrapper's forward the same number of times with gradients
+    enabled (the broadcast is a collective, as under DDP); a forward under ``torch.no_grad()``
+    (evaluation) broadcasts nothing, so call `broadcast_parameters` before evaluating on one
+    rank after training without it. Wrapping a module
     again (``fit`` does, once per call) retires the earlier wrapper: its hooks are removed
     and calling it is an error. A backward that raised part-way leaves its reductions
     unfinished: the wrapper's next ``forward`` waits for those it started and starts afresh,
@@ -89,7 +95,7 @@ class DataParallel(torch.nn.Module):
     """
 
     def __init__(self, module, comm=None, bucket_mb=25.0, average=True,
-                 broadcast_parameters=True):
+                 broadcast_parameters=True, broadcast_buffers=True):
         super().__init__()
         if not isinstance(module, torch.nn.Module):
             raise TypeError(f"module must be a torch.nn.Module, got {type(module).__name__}")
@@ -99,6 +105,7 @@ class DataParallel(torch.nn.Module):
         self.comm = init() if comm is None else check_communicator(
             comm, ("rank", "size", "Iallreduce", "Bcast"))
         self.average = average
+        self.broadcast_buffers = broadcast_buffers
         params = [p for p in module.parameters() if p.requires_grad]
         for p in params:
             if p.device.type != "cpu":
@@ -161,7 +168,23 @@ class DataParallel(torch.nn.Module):
             self._buckets = self._make_buckets([p for b in self._buckets for p in b.params],
                                                self._bucket_mb * 2 ** 20)
             self._bucket_of = {id(p): b for b in self._buckets for p in b.params}
+        if self.broadcast_buffers and self.comm.size > 1 and torch.is_grad_enabled():
+            self._broadcast_buffers()
         return self.module(*args, **kwargs)
+
+    def _broadcast_buffers(self, root=0):
+        """Rank ``root``'s buffers on every rank: one broadcast per dtype of a flat copy."""
+        by_dtype = {}
+        for buffer in self.module.buffers():
+            by_dtype.setdefault(buffer.dtype, []).append(buffer)
+        with torch.no_grad():
+            for buffers in by_dtype.values():
+                flat = torch.cat([b.reshape(-1) for b in buffers])
+                self.comm.Bcast(flat, root=root)
+                offset = 0
+                for b in buffers:
+                    b.copy_(flat[offset:offset + b.numel()].view_as(b))
+                    offset += b.numel()
 
     def _abandon_backward(self):
         """Wait for the reductions a backward that raised had started, and start afresh."""

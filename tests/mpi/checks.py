@@ -402,6 +402,35 @@ def check_review_fixes():
         torch.testing.assert_close(got, sum(each))
 
 
+def check_data_parallel_broadcasts_buffers():
+    """As torch DDP by default: each forward with gradients starts from rank 0's buffers
+    (BatchNorm's running statistics), then updates them from this rank's batch; a forward
+    under no_grad and ``broadcast_buffers=False`` leave each rank its own."""
+    import copy
+    torch.manual_seed(0)
+    batches = [torch.randn(5, 3, dtype=torch.float64) * (1 + rank) + rank for _ in range(3)]
+    for broadcast in (True, False):
+        model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.BatchNorm1d(3)).double()
+        wrapped = distributed.DataParallel(model, comm, broadcast_buffers=broadcast)
+        wrapped(batches[0]).sum().backward()
+        before = comm.bcast(copy.deepcopy(model.state_dict()) if rank == 0 else None)
+        if not broadcast:
+            before = copy.deepcopy(model.state_dict())
+        reference = copy.deepcopy(model)
+        reference.load_state_dict(before)
+        wrapped(batches[1]).sum().backward()
+        reference(batches[1])
+        for name, buffer in model.named_buffers():
+            torch.testing.assert_close(buffer, dict(reference.named_buffers())[name], rtol=0,
+                                       atol=0, msg=f"{name}, broadcast_buffers={broadcast}")
+        with torch.no_grad():
+            own = copy.deepcopy(model)
+            wrapped(batches[2])
+            own(batches[2])
+        for name, buffer in model.named_buffers():
+            assert torch.equal(buffer, dict(own.named_buffers())[name]), name
+
+
 def check_halo_exchange_of_mismatched_rows():
     """Ranks exchanging halo rows of different dtypes or row shapes: every rank that receives
     from a mismatched peer raises a clear error (a shorter message left part of the halo
