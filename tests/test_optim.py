@@ -205,6 +205,14 @@ def test_distributed_lion_rejects_bad_modes(kwargs, message):
         DistributedLion(_mlp().parameters(), **kwargs)
 
 
+def test_distributed_lion_takes_numpy_integers_and_refuses_other_numbers():
+    assert DistributedLion(_mlp().parameters(), momentum_sync="growing",
+                           sync_doubling=np.int64(3)).sync_doubling == 3
+    for value in (2.0, True, "2"):
+        with pytest.raises(TypeError, match="sync_doubling must be an integer"):
+            DistributedLion(_mlp().parameters(), sync_doubling=value)
+
+
 # ---------------------------------------------------------------- wire formats
 @pytest.mark.parametrize("ranks, base, digits", [
     (1, 2, 64), (2, 3, 40), (3, 4, 32), (4, 5, 27), (5, 8, 21), (6, 8, 21), (7, 8, 21),

@@ -65,11 +65,13 @@ seeds): each vote carries its rank's own gradient.
 """
 import functools
 import math
+import numbers
 import warnings
 
 import numpy as np
 import torch
 
+from .._sputils import check_integer
 from ..distributed._comm import check_communicator, init
 from ..kernels.cpu import votes as vote_kernels
 from . import _votes
@@ -172,8 +174,8 @@ class DistributedLion(Lion):
         if compression == "none" and momentum_sync != "local":
             raise ValueError("compression='none' keeps the momenta equal on every rank: "
                              f"momentum_sync must be 'local', got {momentum_sync!r}")
-        if isinstance(sync_doubling, bool) or not isinstance(sync_doubling, int) \
-                or sync_doubling < 1:
+        sync_doubling = check_integer(sync_doubling, "sync_doubling")
+        if sync_doubling < 1:
             raise ValueError(f"sync_doubling must be a positive int, got {sync_doubling!r}")
         if not isinstance(average, (bool, np.bool_)):
             raise TypeError(f"average must be a bool, got {type(average).__name__}")
@@ -361,7 +363,9 @@ class DistributedLion(Lion):
                              f"{', '.join(sorted(missing))}")
         for name in () if counters is None else ("steps_taken", "momentum_syncs", "next_sync"):
             value = counters[name]
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+            # a ValueError whatever is wrong: the state is bad, not an argument's type
+            if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral) \
+                    or value < 0:
                 raise ValueError(f"the state's distributed_lion counter {name} must be an "
                                  f"int >= 0, got {value!r}")
         saved = None if counters is None else counters.get("compression", self.compression)
