@@ -153,6 +153,42 @@ def test_train_command_shares_the_cores_among_the_ranks():
 
 
 @requires_mpi
+def test_train_command_interrupted_under_mpiexec_says_so_once_and_resumes(tmp_path):
+    """Ctrl-C reaches every rank through mpiexec: status 130, rank 0's one line naming the
+    checkpoints, no traceback from any rank; a resumed job finishes."""
+    import signal
+    checkpoints = tmp_path / "run"
+    command = [mpiexec_path(), "-n", "2", sys.executable, "-m", "pysparse_hpc", "train",
+               "--no-progress", "--threads", "1", "--checkpoint", str(checkpoints),
+               "--checkpoint-every", "1"]
+    env = dict(os.environ, PYSPARSE_HPC_NUM_THREADS="1", OMP_NUM_THREADS="1")
+    # A shell's background job inherits SIGINT ignored: give mpiexec a terminal's default.
+    job = subprocess.Popen(command + ["--epochs", "100000"], cwd=REPO_ROOT, env=env,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and len(list(checkpoints.glob("*/manifest*"))) < 2 \
+            and job.poll() is None:
+        time.sleep(0.2)
+    started = len(list(checkpoints.glob("*/manifest*")))
+    job.send_signal(signal.SIGINT)
+    try:
+        _, errors = job.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        job.kill()
+        pytest.fail("the interrupted job did not end within 60 s")
+    assert started >= 2, f"no checkpoint within 300 s before the interrupt:\n{errors[-2000:]}"
+    assert job.returncode == 130, errors[-3000:]
+    assert errors.count("train: interrupted; --resume continues from the last checkpoint in "
+                        f"{checkpoints}") == 1, errors[-3000:]
+    assert "Traceback" not in errors
+    resumed = subprocess.run(command + ["--epochs", "1", "--resume"], cwd=REPO_ROOT, env=env,
+                             capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert resumed.stdout.lower().count("test accuracy") == 1
+
+
+@requires_mpi
 def test_train_command_reports_a_missing_file_on_every_rank():
     status, out, err, seconds = run_mpi(2, "-m", "pysparse_hpc", "train", "--dataset",
                                         "no/such/graph.npz", "--no-progress", timeout=120)
