@@ -311,12 +311,13 @@ def test_a_rolled_back_run_cannot_save_beside_newer_checkpoints(tmp_path):
 
 def test_fingerprint_of_another_run(tmp_path):
     make(tmp_path / "a", fingerprint={"dataset": "cora", "seed": 0, "model": "gcn"})
-    make(tmp_path / "a", fingerprint={"dataset": "cora", "seed": 0, "model": "gcn"})
+    make(tmp_path / "a", fingerprint={"dataset": "cora", "seed": 0, "model": "gcn"}).save(
+        1, {}, blocking=True)
     with pytest.raises(ValueError, match=r"another run .*'model' \(saved 'gcn', given 'gat'\), "
                                          r"'seed' \(saved 0, given 1\)"):
         make(tmp_path / "a", fingerprint={"dataset": "cora", "seed": 1, "model": "gat"})
     # A directory made without a fingerprint: the manifests' fingerprints are checked on load.
-    make(tmp_path / "b")
+    make(tmp_path / "b").save(0, {}, blocking=True)
     make(tmp_path / "b", fingerprint={"seed": 0}).save(1, {}, blocking=True)
     with pytest.raises(ValueError, match=r"step 1\): the fingerprint differs in 'lr' \(saved "
                                          r"<absent>, given 0.1\), 'seed'"):
@@ -324,6 +325,18 @@ def test_fingerprint_of_another_run(tmp_path):
     assert make(tmp_path / "b").load().step == 1
     with pytest.raises(TypeError, match="fingerprint must be a dict of JSON values"):
         make(tmp_path / "c", fingerprint={"x": object()})
+
+
+def test_a_run_that_saved_nothing_leaves_its_directory_to_the_next(tmp_path):
+    """A run that failed before its first save (a mistyped dataset) left only its marker: the
+    corrected run takes the directory over instead of calling it another run's."""
+    make(tmp_path / "a", fingerprint={"dataset": "no/such/file.npz"}).close()
+    checkpoints = make(tmp_path / "a", fingerprint={"dataset": "cora"})
+    checkpoints.save(1, {"x": 1}, blocking=True)
+    checkpoints.close()
+    assert make(tmp_path / "a", fingerprint={"dataset": "cora"}).load().shard == {"x": 1}
+    with pytest.raises(ValueError, match="another run"):
+        make(tmp_path / "a", fingerprint={"dataset": "pubmed"})
 
 
 def test_bad_arguments_are_clear_errors(tmp_path):

@@ -285,6 +285,10 @@ class Checkpointer:
                 return NotADirectoryError(f"checkpoint directory {path} is a file, not a "
                                           "directory")
             marker = os.path.join(path, MARKER)
+            if os.path.isfile(marker) and not self._step_dirs():
+                # A run that stopped before its first save (a bad argument, a missing file)
+                # left only its marker: nothing of it is lost by taking the directory over.
+                os.remove(marker)
             if os.path.isdir(path) and not os.path.isfile(marker):
                 entries = sorted(os.listdir(path))
                 if entries:
