@@ -307,6 +307,12 @@ def run_train(args, out=None):
                                     "gradient: nothing was trained (check the data for NaN "
                                     "or infinity, or lower --lr)"))
         return 1
+    if result.diverged_epoch >= 0:
+        if comm.rank == 0:
+            _train_error(ValueError(f"training diverged: the model's outputs were not finite "
+                                    f"after epoch {result.diverged_epoch + 1} (its weights "
+                                    "overflowed); lower --lr"))
+        return 1
     return 0
 
 
@@ -320,7 +326,9 @@ def report_train(result, threads):
                 f"{result.weight_decay:g}"),
              f"  test accuracy {100 * result.test_accuracy:.1f}% (best validation accuracy "
              f"{100 * result.val_accuracy:.1f}% at epoch {result.best_epoch + 1}), final "
-             f"training loss {result.losses[-1]:.4f}" if result.losses else "  no epoch run",
+             f"training loss {result.losses[-1]:.4f}" if result.losses and result.best_epoch >= 0
+             else f"  no finite model to measure, final training loss {result.losses[-1]:.4f}"
+             if result.losses else "  no epoch run",
              (f"  {1e3 * result.seconds_per_epoch:.1f} ms per training epoch "
               f"({'median' if result.preconditioner is None else 'mean'}), "
               if math.isfinite(result.seconds_per_epoch) else "  ")
@@ -343,6 +351,10 @@ def report_train(result, threads):
         lines.append(f"  partition: {result.partition_summary}")
     if result.resumed_after is not None:
         lines.insert(1, f"  resumed from the checkpoint after epoch {result.resumed_after}")
+    if result.diverged_epoch >= 0:
+        measured = "; the accuracy is the best finite epoch's" if result.best_epoch >= 0 else ""
+        lines.append(f"  diverged: the model's outputs were not finite after epoch "
+                     f"{result.diverged_epoch + 1}{measured}")
     if result.skipped_epochs:
         lines.append(f"  steps skipped for a non-finite loss or gradient: "
                      f"{len(result.skipped_epochs)} (epochs "

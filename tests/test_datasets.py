@@ -32,3 +32,20 @@ def test_names_and_errors():
         datasets.load("pubmed")
     with pytest.raises(TypeError, match="string"):
         datasets.load(3)
+
+
+def test_random_features_refuse_a_negative_seed():
+    with pytest.raises(ValueError, match="seed must be a non-negative integer, got -1"):
+        datasets.load("cora", random_features=4, seed=-1)
+
+
+def test_a_corrupt_matrix_names_its_file_and_matrix(tmp_path):
+    with np.load(datasets._loader.resources.files(datasets.__name__) / "data" / "cora.npz") \
+            as bundled:
+        arrays = dict(bundled)
+    arrays["adj_indices"] = arrays["adj_indices"].copy()
+    arrays["adj_indices"][0] = 5000
+    np.savez(tmp_path / "bad.npz", **arrays)
+    with pytest.raises(ValueError, match=r"bad.npz': the adjacency \(adj_\* keys\) is not a "
+                                         r"valid CSR matrix: indices holds column 5000"):
+        datasets.load_file(tmp_path / "bad.npz")

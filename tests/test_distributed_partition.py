@@ -472,3 +472,34 @@ def test_balance_rows_and_entries_needs_the_c_functions(monkeypatch, cora):
 
 def _refuse_library(path):
     raise OSError(f"cannot open {path}")
+
+
+def test_coo_duplicates_count_as_stored_entries_as_in_csr():
+    coo = scipy.sparse.coo_array((np.ones(3), ([0, 0, 1], [1, 1, 0])), shape=(2, 2))
+    csr = scipy.sparse.csr_array((np.ones(3), np.array([1, 1, 0]), np.array([0, 2, 3])),
+                                 shape=(2, 2))
+    for adj in (coo, csr):
+        part = Partition.from_owner(adj, [0, 1])
+        assert (part.nnz, part.edge_cut, part.owned_nnz.tolist()) == (3, 3, [2, 1])
+
+
+def test_a_partition_of_another_graph_is_refused():
+    """The partition of a reordered copy has the same counts and other edges: its owners
+    would be applied to the wrong nodes, and its figures describe the copy."""
+    from pysparse_hpc.distributed import Communicator, DistGraph
+    adj = sph.csr_array(random_scipy(np.random.default_rng(0), (30, 30), 0.2))
+    order = np.random.default_rng(1).permutation(30)
+    reordered = sph.csr_array(adj.to_scipy()[order][:, order])
+    owner = np.zeros(30, np.int64)
+    with pytest.raises(ValueError, match="the partition was made for another graph"):
+        DistGraph(adj, Partition.from_owner(reordered, owner), Communicator(None))
+    with pytest.raises(ValueError, match="the partition was made for another graph"):
+        DistGraph(adj, Partition.from_owner(sph.csr_array(scipy.sparse.eye_array(30)), owner),
+                  Communicator(None))
+    # the same graph in other storage (COO with its entries shuffled, int64 indices) is it
+    coo = adj.to_scipy().tocoo()
+    shuffled = np.random.default_rng(2).permutation(coo.nnz)
+    coo = scipy.sparse.coo_array((coo.data[shuffled], (coo.row[shuffled].astype(np.int64),
+                                                       coo.col[shuffled])), shape=coo.shape)
+    DistGraph(adj, Partition.from_owner(coo, owner), Communicator(None))
+    DistGraph(adj, owner, Communicator(None))   # an owner array is used as it is

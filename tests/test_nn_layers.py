@@ -4,7 +4,6 @@ import warnings
 
 import numpy as np
 import pytest
-import scipy.sparse
 
 torch = pytest.importorskip("torch")
 
@@ -39,7 +38,11 @@ def features(n, width, seed=0, dtype=torch.float64, grad=False):
 
 
 def dense_gcn_norm(adj):
-    A = adj.toarray() + np.eye(adj.shape[0])
+    """D^-1/2 (A + I) D^-1/2 with I added where A stores no diagonal entry (PyG's rule)."""
+    stored = adj.to_scipy().tocoo()
+    has_loop = np.zeros(adj.shape[0], bool)
+    has_loop[stored.row[stored.row == stored.col]] = True
+    A = adj.toarray() + np.diag((~has_loop).astype(float))
     degree = A.sum(axis=1)
     scale = np.where(degree > 0, degree ** -0.5, 0.0)
     return scale[:, None] * A * scale[None, :]
@@ -193,7 +196,7 @@ def test_gcnconv_accepts_every_graph_form(graph, fmt):
     else:
         adj = graph.to_mebcrs() if fmt == "mebcrs" else graph.to_blocked(16)
         out = conv(x, adj)
-        assert isinstance(conv._normalized[2], type(adj))   # normalized in adj's format
+        assert isinstance(conv._normalized_graph(adj, x), type(adj))  # in adj's format
         torch.testing.assert_close(out, conv(x, graph))
 
 
@@ -205,7 +208,89 @@ def test_gcnconv_cached_keeps_the_first_graph(graph, rng):
     other = sph.csr_array(other)  # non-negative weights: every degree has a real D^-1/2
     torch.testing.assert_close(conv(x, other), first)
     conv.reset_cache()
-    assert not torch.allclose(conv(x, other), first)
+    second = conv(x, other)
+    assert not torch.allclose(second, first)
+    # in another dtype it is still the first graph (it normalized the one passed)
+    torch.testing.assert_close(conv.float()(x.float(), graph), second.float())
+
+
+@pytest.mark.parametrize("normalize", [True, False])
+def test_gcnconv_sees_rebound_values_and_keeps_one_normalization_per_graph(graph, normalize,
+                                                                           monkeypatch):
+    """Rebinding a graph's values (``A.data = new``) is a new graph for every cache, the kept
+    Â X included; layers alternating between graphs normalize each once."""
+    from pysparse_hpc.nn import gcn as gcn_module
+    conv = nn.GCNConv(5, 3, normalize=normalize).double()
+    x = features(14, 5)
+    adj = graph.astype(np.float64)
+    conv(x, adj), conv(x, adj)                      # Â X kept for x
+    adj.data = adj.data * 5
+    fresh = nn.GCNConv(5, 3, normalize=normalize).double()
+    fresh.load_state_dict(conv.state_dict())
+    torch.testing.assert_close(conv(x, adj), fresh(x, adj), rtol=0, atol=0)
+    calls = []
+    monkeypatch.setattr(gcn_module, "gcn_norm", lambda *a, **k: calls.append(1) or
+                        nn.gcn_norm(*a, **k))
+    other = graph.astype(np.float64)
+    other.data = other.data * 2
+    for _ in range(5):
+        conv(x, adj), conv(x, other)
+    assert len(calls) == (1 if normalize else 0)   # adj's is kept from before; other's once
+
+
+def test_layers_run_under_inference_mode_and_train_after(graph):
+    """Nothing made under inference_mode (whose tensors cannot be saved for backward) is
+    kept: the layers run there, on a sparse array or an edge_index made there, and train
+    after it."""
+    graph = sph.csr_array((np.ones(graph.nnz), graph.indices, graph.indptr), shape=graph.shape)
+    for layer in (nn.GCNConv(10, 2), nn.GATConv(10, 2, heads=2), nn.AGNNConv()):
+        layer = layer.double().eval()   # no dropout: the same output every call
+        x = features(14, 10)
+        layer(x, graph)
+        with torch.inference_mode():
+            expected = layer(x, graph)
+            torch.testing.assert_close(layer(x, edge_index_of(graph).clone()), expected)
+        out = layer(x, graph)
+        torch.testing.assert_close(out, expected)
+        out.sum().backward()
+        assert all(p.grad is not None for p in layer.parameters() if p.requires_grad)
+
+
+def test_layers_and_models_pickle_after_use(graph):
+    import io
+    x = features(14, 6)
+    for module in (nn.GCNConv(6, 3), nn.GATConv(6, 3), nn.AGNNConv(), models.GCN(6, 4, 3),
+                   models.GAT(6, 4, 3, heads=2), models.AGNN(6, 4, 3)):
+        module = module.double().eval()
+        expected = module(x, edge_index_of(graph))
+        module(x, graph)
+        buffer = io.BytesIO()
+        torch.save(module, buffer)
+        buffer.seek(0)
+        loaded = torch.load(buffer, weights_only=False)
+        torch.testing.assert_close(loaded(x, edge_index_of(graph)), expected)
+
+
+def test_models_take_an_edge_index(graph):
+    graph = sph.csr_array((np.ones(graph.nnz), graph.indices, graph.indptr), shape=graph.shape)
+    x = features(14, 6)
+    for model in (models.GCN(6, 4, 3), models.GAT(6, 4, 3, heads=2), models.AGNN(6, 4, 3)):
+        model = model.double()
+        model(x, edge_index_of(graph)).sum().backward()    # training: dropout on
+        model.eval()
+        torch.testing.assert_close(model(x, edge_index_of(graph)), model(x, graph))
+
+
+def test_attention_warns_of_repeated_edges_and_gcn_sums_them():
+    edge_index = torch.tensor([[0, 1, 1, 2], [1, 2, 2, 1]])
+    x = features(3, 4)
+    for layer in (nn.GATConv(4, 2), nn.AGNNConv()):
+        with pytest.warns(RuntimeWarning, match="lists 1 edges more than once"):
+            layer.double()(x, edge_index)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        nn.GATConv(4, 2).double()(x, edge_index[:, [0, 1, 3]])
+        nn.GCNConv(4, 2).double()(x, edge_index)
 
 
 def test_gcnconv_matches_pyg_on_the_same_weights(graph):
@@ -216,15 +301,15 @@ def test_gcnconv_matches_pyg_on_the_same_weights(graph):
         theirs.lin.weight.copy_(ours.lin.weight)
         theirs.bias.copy_(torch.randn(4))
         ours.bias.copy_(theirs.bias)
-    # PyG adds self-loops only where missing; compare on a graph without any.
-    without_loops = graph.to_scipy().tolil()
-    without_loops.setdiag(0)
-    without_loops = scipy.sparse.csr_array(without_loops)
-    without_loops.eliminate_zeros()
-    ones = sph.csr_array((np.ones(without_loops.nnz), without_loops.indices,
-                          without_loops.indptr), shape=without_loops.shape)
+    # Self-loops are added only where missing, as PyG does: the graph has one (node 2).
+    ones = sph.csr_array((np.ones(graph.nnz), graph.indices, graph.indptr), shape=graph.shape)
+    assert ones.toarray()[2, 2] == 1
     x = features(14, 6)
     torch.testing.assert_close(ours(x, ones), theirs(x, edge_index_of(ones)))
+    weighted = graph.astype(np.float64)
+    coo = weighted.to_scipy().tocoo()
+    expected = theirs(x, edge_index_of(weighted), torch.from_numpy(coo.data))
+    torch.testing.assert_close(ours(x, weighted), expected)
     # An edge_index (a float32 graph of ones) with float64 features is normalized in
     # float64, as PyG does: equal to float64 rounding.
     torch.testing.assert_close(ours(x, edge_index_of(ones)), theirs(x, edge_index_of(ones)),

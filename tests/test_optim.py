@@ -582,6 +582,26 @@ def test_fit_skips_a_nonfinite_step_and_says_so(optimizer):
         assert not np.isfinite(result.losses[3])  # sign(NaN) = 0 stops it silently.
 
 
+def test_a_diverged_model_is_never_the_best_and_the_command_fails(capsys):
+    """Overflowed weights give NaN outputs, whose argmax (class 0 everywhere) is an accuracy
+    but not a model's: such an epoch is not selected, and the command exits with status 1."""
+    from pysparse_hpc.__main__ import main
+    from pysparse_hpc.nn import models
+    from pysparse_hpc.nn.train import fit
+    cora, (x, y, *masks) = _cora()
+    torch.manual_seed(0)
+    with pytest.warns(RuntimeWarning):
+        result = fit(models.GCN(x.shape[1], 8, cora.num_classes), x, cora.adj, y, masks,
+                     epochs=2, lr=1e30, progress=False)
+    assert result.diverged_epoch == 0 and result.best_epoch == -1
+    assert np.isnan(result.test_accuracy)
+    with pytest.warns(RuntimeWarning):
+        assert main(["train", "--epochs", "2", "--lr", "1e30", "--no-progress"]) == 1
+    captured = capsys.readouterr()
+    assert "no finite model to measure" in captured.out
+    assert "training diverged: the model's outputs were not finite after epoch 1" in captured.err
+
+
 def test_train_command_with_lion(capsys):
     from pysparse_hpc.__main__ import main
     assert main(["train", "--optimizer", "lion", "--epochs", "3", "--no-progress"]) == 0

@@ -153,3 +153,31 @@ def test_train_command_checkpoints_and_resumes(tmp_path, capsys):
             with pytest.raises(SystemExit):
                 main(["train", "--no-progress", *bad])
             assert message in capsys.readouterr().err
+
+
+def test_the_checkpoints_name_a_bundled_dataset_whatever_its_spelling(tmp_path):
+    train("cora", "gcn", epochs=1, checkpoint=tmp_path, **OPTIONS)
+    resumed = train("CORA", "gcn", epochs=2, checkpoint=tmp_path, resume=True, **OPTIONS)
+    assert resumed.resumed_after == 1
+
+
+@pytest.mark.parametrize("kwargs, kind, message", [
+    (dict(seed=-1, random_features=4), ValueError, r"seed must be in \[0, 2\*\*63\), got -1"),
+    (dict(seed=1.5), TypeError, "seed must be an integer"),
+    (dict(model=["gcn"]), ValueError, "model must be one of"),
+    (dict(dtype=torch.float32), ValueError, "dtype must be one of"),
+])
+def test_train_names_a_bad_argument(kwargs, kind, message):
+    arguments = dict(dataset="cora", model="gcn", epochs=1, progress=False)
+    arguments.update(kwargs)
+    with pytest.raises(kind, match=message):
+        train(**arguments)
+
+
+def test_train_takes_a_numpy_dtype_and_default_settings_names_a_bad_model():
+    import numpy as np
+
+    from pysparse_hpc.distributed.training import default_settings
+    assert train("cora", "gcn", epochs=1, progress=False, dtype=np.float64).epochs == 1
+    with pytest.raises(ValueError, match="model must be one of"):
+        default_settings("GCN")

@@ -100,6 +100,16 @@ def load(name, random_features=None, seed=0):
 _SPLITS = ("train", "val", "test")
 
 
+def _load_matrix(path, prefix, what):
+    """The CSR matrix under ``prefix`` of an ``.npz`` file; its errors name the file and the
+    matrix (the reader's own name neither)."""
+    try:
+        return load_npz(path, prefix=prefix, index_dtype=np.int32)
+    except ValueError as exc:
+        raise ValueError(f"{str(path)!r}: the {what} ({prefix}* keys) is not a valid CSR "
+                         f"matrix: {exc}") from None
+
+
 def load_file(path, random_features=None, seed=0, name=None):
     """Load a node-classification graph from an ``.npz`` file of the bundled layout.
 
@@ -133,7 +143,7 @@ def load_file(path, random_features=None, seed=0, name=None):
     """
     import os
     path = os.fspath(path)
-    adj = load_npz(path, prefix="adj_", index_dtype=np.int32)
+    adj = _load_matrix(path, "adj_", "adjacency")
     with np.load(path, allow_pickle=False) as archive:
         missing = [key for key in ("labels", "num_classes") + tuple(f"{s}_mask" for s in _SPLITS)
                    if key not in archive.files]
@@ -163,10 +173,13 @@ def load_file(path, random_features=None, seed=0, name=None):
         random_features = check_integer(random_features, "random_features")
         if random_features < 1:
             raise ValueError(f"random_features must be a positive width, got {random_features!r}")
+        seed = check_integer(seed, "seed")
+        if seed < 0:
+            raise ValueError(f"seed must be a non-negative integer, got {seed}")
         rng = np.random.default_rng(seed)
         x = rng.standard_normal((n, random_features), dtype=np.float32)
     elif has_features:
-        x = load_npz(path, prefix="feat_", index_dtype=np.int32).toarray().astype(np.float32)
+        x = _load_matrix(path, "feat_", "feature matrix").toarray().astype(np.float32)
     else:
         raise ValueError(f"{path!r} has no features (feat_* keys); ask for random ones "
                          "(random_features=WIDTH, --random-features WIDTH on the command line)")

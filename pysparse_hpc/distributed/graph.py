@@ -16,7 +16,7 @@ from .._csr import csr_array
 from .._sputils import get_index_dtype
 from . import _plan
 from ._comm import _as_buffer, _is_bfloat16, _Request, check_communicator, init
-from .partition import Partition, _check_owner
+from .partition import Partition, _check_owner, graph_digest
 
 __all__ = ["DistGraph", "HaloPlan"]
 
@@ -30,13 +30,23 @@ _GRAPH_COMM_METHODS = ("rank", "size", "Allreduce", "Isend", "Irecv", "bcast", "
 _TAG_BASE, _TAG_SPAN = 1000, 30000
 
 
-def _owner_array(partition, n, nparts_expected):
-    """The validated owner array of ``partition`` (a `Partition` or an integer array)."""
+def _owner_array(partition, csr, nparts_expected):
+    """The validated owner array of ``partition`` (a `Partition` of the graph ``csr``, a
+    canonical CSR array, or an integer array)."""
+    n = csr.shape[0]
     if isinstance(partition, Partition):
         if partition.nparts != nparts_expected:
             raise ValueError(
                 f"the partition is for {partition.nparts} ranks but the communicator has "
                 f"{nparts_expected}; partition the graph for {nparts_expected} parts")
+        made_for = getattr(partition, "_graph_digest", None)
+        if made_for is not None and (partition.n_nodes != n or made_for != graph_digest(
+                csr.indptr, csr.indices, n)):
+            raise ValueError(
+                f"the partition was made for another graph ({partition.n_nodes} nodes, "
+                f"{partition.nnz} stored entries) than this one ({n} nodes, {csr.nnz} "
+                f"entries, or the same counts with other edges: a reordered copy?); partition "
+                f"this graph, or pass the owner array (partition.owner) to use it as it is")
         partition = partition.owner
     elif partition is None:
         raise TypeError("a partition is required: a Partition (see partition()) or an array "
@@ -228,7 +238,7 @@ class DistGraph:
         error, piece = None, None
         try:
             csr = _square_pattern(adj)
-            owner = _owner_array(partition, csr.shape[0], comm.size)
+            owner = _owner_array(partition, csr, comm.size)
             piece = _plan.local_pieces(csr.indptr, csr.indices, csr.data, owner, comm.size,
                                        [comm.rank])[0]
             # A hash, not a weighted sum: two different partitions (or graphs) with one sum
@@ -272,7 +282,7 @@ class DistGraph:
         if comm.rank == root:
             try:
                 csr = _square_pattern(adj)
-                owner = _owner_array(partition, csr.shape[0], comm.size)
+                owner = _owner_array(partition, csr, comm.size)
                 pieces = _plan.local_pieces(csr.indptr, csr.indices, csr.data, owner,
                                             comm.size)
                 header = csr.shape[0]

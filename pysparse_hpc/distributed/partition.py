@@ -15,6 +15,7 @@ Convention: row ``i`` of the adjacency holds the edges into node ``i``; a stored
 (values, explicit zeros and duplicates are not inspected, except that duplicates count as
 stored entries in `Partition.owned_nnz` and `Partition.edge_cut`).
 """
+import hashlib
 from typing import NamedTuple
 
 import numpy as np
@@ -43,6 +44,8 @@ def _as_pattern(adj):
     elif scipy.sparse.issparse(adj):
         if adj.ndim != 2:
             raise ValueError(f"adj must be 2-D, got {adj.ndim}-D with shape {adj.shape}")
+        if adj.format == "coo":
+            return _coo_pattern(adj)
         csr = adj.tocsr()
         # scipy builds a matrix from raw arrays without checking its indices; the pattern's
         # kernels trust them. O(nnz), as reading the pattern is.
@@ -59,6 +62,36 @@ def _as_pattern(adj):
         raise ValueError(
             f"partitioning needs a square adjacency (a graph), got shape ({n_rows}, {n_cols})")
     return np.asarray(csr.indptr), np.asarray(csr.indices), n_rows
+
+
+def _coo_pattern(coo):
+    """`_as_pattern` of a scipy COO array, its duplicates kept as stored entries (scipy's
+    ``tocsr`` would sum them, and the figures would differ from the CSR of the same
+    entries)."""
+    n_rows, n_cols = (int(size) for size in coo.shape)
+    if n_rows != n_cols:
+        raise ValueError(
+            f"partitioning needs a square adjacency (a graph), got shape ({n_rows}, {n_cols})")
+    rows, cols = np.asarray(coo.row, dtype=np.int64), np.asarray(coo.col, dtype=np.int64)
+    for name, ids in (("row", rows), ("column", cols)):
+        if ids.size and (ids.min() < 0 or ids.max() >= n_rows):
+            raise ValueError(f"adj is not a valid sparse matrix: a {name} index is outside "
+                             f"[0, {n_rows})")
+    order = np.argsort(rows, kind="stable")
+    indptr = np.concatenate([[0], np.cumsum(np.bincount(rows, minlength=n_rows))])
+    return indptr.astype(np.int64), cols[order], n_rows
+
+
+def graph_digest(indptr, indices, n):
+    """A SHA-256 of the set of stored entries ``(i, j)`` of a CSR pattern: the same for any
+    storage of one graph (unsorted, with duplicates, int32 or int64 indices)."""
+    rows = np.repeat(np.arange(n, dtype=np.int64), np.diff(np.asarray(indptr, dtype=np.int64)))
+    keys = rows * max(n, 1) + np.asarray(indices, dtype=np.int64)
+    if keys.size > 1 and not bool((keys[1:] > keys[:-1]).all()):
+        keys = np.unique(keys)
+    digest = hashlib.sha256(np.int64(n).tobytes())
+    digest.update(keys.view(np.uint8).data)
+    return digest.hexdigest()
 
 
 def _check_nparts(nparts):
@@ -255,6 +288,9 @@ class Partition:
 
     def _setup(self, indptr, indices, n, owner, nparts, method):
         owner, nparts = _check_owner(owner, n, nparts)
+        # Which graph this is for: a DistGraph refuses the partition of another graph (the
+        # partition of a reordered copy, say), whose figures would describe that graph.
+        self._graph_digest = graph_digest(indptr, indices, n)
         quality = _quality(indptr, indices, owner, nparts)
         self.owner = _read_only(owner)
         self.nparts = nparts
@@ -477,6 +513,8 @@ def partition(adj, nparts, method="metis", seed=0, balance=None):
           benchmarks.
     seed : int, default 0
         Seed of METIS or of the random assignment, in ``[0, 2**63)``; "contiguous" ignores it.
+        METIS reads its seed as a 32-bit C int, so seeds equal modulo ``2**32`` give one
+        partition, and METIS itself gives seeds 0 and 1 the same one: sweep seeds from 1.
     balance : {"rows", "nnz", "rows+nnz"} or float, optional
         What the parts hold equal amounts of: nodes ("rows", METIS's and random's default),
         stored entries with each node weighing its entries + 1 ("nnz", the contiguous default;

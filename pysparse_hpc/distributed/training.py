@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .. import datasets
+from .._sputils import check_integer
 from ._comm import PARTICIPATION_KIND, check_communicator, init, raising_alike
 from .graph import DistGraph, comm_sum
 from ._metis import multi_constraint_available
@@ -64,6 +65,9 @@ class DistributedTrainResult:
         synchronisations (either replaces `DataParallel`'s allreduce).
     skipped_epochs : list of int
         Epochs whose step every rank skipped for a non-finite loss or gradient.
+    diverged_epoch : int
+        The first epoch after whose step the model's outputs were not all finite (-1: none);
+        see `pysparse_hpc.nn.train.TrainResult`.
     preconditioner : str or None
         ``"kfac"``, ``"shampoo"``, ``"jorge"`` or None.
     damping : float or None
@@ -95,6 +99,7 @@ class DistributedTrainResult:
     compression: str = "none"
     optimizer_bytes_per_epoch: float = 0.0
     skipped_epochs: list = field(default_factory=list)
+    diverged_epoch: int = -1
     preconditioner: str = None
     damping: float = None
     kl_clip: float = None
@@ -109,6 +114,14 @@ def _default_balance(method, balance):
     if balance is not None or method != "metis":
         return balance
     return ROWS_AND_NNZ if multi_constraint_available() else "rows"
+
+
+def _dataset_name(dataset):
+    """How a run's checkpoints name its dataset: a bundled one whatever its spelling."""
+    if isinstance(dataset, datasets.Dataset):
+        return dataset.name
+    name = str(dataset)
+    return name.lower() if name.lower() in datasets.available() else name
 
 
 def _load(dataset, random_features, seed):
@@ -202,10 +215,15 @@ def train(dataset="cora", model="gcn", partition="metis", *, epochs=None, lr=Non
     comm = init() if comm is None else check_communicator(comm)
     # Every rank checks the same arguments and reads rank 0's view of the checkpoints.
     with raising_alike():
-        if model not in models.MODELS:
+        if not isinstance(model, str) or model not in models.MODELS:
             raise ValueError(f"model must be one of {tuple(models.MODELS)}, got {model!r}")
-        if dtype not in _DTYPES:
+        if isinstance(dtype, (np.dtype, type)):   # np.float32, np.dtype("float64")
+            dtype = np.dtype(dtype).name
+        if not isinstance(dtype, str) or dtype not in _DTYPES:
             raise ValueError(f"dtype must be one of {_DTYPES}, got {dtype!r}")
+        seed = check_integer(seed, "seed")
+        if not 0 <= seed < 2 ** 63:
+            raise ValueError(f"seed must be in [0, 2**63), got {seed}")
         if isinstance(partition, str) and partition not in PARTITION_METHODS:
             raise ValueError(f"partition must be one of {PARTITION_METHODS} or a Partition, got "
                              f"{partition!r}")
@@ -221,7 +239,7 @@ def train(dataset="cora", model="gcn", partition="metis", *, epochs=None, lr=Non
             damping = default_damping(preconditioner, optimizer)
         if optimizer == "lion" and momentum_sync is None:
             momentum_sync = default_momentum_sync(compression)
-        fingerprint = dict(dataset=getattr(dataset, "name", str(dataset)), model=model,
+        fingerprint = dict(dataset=_dataset_name(dataset), model=model,
                            optimizer=optimizer, preconditioner=preconditioner,
                            damping=damping, compression=compression,
                            momentum_sync=momentum_sync, dtype=dtype, seed=seed,
@@ -288,7 +306,7 @@ def train(dataset="cora", model="gcn", partition="metis", *, epochs=None, lr=Non
         kl_clip=kl_clip, lr=settings["lr"], weight_decay=settings["weight_decay"],
         compression=compression,
         optimizer_bytes_per_epoch=float(received[4:].sum()) / n_epochs,
-        skipped_epochs=result.skipped_epochs,
+        skipped_epochs=result.skipped_epochs, diverged_epoch=result.diverged_epoch,
         resumed_after=None if state is None else state.step)
 
 
@@ -365,6 +383,8 @@ def default_settings(model, optimizer="adam", preconditioner=None):
     from ..nn import models
     from ..nn.train import LION_SCALING, SGD_LR_SCALING
 
+    if not isinstance(model, str) or model not in models.MODELS:
+        raise ValueError(f"model must be one of {tuple(models.MODELS)}, got {model!r}")
     settings = dict(models.MODELS[model].training)
     if optimizer == "lion":
         return {k: v * LION_SCALING.get(k, 1) for k, v in settings.items()}

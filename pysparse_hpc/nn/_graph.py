@@ -8,6 +8,7 @@ new``) drops its cache, values written into its arrays in place are not seen (th
 docs say so: `pysparse_hpc.nn`).
 """
 import sys
+import warnings
 import weakref
 
 import numpy as np
@@ -143,21 +144,46 @@ def _from_edge_index(edge_index, num_nodes):
                              f"num_nodes={num_nodes}")
     sources, targets = ids[0], ids[1]
     values = np.ones(sources.size, dtype=np.float32)
-    return csr_array((values, (targets, sources)), shape=(num_nodes, num_nodes)).canonical()
+    adj = csr_array((values, (targets, sources)), shape=(num_nodes, num_nodes)).canonical()
+    #: Edges listed more than once (beyond their first copy), for `warn_if_repeated_edges`.
+    adj.repeated_edges = sources.size - adj.nnz
+    return adj
+
+
+def warn_if_repeated_edges(graph, layer):
+    """An attention layer reads the graph's pattern, where an edge listed twice in an
+    edge_index is one edge; PyG's attention counts every copy. Say so (once per graph and
+    layer, by Python's default warning filter)."""
+    repeated = getattr(graph, "repeated_edges", 0)
+    if repeated:
+        warnings.warn(f"{layer}: the edge_index lists {repeated} edges more than once; "
+                      "attention counts each edge once (PyG counts every copy): coalesce "
+                      "the edge_index (torch_geometric.utils.coalesce) for the same result",
+                      RuntimeWarning, stacklevel=3)
 
 
 class EdgeIndexCache:
     """Remembers the CSR adjacency built from the last ``edge_index`` tensor seen.
 
     The tensor is held weakly and its version counter recorded, so modifying it in place or
-    passing another tensor rebuilds the adjacency, and nothing keeps the tensor alive.
+    passing another tensor rebuilds the adjacency, and nothing keeps the tensor alive. A
+    tensor made under ``torch.inference_mode()`` has no version counter: it is converted on
+    every call. Nothing of the cache is pickled or copied.
     """
 
     def __init__(self):
         self._key = None
         self._adj = None
 
+    def __getstate__(self):
+        return {}
+
+    def __setstate__(self, state):
+        self.__init__()
+
     def get(self, edge_index, num_nodes):
+        if edge_index.is_inference():
+            return _from_edge_index(edge_index, num_nodes)
         key = (edge_index._version, num_nodes, tuple(edge_index.shape))
         if self._key is not None and self._key[0]() is edge_index and self._key[1:] == key:
             return self._adj

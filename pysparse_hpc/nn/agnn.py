@@ -7,7 +7,8 @@ import torch
 
 from . import functional
 from ._checks import check_features, warn_once_if_nan
-from ._graph import EdgeIndexCache, as_graph, check_graph_for, with_self_loops
+from ._graph import (EdgeIndexCache, as_graph, check_graph_for, warn_if_repeated_edges,
+                     with_self_loops)
 
 __all__ = ["AGNNConv"]
 
@@ -48,6 +49,7 @@ class AGNNConv(torch.nn.Module):
         ``num_nodes``, default ``x.shape[0]``)."""
         check_features(x)
         graph = as_graph(adj, num_nodes, self._edge_cache, default_num_nodes=x.shape[0])
+        warn_if_repeated_edges(graph, "AGNNConv")
         check_graph_for(graph, x)
         graph = with_self_loops(graph) if self.add_self_loops else functional.pattern(graph)
         unit = torch.nn.functional.normalize(x, p=2.0, dim=-1)

@@ -15,7 +15,8 @@ from torch.utils.checkpoint import checkpoint
 from .._sputils import is_real_number
 from . import functional
 from ._checks import check_features, warn_once_if_nan
-from ._graph import EdgeIndexCache, as_graph, check_graph_for, with_self_loops
+from ._graph import (EdgeIndexCache, as_graph, check_graph_for, warn_if_repeated_edges,
+                     with_self_loops)
 from .gcn import dense_transform, glorot_, glorot_linear_, linear_without_init
 
 __all__ = ["GATConv", "GAT_CACHES"]
@@ -131,6 +132,7 @@ class GATConv(torch.nn.Module):
         with ``num_nodes``, default ``x.shape[0]``)."""
         check_features(x, self.in_channels)
         graph = as_graph(adj, num_nodes, self._edge_cache, default_num_nodes=x.shape[0])
+        warn_if_repeated_edges(graph, "GATConv")
         check_graph_for(graph, x)
         graph = with_self_loops(graph) if self.add_self_loops else functional.pattern(graph)
         cache = self.resolved_cache(graph)

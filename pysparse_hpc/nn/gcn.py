@@ -17,7 +17,7 @@ import torch
 from .._blocked import blocked_array
 from . import functional
 from ._checks import check_features, warn_once_if_nan
-from ._graph import EdgeIndexCache, as_graph, check_graph_for
+from ._graph import EdgeIndexCache, as_graph, cached_on, check_graph_for
 from .norm import gcn_norm
 
 __all__ = ["GCNConv", "ORDERS", "choose_order"]
@@ -76,12 +76,20 @@ def dense_transform(linear, x):
     return torch.nn.functional.linear(x, linear.weight.to(x.dtype))
 
 
+class _GraphToken:
+    """Stands for a graph's current arrays in `_InputMemo`'s keys: kept on the graph by
+    `cached_on`, so rebinding an array of the graph (``A.data = new``) makes a new one."""
+
+    __slots__ = ("__weakref__",)
+
+
 class _InputMemo:
     """``Â X`` for a (graph, X) pair, valid while both are the same, unchanged objects.
 
     Inputs met once are noted as candidates (weakly, so the fresh dropped-out features of each
     training step die with the step and do not push out the features an evaluation pass
-    reuses); a candidate met again gets its ``Â X`` computed and kept.
+    reuses); a candidate met again gets its ``Â X`` computed and kept. Nothing of it is
+    pickled or copied (a copy starts with an empty memo).
     """
 
     _MAX_CANDIDATES = 4
@@ -92,14 +100,30 @@ class _InputMemo:
     def clear(self):
         self._key, self.value, self._candidates = None, None, []
 
+    def __getstate__(self):
+        return {}
+
+    def __setstate__(self, state):
+        self.clear()
+
+    @staticmethod
+    def usable(x):
+        """Whether ``(graph, x)`` can be remembered: not under ``torch.inference_mode()``,
+        whose tensors have no version counter and cannot be saved for a later backward."""
+        return not (torch.is_inference_mode_enabled() or x.is_inference())
+
     @staticmethod
     def _state(x):
         # The version counter moves on every in-place change, so a modified X is a new input.
         return (x._version, x.dtype, x.device, tuple(x.shape))
 
+    @staticmethod
+    def _token(graph):
+        return cached_on(graph, "gcn_input_memo", _GraphToken)
+
     def _matches(self, key, graph, x):
-        graph_ref, x_ref, state = key
-        return graph_ref() is graph and x_ref() is x and state == self._state(x)
+        token_ref, x_ref, state = key
+        return token_ref() is self._token(graph) and x_ref() is x and state == self._state(x)
 
     def seen(self, graph, x):
         """Whether (graph, x) was met before (noted, or with its ``Â X`` kept)."""
@@ -114,11 +138,11 @@ class _InputMemo:
     def note(self, graph, x):
         """Remember (graph, x) as met once."""
         alive = [key for key in self._candidates if key[0]() is not None and key[1]() is not None]
-        alive.append((weakref.ref(graph), weakref.ref(x), self._state(x)))
+        alive.append((weakref.ref(self._token(graph)), weakref.ref(x), self._state(x)))
         self._candidates = alive[-self._MAX_CANDIDATES:]
 
     def remember(self, graph, x, value):
-        self._key = (weakref.ref(graph), weakref.ref(x), self._state(x))
+        self._key = (weakref.ref(self._token(graph)), weakref.ref(x), self._state(x))
         self.value = value
 
 
@@ -130,9 +154,9 @@ class GCNConv(torch.nn.Module):
     in_channels, out_channels : int
     bias : bool
     cached : bool
-        Normalize the first graph seen and use it for every later call, whatever graph is
-        passed (transductive training, as PyG's ``cached``). Without it the normalized graph is
-        still built once per graph object (sparse arrays are treated as immutable).
+        Use the first graph seen for every later call, whatever graph is passed (transductive
+        training, as PyG's ``cached``). Without it the normalized graph is still built once per
+        graph and kept on it, until an array of the graph is rebound (``A.data = new``).
     order : {"auto", "transform_first", "propagate_first"}
         "auto" applies `choose_order` per call, and reuses ``Â X`` across calls when the
         input is the same unchanged tensor that needs no gradient (then the layer runs no SpMM).
@@ -140,7 +164,8 @@ class GCNConv(torch.nn.Module):
         dense transform ``lin`` has forward hooks (a gradient preconditioner gathering
         curvature), calls run transform first, so the hooks see X and the gradient of X W.
     normalize : bool
-        Apply `gcn_norm` (with self-loops); False uses ``adj`` as given.
+        Apply `gcn_norm` (with self-loops where missing, as PyG); False uses ``adj`` as
+        given.
 
     Attributes
     ----------
@@ -173,7 +198,7 @@ class GCNConv(torch.nn.Module):
         self.lin = linear_without_init(in_channels, out_channels)
         self.bias = torch.nn.Parameter(torch.empty(out_channels)) if bias else None
         self._edge_cache = EdgeIndexCache()
-        self._normalized = None  # (weakref to the source graph, dtype, normalized graph)
+        self._first_graph = None  # with cached=True: the graph every call uses
         self._propagated = _InputMemo()
         #: The order the last forward call used (for inspection and tests).
         self.last_order = None
@@ -186,25 +211,27 @@ class GCNConv(torch.nn.Module):
         self.reset_cache()
 
     def reset_cache(self):
-        """Forget the normalized graph and the propagated input."""
-        self._normalized = None
+        """Forget the cached graph and the propagated input."""
+        self._first_graph = None
         self._propagated.clear()
 
     def _normalized_graph(self, graph, x):
+        if self.cached:
+            if self._first_graph is None:
+                self._first_graph = graph
+            graph = self._first_graph
+        if not self.normalize:
+            return graph
         # Normalized in the features' precision: float64 features get float64 values even
         # on an unweighted (float32) graph.
-        dtype = np.float64 if x.dtype == torch.float64 else np.float32
-        if self._normalized is not None and self._normalized[1] == dtype and (
-                self.cached or self._normalized[0]() is graph):
-            return self._normalized[2]
-        normalized = graph
-        if self.normalize:
+        dtype = np.dtype(np.float64 if x.dtype == torch.float64 else np.float32)
+
+        def build():
             normalized = gcn_norm(graph, dtype=dtype)
             if isinstance(graph, blocked_array):  # keep the kernel the caller chose
                 normalized = normalized.to_blocked(graph.window, graph.block_width)
-        self._normalized = (weakref.ref(graph), dtype, normalized)
-        self._propagated.clear()
-        return normalized
+            return normalized
+        return cached_on(graph, ("gcn_layer_norm", dtype.name), build)
 
     def _order_for(self, x, graph):
         if self.lin._forward_hooks or self.lin._forward_pre_hooks:
@@ -214,7 +241,7 @@ class GCNConv(torch.nn.Module):
         if self.order != "auto":
             return self.order
         needs_grad = x.requires_grad and torch.is_grad_enabled()
-        if not needs_grad and self._propagated.seen(graph, x):
+        if not needs_grad and self._propagated.usable(x) and self._propagated.seen(graph, x):
             return "propagate_first"  # the same input again: Â X is (or will be) kept
         return choose_order(self.in_channels, self.out_channels, needs_grad)
 
@@ -236,16 +263,16 @@ class GCNConv(torch.nn.Module):
         graph = self._normalized_graph(graph, x)
         order = self._order_for(x, graph)
         self.last_order = order
-        needs_grad = x.requires_grad and torch.is_grad_enabled()
+        memo = not (x.requires_grad and torch.is_grad_enabled()) and self._propagated.usable(x)
         if order == "transform_first":
             out = functional.spmm(graph, dense_transform(self.lin, x))
-            if not needs_grad and not self._propagated.seen(graph, x):
+            if memo and not self._propagated.seen(graph, x):
                 self._propagated.note(graph, x)  # met again, it switches order
         else:
-            propagated = None if needs_grad else self._propagated.get(graph, x)
+            propagated = self._propagated.get(graph, x) if memo else None
             if propagated is None:
                 propagated = functional.spmm(graph, x)
-                if not needs_grad:
+                if memo:
                     self._propagated.remember(graph, x, propagated.detach())
             out = dense_transform(self.lin, propagated)
         if self.bias is not None:

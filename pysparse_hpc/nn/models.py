@@ -18,12 +18,14 @@ from .gcn import GCNConv
 __all__ = ["GCN", "GAT", "AGNN", "MODELS"]
 
 
-def _dropout(fast):
-    """``drop(x, p, training, adj)``: dropout on node features ``x`` of graph ``adj``."""
-    if not fast:
-        return lambda x, p, training, adj: F.dropout(x, p, training)
-    return lambda x, p, training, adj: functional.dropout(x, p, training,
-                                                          functional.row_ids(adj, "node"))
+def _feature_dropout(model, x, adj):
+    """Dropout of node features ``x`` of graph ``adj`` with ``model``'s rate and mode: ours,
+    keyed by global node id, or torch's where ``model.fast_dropout`` is False."""
+    if not model.fast_dropout:
+        return F.dropout(x, model.dropout, model.training)
+    # an edge_index's rows are the nodes themselves, as a sparse array's are
+    ids = None if isinstance(adj, torch.Tensor) else functional.row_ids(adj, "node")
+    return functional.dropout(x, model.dropout, model.training, ids)
 
 
 class GCN(torch.nn.Module):
@@ -43,15 +45,15 @@ class GCN(torch.nn.Module):
                  fast_dropout=True, **layer_options):
         super().__init__()
         self.dropout, self.input_dropout = dropout, input_dropout
-        self._drop = _dropout(fast_dropout)
+        self.fast_dropout = fast_dropout
         self.conv1 = GCNConv(in_channels, hidden, **layer_options)
         self.conv2 = GCNConv(hidden, out_channels, **layer_options)
 
     def forward(self, x, adj):
         if self.input_dropout:
-            x = self._drop(x, self.dropout, self.training, adj)
+            x = _feature_dropout(self, x, adj)
         x = F.relu(self.conv1(x, adj))
-        x = self._drop(x, self.dropout, self.training, adj)
+        x = _feature_dropout(self, x, adj)
         return self.conv2(x, adj)
 
     def param_groups(self, weight_decay):
@@ -71,15 +73,15 @@ class GAT(torch.nn.Module):
                  **layer_options):
         super().__init__()
         self.dropout = dropout
-        self._drop = _dropout(fast_dropout)
+        self.fast_dropout = fast_dropout
         self.conv1 = GATConv(in_channels, hidden, heads=heads, dropout=dropout, **layer_options)
         self.conv2 = GATConv(hidden * heads, out_channels, heads=1, concat=False,
                              dropout=dropout, **layer_options)
 
     def forward(self, x, adj):
-        x = self._drop(x, self.dropout, self.training, adj)
+        x = _feature_dropout(self, x, adj)
         x = F.elu(self.conv1(x, adj))
-        x = self._drop(x, self.dropout, self.training, adj)
+        x = _feature_dropout(self, x, adj)
         return self.conv2(x, adj)
 
     def param_groups(self, weight_decay):
@@ -96,18 +98,18 @@ class AGNN(torch.nn.Module):
                  **layer_options):
         super().__init__()
         self.dropout = dropout
-        self._drop = _dropout(fast_dropout)
+        self.fast_dropout = fast_dropout
         self.lin1 = torch.nn.Linear(in_channels, hidden)
         self.prop1 = AGNNConv(requires_grad=False, **layer_options)
         self.prop2 = AGNNConv(requires_grad=True, **layer_options)
         self.lin2 = torch.nn.Linear(hidden, out_channels)
 
     def forward(self, x, adj):
-        x = self._drop(x, self.dropout, self.training, adj)
+        x = _feature_dropout(self, x, adj)
         x = F.relu(self.lin1(x))
         x = self.prop1(x, adj)
         x = self.prop2(x, adj)
-        x = self._drop(x, self.dropout, self.training, adj)
+        x = _feature_dropout(self, x, adj)
         return self.lin2(x)
 
     def param_groups(self, weight_decay):

@@ -1,4 +1,4 @@
-"""Graph normalization for GCN: ``D^-1/2 (A + I) D^-1/2``."""
+"""Graph normalization for GCN: ``D^-1/2 (A + I) D^-1/2``, self-loops added where missing."""
 import warnings
 
 import numpy as np
@@ -15,6 +15,10 @@ __all__ = ["gcn_norm"]
 def gcn_norm(adj, add_self_loops=True, num_nodes=None, dtype=None):
     """Kipf and Welling's symmetric normalization ``D^-1/2 (A + I) D^-1/2``.
 
+    As PyG's ``gcn_norm``, the identity is added where ``A`` has no stored diagonal entry: a
+    node that already has a self-loop keeps its weight (``add_remaining_self_loops``), so a
+    graph whose loops are stored reads the same as one whose loops are added.
+
     Parameters
     ----------
     adj : sparse array, DistGraph or torch.Tensor
@@ -23,7 +27,7 @@ def gcn_norm(adj, add_self_loops=True, num_nodes=None, dtype=None):
         ``[2, E]`` edge_index (source, target) with ``num_nodes``. Row i holds the edges into
         node i (PyG's source-to-target flow).
     add_self_loops : bool
-        Add the identity (on top of any stored diagonal, as ``A + I`` reads).
+        Add a self-loop of weight 1 to every node without a stored diagonal entry.
     num_nodes : int, optional
         Needed with an edge_index.
     dtype : {None, float32, float64}
@@ -35,7 +39,7 @@ def gcn_norm(adj, add_self_loops=True, num_nodes=None, dtype=None):
     Returns
     -------
     csr_array or DistGraph
-        Canonical. ``D`` is the row sums of ``A + I``; rows that sum to 0 (isolated nodes
+        Canonical. ``D`` is the row sums of ``A`` with its loops; rows that sum to 0 (isolated nodes
         without self-loops) stay zero, and so do rows whose sum is negative (possible with
         negative weights), with a ``RuntimeWarning``.
 
@@ -54,11 +58,14 @@ def gcn_norm(adj, add_self_loops=True, num_nodes=None, dtype=None):
                          lambda: _gcn_norm_distributed(adj, add_self_loops, dtype))
     if adj.shape[0] != adj.shape[1]:
         raise ValueError(f"adj must be square, got shape {adj.shape}")
-    matrix = adj.tocsr().to_scipy().astype(np.float64)
-    if add_self_loops:
-        matrix = matrix + scipy.sparse.eye_array(adj.shape[0], format="csr")
-    matrix = scipy.sparse.csr_array(matrix)
+    matrix = scipy.sparse.csr_array(adj.tocsr().to_scipy().astype(np.float64))
     matrix.sum_duplicates()
+    if add_self_loops:
+        missing = _without_loop(*_coordinates(matrix.indptr, matrix.indices), adj.shape[0])
+        loops = scipy.sparse.csr_array((np.ones(missing.size), (missing, missing)),
+                                       shape=matrix.shape)
+        matrix = scipy.sparse.csr_array(matrix + loops)
+        matrix.sum_duplicates()
     degree = np.asarray(matrix.sum(axis=1)).ravel()
     _warn_if_negative(degree)
     with np.errstate(divide="ignore"):
@@ -66,6 +73,18 @@ def gcn_norm(adj, add_self_loops=True, num_nodes=None, dtype=None):
     rows = np.repeat(np.arange(adj.shape[0]), np.diff(matrix.indptr))
     matrix.data *= scale[rows] * scale[matrix.indices]
     return csr_array(matrix.astype(dtype))
+
+
+def _coordinates(indptr, indices):
+    return np.repeat(np.arange(indptr.size - 1), np.diff(indptr)), indices
+
+
+def _without_loop(rows, cols, n_diagonal):
+    """The nodes ``i < n_diagonal`` with no stored entry ``(i, i)``."""
+    has_loop = np.zeros(n_diagonal, dtype=bool)
+    on_diagonal = rows == cols
+    has_loop[rows[on_diagonal & (rows < n_diagonal)]] = True
+    return np.flatnonzero(~has_loop)
 
 
 def _warn_if_negative(degree):
@@ -97,9 +116,10 @@ def _gcn_norm_distributed(graph, add_self_loops, dtype):
     rows, cols, data = local.tocoo()
     data = data.astype(np.float64)
     if add_self_loops:
-        diagonal = np.arange(graph.n_local)
-        rows, cols = np.concatenate([rows, diagonal]), np.concatenate([cols, diagonal])
-        data = np.concatenate([data, np.ones(graph.n_local)])
+        # owned node i is local column i; halo columns come after the owned ones
+        missing = _without_loop(rows, cols, graph.n_local)
+        rows, cols = np.concatenate([rows, missing]), np.concatenate([cols, missing])
+        data = np.concatenate([data, np.ones(missing.size)])
     # The local matrix's index dtype (int32 where it fits), not the int64 of the coordinates.
     index_dtype = get_index_dtype((local.indices,), maxval=max(local.shape + (rows.size,)))
     matrix = csr_array((data, (rows, cols)), shape=local.shape,

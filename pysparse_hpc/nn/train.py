@@ -48,6 +48,10 @@ class TrainResult:
         Epochs whose step was skipped because a loss or gradient was not finite on some rank.
     damping : float or None
         The preconditioner's damping (None without one).
+    diverged_epoch : int
+        The first epoch after whose step the model's outputs were not all finite (its
+        weights overflowed: a learning rate far too high); such epochs are never selected as
+        the best. -1 when every evaluated model was finite.
     """
 
     test_accuracy: float
@@ -58,6 +62,7 @@ class TrainResult:
     losses: list = field(default_factory=list)
     skipped_epochs: list = field(default_factory=list)
     damping: float = None
+    diverged_epoch: int = -1
 
 
 def param_groups(model, weight_decay):
@@ -296,11 +301,16 @@ def fit(model, x, adj, y, masks, *, epochs=200, lr=0.01, weight_decay=5e-4, prog
             model.eval()
             with torch.no_grad():
                 logits = model(x, adj)
-                val_loss, val_correct, test_correct = total(
+                val_loss, val_correct, test_correct, nonfinite = total(
                     float(F.cross_entropy(logits[val_mask], y[val_mask], reduction="sum")),
-                    _correct(logits, y, val_mask), _correct(logits, y, test_mask))
+                    _correct(logits, y, val_mask), _correct(logits, y, test_mask),
+                    float((~torch.isfinite(logits)).sum()))
                 val_loss, val_accuracy = val_loss / n_val, val_correct / n_val
-                if select_last or (val_accuracy, -val_loss) > (best[0], -best[1]):
+                if nonfinite:
+                    # NaN outputs predict class 0 everywhere: an accuracy, but not a model's
+                    if run.diverged < 0:
+                        run.diverged = epoch
+                elif select_last or (val_accuracy, -val_loss) > (best[0], -best[1]):
                     best = (val_accuracy, val_loss, test_correct / n_test, epoch)
             bar.set_postfix(loss=f"{losses[-1]:.3f}", val=f"{val_accuracy:.3f}", refresh=False)
             run.best, run.epochs_done = best, epoch + 1
@@ -317,7 +327,8 @@ def fit(model, x, adj, y, masks, *, epochs=200, lr=0.01, weight_decay=5e-4, prog
                            step_seconds)) if step_seconds
                        else float("nan"), epochs=run.epochs_done, losses=losses,
                        skipped_epochs=skipped,
-                       damping=None if maker is None else maker.config.damping)
+                       damping=None if maker is None else maker.config.damping,
+                       diverged_epoch=run.diverged)
 
 
 @dataclass
@@ -328,6 +339,7 @@ class _Progress:
     step_seconds: list = field(default_factory=list)
     losses: list = field(default_factory=list)
     skipped: list = field(default_factory=list)
+    diverged: int = -1
 
 
 class _Saved:
