@@ -192,6 +192,10 @@ def test_dropout_statistics_repeatability_and_gradient():
     assert scalar.shape == () and float(scalar) in (0.0, 4.0)
     with pytest.raises(ValueError, match="row_ids needs an x with rows"):
         F.dropout(torch.tensor(2.0), 0.5, row_ids=np.arange(1))
+    leaf = torch.tensor([1.0, 2.0], requires_grad=True)   # p = 1 keeps nothing, as torch
+    dropped = F.dropout(leaf, 1.0)
+    dropped.sum().backward()
+    assert torch.equal(dropped, torch.zeros(2)) and torch.equal(leaf.grad, torch.zeros(2))
 
 
 def test_second_derivatives_are_exact_or_refused(rectangular):
@@ -233,7 +237,7 @@ def test_second_derivatives_are_exact_or_refused(rectangular):
     (lambda A, x: F.spmm(A, x, values=torch.ones(F.pattern(A).nnz)), TypeError, "dtype"),
     (lambda A, x: F.sddmm(A, x, x), ValueError, "dimension mismatch"),
     (lambda A, x: F.edge_softmax(A, torch.ones(2, 2, 2)), ValueError, "1-D or 2-D"),
-    (lambda A, x: F.dropout(x, 1.0), ValueError, "[0, 1)"),
+    (lambda A, x: F.dropout(x, 1.5), ValueError, "[0, 1]"),
     (lambda A, x: F.gat_attention(A, x, x, keep="everything"), ValueError, "keep must be"),
     (lambda A, x: F.gat_attention(A, x, x, negative_slope="a"), ValueError,
      "negative_slope must be a finite number"),

@@ -238,6 +238,50 @@ def test_gcnconv_sees_rebound_values_and_keeps_one_normalization_per_graph(graph
     assert len(calls) == (1 if normalize else 0)   # adj's is kept from before; other's once
 
 
+def test_values_written_in_place_are_seen_forward_and_backward(graph):
+    """The transpose the backward pass uses and a layer's normalization and kept Â X follow
+    values written into the graph's arrays in place, as the forward product does."""
+    adj = graph.astype(np.float64)
+    x = features(14, 3, grad=True)
+    F.spmm(adj, x).sum().backward()
+    adj.data *= 10
+    x.grad = None
+    out = F.spmm(adj, x)
+    out.sum().backward()
+    dense = torch.from_numpy(adj.toarray())
+    torch.testing.assert_close(out, dense @ x.detach())
+    torch.testing.assert_close(x.grad, dense.T @ torch.ones_like(out))
+    conv = nn.GCNConv(3, 2, normalize=False).double()
+    constant = features(14, 3)
+    conv(constant, adj), conv(constant, adj)        # Â X kept
+    adj.data[:3] = -1.0
+    fresh = nn.GCNConv(3, 2, normalize=False).double()
+    fresh.load_state_dict(conv.state_dict())
+    torch.testing.assert_close(conv(constant, adj), fresh(constant, adj), rtol=0, atol=0)
+    normalized = nn.GCNConv(3, 2).double()
+    normalized(constant, adj)
+    adj.data[:] = np.abs(adj.data) + 1
+    fresh = nn.GCNConv(3, 2).double()
+    fresh.load_state_dict(normalized.state_dict())
+    torch.testing.assert_close(normalized(constant, adj), fresh(constant, adj), rtol=0, atol=0)
+
+
+def test_the_checksum_sees_any_one_changed_word_and_the_tail():
+    from pysparse_hpc.kernels.cpu.checksum import checksum
+    values = np.random.default_rng(0).random(101).astype(np.float32)   # a 4-byte tail
+    before = checksum(values)
+    assert checksum(values.copy()) == before
+    for position in (0, 50, 100):
+        changed = values.copy()
+        changed[position] = np.nextafter(changed[position], np.float32(2))
+        assert checksum(changed) != before, position
+    swapped = values.copy()
+    swapped[[3, 4]] = swapped[[4, 3]]
+    assert checksum(swapped) != before
+    assert checksum(values[:100]) != checksum(values)
+    assert checksum(np.zeros(0)) == checksum(np.zeros(0, np.float32))
+
+
 def test_layers_run_under_inference_mode_and_train_after(graph):
     """Nothing made under inference_mode (whose tensors cannot be saved for backward) is
     kept: the layers run there, on a sparse array or an edge_index made there, and train

@@ -15,9 +15,10 @@ Every layer takes ``forward(x, adj)`` with ``adj`` a pysparse_hpc sparse array (
 blocked) or a ``[2, E]`` edge_index tensor (converted once and cached), and runs on the CPU
 kernels or, for tensors on a GPU, the CUDA backend. Importing this module imports torch.
 
-Graphs are treated as immutable: what is built from a sparse array (normalization, transpose,
-dtype copies) is kept on it while it holds the same arrays. Rebinding one (``A.data = new``)
-starts afresh; values written into them in place are not seen. Edit a copy (``A.copy()``).
+What is built from a sparse array (normalization, transpose, dtype copies) is kept on it while
+it holds the same arrays with the same values: rebinding one (``A.data = new``) or writing its
+values in place starts afresh (a checksum of the values is compared on each use). Do not write
+them between a forward pass and its backward pass.
 """
 from . import functional
 from .agnn import AGNNConv

@@ -38,8 +38,8 @@ def spmm_fixed(adj, x):
         return ops.spmm(adj, x.detach())
     # The CUDA-core kernel reads CSR: hand it the kept canonical form, so the device copies of
     # its arrays are made once rather than for a fresh conversion of a blocked adj every call.
-    # Its values go to the device once too: the layers treat a graph as unchanging, whereas
-    # `ops.spmm` re-sends them on every call in case they were changed in place.
+    # Its values go to the device once too, until they change (`cached_on` checks a checksum
+    # on the host, far cheaper than `ops.spmm`'s copy of them on every call).
     from .._cuda_backend import pattern_spmm_cuda
     csr = _graph.pattern(adj)
     values = _graph.cached_on(csr, ("device_values", str(x.device)), lambda: _torch().from_numpy(

@@ -2,10 +2,9 @@
 
 Everything built from an adjacency (its canonical CSR pattern, the transpose the backward pass
 multiplies by, a copy in another dtype) is cached on the adjacency object itself, so a training
-loop that passes the same graph every epoch builds each piece once. Sparse arrays are treated as
-immutable here, as the kernels' caches already do: rebinding an array of one (``A.data =
-new``) drops its cache, values written into its arrays in place are not seen (the public
-docs say so: `pysparse_hpc.nn`).
+loop that passes the same graph every epoch builds each piece once. Rebinding an array of one
+(``A.data = new``) or writing its values in place drops its cache (`cached_on`), so what is
+built always follows the values a product with the array reads.
 """
 import sys
 import warnings
@@ -18,6 +17,7 @@ from .._blocked import blocked_array
 from .._csr import csr_array
 from .._sputils import check_integer, get_index_dtype
 from .._cy import convert as _convert
+from ..kernels.cpu.checksum import checksum
 from ..distributed.graph import DistGraph
 
 __all__ = ["EdgeIndexCache", "as_graph", "cached_on", "check_graph_for", "edge_ids", "pattern",
@@ -26,12 +26,17 @@ __all__ = ["EdgeIndexCache", "as_graph", "cached_on", "check_graph_for", "edge_i
 
 def cached_on(owner, key, build):
     """``build()`` once per ``key``, kept on ``owner`` (a sparse array) while ``owner`` holds
-    the same array objects: rebinding one (``A.data = new``) drops everything built."""
+    the same array objects with the same values: rebinding one (``A.data = new``) or writing
+    values into one in place (``A.data *= 2``, noticed by a checksum of the value arrays, one
+    pass over them per call) drops everything built."""
     arrays = [value for value in owner.__dict__.values() if isinstance(value, np.ndarray)]
+    # The values, not the index arrays: a pattern edited in place is not a sparse array's.
+    values = tuple(checksum(array) for array in arrays if array.dtype.kind in "fc")
     cache = owner.__dict__.get("_nn_cache")
     if cache is None or len(cache["arrays"]) != len(arrays) or any(
-            old is not new for old, new in zip(cache["arrays"], arrays)):
-        cache = owner.__dict__["_nn_cache"] = {"arrays": arrays, "built": {}}
+            old is not new for old, new in zip(cache["arrays"], arrays)) \
+            or cache["values"] != values:
+        cache = owner.__dict__["_nn_cache"] = {"arrays": arrays, "values": values, "built": {}}
     built = cache["built"]
     if key not in built:
         built[key] = build()

@@ -203,7 +203,7 @@ def dropout(x, p=0.5, training=True, row_ids=None):
     ----------
     x : torch.Tensor
     p : float
-        In [0, 1).
+        In [0, 1]; 1 zeroes every element (``x * 0``, as torch).
     training : bool
         False returns ``x`` unchanged.
     row_ids : array of int64, shape (x.shape[0],), optional
@@ -211,10 +211,12 @@ def dropout(x, p=0.5, training=True, row_ids=None):
         rather than its position, so the rows of a graph distributed over any number of ranks
         get the masks the whole graph gets in one process (`row_ids` gives them).
     """
-    if not 0.0 <= p < 1.0:
-        raise ValueError(f"dropout probability must be in [0, 1), got {p!r}")
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(f"dropout probability must be in [0, 1], got {p!r}")
     if not training or p == 0.0:
         return x
+    if p == 1.0:   # nothing is kept: torch's result, no mask to hash
+        return x * 0.0
     if row_ids is not None and x.dim() == 0:
         raise ValueError("row_ids needs an x with rows, got a 0-d tensor")
     if not _backend.on_cpu(x) or x.dtype not in _FLOAT_DTYPES or x.dim() == 0:
@@ -269,9 +271,8 @@ def spmm(adj, x, values=None):
     adj : csr_array, mebcrs_array, blocked_array or DistGraph, shape (M, K)
         The sparse operand. Without ``values`` its own values are used (constants) and the
         product runs on adj's format (a blocked ``adj`` runs the blocked kernel, forward and
-        backward); its transpose for the backward pass is built once and kept on it, so
-        values written into its arrays in place are not seen (`pysparse_hpc.nn`: graphs are
-        immutable). With ``values`` only its pattern is read. A
+        backward); its transpose for the backward pass is built once and kept on it until
+        its values change (`pysparse_hpc.nn`). With ``values`` only its pattern is read. A
         `~pysparse_hpc.distributed.DistGraph` takes this rank's rows of ``x`` and returns
         its rows of the product; the halo rows travel while the owned columns are multiplied
         (forward), and their gradient goes back to the owners (backward).

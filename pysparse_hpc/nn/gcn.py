@@ -118,31 +118,33 @@ class _InputMemo:
         return (x._version, x.dtype, x.device, tuple(x.shape))
 
     @staticmethod
-    def _token(graph):
+    def token(graph):
+        """What stands for ``graph`` in the keys (pass it to the other methods)."""
         return cached_on(graph, "gcn_input_memo", _GraphToken)
 
-    def _matches(self, key, graph, x):
+    def _matches(self, key, token, x):
         token_ref, x_ref, state = key
-        return token_ref() is self._token(graph) and x_ref() is x and state == self._state(x)
+        return token_ref() is token and x_ref() is x and state == self._state(x)
 
-    def seen(self, graph, x):
-        """Whether (graph, x) was met before (noted, or with its ``Â X`` kept)."""
+    def seen(self, token, x):
+        """Whether (the graph of ``token``, x) was met before (noted, or with its ``Â X``
+        kept)."""
         keys = self._candidates + ([self._key] if self._key is not None else [])
-        return any(self._matches(key, graph, x) for key in keys)
+        return any(self._matches(key, token, x) for key in keys)
 
-    def get(self, graph, x):
-        if self._key is not None and self._matches(self._key, graph, x):
+    def get(self, token, x):
+        if self._key is not None and self._matches(self._key, token, x):
             return self.value
         return None
 
-    def note(self, graph, x):
-        """Remember (graph, x) as met once."""
+    def note(self, token, x):
+        """Remember (the graph of ``token``, x) as met once."""
         alive = [key for key in self._candidates if key[0]() is not None and key[1]() is not None]
-        alive.append((weakref.ref(self._token(graph)), weakref.ref(x), self._state(x)))
+        alive.append((weakref.ref(token), weakref.ref(x), self._state(x)))
         self._candidates = alive[-self._MAX_CANDIDATES:]
 
-    def remember(self, graph, x, value):
-        self._key = (weakref.ref(self._token(graph)), weakref.ref(x), self._state(x))
+    def remember(self, token, x, value):
+        self._key = (weakref.ref(token), weakref.ref(x), self._state(x))
         self.value = value
 
 
@@ -233,17 +235,17 @@ class GCNConv(torch.nn.Module):
             return normalized
         return cached_on(graph, ("gcn_layer_norm", dtype.name), build)
 
-    def _order_for(self, x, graph):
+    def _order_for(self, x, token, memo):
         if self.lin._forward_hooks or self.lin._forward_pre_hooks:
             # Something watches the transform (a preconditioner gathering curvature): let it
             # see X and the gradient of X W, the same statistics whatever order is set.
             return "transform_first"
         if self.order != "auto":
             return self.order
-        needs_grad = x.requires_grad and torch.is_grad_enabled()
-        if not needs_grad and self._propagated.usable(x) and self._propagated.seen(graph, x):
+        if memo and self._propagated.seen(token, x):
             return "propagate_first"  # the same input again: Â X is (or will be) kept
-        return choose_order(self.in_channels, self.out_channels, needs_grad)
+        return choose_order(self.in_channels, self.out_channels,
+                            x.requires_grad and torch.is_grad_enabled())
 
     def forward(self, x, adj, num_nodes=None):
         """Apply the layer.
@@ -261,19 +263,21 @@ class GCNConv(torch.nn.Module):
         graph = as_graph(adj, num_nodes, self._edge_cache, default_num_nodes=x.shape[0])
         check_graph_for(graph, x)
         graph = self._normalized_graph(graph, x)
-        order = self._order_for(x, graph)
-        self.last_order = order
+        # Â X can be kept for an input that needs no gradient, outside inference mode
         memo = not (x.requires_grad and torch.is_grad_enabled()) and self._propagated.usable(x)
+        token = self._propagated.token(graph) if memo else None
+        order = self._order_for(x, token, memo)
+        self.last_order = order
         if order == "transform_first":
             out = functional.spmm(graph, dense_transform(self.lin, x))
-            if memo and not self._propagated.seen(graph, x):
-                self._propagated.note(graph, x)  # met again, it switches order
+            if memo and not self._propagated.seen(token, x):
+                self._propagated.note(token, x)  # met again, it switches order
         else:
-            propagated = self._propagated.get(graph, x) if memo else None
+            propagated = self._propagated.get(token, x) if memo else None
             if propagated is None:
                 propagated = functional.spmm(graph, x)
                 if memo:
-                    self._propagated.remember(graph, x, propagated.detach())
+                    self._propagated.remember(token, x, propagated.detach())
             out = dense_transform(self.lin, propagated)
         if self.bias is not None:
             out = out + self.bias.to(x.dtype)
