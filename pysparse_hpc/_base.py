@@ -1,4 +1,6 @@
 """The base class of every sparse array: what all formats share, whatever their layout."""
+import sys
+
 import numpy as np
 import scipy.sparse
 
@@ -106,6 +108,10 @@ class sparray:
         if issparse(other) or scipy.sparse.issparse(other):
             raise TypeError(f"sparse @ sparse products are not supported (the right operand "
                             f"is a {type(other).__name__}); convert both with to_scipy()")
+        if _tracks_gradient(other):
+            # A @ W inside a model: the differentiable product, as torch.sparse.mm's
+            from .nn.functional import spmm
+            return spmm(self, other[:, None])[:, 0] if other.dim() == 1 else spmm(self, other)
         return _ops().spmm(self, other)
 
     def __rmatmul__(self, other):
@@ -117,6 +123,14 @@ class sparray:
         if left.ndim not in (1, 2):
             raise ValueError(f"the left operand of @ must be 1-D or 2-D, got {left.ndim}-D "
                              f"(use * for a scalar)")
+        if left.shape[-1] != self.shape[0]:
+            raise ValueError(f"dimension mismatch: the left operand of @ has shape "
+                             f"{tuple(left.shape)} and A has shape {self.shape}; expected "
+                             f"left.shape[-1] == A.shape[0] = {self.shape[0]}")
+        if _tracks_gradient(left):
+            from .nn.functional import spmm
+            product = spmm(self.T, left[None, :].T if left.dim() == 1 else left.T).T
+            return product[0] if left.dim() == 1 else product
         as_dense(left, "the left operand of @")  # its error names it, not the SpMM's B
         spmm = _ops().spmm
         if left.ndim == 1:
@@ -130,6 +144,11 @@ class sparray:
         rows, cols = self.shape
         return (f"<{self._format_name} of shape ({rows}, {cols}), dtype {self.dtype}, "
                 f"index {self.index_dtype}, {self.nnz} stored entries{self._repr_details()}>")
+
+
+def _tracks_gradient(x):
+    """Whether ``x`` is a torch tensor whose product must carry a gradient."""
+    return is_torch_tensor(x) and x.requires_grad and sys.modules["torch"].is_grad_enabled()
 
 
 def issparse(x):

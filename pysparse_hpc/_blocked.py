@@ -132,6 +132,11 @@ class blocked_array(sparray):
         if vector_mask is None:
             positions = value_positions(row_window_offset, window, block_width)
             vector_mask = _pack_rows(values[positions] != 0)
+            # The mask made from the values gets the checks a given one gets: nonzero values
+            # in the padding rows past the matrix would mark rows the kernels then write.
+            _check_blocked_arrays(values, col_idx, row_window_offset, vector_mask, shape,
+                                  window, block_width, full_check=True,
+                                  mask_name="the nonzero values (vector_mask=None)")
         elif copy:
             vector_mask = vector_mask.copy()
         self._set_arrays(values.copy() if copy else values,
@@ -356,7 +361,7 @@ def unpack_vector_mask(vector_mask, n_vectors, window):
 
 
 def _check_blocked_arrays(values, col_idx, row_window_offset, vector_mask, shape, window,
-                          block_width, full_check):
+                          block_width, full_check, mask_name="vector_mask"):
     n_rows, n_cols = shape
     n_windows = -(-n_rows // window)
     if row_window_offset.size != n_windows + 1:
@@ -398,14 +403,16 @@ def _check_blocked_arrays(values, col_idx, row_window_offset, vector_mask, shape
     if vector_mask is not None and col_idx.size:
         bits = _unpack_rows(vector_mask, col_idx.size, window)
         if not np.all(bits.any(axis=1)):
-            raise ValueError("every vector must hold at least one stored entry (a zero mask found)")
+            raise ValueError("every vector must hold at least one stored entry; by "
+                             f"{mask_name}, one holds none")
         last_rows = n_rows - (n_windows - 1) * window
         if bits.shape[1] > window and np.any(bits[:, window:]):
-            raise ValueError(f"vector_mask sets bits beyond the window height {window}")
+            raise ValueError(f"by {mask_name}, entries lie beyond the window height {window}")
         last = slice(int(row_window_offset[n_windows - 1]), int(row_window_offset[n_windows]))
         if last_rows < window and np.any(bits[last, last_rows:]):
             raise ValueError(
-                f"vector_mask marks rows beyond the matrix: the last window has {last_rows} rows"
+                f"by {mask_name}, entries lie in rows beyond the matrix: the last window has "
+                f"{last_rows} rows"
             )
         padding = values[value_positions(row_window_offset, window, block_width)][~bits[:, :window]]
         if np.any(padding != 0):

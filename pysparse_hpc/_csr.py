@@ -384,12 +384,14 @@ class csr_array(sparray):
         ----------
         copy : bool, default False
             False shares this array's ``indptr``, ``indices`` and ``data`` (no copy, as
-            scipy's own conversions do). scipy's in-place methods (``sum_duplicates``,
-            ``eliminate_zeros``, ``sort_indices``, ``prune``) rewrite shared arrays and so
-            this array's too: take ``copy=True`` before calling them.
+            scipy's own conversions do) when the array is canonical. scipy's in-place methods
+            (``eliminate_zeros``, ``prune``) rewrite shared arrays and so this array's too:
+            take ``copy=True`` before calling them. A non-canonical array (unsorted or
+            repeated indices) is always copied: scipy sums duplicates and sorts in place
+            inside operations that look read-only (``abs``, ``-S``, ``S * 2``).
         """
         data = self.data.astype(np.float32) if self.dtype == np.float16 else self.data
-        if copy:
+        if copy or not self.has_canonical_format:
             return scipy.sparse.csr_array((data.copy(), self.indices.copy(), self.indptr.copy()),
                                           shape=self.shape)
         return scipy.sparse.csr_array((data, self.indices, self.indptr), shape=self.shape)

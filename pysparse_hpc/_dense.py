@@ -63,7 +63,13 @@ def as_dense(x, name):
         if x.is_sparse or x.layout != _torch().strided:
             raise TypeError(f"{name} must be a dense (strided) tensor, got layout {x.layout}")
         if x.requires_grad:
-            x = x.detach()  # autograd goes through pysparse_hpc.nn.functional, not here
+            if _torch().is_grad_enabled():
+                # a silent detach would drop this product's gradient from the model's
+                raise TypeError(
+                    f"{name} requires grad, and the kernels' functions do not differentiate: "
+                    f"use A @ {name} or pysparse_hpc.nn.functional (spmm, sddmm) for a "
+                    f"gradient, or pass {name}.detach()")
+            x = x.detach()
         if x.device.type != "cpu":
             return DenseOperand(None, "torch", x.device.type, x)
         if x.dtype == _torch().bfloat16:  # NumPy has no bfloat16: say so before numpy() does

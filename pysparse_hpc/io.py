@@ -90,13 +90,19 @@ def load_npz(path, prefix=None, index_dtype=None):
 
 
 def save_npz(path, A, compressed=True):
-    """Save a sparse array in scipy's ``.npz`` CSR layout (readable by `load_npz` and scipy)."""
+    """Save a sparse array in scipy's ``.npz`` CSR layout (readable by `load_npz` and by
+    ``scipy.sparse.load_npz``, which returns a ``csr_array``).
+
+    The values keep their dtype, so `load_npz` gives back the same array. scipy reads float16
+    values but most of its operations refuse them: save ``A.astype(np.float32)`` for scipy.
+    """
     if not isinstance(A, sparray):
         raise TypeError(f"expected a pysparse_hpc sparse array, got {type(A).__name__}")
     csr = A.tocsr()
     save = np.savez_compressed if compressed else np.savez
+    # _is_array: scipy's mark of a sparse array (not a matrix) since scipy 1.11
     save(path, format=np.str_("csr"), shape=np.asarray(csr.shape, dtype=np.int64),
-         indptr=csr.indptr, indices=csr.indices, data=csr.data)
+         indptr=csr.indptr, indices=csr.indices, data=csr.data, _is_array=np.True_)
 
 
 def read_matrix_market(path):

@@ -4,13 +4,15 @@ Dtypes: the computation runs in numpy's promotion of the operands' dtypes, excep
 (a storage format) is computed and returned in float32. Mixed float32/float64 operands therefore
 give float64 results; integer, boolean and complex operands are rejected with a TypeError.
 """
+import contextlib
 import functools
+import math
 
 import numpy as np
 
 from . import _buffers
 from ._base import sparray
-from ._blocked import blocked_array
+from ._blocked import blocked_array, unpack_vector_mask, value_positions
 from ._config import get_num_threads, parallel_min_flops, spmm_tile
 from ._dense import as_dense, is_torch_tensor, wrap_like
 from ._sputils import is_real_number
@@ -263,11 +265,19 @@ def sddmm(A, X, Y, *, alpha=1.0, beta=0.0, backend="auto", precision="fp32"):
         _launch(_cpu_sddmm.csr_sddmm, _cpu_sddmm.csr_sddmm_serial, A, A.indptr, flops, A.indptr,
                 A.indices, X, Y, zero, result)
     # alpha and beta in one vectorized pass (padding slots hold 0 in both terms).
-    if alpha != 1.0:
-        result *= dtype.type(alpha)
-    if beta != 0.0:
-        addend = stored_values.astype(dtype, copy=False)
-        result += dtype.type(beta) * (addend[:, None] if multi_head else addend)
+    blocked = isinstance(A, blocked_array)
+    # a blocked A's padding slots meet an infinite alpha or beta as inf * 0: zeroed below
+    with np.errstate(invalid="ignore") if blocked else contextlib.nullcontext():
+        if alpha != 1.0:
+            result *= dtype.type(alpha)
+        if beta != 0.0:
+            addend = stored_values.astype(dtype, copy=False)
+            result += dtype.type(beta) * (addend[:, None] if multi_head else addend)
+    if blocked and not (math.isfinite(alpha) and math.isfinite(beta)):
+        # inf * 0 is NaN: the padding slots must stay 0 (the format's rule, which the kernels
+        # and the tensor-core path rely on)
+        present = unpack_vector_mask(A.vector_mask, A.n_vectors, A.window)
+        result[value_positions(A.row_window_offset, A.window, A.block_width)[~present]] = 0
     if multi_head:
         return wrap_like(x_operand, result)
     return _with_values(A, result)

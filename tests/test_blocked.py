@@ -250,3 +250,26 @@ def test_int32_matches_int64_on_every_shared_matrix(suitesparse_path):
     for a, b in zip(_blocked_arrays(M32), _blocked_arrays(M64)):
         np.testing.assert_array_equal(a, b)
     assert_same_csr(M32.tocsr(), A64.to_scipy())
+
+
+def test_raw_values_without_a_mask_get_the_mask_checks():
+    """A mask made from the values is checked as a given one is: nonzeros in the padding
+    rows past the matrix (which the kernels would write) and all-zero vectors are refused."""
+    with pytest.raises(ValueError, match="by the nonzero values .* rows beyond the matrix"):
+        sph.mebcrs_array((np.ones(8), np.array([1]), np.array([0, 1]), None), shape=(3, 4))
+    with pytest.raises(ValueError, match="at least one stored entry; by the nonzero values"):
+        sph.mebcrs_array((np.zeros(8), np.array([1]), np.array([0, 1]), None), shape=(8, 4))
+    values = np.zeros(8)
+    values[:3] = 1
+    built = sph.mebcrs_array((values, np.array([1]), np.array([0, 1]), None), shape=(3, 4))
+    np.testing.assert_array_equal(built @ np.ones((4, 2)), np.ones((3, 2)))
+
+
+@pytest.mark.parametrize("alpha, beta", [(np.inf, 0.0), (np.nan, 0.0), (1.0, np.inf)])
+def test_sddmm_keeps_the_padding_zero_for_infinite_scalars(rng, alpha, beta):
+    A = sph.csr_array(random_scipy(rng, (10, 9), 0.3)).to_mebcrs()
+    x, y = rng.random((10, 3)), rng.random((9, 3))
+    result = sph.sddmm(A, x, y, alpha=alpha, beta=beta)
+    result.check_format(full_check=True)
+    reference = sph.sddmm(A.tocsr(), x, y, alpha=alpha, beta=beta)
+    np.testing.assert_array_equal(result.tocsr().toarray(), reference.toarray())

@@ -35,6 +35,7 @@ def test_save_load_round_trip(tmp_path, rng):
     assert_same_csr(B, A.to_scipy())
     assert B.dtype == np.float32
     assert_same_csr(A, scipy.sparse.load_npz(tmp_path / "a.npz"))  # readable by scipy
+    assert isinstance(scipy.sparse.load_npz(tmp_path / "a.npz"), scipy.sparse.sparray)
 
 
 def test_matrix_market_round_trip(tmp_path, rng):

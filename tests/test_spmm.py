@@ -217,6 +217,33 @@ def test_torch_operands_zero_copy(rng):
     assert (A @ grad).shape == (25, 2)
 
 
+def test_products_with_a_tensor_that_requires_grad_carry_its_gradient(rng):
+    """``A @ W`` inside a model differentiates (as torch.sparse.mm); the kernels' functions,
+    which cannot, refuse such a tensor instead of dropping its gradient silently."""
+    torch = pytest.importorskip("torch")
+    A = sph.csr_array(random_scipy(rng, (6, 5), 0.5))
+    dense = torch.from_numpy(A.toarray())
+    for shape, product, reference in (
+            ((5, 3), lambda W: A @ W, lambda W: dense @ W),
+            ((5,), lambda W: A @ W, lambda W: dense @ W),
+            ((2, 6), lambda W: W @ A, lambda W: W @ dense),
+            ((6,), lambda W: W @ A, lambda W: W @ dense)):
+        W = torch.randn(*shape, dtype=torch.float64, requires_grad=True)
+        got = product(W)
+        torch.testing.assert_close(got, reference(W.detach()))
+        (got.sum() + W.sum()).backward()
+        expected = W.detach().clone().requires_grad_()
+        (reference(expected).sum() + expected.sum()).backward()
+        torch.testing.assert_close(W.grad, expected.grad)
+    W = torch.randn(5, 3, dtype=torch.float64, requires_grad=True)
+    with pytest.raises(TypeError, match="requires grad.*pysparse_hpc.nn.functional"):
+        sph.spmm(A, W)
+    with pytest.raises(TypeError, match="requires grad"):
+        sph.sddmm(A, torch.randn(6, 2, requires_grad=True), torch.randn(5, 2))
+    with torch.no_grad():
+        assert not (A @ W).requires_grad and sph.spmm(A, W).shape == (6, 3)
+
+
 def test_backend_argument(rng):
     A = sph.csr_array(random_scipy(rng, (5, 4), 0.5))
     B = np.ones((4, 2))
@@ -287,3 +314,11 @@ def test_hypothesis(n_rows, n_cols, density, duplicates, fmt, n, seed):
     A = FORMATS[fmt](sph.csr_array(S))
     B = rng.standard_normal((n_cols, n))
     np.testing.assert_allclose(A @ B, S @ B, rtol=1e-12, atol=1e-12)
+
+
+def test_a_left_product_names_the_operands_as_written(rng):
+    A = sph.csr_array(random_scipy(rng, (2, 3), 0.5))
+    with pytest.raises(ValueError, match=r"left operand of @ has shape \(2, 3\) and A has "
+                                         r"shape \(2, 3\); expected left.shape\[-1\] == "
+                                         r"A.shape\[0\] = 2"):
+        np.ones((2, 3)) @ A
