@@ -4,6 +4,7 @@ Imported only when ``backend="cuda"`` is asked for (or chosen by ``"auto"`` for 
 the CPU path never touches the CUDA toolchain. The CUDA simulator counts as a GPU when it is
 enabled (``NUMBA_ENABLE_CUDASIM=1`` before numba is imported).
 """
+import math
 import sys
 
 import numpy as np
@@ -270,6 +271,12 @@ def sddmm_cuda(A, x_operand, y_operand, alpha, beta, precision):
                                     precision)
         stored_values = stored.values
     on_device = x_operand.device == "cuda"
+    padded = isinstance(stored, blocked_array) and (on_device or stored is A)
+    finite = math.isfinite(alpha) and math.isfinite(beta)
+    if padded and on_device and not finite:
+        raise ValueError(f"alpha={alpha} and beta={beta} with a blocked A and device operands: "
+                         "the result's padding slots would be inf * 0 = NaN; pass finite "
+                         "scalars, or host operands")
     # The stored values are added on the device where the result keeps the kernel's order; a
     # host result in another order gets A's own values added after the gather (a non-canonical
     # A's duplicates each keep their own).
@@ -281,6 +288,9 @@ def sddmm_cuda(A, x_operand, y_operand, alpha, beta, precision):
     if on_device:
         return result
     values = device_out.copy_to_host()
+    if padded and not finite:   # the format's padding slots stay 0 (as on the CPU)
+        present = unpack_vector_mask(A.vector_mask, A.n_vectors, A.window)
+        values[value_positions(A.row_window_offset, A.window, A.block_width)[~present]] = 0
     if not in_kernel_order:
         values = _in_storage_order(A, stored, values)
         if beta != 0:

@@ -73,6 +73,24 @@ def test_sddmm_launcher_bad_arguments():
         sddmm_launcher(A.to_blocked(16), "tf32")
 
 
+def test_sddmm_keeps_a_blocked_results_padding_zero_for_infinite_scalars():
+    """inf * 0 in the padding slots: zeroed for host operands (as on the CPU), refused by
+    name for device operands."""
+    rng = np.random.default_rng(3)
+    M = sph.csr_array(random_scipy(rng, (9, 6), 0.3), dtype=np.float32).to_mebcrs(8)
+    X = rng.standard_normal((9, 4)).astype(np.float32)
+    Y = rng.standard_normal((6, 4)).astype(np.float32)
+    got = sph.sddmm(M, X, Y, alpha=np.inf, backend="cuda")
+    got.check_format(full_check=True)
+    np.testing.assert_array_equal(got.values, sph.sddmm(M, X, Y, alpha=np.inf).values)
+    sph.sddmm(M, X, Y, alpha=np.inf, backend="cuda", precision="tf32").check_format(
+        full_check=True)   # the tensor-core kernel ran on M's own slots
+    with pytest.raises(ValueError, match="padding slots would be inf"):   # M's own slots
+        sph.sddmm(M, cuda.to_device(X), cuda.to_device(Y), beta=np.inf, precision="tf32")
+    # fp32 runs the CSR kernel on M.tocsr(): no padding slots, nothing to refuse
+    sph.sddmm(M, cuda.to_device(X), cuda.to_device(Y), beta=np.inf)
+
+
 @pytest.mark.parametrize("heads", ["1", "2"])
 def test_gpu_sddmm_benchmark_end_to_end(heads, tmp_path, capsys):
     """``bench sddmm --backend cuda`` on a tiny R-MAT graph: every contender of ours runs and
