@@ -1388,3 +1388,14 @@ def test_kl_clip_bad_input():
     assert gm.step == 0
     assert all(torch.equal(p.grad, q.grad) for p, q in zip(model.parameters(),
                                                            plain.parameters()))
+
+
+@requires_asdl
+def test_the_config_has_asdls_fields_in_asdls_order():
+    """So that a config made positionally means the same in both libraries."""
+    import dataclasses
+    theirs = [(f.name, f.default) for f in dataclasses.fields(asdl.PreconditioningConfig)]
+    ours = [(f.name, f.default) for f in dataclasses.fields(P.PreconditioningConfig)]
+    assert ours[:len(theirs)] == theirs
+    assert [name for name, _ in ours[len(theirs):]] == ["curvature_interval_type"]
+    assert P.PreconditioningConfig(None, 2).preconditioner_upd_interval == 2

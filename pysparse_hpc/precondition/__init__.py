@@ -1,4 +1,5 @@
-"""Gradient preconditioning (K-FAC, Shampoo, Jorge) with ASDL's interface, in one process.
+"""Gradient preconditioning (K-FAC, Shampoo, Jorge) with ASDL's interface, in one process or
+over MPI (KAISA's strategies: ``comm=``, ``strategy=``).
 
 Compatible with ASDL 0.1a5 (PyPI ``asdfghjkl``, import name ``asdl``): the same class names,
 configuration fields, Fisher-type names and loop, so that a script changes only its import::
@@ -53,7 +54,8 @@ Fixed or added here:
 Not (yet) here: unit-wise curvature of normalization layers (they keep the plain gradient;
 ``unpreconditioned_parameters()`` lists them), ``setup_loss_repr`` / ``setup_logits_repr``,
 SKFAC (``swift=True``), the other makers (PSGD, K-BFGS, SENG, ...), the
-``"step"`` / ``"linear"`` interval types (ASDL ignores them), and the distributed strategies.
+``"step"`` / ``"linear"`` interval types (ASDL ignores them). The distributed strategies are
+KAISA's, over this library's communicator (ASDL's need NCCL and CUDA).
 Shampoo differs from ASDL's on purpose: ``block_size`` is applied, and the damping is added to
 the eigenvalues of each root, never into the stored statistics.
 

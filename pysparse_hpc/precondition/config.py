@@ -30,7 +30,8 @@ class PreconditioningConfig:
     """What to precondition, how often and with what damping (ASDL-compatible).
 
     The fields, their order and their defaults are ASDL 0.1a5's, so that
-    ``PreconditioningConfig(data_size=128, damping=1e-3)`` means the same in both libraries.
+    ``PreconditioningConfig(data_size=128, damping=1e-3)`` means the same in both libraries;
+    `curvature_interval_type`, a class attribute in ASDL, comes after them.
 
     Parameters
     ----------
@@ -102,11 +103,13 @@ class PreconditioningConfig:
     curvature_warmup_steps: int = 0
     curvature_upd_ratio: Optional[float] = None
     curvature_warmup_ratio: float = 0.0
-    curvature_interval_type: str = INTERVAL_CONSTANT
     data_size: int = _UNSET
     damping: float = 1e-7
     ema_decay: float = _UNSET
     ignore_modules: Optional[List[Any]] = None
+    # last: ASDL declares it without a type, so it is not among ASDL's fields, whose positions
+    # the fields above keep
+    curvature_interval_type: str = INTERVAL_CONSTANT
 
     def __post_init__(self):
         self._check()

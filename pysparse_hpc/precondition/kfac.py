@@ -36,7 +36,8 @@ pi-damping reads its trace, the rows' sum of squares), with the damping as
 ``A_woodbury_inv`` or ``A_woodbury_chol``.
 
 The update steps (compute, reduce, accumulate, invert, precondition) are those of
-`NaturalGradientMaker`, kept apart for a later distributed strategy.
+`NaturalGradientMaker`, kept apart so that the distributed strategies (`_kaisa`) can place
+each on its rank.
 """
 import math
 import warnings
