@@ -77,8 +77,9 @@ def dense_transform(linear, x):
 
 
 class _GraphToken:
-    """Stands for a graph's current arrays in `_InputMemo`'s keys: kept on the graph by
-    `cached_on`, so rebinding an array of the graph (``A.data = new``) makes a new one."""
+    """Stands for a graph's current arrays and values in `_InputMemo`'s keys: kept on the
+    graph by `cached_on`, so changing them (``A.data = new``, ``A.data *= 2``) makes a new
+    one."""
 
     __slots__ = ("__weakref__",)
 
@@ -158,7 +159,7 @@ class GCNConv(torch.nn.Module):
     cached : bool
         Use the first graph seen for every later call, whatever graph is passed (transductive
         training, as PyG's ``cached``). Without it the normalized graph is still built once per
-        graph and kept on it, until an array of the graph is rebound (``A.data = new``).
+        graph and kept on it, until the graph's values change (rebound or written in place).
     order : {"auto", "transform_first", "propagate_first"}
         "auto" applies `choose_order` per call, and reuses ``Â X`` across calls when the
         input is the same unchanged tensor that needs no gradient (then the layer runs no SpMM).
