@@ -206,6 +206,9 @@ def _format_mb(n_bytes):
 
 #: Environment variables that set threads per process: where one is set, the user chose.
 _THREAD_VARIABLES = ("PYSPARSE_HPC_NUM_THREADS", "OMP_NUM_THREADS", "NUMBA_NUM_THREADS")
+#: How long an interrupted rank other than 0 leaves rank 0 to report the interrupt and end the
+#: job before it does so itself.
+_INTERRUPT_GRACE_SECONDS = 2.0
 
 
 def _threads_per_rank(ranks_here):
@@ -276,14 +279,20 @@ def run_train(args, out=None):
                        compression=args.compression, momentum_sync=args.momentum_sync,
                        checkpoint=args.checkpoint, resume=args.resume, **given)
     except KeyboardInterrupt:
-        # Ctrl-C reaches every rank of a job launched from a terminal: one line from rank 0,
-        # not P tracebacks. Checkpoints are renamed into place only once complete, so the last
-        # one is whole whenever this lands.
-        if comm.rank == 0:
-            resume = (f"; --resume continues from the last checkpoint in {args.checkpoint}"
-                      if args.checkpoint else "")
-            sys.stderr.write(f"python -m pysparse_hpc train: interrupted{resume}\n")
-            sys.stderr.flush()
+        # Ctrl-C reaches every rank of a job launched from a terminal: one line, not P
+        # tracebacks. Checkpoints are renamed into place only once complete, so the last one is
+        # whole whenever this lands.
+        if comm.rank != 0:
+            # Rank 0 says it and ends the job when it got the interrupt too; but it may be
+            # blocked in a collective that waits for this rank, and then this rank says it.
+            try:
+                time.sleep(_INTERRUPT_GRACE_SECONDS)
+            except KeyboardInterrupt:
+                pass
+        resume = (f"; --resume continues from the last checkpoint in {args.checkpoint}"
+                  if args.checkpoint else "")
+        sys.stderr.write(f"python -m pysparse_hpc train: interrupted{resume}\n")
+        sys.stderr.flush()
         if comm.size > 1:
             comm.Abort(130)   # a rank interrupted alone would leave the others waiting
         return 130
