@@ -20,8 +20,8 @@ from .._cy import convert as _convert
 from ..kernels.cpu.checksum import checksum
 from ..distributed.graph import DistGraph
 
-__all__ = ["EdgeIndexCache", "as_graph", "cached_on", "check_graph_for", "edge_ids", "pattern",
-           "transpose", "with_dtype", "with_self_loops"]
+__all__ = ["EdgeIndexCache", "as_graph", "cached_on", "check_graph_for", "edge_ids",
+           "nodes_without_loop", "pattern", "transpose", "with_dtype", "with_self_loops"]
 
 
 def cached_on(owner, key, build):
@@ -264,15 +264,22 @@ def with_self_loops(adj):
     return _with_diagonal(pattern(adj), adj.shape[0])
 
 
+def nodes_without_loop(rows, cols, n_diagonal):
+    """The nodes ``i < n_diagonal`` with no stored entry ``(i, i)`` among the coordinates
+    ``(rows, cols)``: where a self-loop is added (PyG's ``add_remaining_self_loops``)."""
+    has_loop = np.zeros(n_diagonal, dtype=bool)
+    on_diagonal = (rows == cols) & (rows < n_diagonal)
+    has_loop[rows[on_diagonal]] = True
+    return np.flatnonzero(~has_loop)
+
+
 def _with_diagonal(csr, n_diagonal):
     """``csr`` (canonical) with stored entries (i, i) for i < n_diagonal, added as 1 where
     missing; kept on ``csr``."""
 
     def build():
         rows, cols, data = csr.tocoo()
-        has_loop = np.zeros(n_diagonal, dtype=bool)
-        has_loop[rows[rows == cols]] = True
-        missing = np.flatnonzero(~has_loop)
+        missing = nodes_without_loop(rows, cols, n_diagonal)
         if missing.size == 0:
             return csr
         # csr's index dtype (int32 where it fits), not the int64 of the coordinates.

@@ -7,7 +7,7 @@ import scipy.sparse
 from .._csr import csr_array
 from .._sputils import get_index_dtype
 from ..distributed.graph import DistGraph
-from ._graph import as_graph, cached_on
+from ._graph import as_graph, cached_on, nodes_without_loop
 
 __all__ = ["gcn_norm"]
 
@@ -61,7 +61,7 @@ def gcn_norm(adj, add_self_loops=True, num_nodes=None, dtype=None):
     matrix = scipy.sparse.csr_array(adj.tocsr().to_scipy().astype(np.float64))
     matrix.sum_duplicates()
     if add_self_loops:
-        missing = _without_loop(*_coordinates(matrix.indptr, matrix.indices), adj.shape[0])
+        missing = nodes_without_loop(*_coordinates(matrix.indptr, matrix.indices), adj.shape[0])
         loops = scipy.sparse.csr_array((np.ones(missing.size), (missing, missing)),
                                        shape=matrix.shape)
         matrix = scipy.sparse.csr_array(matrix + loops)
@@ -77,14 +77,6 @@ def gcn_norm(adj, add_self_loops=True, num_nodes=None, dtype=None):
 
 def _coordinates(indptr, indices):
     return np.repeat(np.arange(indptr.size - 1), np.diff(indptr)), indices
-
-
-def _without_loop(rows, cols, n_diagonal):
-    """The nodes ``i < n_diagonal`` with no stored entry ``(i, i)``."""
-    has_loop = np.zeros(n_diagonal, dtype=bool)
-    on_diagonal = rows == cols
-    has_loop[rows[on_diagonal & (rows < n_diagonal)]] = True
-    return np.flatnonzero(~has_loop)
 
 
 def _warn_if_negative(degree):
@@ -117,7 +109,7 @@ def _gcn_norm_distributed(graph, add_self_loops, dtype):
     data = data.astype(np.float64)
     if add_self_loops:
         # owned node i is local column i; halo columns come after the owned ones
-        missing = _without_loop(rows, cols, graph.n_local)
+        missing = nodes_without_loop(rows, cols, graph.n_local)
         rows, cols = np.concatenate([rows, missing]), np.concatenate([cols, missing])
         data = np.concatenate([data, np.ones(missing.size)])
     # The local matrix's index dtype (int32 where it fits), not the int64 of the coordinates.
