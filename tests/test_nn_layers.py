@@ -266,6 +266,41 @@ def test_values_written_in_place_are_seen_forward_and_backward(graph):
     torch.testing.assert_close(normalized(constant, adj), fresh(constant, adj), rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("change", ["in place", "rebound"])
+def test_a_graph_changed_between_forward_and_backward_makes_the_backward_raise(graph, change):
+    """The backward of a product with the graph's own values reads them again: changed after
+    the forward pass, it raises (as torch does for its own tensors) rather than return the
+    gradient of another product."""
+    adj = graph.astype(np.float64)
+    x = features(14, 3, grad=True)
+    out = F.spmm(adj, x)
+    if change == "in place":
+        adj.data *= 10
+    else:
+        adj.data = adj.data * 10
+    with pytest.raises(RuntimeError, match="changed .* after the forward pass"):
+        out.sum().backward()
+    x.grad = None
+    F.spmm(adj, x).sum().backward()          # a forward after the change is fine
+    ones = torch.ones(14, 3, dtype=torch.float64)
+    torch.testing.assert_close(x.grad, torch.from_numpy(adj.toarray()).T @ ones)
+
+
+def test_a_distgraph_is_followed_through_its_local_matrix(graph):
+    """Values written into a DistGraph's local matrix, or a local matrix rebound, are seen by
+    what the layers keep on the graph (its split for the product, its normalization)."""
+    from pysparse_hpc import distributed
+    dist = distributed.DistGraph(graph.astype(np.float64), np.zeros(14, np.int64),
+                                 distributed.Communicator(None))
+    x = features(14, 3)
+    before, norm_before = F.spmm(dist, x), nn.gcn_norm(dist).local.toarray()
+    dist.local.data *= 2
+    torch.testing.assert_close(F.spmm(dist, x), 2 * before)
+    assert not np.allclose(nn.gcn_norm(dist).local.toarray(), norm_before)
+    dist.local = sph.csr_array(dist.local.to_scipy() * 3)
+    torch.testing.assert_close(F.spmm(dist, x), 6 * before)
+
+
 def test_the_checksum_sees_any_one_changed_word_and_the_tail():
     from pysparse_hpc.kernels.cpu.checksum import checksum
     values = np.random.default_rng(0).random(101).astype(np.float32)   # a 4-byte tail

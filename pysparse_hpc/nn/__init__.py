@@ -17,8 +17,9 @@ kernels or, for tensors on a GPU, the CUDA backend. Importing this module import
 
 What is built from a sparse array (normalization, transpose, dtype copies) is kept on it while
 it holds the same arrays with the same values: rebinding one (``A.data = new``) or writing its
-values in place starts afresh (a checksum of the values is compared on each use). Do not write
-them between a forward pass and its backward pass.
+values in place starts afresh (a checksum of the values is compared on each use); a
+`~pysparse_hpc.distributed.DistGraph` follows its local matrix. A backward pass through a product
+whose sparse array changed after its forward pass raises, as torch does for its own tensors.
 """
 from . import functional
 from .agnn import AGNNConv

@@ -20,18 +20,21 @@ from .._cy import convert as _convert
 from ..kernels.cpu.checksum import checksum
 from ..distributed.graph import DistGraph
 
-__all__ = ["EdgeIndexCache", "as_graph", "cached_on", "check_graph_for", "edge_ids",
-           "nodes_without_loop", "pattern", "transpose", "with_dtype", "with_self_loops"]
+__all__ = ["EdgeIndexCache", "ValuesToken", "as_graph", "cached_on", "check_graph_for",
+           "edge_ids", "nodes_without_loop", "pattern", "transpose", "values_token",
+           "with_dtype", "with_self_loops"]
 
 
 def cached_on(owner, key, build):
-    """``build()`` once per ``key``, kept on ``owner`` (a sparse array) while ``owner`` holds
-    the same array objects with the same values: rebinding one (``A.data = new``) or writing
-    values into one in place (``A.data *= 2``, noticed by a checksum of the value arrays, one
-    pass over them per call) drops everything built."""
-    arrays = [value for value in owner.__dict__.values() if isinstance(value, np.ndarray)]
+    """``build()`` once per ``key``, kept on ``owner`` (a sparse array or a `DistGraph`) while
+    ``owner`` holds the same array objects with the same values: rebinding one (``A.data =
+    new``, ``graph.local = new``) or writing values into one in place (``A.data *= 2``,
+    ``graph.local.data *= 2``, noticed by a checksum of the value arrays, one pass over them
+    per call) drops everything built."""
+    arrays = _tracked_arrays(owner)
     # The values, not the index arrays: a pattern edited in place is not a sparse array's.
-    values = tuple(checksum(array) for array in arrays if array.dtype.kind in "fc")
+    values = tuple(checksum(array) for array in arrays
+                   if isinstance(array, np.ndarray) and array.dtype.kind in "fc")
     cache = owner.__dict__.get("_nn_cache")
     if cache is None or len(cache["arrays"]) != len(arrays) or any(
             old is not new for old, new in zip(cache["arrays"], arrays)) \
@@ -41,6 +44,28 @@ def cached_on(owner, key, build):
     if key not in built:
         built[key] = build()
     return built[key]
+
+
+def _tracked_arrays(owner):
+    """The objects whose identity (and, for float arrays, values) a cache on ``owner``
+    follows: a sparse array's NumPy arrays; a `DistGraph`'s local matrix and its arrays (the
+    graph's values live there)."""
+    if isinstance(owner, DistGraph):
+        return [owner.local] + _tracked_arrays(owner.local)
+    return [value for value in owner.__dict__.values() if isinstance(value, np.ndarray)]
+
+
+def values_token(adj):
+    """An object that stands for ``adj``'s current arrays and values: the same one while they
+    stay the same, a new one once an array is rebound or its values written (`cached_on`)."""
+    return cached_on(adj, "values_token", ValuesToken)
+
+
+class ValuesToken:
+    """What `values_token` returns: only its identity means anything (weakly referable, so
+    keys holding it do not keep it alive)."""
+
+    __slots__ = ("__weakref__",)
 
 
 def pattern(adj):

@@ -76,13 +76,21 @@ class _SpMMFixed(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, adj):
-        ctx.adj = adj
+        # The backward reads adj's values again (through its transpose); the token tells it
+        # whether they are still those the forward read, as torch's version counters do.
+        ctx.adj, ctx.adj_token = adj, _graph.values_token(adj)
         return _backend.spmm_fixed(adj, x)
 
     @staticmethod
     def backward(ctx, grad_y):
         if not ctx.needs_input_grad[0]:
             return None, None
+        if _graph.values_token(ctx.adj) is not ctx.adj_token:
+            raise RuntimeError("the sparse array of a product was changed (its values written "
+                               "in place or an array rebound) after the forward pass and "
+                               "before this backward, which would then not be the gradient of "
+                               "the output: change it before the forward pass or after the "
+                               "backward")
         # Through this Function again, so a gradient of the gradient (create_graph=True: a
         # gradient penalty, a Hessian-vector product) is exact: the product is linear in X.
         return _SpMMFixed.apply(grad_y, _graph.transposed_like(ctx.adj)), None

@@ -17,7 +17,7 @@ import torch
 from .._blocked import blocked_array
 from . import functional
 from ._checks import check_features, warn_once_if_nan
-from ._graph import EdgeIndexCache, as_graph, cached_on, check_graph_for
+from ._graph import EdgeIndexCache, as_graph, cached_on, check_graph_for, values_token
 from .norm import gcn_norm
 
 __all__ = ["GCNConv", "ORDERS", "choose_order"]
@@ -76,14 +76,6 @@ def dense_transform(linear, x):
     return torch.nn.functional.linear(x, linear.weight.to(x.dtype))
 
 
-class _GraphToken:
-    """Stands for a graph's current arrays and values in `_InputMemo`'s keys: kept on the
-    graph by `cached_on`, so changing them (``A.data = new``, ``A.data *= 2``) makes a new
-    one."""
-
-    __slots__ = ("__weakref__",)
-
-
 class _InputMemo:
     """``Â X`` for a (graph, X) pair, valid while both are the same, unchanged objects.
 
@@ -121,7 +113,7 @@ class _InputMemo:
     @staticmethod
     def token(graph):
         """What stands for ``graph`` in the keys (pass it to the other methods)."""
-        return cached_on(graph, "gcn_input_memo", _GraphToken)
+        return values_token(graph)
 
     def _matches(self, key, token, x):
         token_ref, x_ref, state = key
