@@ -317,6 +317,32 @@ def test_the_checksum_sees_any_one_changed_word_and_the_tail():
     assert checksum(np.zeros(0)) == checksum(np.zeros(0, np.float32))
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_the_checksum_sees_signs_flipped_in_pairs(dtype):
+    """A sign flip changes a word by 2**63, which a weighted sum of words keeps whatever the odd
+    weight: two flips cancelled there. ``A.data *= -1`` and flips of any two entries change
+    the checksum."""
+    from pysparse_hpc.kernels.cpu.checksum import checksum
+    values = np.random.default_rng(1).random(64).astype(dtype) + 1
+    before = checksum(values)
+    assert checksum(-values) != before
+    for first, second in [(0, 1), (1, 3), (0, 63), (10, 42)]:
+        flipped = values.copy()
+        flipped[[first, second]] *= -1
+        assert checksum(flipped) != before, (first, second)
+
+
+def test_negated_values_are_seen_by_the_backward():
+    adj = sph.csr_array(np.array([[0.0, 1.0, 2.0], [0.0, 0.0, 3.0], [4.0, 0.0, 0.0]]))
+    x = features(3, 2, grad=True)
+    F.spmm(adj, x).sum().backward()               # the transpose is built and kept
+    adj.data *= -1                                # four float64 words: two pairs of flips
+    x.grad = None
+    F.spmm(adj, x).sum().backward()
+    ones = torch.ones(3, 2, dtype=torch.float64)
+    torch.testing.assert_close(x.grad, torch.from_numpy(adj.toarray()).T @ ones)
+
+
 def test_layers_run_under_inference_mode_and_train_after(graph):
     """Nothing made under inference_mode (whose tensors cannot be saved for backward) is
     kept: the layers run there, on a sparse array or an edge_index made there, and train
