@@ -18,19 +18,25 @@ from .._csr import csr_array
 from .._sputils import check_integer, get_index_dtype
 from .._cy import convert as _convert
 from ..kernels.cpu.checksum import checksum
-from ..distributed.graph import DistGraph
+from ..distributed.graph import DistGraph, comm_sum
 
 __all__ = ["EdgeIndexCache", "ValuesToken", "as_graph", "cached_on", "check_graph_for",
            "edge_ids", "nodes_without_loop", "pattern", "transpose", "values_token",
            "with_dtype", "with_self_loops"]
 
 
-def cached_on(owner, key, build):
+def cached_on(owner, key, build, collective=False):
     """``build()`` once per ``key``, kept on ``owner`` (a sparse array or a `DistGraph`) while
     ``owner`` holds the same array objects with the same values: rebinding one (``A.data =
     new``, ``graph.local = new``) or writing values into one in place (``A.data *= 2``,
     ``graph.local.data *= 2``, noticed by a checksum of the value arrays, one pass over them
-    per call) drops everything built."""
+    per call) drops everything built.
+
+    ``collective=True`` (a call every rank makes, for what depends on every rank's values or
+    is built by communicating: a `DistGraph`'s normalization) makes the ranks agree, in one
+    allreduce, to build again when any of them has to: a rank whose values did not change
+    would otherwise keep a result built from its peers' old values, or leave them waiting
+    in the build's exchanges."""
     arrays = _tracked_arrays(owner)
     # The values, not the index arrays: a pattern edited in place is not a sparse array's.
     values = tuple(checksum(array) for array in arrays
@@ -41,6 +47,9 @@ def cached_on(owner, key, build):
             or cache["values"] != values:
         cache = owner.__dict__["_nn_cache"] = {"arrays": arrays, "values": values, "built": {}}
     built = cache["built"]
+    if collective and isinstance(owner, DistGraph) and owner.comm.size > 1:
+        if comm_sum(owner.comm, int(key not in built), "cache check"):
+            built.pop(key, None)
     if key not in built:
         built[key] = build()
     return built[key]
@@ -57,8 +66,10 @@ def _tracked_arrays(owner):
 
 def values_token(adj):
     """An object that stands for ``adj``'s current arrays and values: the same one while they
-    stay the same, a new one once an array is rebound or its values written (`cached_on`)."""
-    return cached_on(adj, "values_token", ValuesToken)
+    stay the same, a new one once an array is rebound or its values written (`cached_on`). On
+    a `DistGraph`, a collective call: every rank gets a new one when any rank's values
+    changed, so what is decided by it (recomputing a product) is decided alike."""
+    return cached_on(adj, "values_token", ValuesToken, collective=True)
 
 
 class ValuesToken:
@@ -285,7 +296,7 @@ def with_self_loops(adj):
     collective call)."""
     if isinstance(adj, DistGraph):
         return cached_on(adj, "with_self_loops", lambda: adj.with_local(
-            _with_diagonal(adj.local, adj.n_local)))
+            _with_diagonal(adj.local, adj.n_local)), collective=True)
     return _with_diagonal(pattern(adj), adj.shape[0])
 
 

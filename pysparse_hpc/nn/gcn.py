@@ -226,7 +226,7 @@ class GCNConv(torch.nn.Module):
             if isinstance(graph, blocked_array):  # keep the kernel the caller chose
                 normalized = normalized.to_blocked(graph.window, graph.block_width)
             return normalized
-        return cached_on(graph, ("gcn_layer_norm", dtype.name), build)
+        return cached_on(graph, ("gcn_layer_norm", dtype.name), build, collective=True)
 
     def _order_for(self, x, token, memo):
         if self.lin._forward_hooks or self.lin._forward_pre_hooks:

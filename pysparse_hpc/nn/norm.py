@@ -55,7 +55,8 @@ def gcn_norm(adj, add_self_loops=True, num_nodes=None, dtype=None):
     dtype = _values_dtype(adj, dtype)
     if isinstance(adj, DistGraph):
         return cached_on(adj, ("gcn_norm", add_self_loops, dtype),
-                         lambda: _gcn_norm_distributed(adj, add_self_loops, dtype))
+                         lambda: _gcn_norm_distributed(adj, add_self_loops, dtype),
+                         collective=True)
     if adj.shape[0] != adj.shape[1]:
         raise ValueError(f"adj must be square, got shape {adj.shape}")
     matrix = scipy.sparse.csr_array(adj.tocsr().to_scipy().astype(np.float64))

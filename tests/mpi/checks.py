@@ -429,6 +429,49 @@ def check_data_parallel_broadcasts_buffers():
             own(batches[2])
         for name, buffer in model.named_buffers():
             assert torch.equal(buffer, dict(own.named_buffers())[name]), name
+        if rank == size - 1:   # a rank-local pass (a saliency map) broadcasts nothing
+            own = copy.deepcopy(model)
+            with wrapped.no_sync():
+                wrapped(batches[2]).sum().backward()
+            own(batches[2])
+            for name, buffer in model.named_buffers():
+                assert torch.equal(buffer, dict(own.named_buffers())[name]), name
+        wrapped(batches[0]).sum().backward()   # every rank again: the collectives still pair
+
+
+def check_graph_values_changed_on_some_ranks():
+    """Values written into rank 0's local matrix alone: every rank rebuilds what depends on
+    every rank's values (the normalization, whose halo degrees come from the peers; GCNConv's
+    kept Â X). A rank whose own values did not change kept a result of its peers' old values,
+    or left them waiting in the rebuild's exchanges."""
+    import copy
+    from pysparse_hpc import nn
+    from pysparse_hpc.nn import _graph
+    adj = sph.datasets.load("cora").adj.astype(np.float64)
+    graph = DistGraph(adj, partition(adj, size, "contiguous"), comm)
+    x = torch.from_numpy(np.random.default_rng(0).random((adj.shape[0], 4)))
+    local_x = torch.from_numpy(graph.local_rows(x.numpy()))
+    torch.manual_seed(0)
+    layers = [nn.GCNConv(4, 2).double(), nn.GCNConv(4, 2, normalize=False).double()]
+    with torch.no_grad():
+        for layer in layers:
+            layer(local_x, graph), layer(local_x, graph)   # the second keeps Â X
+    _graph.with_self_loops(graph)
+    if rank == 0:
+        graph.local.data *= 3
+    changed = adj.to_scipy().tolil()
+    for row in np.flatnonzero(partition(adj, size, "contiguous").owner == 0):
+        changed[row] = changed[row] * 3
+    changed = sph.csr_array(changed.tocsr())
+    for layer in layers:
+        with torch.no_grad():
+            reference, out = copy.deepcopy(layer)(x, changed), layer(local_x, graph)
+        np.testing.assert_allclose(out.numpy(), graph.local_rows(reference.numpy()),
+                                   rtol=1e-10, atol=1e-14, err_msg=f"normalize={layer.normalize}")
+    with_loops = _graph.with_self_loops(graph)
+    expected = _graph.with_self_loops(changed)
+    np.testing.assert_allclose(with_loops.local.toarray()[:, :graph.n_local],
+                               expected.toarray()[graph.owned][:, graph.owned], rtol=0)
 
 
 def check_halo_exchange_of_mismatched_rows():
