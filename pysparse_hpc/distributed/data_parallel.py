@@ -53,8 +53,9 @@ class DataParallel(torch.nn.Module):
         Copy rank 0's parameters and buffers to every rank first, so replicas start equal.
     broadcast_buffers : bool
         Copy rank 0's buffers (BatchNorm's running statistics) to every rank at the start of
-        each forward with gradients enabled, as torch DDP does by default: one broadcast per
-        buffer dtype, booked as ``"broadcast"``. False leaves each rank its own buffers.
+        each forward with gradients enabled outside `no_sync`, as torch DDP does by default:
+        one broadcast per buffer dtype, booked as ``"broadcast"``. False leaves each rank its
+        own buffers.
 
     Notes
     -----
@@ -78,9 +79,10 @@ class DataParallel(torch.nn.Module):
     the gradients between reduced backwards, and accumulate inside `no_sync`, as under DDP
     (with ``average=True`` the mean makes either way right). With ``broadcast_buffers``
     every rank must call the wrapper's forward the same number of times with gradients
-    enabled (the broadcast is a collective, as under DDP); a forward under ``torch.no_grad()``
-    (evaluation) broadcasts nothing, so call `broadcast_parameters` before evaluating on one
-    rank after training without it. Wrapping a module
+    enabled outside `no_sync` (the broadcast is a collective, as under DDP); a forward under
+    ``torch.no_grad()`` (evaluation) or inside `no_sync` (a rank-local pass, accumulation)
+    broadcasts nothing, so call `broadcast_parameters` before evaluating on one rank after
+    training without it. Wrapping a module
     again (``fit`` does, once per call) retires the earlier wrapper: its hooks are removed
     and calling it is an error. A backward that raised part-way leaves its reductions
     unfinished: the wrapper's next ``forward`` waits for those it started and starts afresh,
@@ -168,7 +170,8 @@ class DataParallel(torch.nn.Module):
             self._buckets = self._make_buckets([p for b in self._buckets for p in b.params],
                                                self._bucket_mb * 2 ** 20)
             self._bucket_of = {id(p): b for b in self._buckets for p in b.params}
-        if self.broadcast_buffers and self.comm.size > 1 and torch.is_grad_enabled():
+        if (self.broadcast_buffers and self._enabled and self.comm.size > 1
+                and torch.is_grad_enabled()):
             self._broadcast_buffers()
         return self.module(*args, **kwargs)
 
