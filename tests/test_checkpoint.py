@@ -4,6 +4,7 @@ import hashlib
 import json
 import os
 import random
+import shutil
 import threading
 from collections import OrderedDict
 
@@ -337,6 +338,22 @@ def test_a_run_that_saved_nothing_leaves_its_directory_to_the_next(tmp_path):
     assert make(tmp_path / "a", fingerprint={"dataset": "cora"}).load().shard == {"x": 1}
     with pytest.raises(ValueError, match="another run"):
         make(tmp_path / "a", fingerprint={"dataset": "pubmed"})
+
+
+def test_a_run_not_yet_saved_keeps_its_directory(tmp_path):
+    """Only the run that made the marker takes it back: a run still before its first save
+    keeps its directory from another, and a directory whose steps were deleted is kept for
+    its own run."""
+    live = make(tmp_path / "a", fingerprint={"dataset": "cora"})
+    with pytest.raises(ValueError, match="another run"):
+        make(tmp_path / "a", fingerprint={"dataset": "pubmed"})
+    live.save(1, {"x": 1}, blocking=True)
+    live.close()
+    shutil.rmtree(tmp_path / "a" / next(e for e in os.listdir(tmp_path / "a")
+                                        if e.startswith("step")))
+    with pytest.raises(ValueError, match="another run"):
+        make(tmp_path / "a", fingerprint={"dataset": "pubmed"})
+    make(tmp_path / "a", fingerprint={"dataset": "cora"}).save(2, {"x": 2}, blocking=True)
 
 
 def test_bad_arguments_are_clear_errors(tmp_path):

@@ -241,6 +241,7 @@ class Checkpointer:
         self._staging = None
         self._damaged = set()  # steps load() found damaged: never counted among the kept
         self._lock = None      # rank 0's open lock file, from the first save: this run writes
+        self._wrote_marker = False  # rank 0 made the CHECKPOINTS file (taken back if unused)
         error = self._prepare_directory() if comm.rank == 0 else None
         error = comm.bcast(error)
         if error is not None:
@@ -285,10 +286,6 @@ class Checkpointer:
                 return NotADirectoryError(f"checkpoint directory {path} is a file, not a "
                                           "directory")
             marker = os.path.join(path, MARKER)
-            if os.path.isfile(marker) and not self._step_dirs():
-                # A run that stopped before its first save (a bad argument, a missing file)
-                # left only its marker: nothing of it is lost by taking the directory over.
-                os.remove(marker)
             if os.path.isdir(path) and not os.path.isfile(marker):
                 entries = sorted(os.listdir(path))
                 if entries:
@@ -302,6 +299,7 @@ class Checkpointer:
                 _files.write_json(marker, {"format": FORMAT, "version": VERSION,
                                            "fingerprint": self.fingerprint})
                 _files.fsync_directory(os.path.dirname(path))
+                self._wrote_marker = True
                 return None
             try:
                 with open(marker) as handle:
@@ -687,10 +685,21 @@ class Checkpointer:
     def release(self):
         """Give up the directory's write lock without committing anything (no collective):
         for a run that is failing. `close` does it after committing; the end of the process
-        does it too, however it ends."""
+        does it too, however it ends.
+
+        A run that made the directory's ``CHECKPOINTS`` file and saved nothing (it failed
+        before its first save: a mistyped dataset) removes that file here, so the corrected
+        run, with another fingerprint, is not refused as another run's."""
         if self._lock is not None:
             self._lock.close()
             self._lock = None
+        if self._wrote_marker and not self._step_dirs():
+            self._wrote_marker = False
+            try:
+                os.remove(os.path.join(self.directory, MARKER))
+                _files.fsync_directory(self.directory)
+            except OSError:  # it stays; a run with the same fingerprint still takes it
+                pass
 
     # ------------------------------------------------------------ loading
     def load(self, step=None, node_ids=None):
