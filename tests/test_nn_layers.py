@@ -343,6 +343,21 @@ def test_negated_values_are_seen_by_the_backward():
     torch.testing.assert_close(x.grad, torch.from_numpy(adj.toarray()).T @ ones)
 
 
+def test_index_tensors_kept_on_a_graph_are_made_outside_inference_mode(graph):
+    """The attention layers' index tensors (the GPU path's) and the transpose's order are kept
+    on the graph: made during an evaluation under inference mode, a later training step
+    could not save them for backward."""
+    from pysparse_hpc.nn import _backend, _graph
+    csr = _graph.pattern(graph)
+    with torch.inference_mode():
+        kept = [_backend.edge_rows(csr, "cpu"), _backend.edge_cols(csr, "cpu"),
+                _graph.transpose(csr).torch_order("cpu")]
+    assert not any(tensor.is_inference() for tensor in kept)
+    scores = torch.randn(csr.nnz, 2, requires_grad=True)
+    _backend.torch_edge_softmax(csr, scores).sum().backward()   # saves the rows for backward
+    assert scores.grad is not None
+
+
 def test_layers_run_under_inference_mode_and_train_after(graph):
     """Nothing made under inference_mode (whose tensors cannot be saved for backward) is
     kept: the layers run there, on a sparse array or an edge_index made there, and train

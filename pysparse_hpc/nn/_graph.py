@@ -123,7 +123,9 @@ class Transpose:
         """``order`` as a torch index tensor on ``device`` (made once per device)."""
         key = str(device)
         if key not in self._torch_order:
-            self._torch_order[key] = sys.modules["torch"].from_numpy(self.order).to(device)
+            torch = sys.modules["torch"]
+            with torch.inference_mode(False):   # kept: a later backward may save it
+                self._torch_order[key] = torch.from_numpy(self.order).to(device)
         return self._torch_order[key]
 
 
