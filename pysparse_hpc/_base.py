@@ -103,6 +103,12 @@ class sparray:
         """Return a deep copy."""
         return self.astype(self.dtype, copy=True)
 
+    def __getstate__(self):
+        # What was built from the arrays (the GNN layers' caches, device copies) is left out
+        # of pickles and deep copies: rebuilt on use, and partly unpicklable (weak references).
+        return {key: value for key, value in self.__dict__.items()
+                if key not in ("_nn_cache", "_device_cache")}
+
     # -- operators ------------------------------------------------------------------------
     def __matmul__(self, other):
         if issparse(other) or scipy.sparse.issparse(other):

@@ -391,6 +391,23 @@ def test_layers_and_models_pickle_after_use(graph):
         torch.testing.assert_close(loaded(x, edge_index_of(graph)), expected)
 
 
+def test_a_graph_pickles_without_what_was_built_from_it(graph):
+    """A ``cached=True`` layer keeps its graph, and pickling the layer pickled the graph's
+    caches (its normalization, transpose, device copies) too."""
+    import pickle
+    x = features(14, 6)
+    conv = nn.GCNConv(6, 3, cached=True).double()
+    expected = conv(x, graph)
+    conv(x, graph).sum().backward()
+    assert "_nn_cache" in graph.__dict__
+    plain = pickle.dumps(nn.GCNConv(6, 3, cached=True).double())
+    loaded = pickle.loads(pickle.dumps(conv))
+    assert "_nn_cache" not in loaded._first_graph.__dict__
+    assert len(pickle.dumps(conv)) < len(plain) + len(pickle.dumps(graph)) + 1000
+    torch.testing.assert_close(loaded(x, graph), expected)
+    assert "_nn_cache" in graph.__dict__          # the original keeps its own
+
+
 def test_models_take_an_edge_index(graph):
     graph = sph.csr_array((np.ones(graph.nnz), graph.indices, graph.indptr), shape=graph.shape)
     x = features(14, 6)
