@@ -274,9 +274,10 @@ def sddmm_cuda(A, x_operand, y_operand, alpha, beta, precision):
     padded = isinstance(stored, blocked_array) and (on_device or stored is A)
     finite = math.isfinite(alpha) and math.isfinite(beta)
     if padded and on_device and not finite:
-        raise ValueError(f"alpha={alpha} and beta={beta} with a blocked A and device operands: "
-                         "the result's padding slots would be inf * 0 = NaN; pass finite "
-                         "scalars, or host operands")
+        raise ValueError(f"alpha={alpha} and beta={beta} with device operands and "
+                         f"precision={precision!r}: the result keeps the blocked slots of "
+                         f"{'A' if stored is A else 'the ME-BCRS operand'}, whose padding "
+                         "would be inf * 0 = NaN; pass finite scalars, or host operands")
     # The stored values are added on the device where the result keeps the kernel's order; a
     # host result in another order gets A's own values added after the gather (a non-canonical
     # A's duplicates each keep their own).
@@ -288,14 +289,16 @@ def sddmm_cuda(A, x_operand, y_operand, alpha, beta, precision):
     if on_device:
         return result
     values = device_out.copy_to_host()
-    if padded and not finite:   # the format's padding slots stay 0 (as on the CPU)
-        present = unpack_vector_mask(A.vector_mask, A.n_vectors, A.window)
-        values[value_positions(A.row_window_offset, A.window, A.block_width)[~present]] = 0
     if not in_kernel_order:
         values = _in_storage_order(A, stored, values)
         if beta != 0:
             own = _stored_values(A).astype(dtype)
-            values += dtype.type(beta) * (own[:, None] if values.ndim == 2 else own)
+            with np.errstate(invalid="ignore"):   # inf * 0 gives NaN silently, as the kernels
+                values += dtype.type(beta) * (own[:, None] if values.ndim == 2 else own)
+    if isinstance(A, blocked_array) and not finite:
+        # The format's padding slots stay 0 (as on the CPU), whichever side added beta A.
+        present = unpack_vector_mask(A.vector_mask, A.n_vectors, A.window)
+        values[value_positions(A.row_window_offset, A.window, A.block_width)[~present]] = 0
     if values.ndim == 2:
         from ._dense import wrap_like
         return wrap_like(x_operand, values)

@@ -204,7 +204,10 @@ def sddmm(A, X, Y, *, alpha=1.0, beta=0.0, backend="auto", precision="fp32"):
         Same kind and number of dimensions as ``X``. The 3-D form computes one SDDMM per head
         (multi-head attention).
     alpha, beta : float
-        With ``beta == 0`` A's values are not read (a NaN there does not propagate).
+        With ``beta == 0`` A's values are not read (a NaN there does not propagate). An
+        infinite one leaves a blocked result's padding slots 0; with device operands whose
+        result keeps blocked slots (a blocked ``A``, or "tf32"/"fp16") it is refused: the
+        padding would be ``inf * 0``.
     backend : {"auto", "cpu", "cuda"}
         As for `spmm`. With device operands the CUDA backend returns the values as a device
         array of X's kind, in the storage order of the array the kernel ran on (A's own; for

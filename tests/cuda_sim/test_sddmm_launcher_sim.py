@@ -80,13 +80,18 @@ def test_sddmm_keeps_a_blocked_results_padding_zero_for_infinite_scalars():
     M = sph.csr_array(random_scipy(rng, (9, 6), 0.3), dtype=np.float32).to_mebcrs(8)
     X = rng.standard_normal((9, 4)).astype(np.float32)
     Y = rng.standard_normal((6, 4)).astype(np.float32)
-    got = sph.sddmm(M, X, Y, alpha=np.inf, backend="cuda")
-    got.check_format(full_check=True)
-    np.testing.assert_array_equal(got.values, sph.sddmm(M, X, Y, alpha=np.inf).values)
+    for scalars in (dict(alpha=np.inf), dict(beta=np.inf)):
+        # fp32 gathers the CSR kernel's result into M's slots and adds beta M on the host
+        got = sph.sddmm(M, X, Y, backend="cuda", **scalars)
+        got.check_format(full_check=True)
+        np.testing.assert_array_equal(got.values, sph.sddmm(M, X, Y, **scalars).values)
     sph.sddmm(M, X, Y, alpha=np.inf, backend="cuda", precision="tf32").check_format(
         full_check=True)   # the tensor-core kernel ran on M's own slots
-    with pytest.raises(ValueError, match="padding slots would be inf"):   # M's own slots
+    with pytest.raises(ValueError, match="blocked slots of A, whose padding would be inf"):
         sph.sddmm(M, cuda.to_device(X), cuda.to_device(Y), beta=np.inf, precision="tf32")
+    with pytest.raises(ValueError, match="slots of the ME-BCRS operand, whose padding"):
+        sph.sddmm(M.tocsr(), cuda.to_device(X), cuda.to_device(Y), beta=np.inf,
+                  precision="tf32")
     # fp32 runs the CSR kernel on M.tocsr(): no padding slots, nothing to refuse
     sph.sddmm(M, cuda.to_device(X), cuda.to_device(Y), beta=np.inf)
 
