@@ -116,8 +116,13 @@ class sparray:
                             f"is a {type(other).__name__}); convert both with to_scipy()")
         if _tracks_gradient(other):
             # A @ W inside a model: the differentiable product, as torch.sparse.mm's
+            if other.dim() not in (1, 2) or other.shape[0] != self.shape[1]:
+                raise ValueError(f"dimension mismatch: A has shape {self.shape} and the right "
+                                 f"operand of @ has shape {tuple(other.shape)}; expected a "
+                                 f"1-D or 2-D operand with {self.shape[1]} rows")
             from .nn.functional import spmm
-            return spmm(self, other[:, None])[:, 0] if other.dim() == 1 else spmm(self, other)
+            right = _promoted(other, self.dtype)
+            return spmm(self, right[:, None])[:, 0] if right.dim() == 1 else spmm(self, right)
         return _ops().spmm(self, other)
 
     def __rmatmul__(self, other):
@@ -134,8 +139,12 @@ class sparray:
                              f"{tuple(left.shape)} and A has shape {self.shape}; expected "
                              f"left.shape[-1] == A.shape[0] = {self.shape[0]}")
         if _tracks_gradient(left):
+            from .nn._graph import transposed_like
             from .nn.functional import spmm
-            product = spmm(self.T, left[None, :].T if left.dim() == 1 else left.T).T
+            left = _promoted(left, self.dtype)
+            # A^T kept on A (and A again kept on it, for the backward), not made per call
+            product = spmm(transposed_like(self), left[None, :].T if left.dim() == 1
+                           else left.T).T
             return product[0] if left.dim() == 1 else product
         as_dense(left, "the left operand of @")  # its error names it, not the SpMM's B
         spmm = _ops().spmm
@@ -155,6 +164,15 @@ class sparray:
 def _tracks_gradient(x):
     """Whether ``x`` is a torch tensor whose product must carry a gradient."""
     return is_torch_tensor(x) and x.requires_grad and sys.modules["torch"].is_grad_enabled()
+
+
+def _promoted(tensor, sparse_dtype):
+    """``tensor`` cast (differentiably) to the dtype of its product with a sparse array of
+    ``sparse_dtype``: the promotion of both and float32, as the products without gradient."""
+    torch = sys.modules["torch"]
+    dtype = torch.promote_types(torch.promote_types(tensor.dtype, torch.float32),
+                                torch.from_numpy(np.zeros(0, sparse_dtype)).dtype)
+    return tensor.to(dtype)
 
 
 def issparse(x):

@@ -244,6 +244,24 @@ def test_products_with_a_tensor_that_requires_grad_carry_its_gradient(rng):
         assert not (A @ W).requires_grad and sph.spmm(A, W).shape == (6, 3)
 
 
+def test_a_product_with_gradient_has_the_dtype_of_one_without(rng):
+    """``A @ W`` promotes as it does without gradient (A's dtype, W's and float32), whether W
+    requires grad or not; a shape error names the operands of @."""
+    torch = pytest.importorskip("torch")
+    A64 = sph.csr_array(random_scipy(rng, (6, 5), 0.5))
+    for A in (A64, A64.astype(np.float32), A64.astype(np.float16)):
+        for dtype in (torch.float16, torch.float32, torch.float64):
+            plain = torch.ones(5, 3, dtype=dtype)
+            W = plain.clone().requires_grad_()
+            assert (A @ W).dtype == (A @ plain).dtype, (A.dtype, dtype)
+            (A @ W).sum().backward()
+            assert W.grad.dtype == dtype
+            left = torch.ones(2, 6, dtype=dtype)
+            assert (left.clone().requires_grad_() @ A).dtype == (left @ A).dtype
+    with pytest.raises(ValueError, match=r"A has shape \(6, 5\) and the right operand of @"):
+        A64 @ torch.ones(4, 3, requires_grad=True)
+
+
 def test_backend_argument(rng):
     A = sph.csr_array(random_scipy(rng, (5, 4), 0.5))
     B = np.ones((4, 2))
