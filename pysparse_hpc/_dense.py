@@ -50,11 +50,13 @@ def is_device_array(x):
             or type(x).__module__.startswith("numba.cuda.simulator"))
 
 
-def as_dense(x, name):
+def as_dense(x, name, gradient_hint=None):
     """Validate a dense operand: real floating values, NumPy or torch; returns `DenseOperand`.
 
-    Raises TypeError for other types or dtypes (integers, complex, ...). Device data (a CUDA
-    tensor, or anything with ``__cuda_array_interface__``) is reported as ``device="cuda"``.
+    Raises TypeError for other types or dtypes (integers, complex, ...), and for a tensor
+    that requires grad under grad mode (``gradient_hint`` says what differentiates instead).
+    Device data (a CUDA tensor, or anything with ``__cuda_array_interface__``) is reported as
+    ``device="cuda"``.
     """
     if isinstance(x, np.ndarray):   # the common case first
         array = np.asarray(x)
@@ -67,8 +69,7 @@ def as_dense(x, name):
                 # a silent detach would drop this product's gradient from the model's
                 raise TypeError(
                     f"{name} requires grad, and the kernels' functions do not differentiate: "
-                    f"use A @ {name} or pysparse_hpc.nn.functional (spmm, sddmm) for a "
-                    f"gradient, or pass {name}.detach()")
+                    f"{gradient_hint + ', or ' if gradient_hint else ''}pass {name}.detach()")
             x = x.detach()
         if x.device.type != "cpu":
             return DenseOperand(None, "torch", x.device.type, x)

@@ -141,7 +141,7 @@ def spmm(A, B, *, out=None, backend="auto", precision="fp32"):
            [5., 5., 5.]])
     """
     A = _check_sparse(A)
-    dense = as_dense(B, "B")
+    dense = as_dense(B, "B", "use A @ B or pysparse_hpc.nn.functional.spmm for a gradient")
     if _resolve_backend(backend, [dense]) == "cuda":
         if out is not None:
             raise NotImplementedError("out= is not supported by the CUDA backend yet")
@@ -238,7 +238,8 @@ def sddmm(A, X, Y, *, alpha=1.0, beta=0.0, backend="auto", precision="fp32"):
     A = _check_sparse(A)
     alpha = _check_scalar(alpha, "alpha")
     beta = _check_scalar(beta, "beta")
-    x_operand, y_operand = as_dense(X, "X"), as_dense(Y, "Y")
+    hint = "use pysparse_hpc.nn.functional.sddmm for a gradient"
+    x_operand, y_operand = as_dense(X, "X", hint), as_dense(Y, "Y", hint)
     on_gpu = _resolve_backend(backend, [x_operand, y_operand]) == "cuda"
     X, Y = ((x_operand.original, y_operand.original) if on_gpu
             else (x_operand.array, y_operand.array))

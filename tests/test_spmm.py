@@ -238,8 +238,10 @@ def test_products_with_a_tensor_that_requires_grad_carry_its_gradient(rng):
     W = torch.randn(5, 3, dtype=torch.float64, requires_grad=True)
     with pytest.raises(TypeError, match="requires grad.*pysparse_hpc.nn.functional"):
         sph.spmm(A, W)
-    with pytest.raises(TypeError, match="requires grad"):
+    with pytest.raises(TypeError, match="requires grad.*nn.functional.sddmm for a gradient"):
         sph.sddmm(A, torch.randn(6, 2, requires_grad=True), torch.randn(5, 2))
+    with pytest.raises(TypeError, match="out requires grad.* pass out.detach"):
+        sph.spmm(A, W.detach(), out=torch.zeros(6, 3, dtype=torch.float64, requires_grad=True))
     with torch.no_grad():
         assert not (A @ W).requires_grad and sph.spmm(A, W).shape == (6, 3)
 
