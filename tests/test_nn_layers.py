@@ -422,8 +422,9 @@ def test_attention_warns_of_repeated_edges_and_gcn_sums_them():
     edge_index = torch.tensor([[0, 1, 1, 2], [1, 2, 2, 1]])
     x = features(3, 4)
     for layer in (nn.GATConv(4, 2), nn.AGNNConv()):
-        with pytest.warns(RuntimeWarning, match="lists 1 edges more than once"):
+        with pytest.warns(RuntimeWarning, match=r"repeats edges \(1 copies beyond") as caught:
             layer.double()(x, edge_index)
+        assert caught[0].filename == __file__     # the caller's line, not torch's Module
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         nn.GATConv(4, 2).double()(x, edge_index[:, [0, 1, 3]])
@@ -591,8 +592,9 @@ def test_layer_options_are_validated():
 def test_nan_features_propagate_and_warn_once(graph, layer):
     x = features(14, 3, dtype=torch.float32)
     x[0, 0] = torch.nan
-    with pytest.warns(RuntimeWarning, match="produced NaN"):
+    with pytest.warns(RuntimeWarning, match="produced NaN") as caught:
         out = layer(x, graph)
+    assert caught[0].filename == __file__
     assert torch.isnan(out).any() and not torch.isnan(out).all()
     with warnings.catch_warnings():
         warnings.simplefilter("error")

@@ -1,9 +1,25 @@
 """Input checks the layers share."""
+import os
+import sys
 import warnings
 
 import torch
 
-__all__ = ["check_features", "warn_once_if_nan"]
+__all__ = ["check_features", "user_stacklevel", "warn_once_if_nan"]
+
+# Frames in these files are the library's or torch's own (a Module's __call__), not the user's.
+_INTERNAL_PREFIXES = tuple(os.path.dirname(os.path.abspath(path)) + os.sep for path in (
+    os.path.dirname(os.path.abspath(__file__)), torch.__file__))
+
+
+def user_stacklevel():
+    """The ``stacklevel`` of a warning raised by the calling function that points it at the
+    first frame outside this library and torch: the user's line that called the layer or
+    model, whatever modules lie in between."""
+    frame, level = sys._getframe(1), 1
+    while frame is not None and frame.f_code.co_filename.startswith(_INTERNAL_PREFIXES):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def check_features(x, in_channels=None):
@@ -28,4 +44,4 @@ def warn_once_if_nan(layer, out):
         layer._warned_nan = True
         warnings.warn(f"{type(layer).__name__} produced NaN: the input features (or the "
                       "weights) hold NaN, and it propagates to every node that reads them",
-                      RuntimeWarning, stacklevel=3)
+                      RuntimeWarning, stacklevel=user_stacklevel())

@@ -195,14 +195,15 @@ def _from_edge_index(edge_index, num_nodes):
 
 def warn_if_repeated_edges(graph, layer):
     """An attention layer reads the graph's pattern, where an edge listed twice in an
-    edge_index is one edge; PyG's attention counts every copy. Say so (once per graph and
-    layer, by Python's default warning filter)."""
+    edge_index is one edge; PyG's attention counts every copy. Say so, at the user's line
+    that called the layer (shown once per line and message by Python's default filter)."""
+    from ._checks import user_stacklevel   # imports torch, which this module leaves out
     repeated = getattr(graph, "repeated_edges", 0)
     if repeated:
-        warnings.warn(f"{layer}: the edge_index lists {repeated} edges more than once; "
-                      "attention counts each edge once (PyG counts every copy): coalesce "
-                      "the edge_index (torch_geometric.utils.coalesce) for the same result",
-                      RuntimeWarning, stacklevel=3)
+        warnings.warn(f"{layer}: the edge_index repeats edges ({repeated} copies beyond the "
+                      "first of each); attention counts each edge once (PyG counts every "
+                      "copy): coalesce the edge_index (torch_geometric.utils.coalesce) for "
+                      "the same result", RuntimeWarning, stacklevel=user_stacklevel())
 
 
 class EdgeIndexCache:
