@@ -134,9 +134,9 @@ class blocked_array(sparray):
             vector_mask = _pack_rows(values[positions] != 0)
             # The mask made from the values gets the checks a given one gets: nonzero values
             # in the padding rows past the matrix would mark rows the kernels then write.
-            _check_blocked_arrays(values, col_idx, row_window_offset, vector_mask, shape,
-                                  window, block_width, full_check=True,
-                                  mask_name="the nonzero values (vector_mask=None)")
+            _check_vector_mask(values, col_idx, row_window_offset, vector_mask, shape[0],
+                               window, block_width,
+                               mask_name="the nonzero values (vector_mask=None)")
         elif copy:
             vector_mask = vector_mask.copy()
         self._set_arrays(values.copy() if copy else values,
@@ -400,20 +400,30 @@ def _check_blocked_arrays(values, col_idx, row_window_offset, vector_mask, shape
         ascending = np.diff(col_idx) > 0
         if np.any(~ascending & (same_window[1:] == same_window[:-1])):
             raise ValueError("col_idx must be strictly ascending within each window")
-    if vector_mask is not None and col_idx.size:
-        bits = _unpack_rows(vector_mask, col_idx.size, window)
-        if not np.all(bits.any(axis=1)):
-            raise ValueError("every vector must hold at least one stored entry; by "
-                             f"{mask_name}, one holds none")
-        last_rows = n_rows - (n_windows - 1) * window
-        if bits.shape[1] > window and np.any(bits[:, window:]):
-            raise ValueError(f"by {mask_name}, entries lie beyond the window height {window}")
-        last = slice(int(row_window_offset[n_windows - 1]), int(row_window_offset[n_windows]))
-        if last_rows < window and np.any(bits[last, last_rows:]):
-            raise ValueError(
-                f"by {mask_name}, entries lie in rows beyond the matrix: the last window has "
-                f"{last_rows} rows"
-            )
-        padding = values[value_positions(row_window_offset, window, block_width)][~bits[:, :window]]
-        if np.any(padding != 0):
-            raise ValueError("values must be 0 wherever vector_mask marks no stored entry")
+    if vector_mask is not None:
+        _check_vector_mask(values, col_idx, row_window_offset, vector_mask, n_rows, window,
+                           block_width, mask_name)
+
+
+def _check_vector_mask(values, col_idx, row_window_offset, vector_mask, n_rows, window,
+                       block_width, mask_name):
+    """The checks of a vector mask against arrays whose structure passed the others."""
+    if not col_idx.size:
+        return
+    n_windows = row_window_offset.size - 1
+    bits = _unpack_rows(vector_mask, col_idx.size, window)
+    if not np.all(bits.any(axis=1)):
+        raise ValueError("every vector must hold at least one stored entry; by "
+                         f"{mask_name}, one holds none")
+    last_rows = n_rows - (n_windows - 1) * window
+    if bits.shape[1] > window and np.any(bits[:, window:]):
+        raise ValueError(f"by {mask_name}, entries lie beyond the window height {window}")
+    last = slice(int(row_window_offset[n_windows - 1]), int(row_window_offset[n_windows]))
+    if last_rows < window and np.any(bits[last, last_rows:]):
+        raise ValueError(
+            f"by {mask_name}, entries lie in rows beyond the matrix: the last window has "
+            f"{last_rows} rows"
+        )
+    padding = values[value_positions(row_window_offset, window, block_width)][~bits[:, :window]]
+    if np.any(padding != 0):
+        raise ValueError("values must be 0 wherever vector_mask marks no stored entry")
