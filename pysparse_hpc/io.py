@@ -85,8 +85,12 @@ def load_npz(path, prefix=None, index_dtype=None):
     if shape.dtype.kind not in "iu" or shape.size != 2:
         raise ValueError(f"{path!r} stores shape {shape.tolist()}; expected two integers")
     shape = tuple(int(n) for n in shape)
-    return csr_array((arrays["data"], arrays["indices"], arrays["indptr"]), shape=shape,
-                     index_dtype=index_dtype)
+    try:
+        return csr_array((arrays["data"], arrays["indices"], arrays["indptr"]), shape=shape,
+                         index_dtype=index_dtype)
+    except (ValueError, TypeError) as exc:
+        where = f" under prefix {prefix!r}" if prefix else ""
+        raise type(exc)(f"{path!r} holds an invalid CSR matrix{where}: {exc}") from None
 
 
 def save_npz(path, A, compressed=True):

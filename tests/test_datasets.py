@@ -43,9 +43,19 @@ def test_a_corrupt_matrix_names_its_file_and_matrix(tmp_path):
     with np.load(datasets._loader.resources.files(datasets.__name__) / "data" / "cora.npz") \
             as bundled:
         arrays = dict(bundled)
-    arrays["adj_indices"] = arrays["adj_indices"].copy()
+    good_indices = arrays["adj_indices"]
+    arrays["adj_indices"] = good_indices.copy()
     arrays["adj_indices"][0] = 5000
     np.savez(tmp_path / "bad.npz", **arrays)
-    with pytest.raises(ValueError, match=r"bad.npz': the adjacency \(adj_\* keys\) is not a "
-                                         r"valid CSR matrix: indices holds column 5000"):
+    with pytest.raises(ValueError, match=r"bad.npz' holds an invalid CSR matrix under prefix "
+                                         r"'adj_': indices holds column 5000.*\(reading the "
+                                         r"adjacency\)$") as raised:
         datasets.load_file(tmp_path / "bad.npz")
+    assert str(raised.value).count("bad.npz") == 1
+    arrays["adj_indices"] = good_indices
+    del arrays["feat_indptr"]
+    np.savez(tmp_path / "bad.npz", **arrays)
+    with pytest.raises(ValueError, match=r"bad.npz' has no CSR matrix under prefix 'feat_'.*"
+                                         r"\(reading the feature matrix\)$") as raised:
+        datasets.load_file(tmp_path / "bad.npz")
+    assert str(raised.value).count("bad.npz") == 1

@@ -101,13 +101,12 @@ _SPLITS = ("train", "val", "test")
 
 
 def _load_matrix(path, prefix, what):
-    """The CSR matrix under ``prefix`` of an ``.npz`` file; its errors name the file and the
-    matrix (the reader's own name neither)."""
+    """The CSR matrix under ``prefix`` of an ``.npz`` file; its errors (which name the file and
+    the prefix) say which matrix of the dataset it was."""
     try:
         return load_npz(path, prefix=prefix, index_dtype=np.int32)
-    except ValueError as exc:
-        raise ValueError(f"{str(path)!r}: the {what} ({prefix}* keys) is not a valid CSR "
-                         f"matrix: {exc}") from None
+    except (ValueError, TypeError) as exc:
+        raise type(exc)(f"{exc} (reading the {what})") from None
 
 
 def load_file(path, random_features=None, seed=0, name=None):
