@@ -31,8 +31,8 @@ _TAG_BASE, _TAG_SPAN = 1000, 30000
 
 
 def _owner_array(partition, csr, nparts_expected):
-    """The validated owner array of ``partition`` (a `Partition` of the graph ``csr``, a
-    canonical CSR array, or an integer array)."""
+    """The validated owner array of ``partition``, a `Partition` of the graph or an integer
+    array of owners; ``csr`` is the graph (a canonical CSR array)."""
     n = csr.shape[0]
     if isinstance(partition, Partition):
         if partition.nparts != nparts_expected:

@@ -483,8 +483,8 @@ def check_halo_exchange_of_mismatched_rows():
         return
     import scipy.sparse as sp
     n = 3 * size
-    ring = sp.csr_array(sp.diags([np.ones(n - 1), np.ones(n - 1)], [-1, 1], shape=(n, n)))
-    graph = DistGraph(ring, np.arange(n) // 3, comm)
+    path = sp.csr_array(sp.diags([np.ones(n - 1), np.ones(n - 1)], [-1, 1], shape=(n, n)))
+    graph = DistGraph(path, np.arange(n) // 3, comm)
     features = np.arange(n * 2, dtype=np.float64).reshape(n, 2)
     local = graph.local_rows(features)
     for name, rows in (("dtype", local.astype(np.float32) if rank == 0 else local),
@@ -496,7 +496,8 @@ def check_halo_exchange_of_mismatched_rows():
             raised = True
         else:
             raised = False
-        # ranks 0 and 1 are neighbours on the ring; rank 1 is also rank 2's neighbour
+        # a path graph (no wrap-around edge): rank 0's only neighbour is rank 1, and rank 1
+        # is also rank 2's
         assert raised == (rank in (0, 1)), f"{name}: rank {rank} raised {raised}"
     np.testing.assert_array_equal(graph.halo_exchange(local), features[graph.halo])
 
