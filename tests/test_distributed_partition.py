@@ -503,3 +503,28 @@ def test_a_partition_of_another_graph_is_refused():
                                                        coo.col[shuffled])), shape=coo.shape)
     DistGraph(adj, Partition.from_owner(coo, owner), Communicator(None))
     DistGraph(adj, owner, Communicator(None))   # an owner array is used as it is
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 1 << 20])
+def test_the_graph_digest_is_the_same_hashed_in_chunks(chunk, monkeypatch):
+    """A canonical pattern is hashed a chunk of entries at a time (no key array of the graph's
+    size); any chunk size, and any storage of the graph, gives the digest of the whole."""
+    import hashlib
+    import importlib
+    partition_module = importlib.import_module("pysparse_hpc.distributed.partition")
+    S = scipy.sparse.csr_array(random_scipy(np.random.default_rng(3), (40, 40), 0.15))
+    keys = np.repeat(np.arange(40), np.diff(S.indptr)) * 40 + S.indices
+    whole = hashlib.sha256(np.int64(40).tobytes())
+    whole.update(keys.astype(np.int64).view(np.uint8).data)
+    monkeypatch.setattr(partition_module, "_DIGEST_CHUNK", chunk)
+    assert partition_module.graph_digest(S.indptr, S.indices, 40) == whole.hexdigest()
+    shuffled = S.copy()
+    row = int(np.flatnonzero(np.diff(S.indptr) >= 2)[0])   # a row whose order can change
+    shuffled.indices[S.indptr[row]:S.indptr[row + 1]] = S.indices[S.indptr[row]:
+                                                                  S.indptr[row + 1]][::-1]
+    duplicated = scipy.sparse.csr_array(
+        (np.ones(S.nnz + 1), np.r_[S.indices, S.indices[-1]], np.r_[S.indptr[:-1], S.nnz + 1]),
+        shape=S.shape)
+    for other in (shuffled, duplicated):
+        assert partition_module.graph_digest(other.indptr, other.indices, 40) == \
+            whole.hexdigest()

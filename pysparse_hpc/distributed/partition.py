@@ -82,16 +82,47 @@ def _coo_pattern(coo):
     return indptr.astype(np.int64), cols[order], n_rows
 
 
+_DIGEST_CHUNK = 1 << 20   # entries hashed at a time: the int64 keys of a chunk, not the graph
+
+
 def graph_digest(indptr, indices, n):
     """A SHA-256 of the set of stored entries ``(i, j)`` of a CSR pattern: the same for any
-    storage of one graph (unsorted, with duplicates, int32 or int64 indices)."""
-    rows = np.repeat(np.arange(n, dtype=np.int64), np.diff(np.asarray(indptr, dtype=np.int64)))
-    keys = rows * max(n, 1) + np.asarray(indices, dtype=np.int64)
-    if keys.size > 1 and not bool((keys[1:] > keys[:-1]).all()):
-        keys = np.unique(keys)
+    storage of one graph (unsorted, with duplicates, int32 or int64 indices).
+
+    The sorted unique keys ``i * n + j`` are hashed. A canonical pattern (the common case)
+    already lists them in order and is hashed chunk by chunk, with no array of the graph's
+    size made; any other is sorted whole first."""
+    indptr = np.asarray(indptr, dtype=np.int64)
     digest = hashlib.sha256(np.int64(n).tobytes())
-    digest.update(keys.view(np.uint8).data)
+    last_key = -1
+    for first, stop in _entry_chunks(indptr, _DIGEST_CHUNK):
+        keys = _entry_keys(indptr, indices, n, first, stop)
+        if keys.size and (keys[0] <= last_key or not bool((keys[1:] > keys[:-1]).all())):
+            keys = np.unique(_entry_keys(indptr, indices, n, 0, n))
+            digest = hashlib.sha256(np.int64(n).tobytes())
+            digest.update(keys.view(np.uint8).data)
+            return digest.hexdigest()
+        digest.update(keys.view(np.uint8).data)
+        last_key = keys[-1] if keys.size else last_key
     return digest.hexdigest()
+
+
+def _entry_chunks(indptr, entries):
+    """``(first_row, stop_row)`` ranges of about ``entries`` stored entries each (a longer
+    row is a chunk of its own)."""
+    n = indptr.size - 1
+    first = 0
+    while first < n:
+        stop = int(np.searchsorted(indptr, indptr[first] + entries, side="right")) - 1
+        stop = min(max(stop, first + 1), n)
+        yield first, stop
+        first = stop
+
+
+def _entry_keys(indptr, indices, n, first, stop):
+    """``i * n + j`` of the entries of rows ``first`` to ``stop - 1``, as int64."""
+    rows = np.repeat(np.arange(first, stop, dtype=np.int64), np.diff(indptr[first:stop + 1]))
+    return rows * max(n, 1) + np.asarray(indices[indptr[first]:indptr[stop]], dtype=np.int64)
 
 
 def _check_nparts(nparts):
