@@ -328,16 +328,20 @@ def run_train(args, out=None):
 def report_train(result, threads):
     """The ``train`` command's summary of a `DistributedTrainResult`."""
     ranks = f"{result.ranks} rank{'s' if result.ranks > 1 else ''}"
+    if not result.losses:
+        outcome = "  no epoch run"
+    elif result.best_epoch < 0:
+        outcome = f"  no finite model to measure, final training loss {result.losses[-1]:.4f}"
+    else:
+        outcome = (f"  test accuracy {100 * result.test_accuracy:.1f}% (best validation "
+                   f"accuracy {100 * result.val_accuracy:.1f}% at epoch "
+                   f"{result.best_epoch + 1}), final training loss {result.losses[-1]:.4f}")
     lines = [f"{result.model.upper()} on {result.dataset}, {ranks} x {threads} "
              f"thread{'s' if threads > 1 else ''}, {result.partition_method} partition, "
              f"{result.epochs} epochs, " + _optimizer_label(result)
              + ("" if result.lr is None else f", lr {result.lr:g}, weight decay "
                 f"{result.weight_decay:g}"),
-             f"  test accuracy {100 * result.test_accuracy:.1f}% (best validation accuracy "
-             f"{100 * result.val_accuracy:.1f}% at epoch {result.best_epoch + 1}), final "
-             f"training loss {result.losses[-1]:.4f}" if result.losses and result.best_epoch >= 0
-             else f"  no finite model to measure, final training loss {result.losses[-1]:.4f}"
-             if result.losses else "  no epoch run",
+             outcome,
              (f"  {1e3 * result.seconds_per_epoch:.1f} ms per training epoch "
               f"({'median' if result.preconditioner is None else 'mean'}), "
               if math.isfinite(result.seconds_per_epoch) else "  ")
