@@ -7,9 +7,10 @@ import torch
 
 __all__ = ["check_features", "user_stacklevel", "warn_once_if_nan"]
 
-# Frames in these files are the library's or torch's own (a Module's __call__), not the user's.
-_INTERNAL_PREFIXES = tuple(os.path.dirname(os.path.abspath(path)) + os.sep for path in (
-    os.path.dirname(os.path.abspath(__file__)), torch.__file__))
+# Frames in these folders are the library's or torch's own (a Module's __call__), not the user's.
+_LIBRARY_FOLDER = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_TORCH_FOLDER = os.path.dirname(os.path.abspath(torch.__file__))
+_INTERNAL_PREFIXES = (_LIBRARY_FOLDER + os.sep, _TORCH_FOLDER + os.sep)
 
 
 def user_stacklevel():
