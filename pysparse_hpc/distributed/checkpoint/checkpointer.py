@@ -310,8 +310,14 @@ class Checkpointer:
             if not isinstance(saved, dict) or saved.get("format") != FORMAT:
                 return ValueError(f"{marker} is not a {FORMAT} marker: is {path} a checkpoint "
                                   "directory?")
-            return _fingerprint_mismatch(path, saved.get("fingerprint"), self.fingerprint,
-                                         f"{MARKER} file")
+            mismatch = _fingerprint_mismatch(path, saved.get("fingerprint"), self.fingerprint,
+                                             f"{MARKER} file")
+            if mismatch is not None and not self._step_dirs():
+                # A run killed before its first save cannot take its marker back.
+                return ValueError(f"{mismatch}; it holds no checkpoint (that run may still "
+                                  f"be before its first save, or was killed there): delete "
+                                  f"{path} or give another directory")
+            return mismatch
         except OSError as exc:  # the same type, saying what it was for
             return type(exc)(exc.errno, f"cannot use {path} as a checkpoint directory: "
                              f"{exc.strerror or exc}")
