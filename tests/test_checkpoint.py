@@ -345,7 +345,8 @@ def test_a_run_not_yet_saved_keeps_its_directory(tmp_path):
     keeps its directory from another, and a directory whose steps were deleted is kept for
     its own run."""
     live = make(tmp_path / "a", fingerprint={"dataset": "cora"})
-    with pytest.raises(ValueError, match="another run .* it holds no checkpoint .* delete"):
+    with pytest.raises(ValueError, match="was made by another run .* it holds no checkpoint "
+                                         ".* delete"):
         make(tmp_path / "a", fingerprint={"dataset": "pubmed"})
     live.save(1, {"x": 1}, blocking=True)
     live.close()

@@ -135,7 +135,7 @@ class _Absent:
         return isinstance(other, _Absent)
 
 
-def _fingerprint_mismatch(directory, saved, given, where):
+def _fingerprint_mismatch(directory, saved, given, where, holds="holds checkpoints of"):
     """A ValueError naming the keys whose values differ, or None when they agree."""
     if given is None or saved is None or saved == given:
         return None
@@ -143,8 +143,8 @@ def _fingerprint_mismatch(directory, saved, given, where):
     keys = sorted(set(saved) | set(given))
     differing = [f"{k!r} (saved {saved.get(k, absent)!r}, given {given.get(k, absent)!r})"
                  for k in keys if saved.get(k, absent) != given.get(k, absent)]
-    return ValueError(f"{directory} holds checkpoints of another run ({where}): the fingerprint "
-                      f"differs in {', '.join(differing)}")
+    return ValueError(f"{directory} {holds} another run ({where}): the fingerprint differs "
+                      f"in {', '.join(differing)}")
 
 
 class Checkpointer:
@@ -310,14 +310,15 @@ class Checkpointer:
             if not isinstance(saved, dict) or saved.get("format") != FORMAT:
                 return ValueError(f"{marker} is not a {FORMAT} marker: is {path} a checkpoint "
                                   "directory?")
-            mismatch = _fingerprint_mismatch(path, saved.get("fingerprint"), self.fingerprint,
+            if self._step_dirs():
+                return _fingerprint_mismatch(path, saved.get("fingerprint"), self.fingerprint,
                                              f"{MARKER} file")
-            if mismatch is not None and not self._step_dirs():
-                # A run killed before its first save cannot take its marker back.
-                return ValueError(f"{mismatch}; it holds no checkpoint (that run may still "
-                                  f"be before its first save, or was killed there): delete "
-                                  f"{path} or give another directory")
-            return mismatch
+            # A run killed before its first save cannot take its marker back.
+            mismatch = _fingerprint_mismatch(path, saved.get("fingerprint"), self.fingerprint,
+                                             f"{MARKER} file", holds="was made by")
+            return None if mismatch is None else ValueError(
+                f"{mismatch}; it holds no checkpoint (that run may still be before its first "
+                f"save, or was killed there): delete {path} or give another directory")
         except OSError as exc:  # the same type, saying what it was for
             return type(exc)(exc.errno, f"cannot use {path} as a checkpoint directory: "
                              f"{exc.strerror or exc}")
