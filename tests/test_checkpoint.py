@@ -585,3 +585,45 @@ def test_an_interrupted_save_or_wait_keeps_the_save_before(tmp_path, monkeypatch
     release.set()
     assert checkpoints.wait() == 3
     assert torch.equal(checkpoints.load().shard["w"], torch.full((2,), 3.0))
+
+
+def test_a_first_save_that_failed_leaves_the_directory_to_the_next_run(tmp_path, monkeypatch):
+    """A first save that failed after taking the directory's lock (no memory for the copy)
+    left the lock file beside nothing else: the corrected run took it for a foreign folder."""
+    from pysparse_hpc.distributed.checkpoint import _format
+    failing = make(tmp_path / "a", fingerprint={"dataset": "cora"})
+    with monkeypatch.context() as patch:
+        patch.setattr(_format.Encoder, "stage", lambda self, buffer: (_ for _ in ()).throw(
+            MemoryError("no memory for the copy")))
+        with pytest.raises(MemoryError):
+            failing.save(1, {"w": np.ones(3)})
+    failing.abandon()
+    assert os.listdir(tmp_path / "a") == [".lock"]
+    corrected = make(tmp_path / "a", fingerprint={"dataset": "pubmed"})
+    corrected.save(1, {"w": np.ones(3)}, blocking=True)
+    assert corrected.load().shard["w"].tolist() == [1, 1, 1]
+
+
+def test_abandon_commits_a_whole_pending_save_in_one_process(tmp_path):
+    """A run failing in one process (Ctrl-C) keeps the save it had started: its files are
+    whole, and no other rank is needed to commit it."""
+    checkpoints = make(tmp_path)
+    checkpoints.save(1, {"w": np.ones(3)}, blocking=True)
+    checkpoints.save(2, {"w": np.zeros(3)})
+    checkpoints.abandon()
+    assert make(tmp_path).load().step == 2
+
+
+def test_an_asynchronous_save_writes_the_bytes_of_a_blocking_one(tmp_path):
+    """The staging buffer is reused: the padding between its arrays is zeroed, not left with
+    the bytes of the state saved before."""
+    def state(fill):
+        return {"a": np.full(3, fill, np.int8), "b": np.full(5, fill, np.float64),
+                "c": torch.full((7,), fill, dtype=torch.int16)}
+    asynchronous, blocking = make(tmp_path / "async"), make(tmp_path / "blocking")
+    asynchronous.save(1, {"junk": np.full(4096, 0x5A, np.uint8)})
+    asynchronous.save(2, state(3))
+    asynchronous.wait()
+    blocking.save(2, state(3), blocking=True)
+    name = "step-000000002/rank-00000.ckpt"
+    assert (tmp_path / "async" / name).read_bytes() == (tmp_path / "blocking" / name).read_bytes()

@@ -276,7 +276,7 @@ def train(dataset="cora", model="gcn", partition="metis", *, epochs=None, lr=Non
                          partition=parts.owner, partition_method=parts.method), **settings)
     except BaseException:
         if checkpointer is not None:  # free the directory for this process's next run
-            checkpointer.release()
+            checkpointer.abandon()
         raise
     if checkpointer is not None:
         checkpointer.close()

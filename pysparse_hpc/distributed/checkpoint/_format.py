@@ -117,8 +117,13 @@ class Encoder:
                 "param": isinstance(tensor, torch.nn.Parameter)}
 
     def stage(self, buffer):
-        """Copy every array into ``buffer`` (uint8, at least `size` bytes) at its offset."""
+        """Copy every array into ``buffer`` (uint8, at least `size` bytes) at its offset, and
+        zeros into the alignment padding between them (the buffer is reused: the files of an
+        asynchronous save are then byte for byte those of a blocking one)."""
+        position = 0
         for source, offset, nbytes in self.leaves:
+            buffer[position:offset] = 0
+            position = offset + nbytes
             target = buffer[offset:offset + nbytes]
             if not isinstance(source, np.ndarray) and source.device.type == "cpu":
                 try:

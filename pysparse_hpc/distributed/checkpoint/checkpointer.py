@@ -262,20 +262,7 @@ class Checkpointer:
         if kind is None:
             self.close()
             return
-        # Already failing: let the write finish, but raise the first error. In one process a
-        # save whose files are whole is committed (no other rank to wait for); over several
-        # ranks committing is collective, and the others may not be here.
-        try:
-            if self.comm.size == 1:
-                try:
-                    self.wait()
-                except Exception as exc:
-                    warnings.warn(f"could not commit the pending checkpoint in "
-                                  f"{self.directory}: {exc}", stacklevel=2)
-            else:
-                self._join()
-        finally:
-            self.release()
+        self.abandon()
 
     # ------------------------------------------------------------ directory
     def _prepare_directory(self):
@@ -287,7 +274,8 @@ class Checkpointer:
                                           "directory")
             marker = os.path.join(path, MARKER)
             if os.path.isdir(path) and not os.path.isfile(marker):
-                entries = sorted(os.listdir(path))
+                # A lock file alone is what a run that saved nothing leaves: empty otherwise.
+                entries = sorted(entry for entry in os.listdir(path) if entry != _files.LOCK)
                 if entries:
                     shown = ", ".join(repr(e) for e in entries[:5])
                     return ValueError(f"{path} is not a checkpoint directory (it has no "
@@ -689,24 +677,54 @@ class Checkpointer:
                 self._worker = self._queue = None
             self.release()
 
+    def abandon(self):
+        """End a failing run's use of the directory (no collective; what leaving a ``with``
+        block by an exception does). In one process a pending save whose files are whole is
+        committed first (no other rank to wait for; a failure to is a warning); over several
+        ranks committing is collective and the others may not be here, so the background
+        writer is only waited for. Then `release`."""
+        try:
+            if self.comm.size == 1:
+                try:
+                    self.wait()
+                except Exception as exc:
+                    warnings.warn(f"could not commit the pending checkpoint in "
+                                  f"{self.directory}: {exc}", stacklevel=3)
+            else:
+                self._join()
+        finally:
+            self.release()
+
     def release(self):
         """Give up the directory's write lock without committing anything (no collective):
-        for a run that is failing. `close` does it after committing; the end of the process
-        does it too, however it ends.
+        `abandon` and `close` end with it; the end of the process does it too, however it
+        ends.
 
         A run that made the directory's ``CHECKPOINTS`` file and saved nothing (it failed
         before its first save: a mistyped dataset) removes that file here, so the corrected
-        run, with another fingerprint, is not refused as another run's."""
+        run, with another fingerprint, is not refused as another run's; not while another
+        run holds the directory's lock (the file is that run's too then)."""
+        if self._wrote_marker and not self._step_dirs():
+            self._wrote_marker = False
+            self._take_back_marker()
         if self._lock is not None:
             self._lock.close()
             self._lock = None
-        if self._wrote_marker and not self._step_dirs():
-            self._wrote_marker = False
-            try:
-                os.remove(os.path.join(self.directory, MARKER))
-                _files.fsync_directory(self.directory)
-            except OSError:  # it stays; a run with the same fingerprint still takes it
-                pass
+
+    def _take_back_marker(self):
+        try:
+            lock = self._lock if self._lock is not None else _files.lock_directory(
+                self.directory)
+        except OSError:  # another run writes here now
+            return
+        try:
+            os.remove(os.path.join(self.directory, MARKER))
+            _files.fsync_directory(self.directory)
+        except OSError:  # it stays; a run with the same fingerprint still takes it
+            pass
+        finally:
+            if lock is not None and lock is not self._lock:
+                lock.close()
 
     # ------------------------------------------------------------ loading
     def load(self, step=None, node_ids=None):
@@ -714,8 +732,9 @@ class Checkpointer:
 
         Every file read is checked against the sizes and SHA-256 checksums of its manifest. A
         newest checkpoint that is torn (no manifest), truncated, corrupt or missing a file on
-        any rank is reported with a warning (on rank 0, once for the job) and the next older one
-        tried, the same one on every rank; `Checkpoint.skipped` lists those passed over.
+        any rank is reported with a warning (on rank 0, once per checkpoint passed over) and the
+        next older one tried, the same one on every rank; `Checkpoint.skipped` lists those
+        passed over.
 
         Parameters
         ----------
