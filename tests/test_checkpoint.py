@@ -6,6 +6,7 @@ import os
 import random
 import shutil
 import threading
+import warnings
 from collections import OrderedDict
 
 import numpy as np
@@ -627,3 +628,26 @@ def test_an_asynchronous_save_writes_the_bytes_of_a_blocking_one(tmp_path):
     blocking.save(2, state(3), blocking=True)
     name = "step-000000002/rank-00000.ckpt"
     assert (tmp_path / "async" / name).read_bytes() == (tmp_path / "blocking" / name).read_bytes()
+
+
+def test_a_whole_file_this_torch_cannot_read_is_an_error_not_damage(tmp_path):
+    """A file whose checksums verify but whose tensor dtype this torch lacks (a file of a newer
+    torch) was taken for damaged: load passed over the newest checkpoint for an older one."""
+    from pysparse_hpc.distributed.checkpoint import _files
+    checkpoints = make(tmp_path)
+    checkpoints.save(1, {"w": torch.ones(2)}, blocking=True)
+    checkpoints.save(2, {"w": torch.full((2,), 2.0)}, blocking=True)
+    step_dir = tmp_path / "step-000000002"
+    data = (step_dir / "rank-00000.ckpt").read_bytes().replace(b'"dtype":"float32"',
+                                                               b'"dtype":"float99"')
+    manifest = json.loads((step_dir / "manifest.json").read_text())
+    manifest["files"]["rank-00000.ckpt"] = _files.write_atomic(
+        str(step_dir / "rank-00000.ckpt"), [data])
+    manifest["checksum"] = _files.manifest_checksum(manifest)
+    _files.write_json(str(step_dir / "manifest.json"), manifest)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")     # no "damaged, loading step 1 instead"
+        with pytest.raises(ValueError, match=r"rank-00000.ckpt holds a tensor of dtype "
+                                             r"torch.float99, which torch .* does not have"):
+            checkpoints.load()
+    assert checkpoints.load(step=1).shard["w"].tolist() == [1.0, 1.0]

@@ -25,6 +25,12 @@ class Damaged(Exception):
     an older checkpoint), as opposed to a usage error (raised)."""
 
 
+class Unreadable(ValueError):
+    """A whole checkpoint file (its checksums verified) that this environment cannot read: a
+    torch dtype this torch lacks, torch missing. Raised, not fallen back from: an older
+    checkpoint would be passed over for a fault of the reader, not of the file."""
+
+
 class Encoder:
     """Walks a nested state, builds its JSON header tree and lays out its arrays.
 
@@ -193,8 +199,8 @@ def decode(node, payload):
         if tag == "bytes":
             return raw.tobytes()
         if tag == "tensor":
-            torch = _torch()
-            dtype = getattr(torch, node["dtype"])
+            torch = _torch_to_read()
+            dtype = _torch_dtype(torch, node["dtype"])
             tensor = torch.from_numpy(raw).view(dtype).view(node["shape"])
             if node["param"]:
                 return torch.nn.Parameter(tensor, requires_grad=node["grad"])
@@ -202,14 +208,30 @@ def decode(node, payload):
         array = raw.view(np.lib.format.descr_to_dtype(_tuples(node["dtype"])))
         array = array.reshape(node["shape"])
         return array[()] if tag == "npscalar" else array
-    torch = _torch()
+    torch = _torch_to_read()
     if tag == "torch.dtype":
-        return getattr(torch, node["v"])
+        return _torch_dtype(torch, node["v"])
     if tag == "torch.Size":
         return torch.Size(node["v"])
     if tag == "torch.device":
         return torch.device(node["v"])
     raise Damaged(f"unknown entry {tag!r} in the header")
+
+
+def _torch_to_read():
+    try:
+        return _torch()
+    except ImportError:
+        raise Unreadable("holds torch values, and torch cannot be imported here") from None
+
+
+def _torch_dtype(torch, name):
+    dtype = getattr(torch, name, None)
+    if not isinstance(dtype, torch.dtype):
+        raise Unreadable(f"holds a tensor of dtype torch.{name}, which torch "
+                         f"{torch.__version__} here does not have (it was saved by another "
+                         "version)")
+    return dtype
 
 
 def _tuples(descr):
@@ -241,5 +263,7 @@ def parse(buffer, name):
         return decode(header["tree"], payload)
     except Damaged:
         raise
+    except Unreadable as exc:
+        raise Unreadable(f"{name} {exc}") from None
     except Exception as exc:  # a file that passed its checksum but was written wrong
         raise Damaged(f"{name} cannot be decoded ({type(exc).__name__}: {exc})") from None
