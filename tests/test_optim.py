@@ -369,6 +369,28 @@ def test_int8_levels_sum_without_overflow_and_match_the_reference(ranks):
     np.testing.assert_array_equal(agreed, expected)
 
 
+def test_int8_levels_of_a_tensor_with_a_subnormal_mean():
+    """levels / (2 mean) overflows for a subnormal mean, and 0 * inf made NaN levels: the
+    coordinates with no opinion voted the largest level."""
+    c = np.zeros(10)
+    c[0] = 1e-320
+    levels = _votes.quantize_int8(c, np.array([0, 10]), 2)
+    np.testing.assert_array_equal(levels, [_votes.int8_levels(2)] + [0] * 9)
+    c[0] = -1e-320
+    assert _votes.quantize_int8(c, np.array([0, 10]), 3)[0] == -_votes.int8_levels(3)
+
+
+def test_int8_is_refused_where_its_levels_would_be_zero():
+    class ManyRanks:
+        rank, size = 0, 128
+
+        def Allreduce(self, *args, **kwargs):
+            raise AssertionError("not reached")
+    params = [torch.nn.Parameter(torch.zeros(3))]
+    with pytest.raises(ValueError, match="int8' works on at most 127 ranks"):
+        DistributedLion(params, comm=ManyRanks(), compression="int8")
+
+
 def test_one_bit_combine_breaks_ties_by_parity_of_coordinate_and_step():
     mine, theirs = np.packbits([1, 0] * 8), np.packbits([0, 1] * 8)
     for step, plus_at_odd in ((0, True), (1, False), (2, True), (7, False)):

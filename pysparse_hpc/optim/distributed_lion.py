@@ -20,7 +20,8 @@ communicator counts them (`bytes_per_step`), for ``d`` coordinates on ``P`` rank
 ``"int8"``
     Lion Cub's L1-scaled int8 levels (scaled per tensor, at most ``floor(127 / P)`` so the sum
     cannot overflow), SUM allreduced; the update is the sign of the sum, a vote weighted by
-    magnitude. ``d`` bytes.
+    magnitude. ``d`` bytes. At most 127 ranks (the levels would be 0); from 64 ranks the
+    levels are -1, 0 and 1, so a coordinate whose ``|c|`` is at most the tensor's mean abstains.
 ``"1bit"``
     Lion Cub's 1-bit allreduce: packed signs combined pairwise by recursive doubling and
     re-signed at every stage, ties split by the parity of coordinate plus step
@@ -182,6 +183,10 @@ class DistributedLion(Lion):
         super().__init__(params, lr=lr, betas=betas, weight_decay=weight_decay,
                          decoupled_weight_decay=decoupled_weight_decay)
         self.comm = init() if comm is None else check_communicator(comm)
+        if compression == "int8" and _votes.int8_levels(self.comm.size) == 0:
+            raise ValueError(f"compression='int8' works on at most 127 ranks (its levels are "
+                             f"at most floor(127 / P), 0 on {self.comm.size}: nothing would "
+                             f"move); use 'votes', whose sum does not overflow at any P")
         self.compression, self.momentum_sync = compression, momentum_sync
         self.average, self.sync_doubling = average, sync_doubling
         self.steps_taken, self.momentum_syncs = 0, 0

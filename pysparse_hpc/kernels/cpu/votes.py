@@ -330,6 +330,14 @@ def pack_int8_levels(momentum, grad, beta1, rest1, levels, out, start):
             out[start + i] = 0
         return
     factor = levels / (2.0 * scale)
+    if not np.isfinite(factor):
+        # A subnormal mean: levels / (2 mean) overflows and 0 * inf is NaN, so divide first
+        # (|c| / mean stays below the tensor's size).
+        for i in range(size):
+            level = np.rint(_interpolation(momentum, grad, i, beta1, rest1) / scale
+                            * (levels / 2.0))
+            out[start + i] = np.int8(max(-levels, min(levels, level)))
+        return
     for i in range(size):
         level = np.rint(_interpolation(momentum, grad, i, beta1, rest1) * factor)
         out[start + i] = np.int8(max(-levels, min(levels, level)))
