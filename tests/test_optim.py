@@ -279,6 +279,43 @@ def test_vote_formats_give_the_majority(ranks, size, step):
         np.testing.assert_array_equal(agreed, expected)
 
 
+@pytest.mark.parametrize("ranks", [2, 3, 4])
+def test_a_nan_votes_as_a_zero_does(ranks):
+    """Lion's sign(NaN) is 0: a NaN c splits its votes by parity, as an exact zero does, so a
+    coordinate NaN on every rank ties and stays on an even number of ranks (it voted -1 and
+    moved down by lr at every step); int8 gives it level 0 and scales by the finite |c|."""
+    size = 40
+    rng = np.random.default_rng(ranks)
+    directions = [rng.standard_normal(size) for _ in range(ranks)]
+    for c in directions:
+        c[1::4] = np.nan
+    parities = [_votes.zero_vote_parity(rank, 0) for rank in range(ranks)]
+    odd = np.arange(size) % 2 == 1
+    gathered = np.stack([_votes.pack_signs(c, parity) for c, parity in zip(directions, parities)])
+    np.testing.assert_array_equal(gathered, np.stack(
+        [np.packbits((c > 0) | (np.isnan(c) & (odd != bool(parity))))
+         for c, parity in zip(directions, parities)]))
+    words = sum(_votes.pack_vote_digits(c, ranks, parity)
+                for c, parity in zip(directions, parities))
+    for agreed in (_votes.directions(*_votes.signs_majority(gathered, size), size),
+                   _votes.directions(*_votes.vote_digits_majority(words, ranks, size), size)):
+        if ranks % 2 == 0:
+            assert not agreed[1::4].any()
+        else:   # up and down on alternate steps, never one way
+            following = [_votes.zero_vote_parity(rank, 1) for rank in range(ranks)]
+            next_step = _votes.directions(*_votes.signs_majority(np.stack(
+                [_votes.pack_signs(c, parity) for c, parity in zip(directions, following)]),
+                size), size)
+            np.testing.assert_array_equal(next_step[1::4], -agreed[1::4])
+    levels = _votes.quantize_int8(directions[0], np.array([0, size]), ranks)
+    finite = np.delete(directions[0], np.s_[1::4])
+    expected = np.clip(np.rint(finite / (np.abs(finite).sum() / size) *
+                               _votes.int8_levels(ranks) / 2), -_votes.int8_levels(ranks),
+                       _votes.int8_levels(ranks))
+    assert not levels[1::4].any()
+    np.testing.assert_array_equal(np.delete(levels, np.s_[1::4]), expected)
+
+
 @pytest.mark.parametrize("ranks", [10, 255, 256])
 def test_vote_digits_majority_on_many_ranks(ranks):
     """Bit fields of 16 values, 8-bit fields, and base 512 (one digit a chunk): every count

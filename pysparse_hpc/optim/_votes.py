@@ -8,9 +8,9 @@ reads or `directions` expands. One pass of a Numba kernel each
 (`pysparse_hpc.kernels.cpu.votes`). The collectives themselves are `DistributedLion`'s; tests
 compare these against plain loops.
 
-Votes are bits: a coordinate votes +1 where ``c > 0`` and -1 where ``c < 0`` (or ``c`` is not
-a number). A bit cannot say 0, so where ``c`` is exactly 0 (a parameter with no gradient yet:
-an embedding row nobody looked up, a dead unit) the ranks split their votes
+Votes are bits: a coordinate votes +1 where ``c > 0`` and -1 where ``c < 0``. A bit cannot say
+0, so where ``c`` is exactly 0 (a parameter with no gradient yet: an embedding row nobody
+looked up, a dead unit) or NaN (Lion's ``sign(NaN)`` is 0 too) the ranks split their votes
 (`zero_vote_parity`): half vote +1 and half -1, by the parity of coordinate, rank and step.
 The majority of ``P`` ranks of which ``s`` vote +1 is ``sign(2 s - P)``: 0 on a tie, which only
 an even ``P`` can have, so a tied coordinate does not move. A coordinate whose ``c`` is 0 on

@@ -39,9 +39,10 @@ def _interpolation(momentum, grad, i, beta1, rest1):
 @njit(inline="always", **_JIT)
 def _votes_plus(momentum, grad, i, beta1, rest1, zero_plus):
     """Rank's vote at coordinate ``i``: True where ``beta1 m + rest1 g > 0``, and where it
-    is exactly 0 and ``zero_plus`` (the zero-vote parity of the coordinate)."""
+    is exactly 0 or NaN (Lion's ``sign`` is 0 for both) and ``zero_plus`` (the zero-vote
+    parity of the coordinate)."""
     direction = _interpolation(momentum, grad, i, beta1, rest1)
-    return direction > 0 or (direction == 0 and zero_plus)
+    return direction > 0 or (not direction < 0 and zero_plus)
 
 
 @njit(inline="always", **_JIT)
@@ -295,7 +296,9 @@ def apply_agreed(param, momentum, grad, plus, minus, start, decay, neg_lr, beta2
 
 @njit(inline="always", **_JIT)
 def _magnitude(momentum, grad, i, beta1, rest1):
-    return abs(np.float64(_interpolation(momentum, grad, i, beta1, rest1)))
+    """``|c|`` in float64, 0 where ``c`` is not finite (the int8 scale is the finite ones')."""
+    magnitude = abs(np.float64(_interpolation(momentum, grad, i, beta1, rest1)))
+    return magnitude if magnitude < np.inf else 0.0
 
 
 @njit(**_JIT)
@@ -321,23 +324,24 @@ def _l1_norm_of_votes(momentum, grad, beta1, rest1):
 def pack_int8_levels(momentum, grad, beta1, rest1, levels, out, start):
     """Lion Cub's L1-scaled levels of one tensor's ``c = beta1 m + rest1 g`` into ``out``
     (int8) from coordinate ``start`` on: ``clip(round(c / mean|c| * levels / 2), -levels,
-    levels)``, rounding half to even as NumPy does; 0 for a tensor whose mean is 0 or not
-    finite. Two passes over the tensor (its mean, then its levels), ``c`` computed in each."""
+    levels)``, rounding half to even as NumPy does, the mean over the tensor's finite
+    ``|c|``; a NaN ``c`` gets level 0 (Lion's ``sign(NaN)``), an infinite one the largest, and
+    a tensor whose mean is 0 (or overflows) all 0. Two passes over the tensor (its mean, then
+    its levels), ``c`` computed in each."""
     size = momentum.size
     scale = _l1_norm_of_votes(momentum, grad, beta1, rest1) / size if size else 0.0
     if scale == 0.0 or not np.isfinite(scale):
         for i in range(size):
             out[start + i] = 0
         return
+    # A subnormal mean overflows levels / (2 mean), and 0 * inf is NaN: divide first there
+    # (|c| / mean stays below the tensor's size).
     factor = levels / (2.0 * scale)
-    if not np.isfinite(factor):
-        # A subnormal mean: levels / (2 mean) overflows and 0 * inf is NaN, so divide first
-        # (|c| / mean stays below the tensor's size).
-        for i in range(size):
-            level = np.rint(_interpolation(momentum, grad, i, beta1, rest1) / scale
-                            * (levels / 2.0))
-            out[start + i] = np.int8(max(-levels, min(levels, level)))
-        return
+    divide = not np.isfinite(factor)
     for i in range(size):
-        level = np.rint(_interpolation(momentum, grad, i, beta1, rest1) * factor)
+        direction = _interpolation(momentum, grad, i, beta1, rest1)
+        if direction != direction:
+            out[start + i] = 0
+            continue
+        level = np.rint(direction / scale * (levels / 2.0) if divide else direction * factor)
         out[start + i] = np.int8(max(-levels, min(levels, level)))
