@@ -42,7 +42,7 @@ def spmm_fixed(adj, x):
     # on the host, far cheaper than `ops.spmm`'s copy of them on every call).
     from .._cuda_backend import pattern_spmm_cuda
     csr = _graph.pattern(adj)
-    values = _graph.cached_on(csr, ("device_values", str(x.device)), _kept_tensor(
+    values = _graph.cached_on(csr, ("device_values", str(x.device)), _graph.kept_tensor(
         lambda: _torch().from_numpy(np.ascontiguousarray(csr.data)).to(x.device)))
     return pattern_spmm_cuda(csr, values, x.detach().contiguous())
 
@@ -66,29 +66,21 @@ def sddmm_values(csr, x, y):
     return ops.sddmm(csr, x.detach().contiguous(), y.detach().contiguous(), backend="cuda")
 
 
-def _kept_tensor(build):
-    """``build`` of a tensor kept on a graph, made outside inference mode even when called
-    there: a later training step saves it for backward, which an inference tensor cannot be."""
-    def run():
-        with _torch().inference_mode(False):
-            return build()
-    return run
-
-
 def edge_rows(csr, device):
     """The row of every stored entry as a torch index tensor on ``device`` (made once)."""
     def build():
         rows = np.repeat(np.arange(csr.shape[0], dtype=np.int64), np.diff(csr.indptr))
         return _torch().from_numpy(rows)
-    rows = _graph.cached_on(csr, "edge_rows", _kept_tensor(build))
+    rows = _graph.cached_on(csr, "edge_rows", _graph.kept_tensor(build))
     if str(device) == "cpu":
         return rows
-    return _graph.cached_on(csr, ("edge_rows", str(device)), _kept_tensor(lambda: rows.to(device)))
+    return _graph.cached_on(csr, ("edge_rows", str(device)),
+                            _graph.kept_tensor(lambda: rows.to(device)))
 
 
 def edge_cols(csr, device):
     """The column of every stored entry as a torch int64 index tensor on ``device``."""
-    return _graph.cached_on(csr, ("edge_cols", str(device)), _kept_tensor(
+    return _graph.cached_on(csr, ("edge_cols", str(device)), _graph.kept_tensor(
         lambda: _torch().from_numpy(csr.indices.astype(np.int64)).to(device)))
 
 

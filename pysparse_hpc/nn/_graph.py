@@ -21,8 +21,8 @@ from ..kernels.cpu.checksum import checksum
 from ..distributed.graph import DistGraph, comm_sum
 
 __all__ = ["EdgeIndexCache", "ValuesToken", "as_graph", "cached_on", "check_graph_for",
-           "edge_ids", "nodes_without_loop", "pattern", "transpose", "values_token",
-           "with_dtype", "with_self_loops"]
+           "edge_ids", "kept_tensor", "nodes_without_loop", "pattern", "transpose",
+           "values_token", "with_dtype", "with_self_loops"]
 
 
 def cached_on(owner, key, build, collective=False):
@@ -62,6 +62,15 @@ def _tracked_arrays(owner):
     if isinstance(owner, DistGraph):
         return [owner.local] + _tracked_arrays(owner.local)
     return [value for value in owner.__dict__.values() if isinstance(value, np.ndarray)]
+
+
+def kept_tensor(build):
+    """``build`` of a tensor kept on a graph, made outside inference mode even when called
+    there: a later training step saves it for backward, which an inference tensor cannot be."""
+    def run():
+        with sys.modules["torch"].inference_mode(False):
+            return build()
+    return run
 
 
 def values_token(adj):
@@ -124,8 +133,8 @@ class Transpose:
         key = str(device)
         if key not in self._torch_order:
             torch = sys.modules["torch"]
-            with torch.inference_mode(False):   # kept: a later backward may save it
-                self._torch_order[key] = torch.from_numpy(self.order).to(device)
+            self._torch_order[key] = kept_tensor(
+                lambda: torch.from_numpy(self.order).to(device))()
         return self._torch_order[key]
 
 
