@@ -78,6 +78,22 @@ def test_gcn_norm_from_edge_index_and_without_self_loops(graph):
     np.testing.assert_allclose(no_loops, scale[:, None] * A * scale[None, :])
 
 
+def test_gcn_norm_and_an_edge_index_give_int32_indices_where_they_fit(graph):
+    """scipy's rule, as the bundled graphs': an int64 edge_index, or int64 self-loop
+    coordinates, made the SpMM read twice the index bytes."""
+    for adj in (graph, graph.astype(np.float64)):
+        assert adj.indices.dtype == np.int32
+        normalized = nn.gcn_norm(adj)
+        assert normalized.indices.dtype == normalized.indptr.dtype == np.int32
+    from pysparse_hpc.nn._graph import as_graph
+    from_edges = as_graph(edge_index_of(graph), num_nodes=14)
+    assert from_edges.indices.dtype == from_edges.indptr.dtype == np.int32
+    np.testing.assert_array_equal(from_edges.toarray(), graph.toarray() != 0)
+    assert nn.gcn_norm(edge_index_of(graph), num_nodes=14).indices.dtype == np.int32
+    wide = sph.csr_array(graph.to_scipy(), index_dtype=np.int64)
+    assert nn.gcn_norm(wide).indices.dtype == np.int64     # an int64 graph stays int64
+
+
 def test_gcn_norm_warns_of_negative_degrees():
     """D^-1/2 is not real where a row of A + I sums below zero: zeroed, with a warning."""
     signed = sph.csr_array(np.array([[0.0, 1.0, 0.0], [1.0, 0.0, -5.0], [0.0, -5.0, 0.0]]))

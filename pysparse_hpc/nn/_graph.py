@@ -196,7 +196,11 @@ def _from_edge_index(edge_index, num_nodes):
                              f"num_nodes={num_nodes}")
     sources, targets = ids[0], ids[1]
     values = np.ones(sources.size, dtype=np.float32)
-    adj = csr_array((values, (targets, sources)), shape=(num_nodes, num_nodes)).canonical()
+    # int32 indices where they fit, as scipy's and the bundled graphs' (an edge_index is
+    # int64): the SpMM then reads half the index bytes.
+    index_dtype = get_index_dtype(maxval=max(num_nodes, sources.size))
+    adj = csr_array((values, (targets, sources)), shape=(num_nodes, num_nodes),
+                    index_dtype=index_dtype).canonical()
     #: Edges listed more than once (beyond their first copy), for `warn_if_repeated_edges`.
     adj.repeated_edges = sources.size - adj.nnz
     return adj

@@ -63,6 +63,9 @@ def gcn_norm(adj, add_self_loops=True, num_nodes=None, dtype=None):
     matrix.sum_duplicates()
     if add_self_loops:
         missing = nodes_without_loop(*_coordinates(matrix.indptr, matrix.indices), adj.shape[0])
+        # In A's index dtype: scipy keeps int64 coordinates' dtype, and the SpMM would then
+        # read twice the index bytes of A's int32.
+        missing = missing.astype(matrix.indices.dtype)
         loops = scipy.sparse.csr_array((np.ones(missing.size), (missing, missing)),
                                        shape=matrix.shape)
         matrix = scipy.sparse.csr_array(matrix + loops)
