@@ -359,6 +359,28 @@ def test_negated_values_are_seen_by_the_backward():
     torch.testing.assert_close(x.grad, torch.from_numpy(adj.toarray()).T @ ones)
 
 
+def test_a_pattern_edited_in_place_is_seen_by_the_backward_and_the_layers():
+    """The kept transpose and normalization follow the index arrays too: an entry moved to
+    another column in place (``A.indices[k] = j``, the pattern still canonical) gave the
+    gradient of the old pattern's product."""
+    adj = sph.csr_array(np.array([[0.0, 1.0, 2.0], [0.0, 0.0, 3.0], [4.0, 0.0, 0.0]]))
+    x = features(3, 2, grad=True)
+    F.spmm(adj, x).sum().backward()               # the transpose is built and kept
+    adj.indices[2] = 1                            # row 1: its entry moves from column 2 to 1
+    x.grad = None
+    out = F.spmm(adj, x)
+    out.sum().backward()
+    dense = torch.from_numpy(adj.toarray())
+    torch.testing.assert_close(out, dense @ x.detach())
+    torch.testing.assert_close(x.grad, dense.T @ torch.ones_like(out))
+    conv, constant = nn.GCNConv(2, 2).double(), features(3, 2)
+    conv(constant, adj)                           # its normalization is kept
+    adj.indices[2] = 0
+    fresh = nn.GCNConv(2, 2).double()
+    fresh.load_state_dict(conv.state_dict())
+    torch.testing.assert_close(conv(constant, adj), fresh(constant, adj), rtol=0, atol=0)
+
+
 def test_index_tensors_kept_on_a_graph_are_made_outside_inference_mode(graph):
     """The attention layers' index tensors (the GPU path's) and the transpose's order are kept
     on the graph: made during an evaluation under inference mode, a later training step

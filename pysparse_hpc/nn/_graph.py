@@ -3,8 +3,8 @@
 Everything built from an adjacency (its canonical CSR pattern, the transpose the backward pass
 multiplies by, a copy in another dtype) is cached on the adjacency object itself, so a training
 loop that passes the same graph every epoch builds each piece once. Rebinding an array of one
-(``A.data = new``) or writing its values in place drops its cache (`cached_on`), so what is
-built always follows the values a product with the array reads.
+(``A.data = new``) or writing into one in place (its values or its pattern) drops its cache
+(`cached_on`), so what is built always follows the arrays a product with it reads.
 """
 import sys
 import warnings
@@ -27,10 +27,10 @@ __all__ = ["EdgeIndexCache", "ValuesToken", "as_graph", "cached_on", "check_grap
 
 def cached_on(owner, key, build, collective=False):
     """``build()`` once per ``key``, kept on ``owner`` (a sparse array or a `DistGraph`) while
-    ``owner`` holds the same array objects with the same values: rebinding one (``A.data =
-    new``, ``graph.local = new``) or writing values into one in place (``A.data *= 2``,
-    ``graph.local.data *= 2``, noticed by a checksum of the value arrays, one pass over them
-    per call) drops everything built.
+    ``owner`` holds the same array objects with the same contents: rebinding one (``A.data =
+    new``, ``graph.local = new``) or writing into one in place (``A.data *= 2``,
+    ``graph.local.data *= 2``, ``A.indices[k] = j``; noticed by a checksum of the arrays, one
+    pass over them per call) drops everything built.
 
     ``collective=True`` (a call every rank makes, for what depends on every rank's values or
     is built by communicating: a `DistGraph`'s normalization) makes the ranks agree, in one
@@ -38,9 +38,9 @@ def cached_on(owner, key, build, collective=False):
     would otherwise keep a result built from its peers' old values, or leave them waiting
     in the build's exchanges."""
     arrays = _tracked_arrays(owner)
-    # The values, not the index arrays: a pattern edited in place is not a sparse array's.
-    values = tuple(checksum(array) for array in arrays
-                   if isinstance(array, np.ndarray) and array.dtype.kind in "fc")
+    # The index arrays too: a kept transpose of an edited pattern would give the gradient of
+    # another product, where scipy's products simply read the new pattern.
+    values = tuple(checksum(array) for array in arrays if isinstance(array, np.ndarray))
     cache = owner.__dict__.get("_nn_cache")
     if cache is None or len(cache["arrays"]) != len(arrays) or any(
             old is not new for old, new in zip(cache["arrays"], arrays)) \
@@ -56,7 +56,7 @@ def cached_on(owner, key, build, collective=False):
 
 
 def _tracked_arrays(owner):
-    """The objects whose identity (and, for float arrays, values) a cache on ``owner``
+    """The objects whose identity (and, for arrays, contents) a cache on ``owner``
     follows: a sparse array's NumPy arrays; a `DistGraph`'s local matrix and its arrays (the
     graph's values live there)."""
     if isinstance(owner, DistGraph):
@@ -74,10 +74,10 @@ def kept_tensor(build):
 
 
 def values_token(adj):
-    """An object that stands for ``adj``'s current arrays and values: the same one while they
-    stay the same, a new one once an array is rebound or its values written (`cached_on`). On
-    a `DistGraph`, a collective call: every rank gets a new one when any rank's values
-    changed, so what is decided by it (recomputing a product) is decided alike."""
+    """An object that stands for ``adj``'s current arrays and their contents: the same one
+    while they stay the same, a new one once an array is rebound or written into in place
+    (`cached_on`). On a `DistGraph`, a collective call: every rank gets a new one when any
+    rank's arrays changed, so what is decided by it (recomputing a product) is decided alike."""
     return cached_on(adj, "values_token", ValuesToken, collective=True)
 
 

@@ -86,11 +86,11 @@ class _SpMMFixed(torch.autograd.Function):
         if not ctx.needs_input_grad[0]:
             return None, None
         if _graph.values_token(ctx.adj) is not ctx.adj_token:
-            raise RuntimeError("the sparse array of a product was changed (its values written "
-                               "in place or an array rebound) after the forward pass and "
-                               "before this backward, which would then not be the gradient of "
-                               "the output: change it before the forward pass or after the "
-                               "backward")
+            raise RuntimeError("the sparse array of a product was changed (its values or "
+                               "pattern written in place, or an array rebound) after the "
+                               "forward pass and before this backward, which would then not "
+                               "be the gradient of the output: change it before the forward "
+                               "pass or after the backward")
         # Through this Function again, so a gradient of the gradient (create_graph=True: a
         # gradient penalty, a Hessian-vector product) is exact: the product is linear in X.
         return _SpMMFixed.apply(grad_y, _graph.transposed_like(ctx.adj)), None
@@ -280,7 +280,7 @@ def spmm(adj, x, values=None):
         The sparse operand. Without ``values`` its own values are used (constants) and the
         product runs on adj's format (a blocked ``adj`` runs the blocked kernel, forward and
         backward); its transpose for the backward pass is built once and kept on it until
-        its values change (`pysparse_hpc.nn`). With ``values`` only its pattern is read. A
+        its arrays change (`pysparse_hpc.nn`). With ``values`` only its pattern is read. A
         `~pysparse_hpc.distributed.DistGraph` takes this rank's rows of ``x`` and returns
         its rows of the product; the halo rows travel while the owned columns are multiplied
         (forward), and their gradient goes back to the owners (backward).

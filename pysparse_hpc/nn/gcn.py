@@ -151,7 +151,8 @@ class GCNConv(torch.nn.Module):
     cached : bool
         Use the first graph seen for every later call, whatever graph is passed (transductive
         training, as PyG's ``cached``). Without it the normalized graph is still built once per
-        graph and kept on it, until the graph's values change (rebound or written in place).
+        graph and kept on it, until the graph's arrays change (rebound, or values or pattern
+        written in place).
     order : {"auto", "transform_first", "propagate_first"}
         "auto" applies `choose_order` per call, and reuses ``Â X`` across calls when the
         input is the same unchanged tensor that needs no gradient (then the layer runs no SpMM).

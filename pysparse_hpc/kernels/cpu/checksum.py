@@ -1,4 +1,4 @@
-"""A checksum of an array's bytes, to notice values written in place (`pysparse_hpc.nn`'s
+"""A checksum of an array's bytes, to notice arrays written in place (`pysparse_hpc.nn`'s
 caches of what is built from a graph's values).
 
 Each 64-bit word, offset by a multiple of its position, goes through the splitmix64 finaliser
