@@ -16,7 +16,9 @@ def default_momentum_sync(compression):
 
 def bytes_per_step(compression, size, ranks, rank=0, itemsize=4):
     """Bytes one rank sends (and as many it receives) per step under ``compression``, as the
-    communicator counts them, momentum synchronisations left out.
+    communicator counts them under the votes' traffic kind: momentum synchronisations and the
+    ranks' agreement on which tensors take part (one byte per parameter tensor, booked under
+    ``"lion participation"``) are left out.
 
     Parameters
     ----------
