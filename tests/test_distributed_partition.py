@@ -173,6 +173,21 @@ def test_contiguous_blocks_are_consecutive_and_balanced(counts, nparts):
     assert np.all(np.abs(block_weights - weights.sum() / nparts) <= weights.max())
 
 
+def test_contiguous_with_the_largest_numeric_balance_stays_balanced():
+    """Rows weighing up to 1e9 each, split in many parts: the boundaries' integer products
+    overflowed int64 and gave parts of 1 to 7767 rows where 2 each were right."""
+    identity = scipy.sparse.identity(100_000, format="csr")
+    for nparts, rows in ((50_000, 2), (20_000, 5)):
+        part = partition(identity, nparts, method="contiguous", balance=1e9)
+        assert part.owned_rows.min() == part.owned_rows.max() == rows
+
+
+def test_contiguous_with_weightless_rows():
+    """balance=0 on a graph without entries: every row weighs nothing; still one block each."""
+    owner = partition(scipy.sparse.csr_array((7, 7)), 3, method="contiguous", balance=0).owner
+    assert np.all(np.diff(owner) >= 0) and set(owner.tolist()) == {0, 1, 2}
+
+
 def test_contiguous_balances_stored_entries(cora):
     for nparts in (2, 4, 8):
         part = partition(cora, nparts, method="contiguous")

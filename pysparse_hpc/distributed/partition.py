@@ -466,11 +466,13 @@ def _contiguous_owner(indptr, n, nparts, balance="nnz"):
         return np.arange(n, dtype=np.int64)
     weights = _node_weights(indptr, balance)[:, 0]
     ends = np.cumsum(weights)
-    total = int(ends[-1])
-    # A row belongs to the part whose share [p W / P, (p + 1) W / P) holds its midpoint;
-    # in integers, doubled: row i starts part p when (2 * end_i - w_i) * P >= 2 * p * W.
-    midpoints = (2 * ends - weights) * nparts
-    bounds = np.searchsorted(midpoints, 2 * total * np.arange(1, nparts, dtype=np.int64))
+    total = max(int(ends[-1]), 1)
+    # A row belongs to the part whose share [p W / P, (p + 1) W / P) holds its midpoint: row
+    # i starts part p when (2 end_i - w_i) / (2 W) >= p / P. Both sides are correctly rounded
+    # quotients, so ties fall alike while the weights stay below 2**53; the integer products
+    # (2 end_i - w_i) P they replace overflowed int64 past 4.6e18 (large numeric balances).
+    midpoints = (2 * ends - weights) / (2.0 * total)
+    bounds = np.searchsorted(midpoints, np.arange(1, nparts) / nparts)
     # A row heavier than a share would leave parts empty: move boundaries just enough that
     # every part gets at least one row (boundary b_p in [p, n - P + p], strictly increasing).
     steps = np.arange(1, nparts, dtype=np.int64)
