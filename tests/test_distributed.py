@@ -110,11 +110,41 @@ def test_launched_rank_is_read_from_the_launchers_environment(monkeypatch):
     assert _comm.launched_rank() == 1
 
 
+def test_a_one_rank_communicator_refuses_read_only_results_and_duplicates():
+    """Checked at every size: MPI refuses a read-only result buffer only on several ranks."""
+    comm = Communicator(None)
+    frozen = np.zeros(3)
+    frozen.flags.writeable = False
+    for call in (comm.Allreduce, comm.Iallreduce, lambda b: comm.Allgatherv(frozen[:1], b, [1])):
+        with pytest.raises(ValueError, match="read-only, and the result is written into it"):
+            call(frozen)
+    comm.Bcast(frozen)   # the root's buffer is only read
+    twin = comm.duplicate()
+    assert twin is not comm and (twin.rank, twin.size, twin.mpi) == (0, 1, None)
+    comm.set_timeout(5)
+    assert twin.timeout == 5.0   # shared, as the statistics are
+    comm.set_timeout(None)
+    twin.free()
+
+
+def test_errors_of_another_rank_are_rebuilt_or_named():
+    from pysparse_hpc.distributed._comm import _rebuilt
+    error = _rebuilt("builtins", "KeyError", "rank 2", "'lost'")
+    assert type(error) is KeyError and "rank 2" in str(error)
+    error = _rebuilt("builtins", "UnicodeDecodeError", "rank 1", "bad byte")
+    assert type(error) is RuntimeError
+    assert str(error) == "rank 1 raised UnicodeDecodeError: bad byte"
+    error = _rebuilt("json.decoder", "JSONDecodeError", "rank 1", "Expecting value")
+    assert str(error) == "rank 1 raised json.decoder.JSONDecodeError: Expecting value"
+    error = _rebuilt("a_module_not_imported", "Missing", "ranks 1, 2", "gone")
+    assert type(error) is RuntimeError and "a_module_not_imported.Missing" in str(error)
+
+
 def test_timeout_is_checked_and_read_from_the_environment(monkeypatch):
     comm = Communicator(None)
     assert comm.timeout is None
     comm.set_timeout(2)
-    assert comm.timeout == 2.0 and comm._watchdog is None  # one rank never waits
+    assert comm.timeout == 2.0 and comm._guard.watchdog is None  # one rank never waits
     comm.set_timeout(None)
     assert comm.timeout is None
     for bad, error in [(0, ValueError), (-1.0, ValueError), (float("nan"), ValueError),
@@ -145,7 +175,7 @@ def test_the_watchdog_ends_the_job_after_the_timeout_only(monkeypatch, capsys):
     comm.size = 2   # a rank of two without MPI: the watched calls are Python functions here
     monkeypatch.setattr(comm, "Abort", lambda code=1: ended.append(code))
     comm.set_timeout(0.2)
-    watchdog = comm._watchdog
+    watchdog = comm._guard.watchdog
     comm._watched("Barrier", time.sleep, 0.05)
     time.sleep(0.3)
     assert ended == [] and capsys.readouterr().err == ""
@@ -155,7 +185,7 @@ def test_the_watchdog_ends_the_job_after_the_timeout_only(monkeypatch, capsys):
     stuck_in_a_collective()
     comm.set_timeout(None)
     watchdog.join(timeout=5)
-    assert not watchdog.is_alive() and comm._watchdog is None
+    assert not watchdog.is_alive() and comm._guard.watchdog is None
     assert ended and set(ended) == {1}
     err = capsys.readouterr().err
     assert "rank 0 of 2 waited" in err and "in Allreduce ('gradient allreduce'), beyond the " \

@@ -16,6 +16,7 @@ MPI waits for ever in a collective that another rank never joins. With a timeout
 watchdog thread ends the job instead, naming the rank, the call and where it waited.
 """
 import contextlib
+import copy
 import math
 import os
 import shutil
@@ -105,8 +106,9 @@ def _is_bfloat16(array):
     return str(getattr(array, "dtype", "")) == "torch.bfloat16"
 
 
-def _as_buffer(array, name="buffer"):
-    """A C-contiguous NumPy view of ``array`` (NumPy array or CPU torch tensor), no copy.
+def _as_buffer(array, name="buffer", written=False):
+    """A C-contiguous NumPy view of ``array`` (NumPy array or CPU torch tensor), no copy;
+    ``written``: the call writes into it, so it must not be read-only.
 
     NumPy has no bfloat16: a bfloat16 tensor is viewed as its int16 bit patterns, which moves
     it exactly but cannot be added (`_reduction_buffer`)."""
@@ -133,6 +135,9 @@ def _as_buffer(array, name="buffer"):
     if not view.dtype.isnative:
         raise ValueError(f"{name} is {view.dtype.str}, not in this machine's byte order; "
                          f"convert it first (array.astype(array.dtype.newbyteorder('=')))")
+    if written and not view.flags.writeable:
+        raise ValueError(f"{name} is read-only, and the result is written into it: pass a "
+                         f"writable copy (array.copy())")
     return view
 
 
@@ -162,14 +167,14 @@ def _check_reduction(buffer, op, name="buffer"):
                         f"{', '.join(map(repr, _OPS_BY_KIND[kind]))} only")
 
 
-def _reduction_buffer(array, name="buffer"):
+def _reduction_buffer(array, name="buffer", written=True):
     """``(view, write_back)``: the NumPy view an MPI reduction adds, and what to call once it
     is complete (None when the view is ``array``'s own memory).
 
     MPI cannot add bfloat16, so a bfloat16 tensor is reduced as a float32 copy (twice its
     bytes cross) and the result rounded back once: the ranks' sum is that of their float32
     values, as exact as float32 addition, and the same on every rank."""
-    view = _as_buffer(array, name)
+    view = _as_buffer(array, name, written)
     if not _is_bfloat16(array):
         return view, None
     target = array.detach()
@@ -328,6 +333,15 @@ class _Watchdog(threading.Thread):
             comm.Abort(1)
 
 
+class _Guard:
+    """A communicator's timeout and the watchdog thread that enforces it (None, None: off)."""
+
+    __slots__ = ("timeout", "watchdog")
+
+    def __init__(self):
+        self.timeout, self.watchdog = None, None
+
+
 class Communicator:
     """A group of ranks and the collectives the library needs on it.
 
@@ -358,12 +372,35 @@ class Communicator:
         self.size = 1 if mpi_comm is None else mpi_comm.Get_size()
         self._counters = defaultdict(lambda: np.zeros(4, dtype=np.int64))
         self._waited = defaultdict(float)
-        self._timeout, self._watchdog = None, None
+        # The timeout and its watchdog, shared with this communicator's duplicates.
+        self._guard = _Guard()
+
+    def duplicate(self):
+        """A communicator over the same ranks in a context of its own (``MPI_Comm_dup``): its
+        messages and collectives never match this one's, so two users of the ranks whose
+        calls may interleave differently on different ranks (two `DataParallel` wrappers
+        reducing during one backward, two graphs' halo exchanges) cannot take each other's.
+        Its traffic counts in this communicator's `stats` and `wait_seconds`, and it is
+        watched by this one's timeout. A collective call; `free` it when done.
+        """
+        twin = copy.copy(self)  # shares the counters and the guard
+        if self.mpi is not None:
+            twin.mpi = self._watched("Dup", self.mpi.Dup)
+            twin._duplicated = True
+        return twin
+
+    def free(self):
+        """Release the MPI context of a communicator made by `duplicate` (a no-op for any
+        other, and when MPI was finalized); it must not be used afterwards."""
+        if self.__dict__.pop("_duplicated", False):
+            from mpi4py import MPI
+            if not MPI.Is_finalized():
+                self.mpi.Free()
 
     # ---------------------------------------------------------------- timeout
     @property
     def timeout(self):
-        return self._timeout
+        return self._guard.timeout
 
     def set_timeout(self, seconds):
         """End the job when this rank waits longer than ``seconds`` in one blocking call.
@@ -389,19 +426,20 @@ class Communicator:
         600.0
         >>> comm.set_timeout(None)
         """
-        self._timeout = seconds = check_timeout(seconds)
+        guard = self._guard
+        guard.timeout = seconds = check_timeout(seconds)
         if seconds is None or self.size == 1:  # one rank never waits for another
-            if self._watchdog is not None:
-                self._watchdog.stop()
-                self._watchdog = None
-        elif self._watchdog is not None:
-            self._watchdog.timeout = seconds
+            if guard.watchdog is not None:
+                guard.watchdog.stop()
+                guard.watchdog = None
+        elif guard.watchdog is not None:
+            guard.watchdog.timeout = seconds
         else:
-            self._watchdog = _Watchdog(self, seconds)
+            guard.watchdog = _Watchdog(self, seconds)
 
     def _watched(self, what, call, *args, **kwargs):
         """``call(*args, **kwargs)``, watched by the timeout's watchdog when there is one."""
-        watchdog = self._watchdog
+        watchdog = self._guard.watchdog
         if watchdog is None:
             return call(*args, **kwargs)
         thread = threading.get_ident()
@@ -454,9 +492,9 @@ class Communicator:
         """Reduce ``buffer`` over all ranks, in place; returns ``buffer``. A bfloat16 tensor
         is reduced in float32 and rounded back (`_reduction_buffer`)."""
         _check_reduction(buffer, op)
+        view, write_back = _reduction_buffer(buffer)
         if self.size == 1:
             return buffer
-        view, write_back = _reduction_buffer(buffer)
         from mpi4py import MPI
         self._watched(f"Allreduce ({kind!r})", self.mpi.Allreduce, MPI.IN_PLACE, view,
                       op=self._op(op))
@@ -469,9 +507,9 @@ class Communicator:
         """Start reducing ``buffer`` in place; returns a request to ``wait()`` on (a bfloat16
         tensor holds the result once waited on)."""
         _check_reduction(buffer, op)
+        view, write_back = _reduction_buffer(buffer)
         if self.size == 1:
             return _Request()
-        view, write_back = _reduction_buffer(buffer)
         from mpi4py import MPI
         request = self.mpi.Iallreduce(MPI.IN_PLACE, view, op=self._op(op))
         self._count(kind, 1, view.nbytes, 1, view.nbytes)
@@ -483,7 +521,7 @@ class Communicator:
     def Bcast(self, buffer, root=0, kind="broadcast"):
         """Broadcast ``buffer`` from ``root`` in place; returns ``buffer``."""
         root = self._check_root(root)
-        view = _as_buffer(buffer)
+        view = _as_buffer(buffer, written=self.rank != root)
         if self.size > 1:
             self._watched(f"Bcast ({kind!r})", self.mpi.Bcast, view, root=root)
             if self.rank == root:
@@ -500,7 +538,7 @@ class Communicator:
 
     def Irecv(self, buffer, source, tag, kind):
         """Start receiving into ``buffer`` from rank ``source``."""
-        view = _as_buffer(buffer)
+        view = _as_buffer(buffer, written=True)
         self._count(kind, 0, 0, 1, view.nbytes)
         return _Request(self.mpi.Irecv(view, source=source, tag=tag), self, kind,
                         receive=(source, view.nbytes))
@@ -508,7 +546,7 @@ class Communicator:
     def Sendrecv(self, sendbuf, dest, recvbuf, source, tag=0, kind="sendrecv"):
         """Send ``sendbuf`` to rank ``dest`` while receiving ``recvbuf`` from rank ``source``
         (one blocking exchange, deadlock-free between two partners); returns ``recvbuf``."""
-        send, recv = _as_buffer(sendbuf, "sendbuf"), _as_buffer(recvbuf, "recvbuf")
+        send, recv = _as_buffer(sendbuf, "sendbuf"), _as_buffer(recvbuf, "recvbuf", True)
         self._watched(f"Sendrecv ({kind!r}) with ranks {dest} and {source}", self.mpi.Sendrecv,
                       send, dest=dest, sendtag=tag, recvbuf=recv, source=source, recvtag=tag)
         self._count(kind, 1, send.nbytes, 1, recv.nbytes)
@@ -554,9 +592,9 @@ class Communicator:
                             f"but recvbuf {getattr(recvbuf, 'dtype', type(recvbuf).__name__)}")
         write_back = None
         if gathering or self.size == 1:
-            send, recv = _as_buffer(sendbuf, "sendbuf"), _as_buffer(recvbuf, "recvbuf")
+            send, recv = _as_buffer(sendbuf, "sendbuf"), _as_buffer(recvbuf, "recvbuf", True)
         else:
-            send = _reduction_buffer(sendbuf, "sendbuf")[0]
+            send = _reduction_buffer(sendbuf, "sendbuf", written=False)[0]
             recv, write_back = _reduction_buffer(recvbuf, "recvbuf")
         send, recv = send.reshape(-1), recv.reshape(-1)
         if send.dtype != recv.dtype:
@@ -705,21 +743,42 @@ class Communicator:
             if error is not None:
                 raise _alike(error)
             return
-        reports = self.allgather(None if error is None else (type(error), str(error)))
+        # The class by name, not pickled: a class defined in a function does not pickle,
+        # which would fail on the failing rank only.
+        reports = self.allgather(None if error is None else (
+            type(error).__module__, type(error).__qualname__, str(error)))
         failed = [(rank, report) for rank, report in enumerate(reports) if report is not None]
         if not failed:
             return
         if error is not None and len(failed) == 1:
             raise _alike(error)
-        kind, message = failed[0][1]
+        module, name, message = failed[0][1]
         ranks = ", ".join(str(rank) for rank, _ in failed)
-        raise _alike(kind(f"rank{'s' if len(failed) > 1 else ''} {ranks}: {message}"))
+        raise _alike(_rebuilt(module, name, f"rank{'s' if len(failed) > 1 else ''} {ranks}",
+                              message))
 
     def Abort(self, errorcode=1):
         """End the whole job now (every rank), with exit status ``errorcode``."""
         if self.mpi is not None:
             self.mpi.Abort(errorcode)
         os._exit(errorcode)
+
+
+def _rebuilt(module, name, ranks, message):
+    """Another rank's exception, ``"{ranks}: {message}"`` in its class where that class can be
+    found here and made from a message alone (most can; ``UnicodeDecodeError``,
+    ``json.JSONDecodeError`` and a class local to a function cannot), else a RuntimeError
+    that names the class."""
+    kind = sys.modules.get(module)
+    for part in name.split("."):
+        kind = getattr(kind, part, None)
+    if isinstance(kind, type) and issubclass(kind, Exception):
+        try:
+            return kind(f"{ranks}: {message}")
+        except Exception:
+            pass
+    qualified = name if module == "builtins" else f"{module}.{name}"
+    return RuntimeError(f"{ranks} raised {qualified}: {message}")
 
 
 def _alike(error):

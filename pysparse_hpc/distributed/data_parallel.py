@@ -84,9 +84,15 @@ class DataParallel(torch.nn.Module):
     broadcasts nothing, so call `broadcast_parameters` before evaluating on one rank after
     training without it. Wrapping a module
     again (``fit`` does, once per call) retires the earlier wrapper: its hooks are removed
-    and calling it is an error. A backward that raised part-way leaves its reductions
-    unfinished: the wrapper's next ``forward`` waits for those it started and starts afresh,
-    with a warning.
+    and calling it is an error. The parameters reduced are those that require grad at each
+    call of the wrapper's ``forward``: unfreezing a layer after wrapping (fine-tuning) is
+    taken into account there, provided every rank does it alike. Each wrapper reduces in an
+    MPI context of its own (`~pysparse_hpc.distributed.Communicator.duplicate`), so several
+    wrappers on one communicator (an encoder and a head, a GAN's two networks, a wrapped
+    submodule of a wrapped model) never take each other's reductions; their traffic is
+    counted in ``comm``'s `~pysparse_hpc.distributed.Communicator.stats`. A backward that
+    raised part-way leaves its reductions unfinished: the wrapper's next ``forward`` waits for
+    those it started and starts afresh, with a warning.
 
     Examples
     --------
@@ -106,19 +112,17 @@ class DataParallel(torch.nn.Module):
         self.module = module
         self.comm = init() if comm is None else check_communicator(
             comm, ("rank", "size", "Iallreduce", "Bcast"))
+        # The wrapper's collectives run in a context of their own: its buckets start when
+        # this rank's gradients are ready, so two wrappers reducing during one backward
+        # interleave their allreduces differently on different ranks, which in one context
+        # paired one wrapper's buckets with the other's (wrong sums, or MPI's abort).
+        self._reducing = self.comm.duplicate() if hasattr(self.comm, "duplicate") \
+            else self.comm
+        if self._reducing is not self.comm:
+            self._free_context = weakref.finalize(self, self._reducing.free)
+            self._free_context.atexit = False
         self.average = average
         self.broadcast_buffers = broadcast_buffers
-        params = [p for p in module.parameters() if p.requires_grad]
-        for p in params:
-            if p.device.type != "cpu":
-                raise ValueError(f"DataParallel reduces host memory; a parameter is on "
-                                 f"{p.device}")
-        sparse = sparse_gradient_parameters(module)
-        # Sparse gradients (Embedding(sparse=True)) are summed apart, after the buckets.
-        self._sparse = [p for p in params if id(p) in sparse]
-        self._buckets = self._make_buckets([p for p in params[::-1] if id(p) not in sparse],
-                                           bucket_mb * 2 ** 20)
-        self._bucket_of = {id(p): b for b in self._buckets for p in b.params}
         self._bucket_mb = bucket_mb
         self._launched = 0
         self._in_backward = False
@@ -130,14 +134,38 @@ class DataParallel(torch.nn.Module):
         if earlier is not None and earlier() is not None:
             earlier()._retire()
         _WRAPPER_OF[module] = weakref.ref(self)
-        self._hooks = [p.register_post_accumulate_grad_hook(self._on_gradient) for p in params]
+        self._hooks = []
+        self._hook(self._trainable())
         if broadcast_parameters:
             self.broadcast_parameters()
+
+    def _trainable(self):
+        return [p for p in self.module.parameters() if p.requires_grad]
+
+    def _hook(self, params):
+        """Buckets and gradient hooks for ``params`` (those that require grad, in module
+        order), in place of any earlier ones."""
+        for p in params:
+            if p.device.type != "cpu":
+                raise ValueError(f"DataParallel reduces host memory; a parameter is on "
+                                 f"{p.device}")
+        for hook in self._hooks:
+            hook.remove()
+        sparse = sparse_gradient_parameters(self.module)
+        self._params = params
+        # Sparse gradients (Embedding(sparse=True)) are summed apart, after the buckets.
+        self._sparse = [p for p in params if id(p) in sparse]
+        self._buckets = self._make_buckets([p for p in params[::-1] if id(p) not in sparse],
+                                           self._bucket_mb * 2 ** 20)
+        self._bucket_of = {id(p): b for b in self._buckets for p in b.params}
+        self._hooks = [p.register_post_accumulate_grad_hook(self._on_gradient) for p in params]
 
     def _retire(self):
         for hook in self._hooks:
             hook.remove()
         self._hooks, self._retired = [], True
+        if self._reducing is not self.comm:
+            self._free_context()  # every rank retires it at once: wrapping is collective
 
     @staticmethod
     def _make_buckets(params, capacity):
@@ -164,7 +192,14 @@ class DataParallel(torch.nn.Module):
                                "(by a newer DataParallel, or by fit); call the newer wrapper")
         if self._in_backward:
             self._abandon_backward()
-        if any(p.dtype != b.flat.dtype for b in self._buckets for p in b.params):
+        trainable = self._trainable()
+        if len(trainable) != len(self._params) or any(
+                new is not old for new, old in zip(trainable, self._params)):
+            # Parameters unfrozen (or frozen, or added) since wrapping: an unfrozen one had
+            # no hook, so each rank stepped with its own gradient and the replicas drifted.
+            # Every rank changes them alike (as the model itself), so all rebuild here.
+            self._hook(trainable)
+        elif any(p.dtype != b.flat.dtype for b in self._buckets for p in b.params):
             # The model changed dtype after wrapping (model.double()): buckets of the old one
             # would round its gradients.
             self._buckets = self._make_buckets([p for b in self._buckets for p in b.params],
@@ -183,7 +218,7 @@ class DataParallel(torch.nn.Module):
         with torch.no_grad():
             for buffers in by_dtype.values():
                 flat = torch.cat([b.reshape(-1) for b in buffers])
-                self.comm.Bcast(flat, root=root)
+                self._reducing.Bcast(flat, root=root)
                 offset = 0
                 for b in buffers:
                     b.copy_(flat[offset:offset + b.numel()].view_as(b))
@@ -205,10 +240,10 @@ class DataParallel(torch.nn.Module):
         with torch.no_grad():
             for tensor in list(self.module.parameters()) + list(self.module.buffers()):
                 if tensor.is_contiguous():
-                    self.comm.Bcast(tensor.data, root=root)
+                    self._reducing.Bcast(tensor.data, root=root)
                 else:
                     staged = tensor.data.contiguous()
-                    self.comm.Bcast(staged, root=root)
+                    self._reducing.Bcast(staged, root=root)
                     tensor.data.copy_(staged)
 
     @contextlib.contextmanager
@@ -253,14 +288,14 @@ class DataParallel(torch.nn.Module):
                     p.grad = p.grad.to_dense()
                 target.copy_(p.grad.reshape(-1))
             offset += size
-        bucket.request = self.comm.Iallreduce(bucket.flat)
+        bucket.request = self._reducing.Iallreduce(bucket.flat)
 
     def _start_participation(self):
         """One flag per bucketed parameter, in bucket order: whether it has a gradient here,
         and once the returned request is waited on, whether it has one on some rank."""
         has_grad = np.array([p.grad is not None for b in self._buckets for p in b.params],
                             dtype=np.uint8)
-        return has_grad, self.comm.Iallreduce(has_grad, "max", kind=PARTICIPATION_KIND)
+        return has_grad, self._reducing.Iallreduce(has_grad, "max", kind=PARTICIPATION_KIND)
 
     def _finish(self):
         """Launch the buckets whose parameters got no gradient, wait for all, write back."""
@@ -294,7 +329,7 @@ class DataParallel(torch.nn.Module):
                 dense = p.grad is not None and not p.grad.is_sparse
                 if dense:
                     p.grad = p.grad.to_sparse()
-                summed = allreduce_sparse(self.comm, p)
+                summed = allreduce_sparse(self._reducing, p)
                 p.grad = summed if summed is None or scale is None else summed * scale
                 if dense:
                     p.grad = p.grad.to_dense()

@@ -8,6 +8,7 @@ their owners) are nonblocking, so a product over the local columns can run while
 The `pysparse_hpc.nn` ops and layers take a `DistGraph` wherever they take a sparse array.
 """
 import hashlib
+import weakref
 
 import numpy as np
 
@@ -24,9 +25,9 @@ __all__ = ["DistGraph", "HaloPlan"]
 _GRAPH_COMM_METHODS = ("rank", "size", "Allreduce", "Isend", "Irecv", "bcast", "scatter",
                        "alltoall", "allgather", "raise_if_any")
 
-# Tags of the library's point-to-point messages cycle through this range (the MPI standard
-# guarantees tags up to 32767). Every exchange takes the next tag, in the same order on every
-# rank, so a rank that ran its exchanges in another order would wait rather than mix messages.
+# Tags of a graph's halo messages cycle through this range (the MPI standard guarantees tags
+# up to 32767): each exchange takes the next one. The graph's own MPI context (`_setup`) keeps
+# its messages from any other graph's.
 _TAG_BASE, _TAG_SPAN = 1000, 30000
 
 
@@ -300,7 +301,13 @@ class DistGraph:
         wanted = comm.alltoall(needs)  # wanted[q]: the ids rank q needs from this rank
         send_index = {q: np.searchsorted(piece.owned, ids).astype(np.int64)
                       for q, ids in enumerate(wanted) if q != comm.rank}
-        self.plan = HaloPlan(comm, piece.owned, piece.halo, piece.recv_counts, send_index)
+        # The exchanges run in a context of their own: two graphs' exchanges made in another
+        # order on different ranks (numbered alike from the same tag) took each other's rows.
+        exchanging = comm.duplicate() if hasattr(comm, "duplicate") else comm
+        self.plan = HaloPlan(exchanging, piece.owned, piece.halo, piece.recv_counts,
+                             send_index)
+        if exchanging is not comm:
+            weakref.finalize(self.plan, exchanging.free).atexit = False
         self.comm, self.shape = comm, (n, n)
         # The rank that holds the whole owner array (the root of a scatter, else rank 0).
         self._root, self._owner_on_root = root, owner_on_root

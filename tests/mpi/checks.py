@@ -474,6 +474,144 @@ def check_graph_values_changed_on_some_ranks():
                                expected.toarray()[graph.owned][:, graph.owned], rtol=0)
 
 
+def check_separate_contexts():
+    """Two `DataParallel` wrappers on one communicator, a branch of one used on rank 0 only:
+    their allreduces start in another order there, which paired one wrapper's buckets with
+    the other's (wrong sums). Two graphs exchanged in another order on different ranks: their
+    halos were swapped (started in one order on some ranks and in another on the others).
+    Each now runs in an MPI context of its own."""
+    import scipy.sparse as sp
+
+    class Scale(torch.nn.Module):
+        def __init__(self, *names):
+            super().__init__()
+            for name in names:
+                self.register_parameter(name, torch.nn.Parameter(torch.randn(3)))
+
+    def make():
+        torch.manual_seed(0)
+        return torch.nn.ModuleDict({"x": Scale("u", "v"), "y": Scale("w")}).double()
+
+    def loss_of(model, part):
+        inputs = torch.randn(3, dtype=torch.float64,
+                             generator=torch.Generator().manual_seed(100 + part))
+        hidden = model["y"].w * inputs
+        out = model["x"].u * hidden + (model["x"].v * hidden if part == 0 else 0)
+        return out.pow(2).sum()
+
+    def reference():
+        model = make()
+        for part in range(size):
+            loss_of(model, part).backward()
+        return {name: param.grad for name, param in model.named_parameters()}
+    expected = on_root_then_broadcast(reference)
+    model = make()
+    outer = distributed.DataParallel(model["x"], comm, bucket_mb=1e-9, average=False)
+    inner = distributed.DataParallel(model["y"], comm, bucket_mb=1e-9, average=False)
+    assert outer.comm is comm and inner.comm is comm
+    comm.reset_stats()
+    loss_of(model, rank).backward()
+    for name, param in model.named_parameters():
+        torch.testing.assert_close(param.grad, expected[name], rtol=1e-12, atol=0,
+                                   msg=f"{name} on rank {rank}")
+    if size > 1:   # the wrappers' traffic is counted on the communicator they were given
+        assert comm.stats()["allreduce"]["bytes_sent"] == 8 * 9
+
+    path = sp.csr_array(sp.diags([np.ones(size - 1), np.ones(size - 1)], [-1, 1],
+                                 shape=(size, size)))
+    first, second = (DistGraph(path, np.arange(size), comm) for _ in range(2))
+    rows = {first: np.full((1, 1), 10.0 + rank), second: np.full((1, 1), 20.0 + rank)}
+    # Both started, in another order on odd ranks, then waited on (blocking exchanges in
+    # another order would wait for each other, in any MPI code).
+    order = (first, second) if rank % 2 == 0 else (second, first)
+    pending = {graph: graph.start_halo_exchange(rows[graph]) for graph in order}
+    halos = {graph: pending[graph].wait() for graph in order[::-1]}
+    for graph, base in ((first, 10.0), (second, 20.0)):
+        np.testing.assert_array_equal(halos[graph].ravel(), base + graph.halo)
+
+
+def check_unfrozen_after_wrapping():
+    """A layer frozen when the model was wrapped and unfrozen later (fine-tuning): its
+    gradient is reduced from the next forward on (it had no hook, and each rank stepped with
+    its own gradient)."""
+    def make():
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.Tanh(),
+                                   torch.nn.Linear(3, 1)).double()
+
+    def loss_of(model, part):
+        inputs = torch.randn(4, 3, dtype=torch.float64,
+                             generator=torch.Generator().manual_seed(100 + part))
+        return model(inputs).pow(2).sum()
+
+    def reference():
+        model = make()
+        for part in range(size):
+            loss_of(model, part).backward()
+        return [param.grad for param in model.parameters()]
+    expected = on_root_then_broadcast(reference)
+    model = make()
+    model[0].requires_grad_(False)
+    wrapped = distributed.DataParallel(model, comm, average=False)
+    model[0].requires_grad_(True)
+    loss_of(wrapped, rank).backward()
+    for param, grad in zip(model.parameters(), expected):
+        torch.testing.assert_close(param.grad, grad, rtol=1e-12, atol=0)
+    model.zero_grad()
+    model[2].requires_grad_(False)            # frozen again: its gradient stays None
+    loss_of(wrapped, rank).backward()
+    assert model[2].weight.grad is None
+    torch.testing.assert_close(model[0].weight.grad, expected[0], rtol=1e-12, atol=0)
+
+
+def check_errors_of_other_ranks():
+    """An error raised on one rank reaches the others as its class where it can be made from
+    a message (most), else as a RuntimeError that names it; read-only result buffers are
+    refused on every rank (MPI refused them on more than one rank only)."""
+    import json
+    from pysparse_hpc.distributed._comm import raised_on_every_rank
+
+    class Local(Exception):   # defined in a function: it does not pickle
+        pass
+
+    def raise_local():
+        raise Local("a class local to a function")
+    failures = [lambda: b"\xff".decode("utf-8"), lambda: json.loads("{bad"),
+                lambda: {}["key"], raise_local]
+    for fail, expected in zip(failures, (RuntimeError, RuntimeError, KeyError, RuntimeError)):
+        error = None
+        if rank == size - 1:
+            try:
+                fail()
+            except Exception as exc:
+                error = exc
+        try:
+            comm.raise_if_any(error)
+        except Exception as raised:
+            assert raised_on_every_rank(raised), raised
+            if rank != size - 1:
+                assert type(raised) is expected, (type(raised), raised)
+                assert f"rank {size - 1}" in str(raised), raised
+                if expected is RuntimeError:
+                    assert "Error" in str(raised) or "Local" in str(raised), raised
+        else:
+            raise AssertionError("raise_if_any did not raise")
+    frozen = np.zeros(3)
+    frozen.flags.writeable = False
+    for call in (lambda: comm.Allreduce(frozen), lambda: comm.Iallreduce(frozen).wait(),
+                 lambda: comm.Allgatherv(np.zeros(1), frozen[:size], [1] * size)):
+        try:
+            call()
+        except ValueError as exc:
+            assert "read-only" in str(exc), exc
+        else:
+            raise AssertionError("a read-only result buffer was taken")
+    root_only = np.arange(3.0)
+    root_only.flags.writeable = rank != 0   # the root's buffer is only read
+    comm.Bcast(root_only)
+    np.testing.assert_array_equal(root_only, np.arange(3.0))
+
+
 def check_halo_exchange_of_mismatched_rows():
     """Ranks exchanging halo rows of different dtypes or row shapes: every rank that receives
     from a mismatched peer raises a clear error (a shorter message left part of the halo
