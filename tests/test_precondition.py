@@ -1,5 +1,6 @@
 """pysparse_hpc.precondition: K-FAC against ASDL 0.1a5 (float64), plain references where ASDL is
 broken (EMA on the CPU, nn.Embedding), placeholders, resume, bad input and non-finite values."""
+import collections
 import contextlib
 import copy
 import io
@@ -263,13 +264,82 @@ def test_failed_inversion_after_rows_gave_way_keeps_the_plain_gradient(monkeypat
     assert "A_rows" in gm.factors("")
     working = kfac.damped_cholesky
     monkeypatch.setattr(kfac, "damped_cholesky", lambda matrix, damping: None)
-    with pytest.warns(RuntimeWarning, match="not positive definite"):
+    with pytest.warns(RuntimeWarning, match="not positive definite.*keeps the plain gradient"):
         preconditioned, plain = step(30)
     assert not [key for key in gm.factors("") if key.startswith(("A_rows", "A_woodbury"))]
     torch.testing.assert_close(preconditioned, plain, rtol=1e-12, atol=1e-14)
     monkeypatch.setattr(kfac, "damped_cholesky", working)
     preconditioned, plain = step(30)
     assert {"A", "A_chol"} <= set(gm.factors("")) and not torch.allclose(preconditioned, plain)
+
+
+@pytest.mark.parametrize("rows", [8, 5], ids=["as-many-rows", "fewer-rows"])
+def test_failed_inversion_keeps_the_woodbury_inverse_with_the_rows_it_was_built_from(
+        monkeypatch, rows):
+    """Rows, then new rows (as many, or fewer) whose damped factors fail to invert: the
+    previous inverses are kept, as the warning says, and the Woodbury one applies with the
+    rows it was built from (with the new rows it was a wrong, indefinite matrix, or a shape
+    error); that state loads back, and the next inversion that succeeds drops the old rows."""
+    from pysparse_hpc.precondition import kfac
+    model = nn.Linear(60, 3).to(DTYPE)
+    config = P.PreconditioningConfig(data_size=8, damping=1e-3)
+    gm = P.KfacGradientMaker(model, config, fisher_type="emp")
+    generator = torch.Generator().manual_seed(0)
+
+    def step(count):
+        x = torch.randn(count, 60, generator=generator, dtype=DTYPE)
+        t = torch.randint(0, 3, (count,), generator=generator)
+        model.zero_grad()
+        gm.setup_loss_call(F.cross_entropy, gm.setup_model_call(model, x), t)
+        gm.forward_and_backward()
+        plain = torch.autograd.grad(F.cross_entropy(model(x), t, reduction="sum") / 8,
+                                    [model.weight, model.bias])
+        return [model.weight.grad.clone(), model.bias.grad.clone()], plain
+
+    step(8)
+    first = gm.factors("")
+    A, B = first["A_rows"].T.mm(first["A_rows"]), first["B"]
+    damping_a, damping_b = P.kfac.pi_damping(A, B, 1e-3)
+    A_inv = torch.linalg.inv(A + damping_a * torch.eye(60, dtype=DTYPE))
+    B_inv = torch.linalg.inv(B + damping_b * torch.eye(3, dtype=DTYPE))
+    working = kfac.damped_cholesky
+    monkeypatch.setattr(kfac, "damped_cholesky", lambda matrix, damping: None)
+    with pytest.warns(RuntimeWarning, match="not positive definite.*the previous inverses "
+                                            "are kept"):
+        preconditioned, (weight, bias) = step(rows)
+    expected = [B_inv.mm(weight).mm(A_inv), B_inv.mv(bias)]
+    assert_grads_close([expected], [preconditioned], rtol=1e-9)
+    factors = gm.factors("")
+    assert factors["A_rows"].shape == (rows, 60)
+    assert torch.equal(factors["A_woodbury_rows"], first["A_rows"])
+    resumed = P.KfacGradientMaker(nn.Linear(60, 3).to(DTYPE), config, fisher_type="emp")
+    resumed.load_state_dict(gm.state_dict())
+    assert set(resumed.factors("")) == set(factors)
+    monkeypatch.setattr(kfac, "damped_cholesky", working)
+    step(rows)
+    assert "A_woodbury_rows" not in gm.factors("") and "A_rows" in gm.factors("")
+
+
+def test_failed_first_inversion_of_rows_says_it_keeps_the_plain_gradient(monkeypatch):
+    """A first inversion that fails has no previous inverses to keep: the warning says the
+    plain gradient stays (it said the previous inverses were kept), and the rows without an
+    inverse load back (they were refused as incomplete)."""
+    from pysparse_hpc.precondition import kfac
+    model = nn.Linear(60, 3).to(DTYPE)
+    config = P.PreconditioningConfig(data_size=8, damping=1e-3)
+    gm = P.KfacGradientMaker(model, config, fisher_type="emp")
+    x, t = batch((8, 60))
+    monkeypatch.setattr(kfac, "damped_cholesky", lambda matrix, damping: None)
+    gm.setup_loss_call(F.cross_entropy, gm.setup_model_call(model, x), t)
+    with pytest.warns(RuntimeWarning, match="keeps the plain gradient until an inversion "
+                                            "succeeds"):
+        gm.forward_and_backward()
+    plain = torch.autograd.grad(F.cross_entropy(model(x), t), model.weight)[0]
+    torch.testing.assert_close(model.weight.grad, plain, rtol=1e-12, atol=1e-14)
+    assert set(gm.factors("")) == {"A_rows", "B"}
+    resumed = P.KfacGradientMaker(nn.Linear(60, 3).to(DTYPE), config, fisher_type="emp")
+    resumed.load_state_dict(gm.state_dict())
+    assert set(resumed.factors("")) == {"A_rows", "B"}
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
@@ -466,6 +536,38 @@ def test_module_off_the_loss_path_warns_and_keeps_plain_gradient():
     assert gm.factors("unused") == {}
     # 20 inputs against 3 outputs: A applied by solves, B (3 x 3 against 20) as its inverse.
     assert set(gm.factors("used")) == {"A", "B", "A_chol", "B_inv"}
+
+
+@pytest.mark.parametrize("maker", ["KfacGradientMaker", "DiagNaturalGradientMaker"])
+@pytest.mark.parametrize("fisher", ["mc", "exact"])
+def test_layers_frozen_after_the_maker_is_built(fisher, maker):
+    """Gradual freezing: the extra passes of the MC and exact Fishers differentiate the
+    weights that still train (a frozen one made torch.autograd.grad raise), and run not at
+    all once every weight is frozen; a frozen layer gets no gradient, the others are still
+    preconditioned."""
+    model = mlp()
+    gm = getattr(P, maker)(model, P.PreconditioningConfig(data_size=32, damping=1e-3),
+                           fisher_type=fisher)
+    x, t = batch((32, 20))
+
+    def step():
+        model.zero_grad(set_to_none=True)
+        gm.setup_loss_call(F.cross_entropy, gm.setup_model_call(model, x), t)
+        gm.forward_and_backward()
+        plain = torch.autograd.grad(F.cross_entropy(model(x), t),
+                                    [p for p in model.parameters() if p.requires_grad])
+        return [p.grad for p in model.parameters() if p.requires_grad], plain
+    step()
+    model[0].requires_grad_(False)
+    with pytest.warns(UserWarning, match=r"\['0'\] saw no input or no output gradient"):
+        grads, plain = step()
+    assert model[0].weight.grad is None and model[0].bias.grad is None
+    assert all(torch.isfinite(g).all() for g in grads)
+    assert not torch.allclose(grads[-2], plain[-2])   # the last weight: preconditioned
+    for layer in (model[2], model[4]):
+        layer.weight.requires_grad_(False)
+    grads, plain = step()   # the biases alone train
+    assert len(grads) == 2 and all(torch.isfinite(g).all() for g in grads)
 
 
 # ---------------------------------------------------------------------- diagonal Fisher
@@ -697,6 +799,28 @@ def test_tuple_output_and_loss_module():
                        [[p.grad for p in model.parameters()]], rtol=1e-14)
 
 
+def test_a_namedtuple_among_the_loss_arguments_is_rebuilt_field_by_field():
+    """A namedtuple argument of the loss call goes through the placeholder replay as the
+    same namedtuple (its constructor takes the fields, not one iterable: a TypeError
+    before), and the gradients are those of the same loss with plain arguments."""
+    Target = collections.namedtuple("Target", "labels weights")
+
+    def weighted_ce(logits, target, reduction="mean"):
+        losses = F.cross_entropy(logits, target.labels, reduction="none") * target.weights
+        return losses.sum() if reduction == "sum" else losses.mean()
+
+    x, t = batch((32, 20))
+    config = P.PreconditioningConfig(data_size=32, damping=1e-3)
+    grads = []
+    for loss_fn, args in ((weighted_ce, (Target(t, torch.ones(32, dtype=DTYPE)),)),
+                          (F.cross_entropy, (t,))):
+        gm = P.KfacGradientMaker(model := mlp(), config, fisher_type="mc", seed=0)
+        gm.setup_loss_call(loss_fn, gm.setup_model_call(model, x), *args)
+        gm.forward_and_backward()
+        grads.append([p.grad for p in model.parameters()])
+    assert_grads_close([grads[1]], [grads[0]], rtol=1e-12)
+
+
 # ---------------------------------------------------------------------- what is preconditioned
 def test_unpreconditioned_parameters_keep_plain_gradient():
     class Net(nn.Module):
@@ -755,6 +879,21 @@ def test_bare_leaf_model():
     grads = train(gm, model, x, t, 2)
     assert list(gm.preconditioned_modules()) == [""]
     assert all(torch.isfinite(g).all() for step in grads for g in step)
+
+
+@pytest.mark.parametrize("maker", ["KfacGradientMaker", "DiagNaturalGradientMaker"])
+def test_a_frozen_unsupported_convolution_keeps_the_plain_gradient(maker):
+    """A grouped Conv2d whose weight is frozen (its bias alone trains) keeps the plain
+    gradient, as any module with a frozen weight, instead of being refused for its groups
+    at construction; a trainable one is still refused."""
+    cls = getattr(P, maker)
+    model = nn.Sequential(nn.Conv2d(4, 4, 3, groups=4), nn.Flatten(), nn.Linear(16, 3))
+    model[0].weight.requires_grad_(False)
+    gm = cls(model, P.PreconditioningConfig(data_size=4))
+    assert list(gm.preconditioned_modules()) == ["2"]
+    assert gm.unpreconditioned_parameters() == {"0.bias": "the module's weight is frozen"}
+    with pytest.raises(NotImplementedError, match="module '0' has groups=4"):
+        cls(model.requires_grad_(True), P.PreconditioningConfig(data_size=4))
 
 
 # ---------------------------------------------------------------------- resume
@@ -1140,6 +1279,29 @@ def test_diag_fisher_of_a_float16_model_keeps_float32_diagonals():
         assert got.dtype == torch.float16 and bool((finite | (expected.abs() > 6e4)).all())
         error = (got[finite].float() - expected[finite]).norm() / expected[finite].norm()
         assert float(error) < 0.05
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_diag_fisher_of_a_half_precision_embedding_sums_in_float32(dtype):
+    """A half-precision nn.Embedding's squared token gradients are added into a float32 table
+    (index_add_ refused to mix them with a table in the weight's dtype), close to the float32
+    computation on the same rounded weights; the padding row stays zero."""
+    def diagonal(model_dtype):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Embedding(20, 6, padding_idx=0), nn.Flatten(),
+                              nn.Linear(18, 3)).to(dtype).to(model_dtype)
+        tokens = torch.randint(0, 20, (8, 3), generator=torch.Generator().manual_seed(1))
+        gm = P.DiagNaturalGradientMaker(model, P.PreconditioningConfig(data_size=8,
+                                                                       damping=1e-2),
+                                        fisher_type="emp")
+        gm.setup_loss_call(F.cross_entropy, gm.setup_model_call(model, tokens),
+                           torch.arange(8) % 3)
+        gm.forward_and_backward()
+        assert torch.isfinite(model[0].weight.grad).all()
+        return gm.factors("0")["weight"]
+    got = diagonal(dtype)
+    assert got.dtype == torch.float32 and not got[0].any()
+    torch.testing.assert_close(got, diagonal(torch.float32), rtol=0.1, atol=1e-6)
 
 
 def test_kl_clip_takes_a_tensor_learning_rate():

@@ -591,6 +591,52 @@ def test_embedding_bare_leaf_and_padding_row():
     assert all(torch.isfinite(g).all() for step in grads for g in step)
 
 
+class LoraLinear(nn.Module):
+    """A LoRA-style leaf: a frozen base weight and trainable adapters of rank `rank`."""
+
+    def __init__(self, inputs, outputs, rank=2):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(outputs, inputs), requires_grad=False)
+        self.lora_A = nn.Parameter(torch.randn(rank, inputs) * 0.1)
+        self.lora_B = nn.Parameter(torch.randn(outputs, rank) * 0.1)
+
+    def forward(self, x):
+        return x @ (self.weight + self.lora_B @ self.lora_A).T
+
+
+@pytest.mark.parametrize("maker", ["ShampooGradientMaker", "JorgeGradientMaker"])
+def test_trainable_adapters_beside_a_frozen_weight_are_preconditioned(maker):
+    """Every trainable parameter with two or more dimensions is preconditioned, also in a leaf
+    whose weight is frozen (it was left out, "the module's weight is frozen"): the adapters
+    get the preconditioned gradients they get beside a trainable weight, each parameter having
+    its own statistics. A frozen Linear's bias still keeps the plain gradient."""
+    x, t = batch((16, 6))
+
+    def run(weight_trains):
+        torch.manual_seed(0)
+        model = nn.Sequential(LoraLinear(6, 5), nn.Tanh(), nn.Linear(5, 3),
+                              nn.Linear(3, 3)).to(DTYPE)
+        model[0].weight.requires_grad_(weight_trains)
+        model[3].weight.requires_grad_(False)
+        gm = getattr(P, maker)(model, P.PreconditioningConfig(damping=1e-3))
+        for _ in range(2):
+            model.zero_grad()
+            gm.setup_loss_call(F.cross_entropy, gm.setup_model_call(model, x), t)
+            gm.forward_and_backward()
+        return gm, model
+    gm, model = run(weight_trains=False)
+    assert list(gm.preconditioned_modules()) == ["0", "2"]
+    assert list(gm.preconditioned_parameters()) == ["0.lora_A", "0.lora_B", "2.weight"]
+    assert gm.unpreconditioned_parameters()["3.bias"] == "the module's weight is frozen"
+    assert model[0].weight.grad is None
+    reference = run(weight_trains=True)[1]
+    plain = torch.autograd.grad(F.cross_entropy(model(x), t), model[0].lora_A)[0]
+    assert not torch.allclose(model[0].lora_A.grad, plain)
+    for name in ("lora_A", "lora_B"):
+        torch.testing.assert_close(getattr(model[0], name).grad,
+                                   getattr(reference[0], name).grad, rtol=1e-12, atol=0)
+
+
 # ---------------------------------------------------------------------- resume
 RESUME_CASES = {
     "shampoo-ema-blocks-adagrad": ("ShampooGradientMaker", dict(

@@ -118,7 +118,11 @@ def _resolve(value, output):
     if isinstance(value, OutputPlaceholder):
         return value._resolve(output)
     if isinstance(value, (list, tuple)):
-        return type(value)(_resolve(v, output) for v in value)
+        items = [_resolve(v, output) for v in value]
+        # A namedtuple's constructor takes its fields as separate arguments, not an iterable.
+        if isinstance(value, tuple) and hasattr(type(value), "_fields"):
+            return type(value)(*items)
+        return type(value)(items)
     if isinstance(value, dict):
         return {k: _resolve(v, output) for k, v in value.items()}
     return value
@@ -272,6 +276,11 @@ class PreconditionedGradientMaker:
             elif next(module.children(), None) is not None:
                 reason = (f"held directly by {type(module).__name__}, which has submodules "
                           f"(only leaf modules are preconditioned)")
+            elif self._weight_is_frozen(module, params):
+                # Before `_kind_for`: a module that would keep the plain gradient anyway must
+                # not be refused for a configuration its curvature cannot handle (a grouped
+                # Conv2d whose bias alone trains).
+                reason = "the module's weight is frozen"
             else:
                 kind = self._kind_for(name, module)
                 if kind is None:
@@ -281,9 +290,6 @@ class PreconditionedGradientMaker:
                         reason = (f"{type(module).__name__} is not supported by "
                                   f"{type(self).__name__}")
                         unsupported.append(f"{name or '<model>'} ({type(module).__name__})")
-                elif not module.weight.requires_grad:
-                    reason = "the module's weight is frozen"
-                    kind = None
                 else:
                     shared = sorted({o for _, p in params for o in owners[id(p)]}
                                     - {name or "<model>"})
@@ -311,6 +317,16 @@ class PreconditionedGradientMaker:
                           f"(unsupported type): {', '.join(unsupported)}; add them to "
                           f"ignore_modules to silence this", UserWarning, stacklevel=4)
 
+    def _weight_is_frozen(self, module, params):
+        """Whether `module` (a leaf with the trainable parameters `params`, ``[(name,
+        parameter)]``) keeps the plain gradient because its ``weight`` is frozen.
+
+        K-FAC and the diagonal Fisher: whenever it has a ``weight`` that does not require a
+        gradient, since their curvature is the weight's (the bias is preconditioned with it).
+        """
+        weight = getattr(module, "weight", None)
+        return isinstance(weight, torch.Tensor) and not weight.requires_grad
+
     def preconditioned_modules(self):
         """The modules whose gradients are preconditioned.
 
@@ -326,7 +342,8 @@ class PreconditionedGradientMaker:
 
         Normalization layers, modules in ``config.ignore_modules``, module types this maker
         does not support, parameters held directly by container modules, biases of modules
-        whose weight is frozen and parameters tied between modules.
+        whose weight is frozen (Shampoo and Jorge: of those with no other trainable parameter
+        of two or more dimensions) and parameters tied between modules.
 
         Returns
         -------
@@ -537,8 +554,9 @@ class PreconditionedGradientMaker:
         runs on ``loss / data_size``. The empirical Fisher captures the gradients of that
         backward (weight ``data_size**2``, undoing the division: the curvature is built from
         the gradients of the summed loss, as in ASDL); the MC and exact Fishers capture those
-        of their own passes first (``torch.autograd.grad`` w.r.t. the weights, whose results
-        are dropped), and nothing of the training backward.
+        of their own passes first (``torch.autograd.grad`` w.r.t. the weights that train now,
+        whose results are dropped; no pass where none does), and nothing of the training
+        backward.
         """
         data_size = self.config.data_size
         handles = []
@@ -554,9 +572,13 @@ class PreconditionedGradientMaker:
             self._warn_repeated_calls(calls)
             loss_sum, logits = self._call_loss(output, reduction="sum")
             if fisher_type != FISHER_EMP:
-                weights = [module.weight for module, _ in self._modules.values()]
-                for nll, weight in fisher_passes(fisher_type, loss_type, logits, n_mc_samples,
-                                                 var):
+                # Only the weights that train now: one frozen after the maker was built (gradual
+                # freezing) cannot be differentiated, and none at all leaves nothing to pass.
+                weights = [module.weight for module, _ in self._modules.values()
+                           if module.weight.requires_grad]
+                passes = (fisher_passes(fisher_type, loss_type, logits, n_mc_samples, var)
+                          if weights else ())
+                for nll, weight in passes:
                     self._grad_weight = weight
                     torch.autograd.grad(nll, weights, retain_graph=True, allow_unused=True)
                 self._grad_weight = None

@@ -34,8 +34,9 @@ from ._maker import PreconditionedGradientMaker, _all_finite, curvature_dtype
 
 __all__ = ["NaturalGradientMaker"]
 
-#: Keys of the stored tensors that are inverses (the rest is curvature).
-_INVERSE_SUFFIXES = ("_inv", "_chol", "_damping")
+#: Keys of the stored tensors that are inverses (the rest is curvature); the rows a Woodbury
+#: inverse was built from are part of it (K-FAC's ``A_woodbury_rows``).
+_INVERSE_SUFFIXES = ("_inv", "_chol", "_damping", "_woodbury_rows")
 #: Curvature kept as rows ``U`` of ``U^T U``: one call's rows stack under the next's.
 _ROWS_SUFFIX = "_rows"
 
@@ -195,8 +196,11 @@ class NaturalGradientMaker(PreconditionedGradientMaker):
                 continue
             entry = pending.get(name, {})
             if not self._complete(entry):
+                # Zeros in the dtype the other ranks send, the curvature's (float32 for a
+                # half-precision weight): else the flat buffers of the sum differ in size.
                 weight = self._modules[name][0].weight
-                entry = {key: torch.zeros(shape, dtype=weight.dtype)
+                entry = {key: torch.zeros(shape, dtype=curvature_dtype(weight.dtype),
+                                          device=weight.device)
                          for key, shape in self._expected_shapes(name).items()
                          if not key.endswith(_INVERSE_SUFFIXES) and _fixed(shape)}
             reduced[name] = entry

@@ -6,8 +6,9 @@ This module owns `RootGradientMaker`, the base of the makers that precondition t
 (`ShampooGradientMaker`, `JorgeGradientMaker`). It owns
 
 * which parameters: every trainable parameter with 2 or more dimensions of a leaf module whose
-  ``weight`` has 2 or more dimensions (``nn.Linear``, ``nn.Conv1d/2d/3d`` with any dilation,
-  groups or padding, ``nn.Embedding`` with dense gradients, custom modules), reshaped to
+  ``weight`` has 2 or more dimensions, trainable or frozen (``nn.Linear``, ``nn.Conv1d/2d/3d``
+  with any dilation, groups or padding, ``nn.Embedding`` with dense gradients, custom modules
+  such as a LoRA layer's frozen weight beside its trainable adapters), reshaped to
   ``shape[0] x prod(shape[1:])`` (a convolution: ``out x in*kh*kw``); and the parameters with 2
   or more dimensions held directly by a container module (a positional embedding), unless
   tied or ignored. The 1-D parameters of those leaf modules (biases) get the grafting method's
@@ -157,6 +158,13 @@ class RootGradientMaker(PreconditionedGradientMaker):
         if isinstance(weight, torch.Tensor) and weight.ndim >= 2:
             return "matrix"
         return None
+
+    def _weight_is_frozen(self, module, params):
+        # Each trainable matrix has statistics of its own, whether the weight trains or not: a
+        # LoRA-style leaf (frozen weight, trainable adapters lora_A and lora_B) is kept, and
+        # only one left with 1-D parameters (a frozen Linear's bias) keeps the plain gradient.
+        return (super()._weight_is_frozen(module, params)
+                and not any(p.ndim >= 2 and p.numel() > 0 for _, p in params))
 
     def _supported_names(self):
         return ("module whose weight has 2 or more dimensions (nn.Linear, nn.Conv2d, "

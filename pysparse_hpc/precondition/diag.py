@@ -52,7 +52,10 @@ def _conv2d_diagonal(module, x, grad):
 def _embedding_diagonal(module, x, grad):
     index = x.reshape(-1)
     squares = grad.reshape(-1, grad.shape[-1]).square()
-    weight = torch.zeros_like(module.weight).index_add_(0, index, squares)
+    # In the squares' dtype (the curvature's: float32 for a half-precision table), not the
+    # weight's, which index_add_ refuses to mix.
+    weight = torch.zeros(module.weight.shape, dtype=squares.dtype,
+                         device=squares.device).index_add_(0, index, squares)
     if module.padding_idx is not None:
         weight[module.padding_idx] = 0
     return {"weight": weight}

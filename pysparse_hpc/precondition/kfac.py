@@ -33,7 +33,9 @@ flops against ``n^3 / 3 + 2 n^2 o`` for ``o`` output rows. The same matrix, roun
 order. The rows stand for ``A`` (``A_rows``; the ``n x n`` product is never formed, and
 pi-damping reads its trace, the rows' sum of squares), with the damping as
 ``A_woodbury_damping`` and the capacitance's inverse or Cholesky factor, by the rule above, as
-``A_woodbury_inv`` or ``A_woodbury_chol``.
+``A_woodbury_inv`` or ``A_woodbury_chol``. An inversion that fails (a damped factor not
+positive definite) keeps the previous inverses: a Woodbury one then keeps the rows it was built
+from, as ``A_woodbury_rows``, beside the new ``A_rows``.
 
 The update steps (compute, reduce, accumulate, invert, precondition) are those of
 `NaturalGradientMaker`, kept apart so that the distributed strategies (`_kaisa`) can place
@@ -182,12 +184,11 @@ class _Inverse:
 
     @classmethod
     def of(cls, state, key):
-        # A dense factor that replaced the rows and then failed to invert leaves a Woodbury
-        # inverse without its rows: it cannot apply, and the plain gradient is kept until an
-        # inversion succeeds (only a non-positive-definite damped factor fails).
-        if key + "_woodbury_damping" in state and key + "_rows" in state:
-            return cls(rows=state[key + "_rows"],
-                       damping=float(state[key + "_woodbury_damping"]),
+        # A Woodbury inverse applies with the rows it was built from: ``_woodbury_rows`` where
+        # newer rows failed to invert, else the current ``_rows`` (see `_accumulate_factors`).
+        rows = state.get(key + "_woodbury_rows", state.get(key + "_rows"))
+        if key + "_woodbury_damping" in state and rows is not None:
+            return cls(rows=rows, damping=float(state[key + "_woodbury_damping"]),
                        capacitance=cls.of(state, key + "_woodbury"))
         if key + "_inv" in state:
             return cls(inverse=state[key + "_inv"])
@@ -438,7 +439,11 @@ class KfacGradientMaker(NaturalGradientMaker):
     def _accumulate_factors(self, pending):
         """The base's accumulation, with finite input rows kept apart: scaled by the square
         root of the factors' scale (``A = U^T U``) and stored instead of ``A``, or made into
-        ``A`` where calls stacked more of them than `LOW_RANK_SHARE` (or a call gave ``A``)."""
+        ``A`` where calls stacked more of them than `LOW_RANK_SHARE` (or a call gave ``A``).
+
+        New rows that replace those of a Woodbury inverse leave the old ones to the inverse as
+        ``A_woodbury_rows`` until `_invert` replaces it: an inversion that fails keeps the
+        previous inverse whole, which the new rows would not fit."""
         rows = {}
         for name, entry in pending.items():
             state = self._factors[name]
@@ -460,6 +465,8 @@ class KfacGradientMaker(NaturalGradientMaker):
         for name in updated:
             state = self._factors[name]
             if name in rows:
+                if "A_woodbury_damping" in state and "A_woodbury_rows" not in state:
+                    state["A_woodbury_rows"] = state["A_rows"]
                 state["A_rows"] = rows[name].mul(root)  # a view of the input: not in place
                 state.pop("A", None)
             else:
@@ -491,10 +498,19 @@ class KfacGradientMaker(NaturalGradientMaker):
             chol_a = damped_cholesky(rows.mm(rows.T) if low_rank else A, damping_a)
             chol_b = damped_cholesky(B, damping_b)
             if chol_a is None or chol_b is None:
+                # Each previous inverse is whole (a Woodbury one with its own rows), so it
+                # still applies; none at all (the first inversion, or a dense factor that
+                # took the rows' place and dropped their inverse) leaves the plain gradient.
+                if _Inverse.of(state, "A") is not None and _Inverse.of(state, "B") is not None:
+                    kept = "the previous inverses are kept"
+                else:
+                    kept = ("it keeps the plain gradient until an inversion succeeds (no "
+                            "previous inverses of both factors to keep)")
                 warnings.warn(f"step {self.state['step']}: the damped factors of module "
                               f"{name or '<model>'!r} are not positive definite (damping "
-                              f"{damping_a:.3g}, {damping_b:.3g}); the previous inverses are "
-                              f"kept", RuntimeWarning, stacklevel=4)
+                              f"{damping_a:.3g}, {damping_b:.3g}); {kept}. Raise "
+                              f"config.damping if this repeats: it is too small against the "
+                              f"factors in {B.dtype}", RuntimeWarning, stacklevel=4)
                 continue
             for key in [k for k in state if k.endswith(_INVERSE_SUFFIXES)]:
                 del state[key]
@@ -533,24 +549,28 @@ class KfacGradientMaker(NaturalGradientMaker):
         ``A_chol`` and ``B_chol``: the lower Cholesky factors of the damped factors. An input
         factor of low rank (see the module docstring) is held as its rows ``A_rows``
         (``A = A_rows^T A_rows``), its inverse as ``A_woodbury_damping`` and the capacitance's
-        ``A_woodbury_inv`` or ``A_woodbury_chol`` (by the same rule as the factors').
+        ``A_woodbury_inv`` or ``A_woodbury_chol`` (by the same rule as the factors'), built
+        from ``A_rows`` or, where newer rows have failed to invert since, from the rows kept
+        with it as ``A_woodbury_rows``.
         """
         return super().factors(name)
 
     def _check_entry(self, name, entry):
-        """A low-rank input factor loads whole: its rows, damping and one ``k x k``
-        capacitance inverse or factor for its ``k`` rows, or none of them."""
+        """A low-rank input factor loads whole: its rows and, unless no inversion of it has
+        succeeded yet, the damping and one ``k x k`` capacitance inverse or factor for the
+        ``k`` rows it was built from (``A_woodbury_rows`` where present, else ``A_rows``)."""
         woodbury = {k for k in entry if k.startswith(_LOW_RANK_KEYS)}
-        if not woodbury:
+        if not woodbury or woodbury == {"A_rows"}:
             return
         held = woodbury & {"A_woodbury_inv", "A_woodbury_chol"}
-        rows = entry.get("A_rows")
-        if rows is None or "A_woodbury_damping" not in entry or len(held) != 1 \
+        rows = entry.get("A_woodbury_rows", entry.get("A_rows"))
+        if "A_rows" not in entry or "A_woodbury_damping" not in entry or len(held) != 1 \
                 or entry[held.pop()].shape != (rows.shape[0],) * 2:
             raise ValueError(f"state_dict factors of {name!r} hold an incomplete low-rank input "
-                             f"factor ({sorted(woodbury)}); expected A_rows (k rows), "
+                             f"factor ({sorted(woodbury)}); expected A_rows, "
                              f"A_woodbury_damping and a k x k A_woodbury_inv or "
-                             f"A_woodbury_chol")
+                             f"A_woodbury_chol for the k rows it was built from "
+                             f"(A_woodbury_rows where present, else A_rows)")
 
     def _expected_shapes(self, name):
         module, kind = self._modules[name]
@@ -558,6 +578,7 @@ class KfacGradientMaker(NaturalGradientMaker):
         shapes = {key: (dim_a, dim_a) if key[0] == "A" else (dim_b, dim_b)
                   for key in _FACTOR_KEYS}
         # Low-rank keys: any number k of rows (None), never summed over ranks.
-        shapes.update(A_rows=(None, dim_a), A_woodbury_chol=(None, None),
-                      A_woodbury_inv=(None, None), A_woodbury_damping=())
+        shapes.update(A_rows=(None, dim_a), A_woodbury_rows=(None, dim_a),
+                      A_woodbury_chol=(None, None), A_woodbury_inv=(None, None),
+                      A_woodbury_damping=())
         return shapes
