@@ -296,9 +296,19 @@ def blocked_from_csr(csr, window, block_width):
     """Convert a `csr_array` to the blocked format (ME-BCRS when ``window == 8``)."""
     window, block_width = _check_geometry(window, block_width)
     csr = csr.canonical()
+    indices, n_cols, used = csr.indices, csr.shape[1], None
+    if n_cols > _blocked.key_column_limit(window):
+        # The conversion's 64-bit sort keys (column << row bits | row) would overflow for the
+        # widest columns (2**60 and up in 8-row windows). Renumbering the columns that hold
+        # entries (at most nnz of them) keeps their order, so the windows come out the same,
+        # and col_idx maps back; O(nnz log nnz) on shapes too wide for anything else.
+        used, renumbered = np.unique(indices, return_inverse=True)
+        indices, n_cols = renumbered.astype(indices.dtype, copy=False).ravel(), used.size
     row_window_offset, col_idx, values, vector_mask = _blocked.csr_to_blocked(
-        csr.indptr, csr.indices, moved_view(csr.data), window, block_width, get_num_threads(),
-        csr.shape[1])
+        csr.indptr, indices, moved_view(csr.data), window, block_width, get_num_threads(),
+        n_cols)
+    if used is not None:
+        col_idx = used[col_idx]
     cls = mebcrs_array if window == 8 else blocked_array
     result = cls.__new__(cls)
     result._set_arrays(values.view(csr.dtype), col_idx, row_window_offset, vector_mask,
@@ -350,7 +360,10 @@ def _pack_rows(present):
 
 
 def _unpack_rows(vector_mask, n_vectors, window):
-    bits = np.unpackbits(vector_mask.reshape(n_vectors, -1), axis=1, bitorder="little")
+    # The row length is known from the window: reshape(n_vectors, -1) cannot infer it when
+    # there are no vectors (an empty mask), and sddmm unpacks those too.
+    bits = np.unpackbits(vector_mask.reshape(n_vectors, _mask_bytes(window)), axis=1,
+                         bitorder="little")
     return bits.astype(bool)
 
 

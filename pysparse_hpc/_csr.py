@@ -144,16 +144,22 @@ class csr_array(sparray):
         index_dtype = index_dtype or get_index_dtype((csr.indptr, csr.indices),
                                                      maxval=max(csr.shape + (csr.nnz,)))
         check_index_dtype_holds(index_dtype, max(csr.shape + (csr.nnz,)))
+        shape = tuple(int(n) for n in csr.shape)
+        # scipy builds a matrix from arrays without checking its indices: a column out of
+        # range would send the kernels outside their operands. O(nnz), as the copy is. Check
+        # in scipy's dtype, before a cast to a narrower index dtype could wrap a column
+        # (2**32 + 1 -> 1) into range.
+        _check_csr_arrays(csr.data, csr.indices, csr.indptr, shape, full_check=True)
+        # scipy keeps strided views it was built from (S = csr_array((data[::2], ...))); the
+        # Cython kernels take C-contiguous buffers only, so such arrays are copied.
         self._set_arrays(
-            csr.data.astype(value_dtype, copy=copy),
-            csr.indices.astype(index_dtype, copy=copy),
-            csr.indptr.astype(index_dtype, copy=copy),
-            tuple(int(n) for n in csr.shape),
+            _contiguous(csr.data, value_dtype, copy),
+            _contiguous(csr.indices, index_dtype, copy),
+            _contiguous(csr.indptr, index_dtype, copy),
+            shape,
             None,
         )
-        # scipy builds a matrix from arrays without checking its indices: a column out of
-        # range would send the kernels outside their operands. O(nnz), as the copy is.
-        self.check_format(full_check=True)
+        self.check_format()
 
     def _init_from_tuple(self, arg, shape, dtype, copy, index_dtype):
         if len(arg) == 2 and _is_int(arg[0]) and _is_int(arg[1]):
@@ -420,6 +426,14 @@ def as_csr(A):
     """``A`` as a `csr_array`: itself when it is one, other formats converted, anything else
     (scipy sparse, dense) through the `csr_array` constructor."""
     return A.tocsr() if isinstance(A, sparray) else csr_array(A)
+
+
+def _contiguous(array, dtype, copy):
+    """``array`` as a C-contiguous ndarray of ``dtype``: a copy when ``copy``, otherwise
+    ``array`` itself when it already is one (a single copy either way)."""
+    if copy:
+        return np.array(array, dtype=dtype, order="C")
+    return np.ascontiguousarray(array, dtype=dtype)
 
 
 def _is_int(value):

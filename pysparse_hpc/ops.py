@@ -95,6 +95,21 @@ def _check_out(out, like, shape, dtype):
     return array
 
 
+def _check_out_apart_from_A(out, A):
+    """``out`` must share no memory with the arrays of ``A`` the product reads: the kernels
+    write a row of ``out`` while later rows still read A's values (and its structure)."""
+    if isinstance(A, blocked_array):
+        arrays = (("values", A.values), ("col_idx", A.col_idx),
+                  ("row_window_offset", A.row_window_offset), ("vector_mask", A.vector_mask))
+    else:
+        arrays = (("data", A.data), ("indices", A.indices), ("indptr", A.indptr))
+    for name, array in arrays:
+        if np.may_share_memory(out, array):
+            raise ValueError(
+                f"out overlaps A.{name}; the product would read entries it has already "
+                "written (pass a separate out array, or copy A first)")
+
+
 def spmm(A, B, *, out=None, backend="auto", precision="fp32"):
     """Sparse times dense: ``A @ B``.
 
@@ -106,7 +121,8 @@ def spmm(A, B, *, out=None, backend="auto", precision="fp32"):
         ``B`` gives a matrix-vector product of shape (M,), as in scipy.
     out : numpy.ndarray or torch.Tensor, optional
         Where to write the result: same kind as ``B``, the result's shape and dtype,
-        C-contiguous. Checked before anything is written.
+        C-contiguous, sharing no memory with ``B`` or ``A``'s arrays. Checked before anything
+        is written.
     backend : {"auto", "cpu", "cuda"}
         "auto" runs where the operands live. "cuda" takes host data (copied over and back) or
         device data (torch CUDA tensors, CuPy and Numba device arrays, read in place) and needs
@@ -128,8 +144,8 @@ def spmm(A, B, *, out=None, backend="auto", precision="fp32"):
     TypeError
         ``A`` is not a pysparse_hpc sparse array; ``B`` or ``out`` has the wrong type or dtype.
     ValueError
-        Shapes do not match, ``B`` is not 1-D or 2-D, ``out`` is not contiguous, or an operand on
-        the GPU meets ``backend="cpu"``.
+        Shapes do not match, ``B`` is not 1-D or 2-D, ``out`` is not contiguous or overlaps ``B``
+        or ``A``, or an operand on the GPU meets ``backend="cpu"``.
 
     Examples
     --------
@@ -164,16 +180,18 @@ def spmm(A, B, *, out=None, backend="auto", precision="fp32"):
               else _check_out(out, dense, result_shape, dtype))
     if out is not None and np.may_share_memory(result, B):
         raise ValueError("out overlaps B; the product would read rows it has already written")
+    csr = None if isinstance(A, blocked_array) else A.tocsr()
+    if out is not None:
+        _check_out_apart_from_A(result, A if csr is None else csr)
     matrix = B[:, None] if vector else B
     matrix = matrix.astype(dtype, copy=False)
     result_2d = result[:, None] if vector else result
     flops = 2 * A.nnz * matrix.shape[1]
-    if isinstance(A, blocked_array):
+    if csr is None:
         _launch(_cpu_spmm.blocked_spmm, _cpu_spmm.blocked_spmm_serial, A, A.row_window_offset,
                 flops, A.row_window_offset, A.col_idx, A.values.astype(dtype, copy=False),
                 A.vector_mask, A.window, A.block_width, matrix, result_2d)
     else:
-        csr = A.tocsr()
         _launch(_cpu_spmm.csr_spmm, _cpu_spmm.csr_spmm_serial, csr, csr.indptr, flops,
                 csr.indptr, csr.indices, csr.data.astype(dtype, copy=False), matrix, result_2d,
                 spmm_tile())

@@ -18,7 +18,8 @@ from libc.string cimport memset
 include "_fused.pxi"
 
 # Sort keys ``column << row_bits | local_row``: 32-bit where every column fits (n_cols <<
-# row_bits <= 2^32, any index dtype), halving the bytes every merge level moves; else 64-bit.
+# row_bits <= 2^32, any index dtype), halving the bytes every merge level moves; else 64-bit,
+# which holds columns below 2^(63 - row_bits) (`key_column_limit`).
 ctypedef fused key_t:
     uint32_t
     int64_t
@@ -293,6 +294,9 @@ cdef bint _radix_order(
     (scipy's CSR -> CSC, row numbers only), then a stable one by window, walking the columns in
     order. Two scatters of 4 bytes per entry instead of three merge levels of compares; about
     2.4 times faster on one thread, so it serves up to `RADIX_MAX_THREADS` threads.
+
+    It allocates, zeroes and walks one counter per column whatever ``nnz`` is: the caller takes
+    it only where the columns are O(nnz) (`ordering_path`).
     """
     cdef int64_t nnz = indptr[n_rows]
     cdef int64_t* colptr = <int64_t*>malloc((n_cols + 1) * sizeof(int64_t))
@@ -365,6 +369,52 @@ cdef bint _emit_windows(
 #: 32-bit keys apply); beyond, the parallel merge (`_order_windows`) scales past it.
 RADIX_MAX_THREADS = 2
 
+#: Columns beyond ``2 * nnz + RADIX_SLACK_COLUMNS`` make `_radix_order`'s per-column counters
+#: outweigh the entries (2 entries in 2**29 columns: 4 GiB zeroed and walked); the merge then
+#: costs O(nnz log window) whatever the width. The same bound as `block_stats`' renumbering.
+RADIX_SLACK_COLUMNS = 4096
+
+
+cdef inline int _row_bits(Py_ssize_t window) noexcept nogil:
+    """ceil(log2(window)): the low key bits that hold a row of the window."""
+    cdef int row_bits = 0
+    # bounded: a window below 1 (refused by the callers) must not shift past 63 bits
+    while row_bits < 63 and (<uint64_t>1 << row_bits) < <uint64_t>window:
+        row_bits += 1
+    return row_bits
+
+
+def key_column_limit(Py_ssize_t window):
+    """Most columns `csr_to_blocked` takes for ``window``-row windows: ``2**(63 - row_bits)``.
+
+    Its 64-bit sort keys are ``column << row_bits | local_row`` with ``row_bits =
+    ceil(log2(window))``; a column at or beyond this limit would overflow into the sign bit.
+    """
+    if window < 1:
+        raise ValueError(f"window must be a positive integer, got {window}")
+    one = 1  # a Python int: C arithmetic would overflow at 2**63 (one-row windows)
+    return one << (63 - _row_bits(window))
+
+
+def ordering_path(Py_ssize_t n_rows, Py_ssize_t n_cols, Py_ssize_t nnz, Py_ssize_t window,
+                  int num_threads):
+    """How `csr_to_blocked` orders the entries: ``"radix"`` (`_radix_order`, 32-bit keys),
+    ``"merge32"`` or ``"merge64"`` (`_order_windows` with 32- or 64-bit keys).
+
+    32-bit keys need every key ``column << row_bits | local_row`` below 2**32 (tested without a
+    shift, which would wrap for huge ``n_cols``) and the rows in 32 bits; an unknown ``n_cols``
+    (-1) takes 64-bit keys. The counting sort also needs few threads and O(nnz) columns.
+    """
+    cdef int row_bits = _row_bits(window)
+    cdef bint narrow = (0 <= n_cols and row_bits <= 32
+                        and n_cols <= (<int64_t>1 << (32 - row_bits))
+                        and <uint64_t>n_rows < (<uint64_t>1 << 32))
+    if not narrow:
+        return "merge64"
+    if max(1, num_threads) <= RADIX_MAX_THREADS and n_cols <= 2 * nnz + RADIX_SLACK_COLUMNS:
+        return "radix"
+    return "merge32"
+
 
 def csr_to_blocked(const index_t[::1] indptr, const index_t[::1] indices,
                    const moved_t[::1] data, Py_ssize_t window, Py_ssize_t block_width,
@@ -385,23 +435,42 @@ def csr_to_blocked(const index_t[::1] indptr, const index_t[::1] indices,
     n_cols : int, optional
         Number of columns. Where ``n_cols << ceil(log2(window))`` and the rows fit in 32 bits
         the sort keys are 32-bit (whatever the index dtype) and, on at most
-        `RADIX_MAX_THREADS` threads, ordered by counting sorts instead of merges; unknown (-1):
-        64-bit keys, merged.
+        `RADIX_MAX_THREADS` threads with O(nnz) columns, ordered by counting sorts instead of
+        merges (see `ordering_path`); unknown (-1): 64-bit keys, merged.
 
     Returns
     -------
     row_window_offset, col_idx, values, vector_mask : ndarray
+
+    Raises
+    ------
+    ValueError
+        ``n_cols`` (or, when unknown, the largest column plus one) is beyond
+        `key_column_limit`: the 64-bit sort keys would overflow. Renumber the columns that
+        hold entries first (``blocked_from_csr`` does).
     """
     cdef Py_ssize_t n_rows = indptr.shape[0] - 1
     cdef Py_ssize_t n_windows = (n_rows + window - 1) // window
     cdef Py_ssize_t nnz = indices.shape[0]
     cdef Py_ssize_t mask_bytes = (window + 7) // 8
-    cdef int row_bits = 0
-    while (1 << row_bits) < window:
-        row_bits += 1
+    cdef int row_bits = _row_bits(window)
     index_dtype = np.int32 if index_t is int32_t else np.int64
-    cdef bint narrow = (0 <= n_cols and (<uint64_t>n_cols << row_bits) <= (<uint64_t>1 << 32)
-                        and <uint64_t>n_rows < (<uint64_t>1 << 32))
+    column_limit = key_column_limit(window)  # a Python int: 2**63 for one-row windows
+    cdef int64_t largest = n_cols - 1
+    cdef Py_ssize_t r
+    if n_cols < 0:
+        # Unknown width: the largest column decides (rows are sorted: each row's last entry).
+        for r in range(n_rows):
+            if indptr[r + 1] > indptr[r]:
+                largest = max(largest, <int64_t>indices[indptr[r + 1] - 1])
+    if largest >= column_limit:
+        what = f"{n_cols} columns" if n_cols >= 0 else f"column {largest}"
+        raise ValueError(
+            f"cannot order {what} in {window}-row windows: the 64-bit sort keys "
+            f"(column << {row_bits} | row) hold at most 2**{63 - row_bits} = {column_limit} "
+            "columns; renumber the columns that hold entries first (blocked_from_csr does)")
+    path = ordering_path(n_rows, n_cols, nnz, window, num_threads)
+    cdef bint narrow = path != "merge64"
     keys_np = np.empty(max(nnz, 1), dtype=np.uint32 if narrow else np.int64)
     cdef uint32_t[::1] keys32
     cdef int64_t[::1] keys64
@@ -414,7 +483,7 @@ def csr_to_blocked(const index_t[::1] indptr, const index_t[::1] indices,
     for w in range(n_windows):
         widest_window = max(widest_window,
                             indptr[min((w + 1) * window, n_rows)] - indptr[w * window])
-    if narrow and threads <= RADIX_MAX_THREADS:
+    if path == "radix":
         keys32 = keys_np
         with nogil:
             ok = _radix_order(n_windows, n_rows, n_cols, &indptr[0], indices_ptr, window,

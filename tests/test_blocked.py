@@ -242,6 +242,50 @@ def test_int32_and_int64_indices_give_the_same_arrays(rng, window, block_width, 
     check_layout(M32, S)
 
 
+def test_the_counting_sort_is_kept_to_o_nnz_columns():
+    """The counting sort zeroes and walks one counter per column: beyond 2 * nnz + 4096
+    columns the merge orders the entries instead, in time and memory bounded by nnz."""
+    from pysparse_hpc._cy import blocked as _blocked
+
+    slack = _blocked.RADIX_SLACK_COLUMNS
+    assert _blocked.ordering_path(2, 2 * 2 + slack, 2, 8, 1) == "radix"
+    assert _blocked.ordering_path(2, 2 * 2 + slack + 1, 2, 8, 1) == "merge32"
+    assert _blocked.ordering_path(2, 2**27, 2**26, 8, 1) == "radix"
+    assert _blocked.ordering_path(2, 2**27, 2**26, 8, _blocked.RADIX_MAX_THREADS + 1) == "merge32"
+    # 2 entries in 2**27 columns (1 GiB of counters for the counting sort) take the merge
+    n_cols = 2**27
+    A = sph.csr_array((np.array([1.0, 2.0]), np.array([0, n_cols - 1]), np.array([0, 1, 2])),
+                      shape=(2, n_cols), index_dtype=np.int64)
+    assert _blocked.ordering_path(2, n_cols, 2, 8, 1) == "merge32"
+    np.testing.assert_array_equal(A.to_blocked(8, 8).col_idx, [0, n_cols - 1])
+
+
+@pytest.mark.parametrize("window", [8, 16, 64])
+def test_columns_beyond_the_64_bit_sort_keys(window):
+    """The sort keys ``column << row_bits | row`` overflow int64 from column 2**(63 - row_bits)
+    (2**60 for 8-row windows): the conversion renumbers the used columns instead, and the
+    Cython pass refuses such a width rather than return garbage or a misleading MemoryError."""
+    from pysparse_hpc._cy import blocked as _blocked
+
+    n_cols = 2**60 + 10
+    columns = [5, 2**60 + 3]
+    A = sph.csr_array((np.array([1.0, 2.0]), np.array(columns), np.array([0, 1, 2])),
+                      shape=(2, n_cols))
+    B = A.to_blocked(window, 8)
+    np.testing.assert_array_equal(B.col_idx, columns)
+    B.check_format(full_check=True)
+    assert_same_csr(B.tocsr(), A)
+    limit = _blocked.key_column_limit(window)
+    assert limit == 2**(63 - (window - 1).bit_length())
+    for width in (n_cols, -1):
+        with pytest.raises(ValueError, match=rf"at most 2\*\*\d+ = {limit} columns; renumber"):
+            _blocked.csr_to_blocked(A.indptr, A.indices, A.data, window, 8, 1, width)
+    # 2**61 + 1 columns shifted by 3 bits wrap to 8 in 64 bits: not a narrow (32-bit) width.
+    assert _blocked.ordering_path(2, 2**61 + 1, 2, 8, 1) == "merge64"
+    assert _blocked.ordering_path(2, 2**29, 2**28, 8, 1) == "radix"
+    assert _blocked.ordering_path(2, 2**29 + 1, 2**28, 8, 1) == "merge64"
+
+
 def test_int32_matches_int64_on_every_shared_matrix(suitesparse_path):
     A64 = load_npz(suitesparse_path, index_dtype=np.int64)
     A32 = load_npz(suitesparse_path, index_dtype=np.int32)

@@ -122,6 +122,29 @@ def test_scipy_canonicalizing_its_input_later_does_not_corrupt_us(rng):
     assert np.shares_memory(sph.csr_array(C).indices, C.indices)  # canonical input is shared
 
 
+@pytest.mark.parametrize("copy", [False, True])
+def test_scipy_input_with_strided_arrays_is_made_contiguous(copy):
+    """A canonical scipy matrix keeps the strided views it was built from; the Cython kernels
+    take C-contiguous buffers only, so every operation must still work on the result."""
+    data = np.arange(1.0, 9.0)
+    indices = np.array([0, 0, 2, 2, 1, 1, 0, 0], dtype=np.int32)
+    S = scipy.sparse.csr_array((data[::2], indices[::2], np.arange(5, dtype=np.int32)),
+                               shape=(4, 4))
+    assert S.has_canonical_format and not S.indices.flags.c_contiguous
+    A = sph.csr_array(S, copy=copy)
+    for array in (A.data, A.indices, A.indptr):
+        assert array.flags.c_contiguous
+    expected = S.toarray()
+    np.testing.assert_array_equal(A.toarray(), expected)
+    np.testing.assert_array_equal(A.T.toarray(), expected.T)
+    np.testing.assert_array_equal(A.to_mebcrs().toarray(), expected)
+    np.testing.assert_array_equal(np.ones((2, 4)) @ A, np.ones((2, 4)) @ expected)
+    np.testing.assert_array_equal(
+        sph.sddmm(A, np.ones((4, 2)), np.ones((4, 2))).toarray(), 2.0 * (expected != 0))
+    assert A.has_sorted_indices
+    assert not np.shares_memory(A.data, data)  # a strided view cannot be shared as is
+
+
 @pytest.mark.parametrize("indices, indptr, message", [
     ([0, 1, 10**6], [0, 1, 2, 3], "column 1000000, out of range for 3 columns"),
     ([0, 1, -5], [0, 1, 2, 3], "negative column"),

@@ -140,6 +140,27 @@ def test_empty(rng):
         assert result.nnz == 0 and result.shape == (6, 4)
 
 
+@pytest.mark.parametrize("window", [8, 16, 64])
+@pytest.mark.parametrize("alpha, beta", [(np.inf, 0.0), (1.0, np.inf), (np.nan, 0.0)])
+def test_empty_blocked_with_non_finite_alpha_or_beta(window, alpha, beta):
+    """A non-finite alpha or beta makes sddmm re-zero a blocked result's padding through the
+    vector mask; with no vectors, that mask is empty and must still unpack."""
+    A = sph.csr_array((16, 5)).to_blocked(window)
+    result = sph.sddmm(A, np.ones((16, 3)), np.ones((5, 3)), alpha=alpha, beta=beta)
+    assert type(result) is type(A) and result.nnz == 0 and result.shape == (16, 5)
+
+
+@pytest.mark.parametrize("window", [8, 16, 64])
+def test_an_empty_vector_mask_unpacks_for_the_cuda_backend(window):
+    """The CUDA backend unpacks the mask of an empty blocked A too (padding, storage keys):
+    checked here on the CPU, since the simulator run is slow."""
+    from pysparse_hpc._blocked import unpack_vector_mask
+    from pysparse_hpc._cuda_backend import _storage_keys
+    A = sph.csr_array((16, 5)).to_blocked(window)
+    assert unpack_vector_mask(A.vector_mask, A.n_vectors, window).shape == (0, window)
+    assert _storage_keys(A).size == 0
+
+
 def test_bad_input(rng):
     A = sph.csr_array(random_scipy(rng, (6, 5), 0.4))
     X, Y = np.ones((6, 3)), np.ones((5, 3))

@@ -195,6 +195,21 @@ def test_out_validation_writes_nothing(rng):
         np.testing.assert_array_equal(bad, before)
 
 
+def test_out_sharing_A_values_is_refused():
+    """An out in A's value buffer would be written row by row while later rows still read
+    those values: a wrong result, refused as out=B is, before anything is written."""
+    A = sph.csr_array((np.array([1.0, 2.0, 3.0, 4.0]), np.array([0, 0, 1, 1]),
+                       np.array([0, 1, 4])), shape=(2, 2))
+    with pytest.raises(ValueError, match="out overlaps A.data"):
+        sph.spmm(A, np.array([[1.0, 10.0], [100.0, 1000.0]]), out=A.data.reshape(2, 2))
+    np.testing.assert_array_equal(A.data, [1.0, 2.0, 3.0, 4.0])
+    blocked = A.to_mebcrs()                     # 2 vectors of 8 rows: 16 values
+    values = blocked.values.copy()
+    with pytest.raises(ValueError, match="out overlaps A.values"):
+        sph.spmm(blocked, np.ones((2, 8)), out=blocked.values.reshape(2, 8))
+    np.testing.assert_array_equal(blocked.values, values)
+
+
 def test_torch_operands_zero_copy(rng):
     torch = pytest.importorskip("torch")
     S = random_scipy(rng, (25, 18), 0.2)

@@ -121,6 +121,19 @@ def test_int64_indices_out_of_int32_range_are_caught_before_cast():
         sph.csr_array((np.ones(1), np.array([2**32], np.int64), np.array([0, 1])), shape=(1, 5))
 
 
+@pytest.mark.parametrize("column, message", [
+    (2**32 + 1, "column 4294967297, out of range for 3 columns"),
+    (-2**32 + 2, "negative column"),
+])
+def test_scipy_int64_columns_are_checked_before_an_int32_cast(column, message):
+    # Cast to the requested int32 first, 2**32 + 1 would wrap to 1 (and -2**32 + 2 to 2), in
+    # range, and the matrix would be accepted with a wrong column.
+    S = scipy.sparse.csr_array((np.array([7.0]), np.array([column], np.int64),
+                                np.array([0, 1], np.int64)), shape=(1, 3))
+    with pytest.raises(ValueError, match=message):
+        sph.csr_array(S, index_dtype=np.int32)
+
+
 def test_a_requested_int32_index_dtype_must_hold_the_indices():
     """int32 requested for indices beyond its range would wrap them (past the range check)."""
     big = 2 ** 31 + 1
