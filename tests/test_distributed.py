@@ -358,6 +358,48 @@ def test_data_parallel_on_one_rank():
         distributed.DataParallel(model, bucket_mb=0)
 
 
+def test_a_collected_data_parallel_leaves_its_module_as_it_was():
+    """The parameters' hooks hold the wrapper weakly: a wrapper no one keeps is collected,
+    its hooks removed and its MPI context freed (each wrapper of a new model kept one for
+    good, and about 2000 ended the job); a retired one refuses to broadcast."""
+    import gc
+    import weakref
+    model = torch.nn.Linear(4, 2)
+    wrapped = distributed.DataParallel(model, Communicator(None))
+    assert all(p._post_accumulate_grad_hooks for p in model.parameters())
+    collected = weakref.ref(wrapped)
+    del wrapped
+    gc.collect()
+    assert collected() is None
+    assert not any(p._post_accumulate_grad_hooks for p in model.parameters())
+    model(torch.ones(1, 4)).sum().backward()   # plain torch again
+    first = distributed.DataParallel(model, Communicator(None))
+    second = distributed.DataParallel(model, Communicator(None))
+    for retired_call in (first.broadcast_parameters, lambda: first(torch.ones(1, 4))):
+        with pytest.raises(RuntimeError, match="was retired"):
+            retired_call()
+    second(torch.ones(1, 4)).sum().backward()
+
+
+def test_data_parallel_keeps_a_frozen_parameter_in_its_bucket():
+    """Freezing and unfreezing a layer in turn (a GAN's discriminator) rebuilds the buckets
+    once, when the layer first trains, not at every change."""
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 1))
+    model[1].requires_grad_(False)
+    wrapped = distributed.DataParallel(model, Communicator(None), bucket_mb=1e-5)
+    assert sum(wrapped.bucket_sizes) == 2
+    model[1].requires_grad_(True)
+    wrapped(torch.ones(2, 4)).sum().backward()
+    buckets = wrapped._buckets
+    assert sum(wrapped.bucket_sizes) == 4
+    for frozen in (True, False, True):
+        model[1].requires_grad_(not frozen)
+        model.zero_grad(set_to_none=True)
+        wrapped(torch.ones(2, 4)).sum().backward()
+        assert wrapped._buckets is buckets
+        assert (model[1].weight.grad is None) == frozen and model[0].weight.grad is not None
+
+
 def test_data_parallel_leaves_unreached_parameters_without_gradient():
     """A parameter no backward reaches keeps ``.grad`` None, as in one process, so Adam's
     weight decay and momentum leave it alone; one reached keeps its gradient."""

@@ -492,9 +492,10 @@ class Communicator:
         """Reduce ``buffer`` over all ranks, in place; returns ``buffer``. A bfloat16 tensor
         is reduced in float32 and rounded back (`_reduction_buffer`)."""
         _check_reduction(buffer, op)
-        view, write_back = _reduction_buffer(buffer)
         if self.size == 1:
+            _as_buffer(buffer, written=True)  # checked as on several ranks, no bfloat16 copy
             return buffer
+        view, write_back = _reduction_buffer(buffer)
         from mpi4py import MPI
         self._watched(f"Allreduce ({kind!r})", self.mpi.Allreduce, MPI.IN_PLACE, view,
                       op=self._op(op))
@@ -507,9 +508,10 @@ class Communicator:
         """Start reducing ``buffer`` in place; returns a request to ``wait()`` on (a bfloat16
         tensor holds the result once waited on)."""
         _check_reduction(buffer, op)
-        view, write_back = _reduction_buffer(buffer)
         if self.size == 1:
+            _as_buffer(buffer, written=True)
             return _Request()
+        view, write_back = _reduction_buffer(buffer)
         from mpi4py import MPI
         request = self.mpi.Iallreduce(MPI.IN_PLACE, view, op=self._op(op))
         self._count(kind, 1, view.nbytes, 1, view.nbytes)

@@ -8,6 +8,7 @@ the same order on every rank (a bucket waits for the ones before it), as MPI req
 collectives. The full-graph GNN trainer uses it, and so can any data-parallel torch model.
 """
 import contextlib
+import functools
 import warnings
 import weakref
 
@@ -71,28 +72,30 @@ class DataParallel(torch.nn.Module):
     (`~pysparse_hpc.distributed.Communicator.set_timeout`) to end such a job with a message
     instead of a hang.
 
-    The hooks are the parameters' own: every backward that reaches them after wrapping is
-    reduced, whether or not it went through the wrapper's ``forward`` (torch DDP reduces only
-    after its own forward), so every rank must run it; wrap a rank-local backward (a saliency
-    map on one rank) in `no_sync`. With ``average=False`` a gradient already in ``.grad``
-    from an earlier reduced backward is summed over the ranks again (counted P times): zero
-    the gradients between reduced backwards, and accumulate inside `no_sync`, as under DDP
-    (with ``average=True`` the mean makes either way right). With ``broadcast_buffers``
-    every rank must call the wrapper's forward the same number of times with gradients
-    enabled outside `no_sync` (the broadcast is a collective, as under DDP); a forward under
-    ``torch.no_grad()`` (evaluation) or inside `no_sync` (a rank-local pass, accumulation)
-    broadcasts nothing, so call `broadcast_parameters` before evaluating on one rank after
-    training without it. Wrapping a module
-    again (``fit`` does, once per call) retires the earlier wrapper: its hooks are removed
-    and calling it is an error. The parameters reduced are those that require grad at each
-    call of the wrapper's ``forward``: unfreezing a layer after wrapping (fine-tuning) is
-    taken into account there, provided every rank does it alike. Each wrapper reduces in an
+    The hooks are the parameters' own: while the wrapper lives (keep a reference to it; once
+    collected, its hooks and MPI context go with it, as torch DDP's reducer goes with DDP),
+    every backward that reaches them is reduced, whether or not it went through the
+    wrapper's ``forward`` (torch DDP reduces only after its own forward), so every rank must
+    run it; wrap a rank-local backward (a saliency map on one rank) in `no_sync`. With
+    ``average=False`` a gradient already in ``.grad`` from an earlier reduced backward is
+    summed over the ranks again (counted P times): zero the gradients between reduced
+    backwards, and accumulate inside `no_sync`, as under DDP (with ``average=True`` the mean
+    makes either way right). With ``broadcast_buffers`` every rank must call the wrapper's
+    forward the same number of times with gradients enabled outside `no_sync` (the broadcast
+    is a collective, as under DDP); a forward under ``torch.no_grad()`` (evaluation) or
+    inside `no_sync` (a rank-local pass, accumulation) broadcasts nothing, so call
+    `broadcast_parameters` before evaluating on one rank after training without it.
+
+    Wrapping a module again (``fit`` does, once per call) retires the earlier wrapper: its
+    hooks are removed and calling it is an error. A layer unfrozen after wrapping
+    (fine-tuning) is reduced from the wrapper's next ``forward`` on, provided every rank
+    unfreezes it alike; a layer frozen again keeps ``.grad`` None. Each wrapper reduces in an
     MPI context of its own (`~pysparse_hpc.distributed.Communicator.duplicate`), so several
     wrappers on one communicator (an encoder and a head, a GAN's two networks, a wrapped
     submodule of a wrapped model) never take each other's reductions; their traffic is
     counted in ``comm``'s `~pysparse_hpc.distributed.Communicator.stats`. A backward that
-    raised part-way leaves its reductions unfinished: the wrapper's next ``forward`` waits for
-    those it started and starts afresh, with a warning.
+    raised part-way leaves its reductions unfinished: the wrapper's next ``forward`` waits
+    for those it started and starts afresh, with a warning.
 
     Examples
     --------
@@ -118,9 +121,15 @@ class DataParallel(torch.nn.Module):
         # paired one wrapper's buckets with the other's (wrong sums, or MPI's abort).
         self._reducing = self.comm.duplicate() if hasattr(self.comm, "duplicate") \
             else self.comm
-        if self._reducing is not self.comm:
-            self._free_context = weakref.finalize(self, self._reducing.free)
-            self._free_context.atexit = False
+        # The parameters' hooks, by parameter id: they call this wrapper through a weak
+        # reference, so that it can be collected, and its release then removes them and
+        # frees its context (MPI has about 2000 per process: a loop that wraps new models
+        # would run out).
+        self._hooks = {}
+        self._release = weakref.finalize(
+            self, _release, self._hooks,
+            self._reducing if self._reducing is not self.comm else None)
+        self._release.atexit = False
         self.average = average
         self.broadcast_buffers = broadcast_buffers
         self._bucket_mb = bucket_mb
@@ -134,23 +143,30 @@ class DataParallel(torch.nn.Module):
         if earlier is not None and earlier() is not None:
             earlier()._retire()
         _WRAPPER_OF[module] = weakref.ref(self)
-        self._hooks = []
-        self._hook(self._trainable())
+        self._params = []
+        self._reduce(self._newly_trainable())
         if broadcast_parameters:
             self.broadcast_parameters()
 
-    def _trainable(self):
-        return [p for p in self.module.parameters() if p.requires_grad]
+    def _newly_trainable(self):
+        """Parameters that require grad and are not reduced yet."""
+        return [p for p in self.module.parameters()
+                if p.requires_grad and id(p) not in self._hooks]
 
-    def _hook(self, params):
-        """Buckets and gradient hooks for ``params`` (those that require grad, in module
-        order), in place of any earlier ones."""
-        for p in params:
+    def _reduce(self, added):
+        """Reduce the parameters ``added`` too: buckets of every parameter reduced so far and
+        these, in module order, and a gradient hook on each new one.
+
+        A parameter frozen since stays in its bucket: its hook no longer fires, so its bucket
+        starts at the end of the backward, where it contributes zero and keeps ``.grad``
+        None; keeping it spares a rebuild per step to code that freezes and unfreezes layers
+        in turn (a GAN's discriminator)."""
+        for p in added:
             if p.device.type != "cpu":
                 raise ValueError(f"DataParallel reduces host memory; a parameter is on "
                                  f"{p.device}")
-        for hook in self._hooks:
-            hook.remove()
+        reduced = {id(p) for p in self._params + added}
+        params = [p for p in self.module.parameters() if id(p) in reduced]
         sparse = sparse_gradient_parameters(self.module)
         self._params = params
         # Sparse gradients (Embedding(sparse=True)) are summed apart, after the buckets.
@@ -158,14 +174,19 @@ class DataParallel(torch.nn.Module):
         self._buckets = self._make_buckets([p for p in params[::-1] if id(p) not in sparse],
                                            self._bucket_mb * 2 ** 20)
         self._bucket_of = {id(p): b for b in self._buckets for p in b.params}
-        self._hooks = [p.register_post_accumulate_grad_hook(self._on_gradient) for p in params]
+        wrapper = weakref.ref(self)
+        for p in added:
+            self._hooks[id(p)] = p.register_post_accumulate_grad_hook(
+                functools.partial(_on_gradient_of, wrapper))
 
     def _retire(self):
-        for hook in self._hooks:
-            hook.remove()
-        self._hooks, self._retired = [], True
-        if self._reducing is not self.comm:
-            self._free_context()  # every rank retires it at once: wrapping is collective
+        self._retired = True
+        self._release()  # every rank retires it at once: wrapping is collective
+
+    def _check_live(self):
+        if self._retired:
+            raise RuntimeError("this DataParallel was retired: its module was wrapped again "
+                               "(by a newer DataParallel, or by fit); call the newer wrapper")
 
     @staticmethod
     def _make_buckets(params, capacity):
@@ -187,18 +208,15 @@ class DataParallel(torch.nn.Module):
         return [len(b.params) for b in self._buckets]
 
     def forward(self, *args, **kwargs):
-        if self._retired:
-            raise RuntimeError("this DataParallel was retired: its module was wrapped again "
-                               "(by a newer DataParallel, or by fit); call the newer wrapper")
+        self._check_live()
         if self._in_backward:
             self._abandon_backward()
-        trainable = self._trainable()
-        if len(trainable) != len(self._params) or any(
-                new is not old for new, old in zip(trainable, self._params)):
-            # Parameters unfrozen (or frozen, or added) since wrapping: an unfrozen one had
-            # no hook, so each rank stepped with its own gradient and the replicas drifted.
-            # Every rank changes them alike (as the model itself), so all rebuild here.
-            self._hook(trainable)
+        added = self._newly_trainable()
+        if added:
+            # Parameters unfrozen (or added) since wrapping: without a hook each rank stepped
+            # with its own gradient and the replicas drifted. Every rank changes them alike
+            # (as the model itself), so all rebuild here.
+            self._reduce(added)
         elif any(p.dtype != b.flat.dtype for b in self._buckets for p in b.params):
             # The model changed dtype after wrapping (model.double()): buckets of the old one
             # would round its gradients.
@@ -237,6 +255,7 @@ class DataParallel(torch.nn.Module):
 
     def broadcast_parameters(self, root=0):
         """Overwrite every rank's parameters and buffers with those of ``root``."""
+        self._check_live()
         with torch.no_grad():
             for tensor in list(self.module.parameters()) + list(self.module.buffers()):
                 if tensor.is_contiguous():
@@ -256,7 +275,7 @@ class DataParallel(torch.nn.Module):
             self._enabled = True
 
     # ---------------------------------------------------------------- hooks
-    def _on_gradient(self, param):
+    def _on_gradient(self, param):  # through `_on_gradient_of`
         if not self._enabled:
             return
         if not self._in_backward:
@@ -340,3 +359,20 @@ class DataParallel(torch.nn.Module):
         for bucket in self._buckets:
             bucket.ready, bucket.request = 0, None
         self._launched, self._in_backward = 0, False
+
+
+def _on_gradient_of(wrapper, param):
+    """A parameter's gradient hook: hands it to its wrapper while the wrapper lives."""
+    live = wrapper()
+    if live is not None:
+        live._on_gradient(param)
+
+
+def _release(hooks, context):
+    """What a wrapper leaves when it is retired or collected: its parameters' hooks, and the
+    MPI context it duplicated (None: it reduced on the communicator it was given)."""
+    for handle in hooks.values():
+        handle.remove()
+    hooks.clear()
+    if context is not None:
+        context.free()

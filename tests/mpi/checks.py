@@ -530,6 +530,23 @@ def check_separate_contexts():
         np.testing.assert_array_equal(halos[graph].ravel(), base + graph.halo)
 
 
+def check_many_wrappers_and_graphs():
+    """More DataParallel wrappers and graphs, one after another, than MPI has contexts for
+    (2048 in MPICH): each frees its context when it is collected (a wrapper's hooks kept it
+    alive for good, and the loop ended the job with "Too many communicators")."""
+    import scipy.sparse as sp
+    path = sp.csr_array(sp.diags([np.ones(size - 1), np.ones(size - 1)], [-1, 1],
+                                 shape=(size, size)))
+    for step in range(2100):
+        wrapped = distributed.DataParallel(torch.nn.Linear(2, 1), comm)
+        if step % 700 == 0:
+            wrapped(torch.ones(1, 2)).sum().backward()
+        if size == 2 or step % 700 == 0:   # graphs' set-up is slow on oversubscribed cores
+            graph = DistGraph(path, np.arange(size), comm)
+    np.testing.assert_array_equal(graph.halo_exchange(np.full((1, 1), float(rank))).ravel(),
+                                  graph.halo)
+
+
 def check_unfrozen_after_wrapping():
     """A layer frozen when the model was wrapped and unfrozen later (fine-tuning): its
     gradient is reduced from the next forward on (it had no hook, and each rank stepped with
