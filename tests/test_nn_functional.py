@@ -198,6 +198,22 @@ def test_dropout_statistics_repeatability_and_gradient():
     assert torch.equal(dropped, torch.zeros(2)) and torch.equal(leaf.grad, torch.zeros(2))
 
 
+@pytest.mark.parametrize("row_ids", [None, np.arange(40)[::-1].copy()])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_dropout_of_nan_and_inf_is_x_times_mask_as_torch(row_ids, dtype):
+    """Torch computes x * mask * scale: a dropped NaN or inf is NaN and a dropped -1 is -0.0,
+    where the kernels wrote a literal 0."""
+    x = torch.tensor([torch.nan, torch.inf, -torch.inf, -1.0], dtype=dtype).repeat(40, 1)
+    torch.manual_seed(0)
+    kept = F.dropout(torch.ones_like(x), 0.5, row_ids=row_ids) != 0   # the mask of the seed
+    torch.manual_seed(0)
+    out = F.dropout(x, 0.5, row_ids=row_ids)
+    assert kept.any() and not kept.all()
+    expected = x * kept.to(dtype) * 2.0
+    torch.testing.assert_close(out, expected, equal_nan=True, rtol=0, atol=0)
+    assert torch.equal(torch.signbit(out), torch.signbit(expected))
+
+
 def test_second_derivatives_are_exact_or_refused(rectangular):
     """A gradient penalty through `spmm` and `dropout` equals the dense one; through the
     once-differentiable operations it raises instead of dropping the second-order term."""
@@ -225,6 +241,45 @@ def test_second_derivatives_are_exact_or_refused(rectangular):
                                     allow_unused=True)
         with pytest.raises(RuntimeError, match="differentiate twice"):
             sum(g.sum() for g in grads if g is not None).backward()
+
+
+@pytest.mark.parametrize("operation", ["sddmm", "edge_softmax", "spmm_values",
+                                       "gat_attention"])
+@pytest.mark.parametrize("allow_unused", [False, True])
+def test_second_derivative_asked_for_one_input_raises(operation, allow_unused):
+    """``torch.autograd.grad(..., inputs)`` visits only the paths to ``inputs``; torch's own
+    once_differentiable error sits on none of them, so a second derivative came back without
+    the operation's term. Every path through the gradient must now reach the error."""
+    square = sph.csr_array(np.array([[0.0, 1.0, 1.0], [1.0, 0.0, 0.0], [1.0, 1.0, 1.0]]))
+    nnz = F.pattern(square).nnz
+    x, weight, values = f64(3, 2), f64(2, 2, seed=1), f64(nnz, seed=2)
+    operations = {
+        "sddmm": lambda h: F.sddmm(square, h, h),
+        "edge_softmax": lambda h: F.edge_softmax(square, F.sddmm(square, h, h).detach()
+                                                 + h.sum() * values),
+        "spmm_values": lambda h: F.spmm(square, h, values=values * h.sum()),
+        "gat_attention": lambda h: F.gat_attention(square, h[:, :1], h[:, 1:]),
+    }
+    out = operations[operation](x @ weight)
+    grad_x, = torch.autograd.grad(out.pow(2).sum(), x, create_graph=True)
+    with pytest.raises(RuntimeError, match="differentiate twice"):
+        torch.autograd.grad(grad_x.pow(2).sum(), weight, allow_unused=allow_unused)
+    # first-order gradients and gradients without create_graph are unaffected
+    grad_plain, = torch.autograd.grad(operations[operation](x @ weight).pow(2).sum(), x)
+    torch.testing.assert_close(grad_plain, grad_x.detach())
+
+
+def test_softmax_of_a_row_of_nan_is_nan():
+    """A row whose scores are all NaN is NaN, as in torch and PyG (it came out uniform, as a
+    row of -inf does); a row of -inf stays uniform; other rows are unaffected."""
+    adj = sph.csr_array(np.array([[0.0, 1.0, 1.0], [1.0, 0.0, 1.0], [1.0, 0.0, 0.0]]))
+    nan, inf = float("nan"), float("inf")
+    scores = torch.tensor([nan, nan, -inf, -inf, 1.0], dtype=torch.float64)
+    expected = torch.tensor([nan, nan, 0.5, 0.5, 1.0], dtype=torch.float64)
+    torch.testing.assert_close(F.edge_softmax(adj, scores), expected, equal_nan=True)
+    nodes = torch.tensor([[nan], [0.0], [1.0]], dtype=torch.float64)
+    alpha = F.gat_attention(adj, nodes, torch.zeros(3, 1, dtype=torch.float64))
+    assert torch.isnan(alpha[:2]).all() and not torch.isnan(alpha[2:]).any()
 
 
 @pytest.mark.parametrize("call, error, message", [

@@ -590,6 +590,25 @@ def test_layers_reject_bad_input_clearly(graph, layer, make, error, message):
         layer()(features(14, 3, dtype=torch.float32), edge_index_of(graph), num_nodes=14.0)
 
 
+@pytest.mark.parametrize("layer", [lambda: nn.GCNConv(3, 2), lambda: nn.GATConv(3, 2),
+                                   lambda: nn.AGNNConv()])
+@pytest.mark.parametrize("layout", ["coo", "csr"])
+@pytest.mark.filterwarnings("ignore:Sparse CSR tensor support is in beta")
+def test_torch_sparse_adj_is_rejected_with_the_conversion(graph, layer, layout):
+    """A torch sparse adjacency failed as an edge_index "of float32 node ids"; the message must
+    name it and give the conversion, which then works."""
+    edge_index = edge_index_of(graph)
+    adj = torch.sparse_coo_tensor(edge_index.flip(0), torch.ones(edge_index.shape[1]), (14, 14),
+                                  check_invariants=True)
+    adj = adj.to_sparse_csr() if layout == "csr" else adj
+    x = features(14, 3, dtype=torch.float32)
+    conv = layer()
+    with pytest.raises(TypeError, match="torch sparse tensor.*coalesce"):
+        conv(x, adj)
+    converted = adj.to_sparse_coo().coalesce().indices().flip(0)   # as the message says
+    torch.testing.assert_close(conv(x, converted), conv(x, edge_index))
+
+
 def test_inputs_are_left_untouched(graph):
     """Layers, gcn_norm and the functional ops read the caller's arrays and never write them."""
     x = features(14, 3, grad=True)
@@ -637,6 +656,38 @@ def test_nan_features_propagate_and_warn_once(graph, layer):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         layer(x, graph)                           # once per layer
+
+
+@pytest.mark.parametrize("layer", [nn.GATConv(4, 2, add_self_loops=False),
+                                   nn.AGNNConv(add_self_loops=False)])
+def test_attention_of_a_nan_node_gives_nan_and_warns(layer):
+    """Node 0 has NaN features and hears only nodes 1 and 2: its attention scores are all NaN,
+    and its output must be NaN (as in PyG) with the layer's warning, not the uniform mean of
+    its neighbours' finite features."""
+    x = features(3, 4)
+    x[0] = torch.nan
+    edge_index = torch.tensor([[1, 2], [0, 0]])
+    with pytest.warns(RuntimeWarning, match="produced NaN"):
+        out = layer(x, edge_index)
+    assert torch.isnan(out[0]).all()
+
+
+@pytest.mark.parametrize("make", [lambda: nn.GCNConv(8, 3), lambda: nn.GCNConv(
+    8, 3, order="transform_first"), lambda: nn.GCNConv(8, 3, order="propagate_first"),
+    lambda: nn.GATConv(8, 3, heads=2), lambda: nn.AGNNConv()])
+def test_layers_run_under_cpu_autocast_in_float32(graph, make):
+    """Under torch.autocast the Linear and einsum return bfloat16, which the sparse kernels
+    refused ("must be float32 or float64"); the layers return float32, as PyG's do."""
+    torch.manual_seed(0)
+    layer = make()
+    x = features(14, 8, dtype=torch.float32, grad=True)
+    reference = layer(x, graph)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = layer(x, graph)
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out, reference, rtol=0.05, atol=0.05)   # bfloat16's precision
+    out.sum().backward()
+    assert x.grad is not None and torch.isfinite(x.grad).all()
 
 
 # -- training ---------------------------------------------------------------------------------

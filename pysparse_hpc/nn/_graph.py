@@ -176,10 +176,23 @@ def _torch():
     return sys.modules["torch"]
 
 
+def _check_not_torch_sparse(adj):
+    """A torch sparse adjacency would otherwise fail the edge_index checks with a message
+    about its dtype, which does not say what to pass instead."""
+    torch = _torch()
+    if adj.layout != torch.strided:
+        raise TypeError(f"adj is a torch sparse tensor (layout {adj.layout}), which the layers "
+                        "do not take: pass the edge_index A.to_sparse_coo().coalesce().indices()"
+                        ".flip(0) (A[i, j] being the edge j -> i; its values are dropped), or, "
+                        "to keep the values, pysparse_hpc.csr_array((values, (rows, cols)), "
+                        "shape=A.shape) from A.to_sparse_coo().coalesce()'s indices and values")
+
+
 def _from_edge_index(edge_index, num_nodes):
     """A CSR adjacency with ``A[i, j] = 1`` for every edge ``j -> i`` (PyG's source-to-target
     flow: ``edge_index[0]`` holds sources, ``edge_index[1]`` targets). Repeated edges add up."""
     torch = _torch()
+    _check_not_torch_sparse(edge_index)
     if edge_index.dtype not in (torch.int64, torch.int32):
         raise TypeError(f"edge_index must hold int64 or int32 node ids, got {edge_index.dtype}")
     if edge_index.ndim != 2 or edge_index.shape[0] != 2:
@@ -281,6 +294,7 @@ def as_graph(adj, num_nodes=None, edge_cache=None, default_num_nodes=None):
         return adj
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(adj, torch.Tensor):
+        _check_not_torch_sparse(adj)
         num_nodes = default_num_nodes if num_nodes is None else num_nodes
         if edge_cache is not None:
             return edge_cache.get(adj, num_nodes)

@@ -16,11 +16,11 @@ the same operations, so they differentiate as often as asked (a GCN does). The o
 operations are once-differentiable: differentiating their gradient raises a ``RuntimeError``
 rather than silently dropping the second-order term.
 """
+import functools
 import math
 
 import numpy as np
 import torch
-from torch.autograd.function import once_differentiable
 
 from .._base import sparray
 from .._sputils import is_real_number
@@ -71,6 +71,51 @@ def _check_edge_tensor(values, name, csr, heads=None):
                          f"{tuple(values.shape)}")
 
 
+class _RefuseSecondDerivative(torch.autograd.Function):
+    """Passes ``out`` through and raises when differentiated: attached to the outputs of a
+    once-differentiable backward, with the tensors they were computed from as extra inputs so
+    that every path to those tensors goes through it."""
+
+    @staticmethod
+    def forward(ctx, name, out, *sources):
+        ctx.name = name
+        return out.view_as(out)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        raise RuntimeError(f"pysparse_hpc.nn.functional: cannot differentiate twice through "
+                           f"{ctx.name}, which is once-differentiable: take the gradient without "
+                           "create_graph=True, or compute the second derivative another way "
+                           "(finite differences of the gradient, or a dense reference)")
+
+
+def _once_differentiable(name):
+    """``torch.autograd.function.once_differentiable`` that cannot be bypassed, for the backward
+    of operation ``name``.
+
+    Torch's hangs its error on fresh leaves, so ``torch.autograd.grad(..., inputs=[...])``
+    never reaches it and returns a second derivative without this operation's term. Here each
+    output depends, through `_RefuseSecondDerivative`, on the incoming gradients and the saved
+    tensors themselves: any second derivative through it raises, whichever inputs are asked
+    for.
+    """
+    def decorate(backward):
+        @functools.wraps(backward)
+        def wrapper(ctx, *grad_outputs):
+            with torch.no_grad():
+                outputs = backward(ctx, *grad_outputs)
+            if not torch.is_grad_enabled():  # no create_graph: nothing can differentiate them
+                return outputs
+            sources = [t for t in (*grad_outputs, *ctx.saved_tensors)
+                       if isinstance(t, torch.Tensor) and t.requires_grad]
+            if not sources:
+                return outputs
+            return tuple(_RefuseSecondDerivative.apply(name, out, *sources)
+                         if isinstance(out, torch.Tensor) else out for out in outputs)
+        return wrapper
+    return decorate
+
+
 class _SpMMFixed(torch.autograd.Function):
     """``Y = A @ X`` with A's own (constant) values."""
 
@@ -114,7 +159,7 @@ class _SpMMValues(torch.autograd.Function):
         return _backend.spmm_values(csr, values, x)
 
     @staticmethod
-    @once_differentiable
+    @_once_differentiable("spmm with per-edge values")
     def backward(ctx, grad_y):
         values, x = ctx.saved_tensors
         grad_values = grad_x = None
@@ -135,7 +180,7 @@ class _SDDMM(torch.autograd.Function):
         return _backend.sddmm_values(csr, x, y)
 
     @staticmethod
-    @once_differentiable
+    @_once_differentiable("sddmm")
     def backward(ctx, grad_s):
         x, y = ctx.saved_tensors
         grad_x = grad_y = None
@@ -155,7 +200,7 @@ class _EdgeSoftmax(torch.autograd.Function):
         return alpha
 
     @staticmethod
-    @once_differentiable
+    @_once_differentiable("edge_softmax")
     def backward(ctx, grad_alpha):
         alpha, = ctx.saved_tensors
         return _backend.softmax_backward(ctx.csr, alpha, grad_alpha), None
@@ -174,7 +219,7 @@ class _GATAttention(torch.autograd.Function):
         return alpha
 
     @staticmethod
-    @once_differentiable
+    @_once_differentiable("gat_attention")
     def backward(ctx, grad_alpha):
         if ctx.keep == "alpha":
             alpha, = ctx.saved_tensors

@@ -72,8 +72,10 @@ def dense_transform(linear, x):
     output), in ``x``'s dtype; an input of another dtype than the weight goes through
     ``F.linear`` with the weight cast, without the module's hooks."""
     if x.dtype == linear.weight.dtype:
-        return linear(x)
-    return torch.nn.functional.linear(x, linear.weight.to(x.dtype))
+        # Under torch.autocast the module returns the autocast dtype (bfloat16), which the
+        # sparse kernels do not take: back to x's dtype, as PyG's layers then return.
+        return linear(x).to(x.dtype)
+    return torch.nn.functional.linear(x, linear.weight.to(x.dtype)).to(x.dtype)
 
 
 class _InputMemo:

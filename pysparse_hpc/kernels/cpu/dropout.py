@@ -27,8 +27,9 @@ def _splitmix64(seed, i):
 @njit(parallel=True, **_JIT)
 def dropout(x, out, seed, threshold, scale):
     """``out = x * keep * scale`` over flat C-contiguous arrays; ``keep`` from (seed, index)."""
+    # A dropped element is x * 0, not 0: NaN and inf stay NaN, as torch's x * mask leaves them.
     for i in prange(x.size):
-        out[i] = x[i] * scale if _splitmix64(seed, i) >= threshold else 0
+        out[i] = x[i] * scale if _splitmix64(seed, i) >= threshold else x[i] * 0
 
 
 @njit(parallel=True, **_JIT)
@@ -42,4 +43,4 @@ def dropout_rows(x, out, row_ids, seed, threshold, scale):
         base = np.uint64(row_ids[r]) * np.uint64(width)
         for c in range(width):
             keep = _splitmix64(seed, base + np.uint64(c)) >= threshold
-            out[r, c] = x[r, c] * scale if keep else 0
+            out[r, c] = x[r, c] * scale if keep else x[r, c] * 0  # NaN stays NaN, as torch

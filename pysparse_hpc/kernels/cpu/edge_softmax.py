@@ -20,6 +20,11 @@ def _normalize_row(alpha, start, stop, h):
     for p in range(start, stop):
         if alpha[p, h] > peak:
             peak = alpha[p, h]
+        elif alpha[p, h] != alpha[p, h]:
+            # NaN compares false with everything: without this a row of NaN would look like a
+            # row of -inf and come out uniform, hiding the NaN that torch and PyG propagate.
+            peak = alpha[p, h]
+            break
     if peak == -np.inf:  # every score is -inf: no preference, spread evenly (as a limit would)
         for p in range(start, stop):
             alpha[p, h] = 1.0 / (stop - start)
