@@ -709,3 +709,25 @@ def mean_test_accuracy(name, seeds=5):
 @pytest.mark.parametrize("name, floor", [("gcn", 0.80), ("gat", 0.81)])
 def test_cora_accuracy_mean_of_five_seeds(name, floor):
     assert mean_test_accuracy(name) >= floor
+
+
+def test_layers_under_torch_compile_before_any_eager_call():
+    """Dynamo traced into Numba's first dispatch and failed ("exception table entry start
+    instruction has no offset") when a compiled layer ran before any eager call in the
+    process: a fresh interpreter, so that no kernel has been dispatched yet."""
+    import subprocess
+    import sys
+    script = """
+import torch, pysparse_hpc as sph
+torch.manual_seed(0)
+edge_index = torch.tensor([[0, 1, 2, 3, 1], [1, 2, 3, 0, 0]])
+x = torch.randn(4, 5)
+for layer in (sph.nn.GCNConv(5, 3), sph.nn.GATConv(5, 3, heads=2), sph.nn.AGNNConv()):
+    compiled = torch.compile(layer, backend="eager")(x, edge_index)
+    torch.testing.assert_close(compiled, layer(x, edge_index))
+print("compiled layers agree")
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0 and "compiled layers agree" in done.stdout, done.stderr[-3000:]
+

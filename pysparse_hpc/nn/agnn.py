@@ -44,6 +44,8 @@ class AGNNConv(torch.nn.Module):
         with torch.no_grad():
             self.beta.fill_(1.0)
 
+    # Numba's dispatch cannot be traced: under torch.compile this runs eagerly (a graph break).
+    @torch.compiler.disable
     def forward(self, x, adj, num_nodes=None):
         """Propagate ``x`` (n, F) over ``adj`` (a sparse array, or an edge_index with
         ``num_nodes``, default ``x.shape[0]``)."""

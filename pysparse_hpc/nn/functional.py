@@ -71,6 +71,11 @@ def _check_edge_tensor(values, name, csr, heads=None):
                          f"{tuple(values.shape)}")
 
 
+#: The public operations run eagerly under ``torch.compile`` (a graph break): Dynamo cannot
+#: trace the Numba dispatch of their kernels, and failed on a first call in a process.
+_eager_under_compile = torch.compiler.disable
+
+
 class _RefuseSecondDerivative(torch.autograd.Function):
     """Passes ``out`` through and raises when differentiated: attached to the outputs of a
     once-differentiable backward, with the tensors they were computed from as extra inputs so
@@ -244,6 +249,7 @@ class _Dropout(torch.autograd.Function):
         return _Dropout.apply(grad_out, ctx.p, ctx.seed, ctx.row_ids), None, None, None
 
 
+@_eager_under_compile
 def dropout(x, p=0.5, training=True, row_ids=None):
     """``torch.nn.functional.dropout`` with a faster CPU kernel that stores no mask.
 
@@ -316,6 +322,7 @@ def row_ids(adj, kind="node"):
     return _graph.edge_ids(pattern(adj))
 
 
+@_eager_under_compile
 def spmm(adj, x, values=None):
     """Sparse times dense with autograd: ``adj @ x``.
 
@@ -378,6 +385,7 @@ def _spmm_distributed(graph, x, values):
     return spmm(graph.local, _distributed.halo_rows(graph, x), values)
 
 
+@_eager_under_compile
 def sddmm(adj, x, y):
     """Sampled dense-dense product with autograd: ``<x[i], y[j]>`` at adj's stored entries.
 
@@ -414,6 +422,7 @@ def sddmm(adj, x, y):
     return _SDDMM.apply(x, y, pattern(adj))
 
 
+@_eager_under_compile
 def edge_softmax(adj, scores):
     """Softmax over each row's stored entries, with autograd.
 
@@ -444,6 +453,7 @@ def edge_softmax(adj, scores):
     return alpha if scores.ndim == 2 else alpha[:, 0]
 
 
+@_eager_under_compile
 def gat_attention(adj, s_dst, s_src, negative_slope=0.2, keep="alpha"):
     """GAT's attention probabilities: ``softmax_j LeakyReLU(s_dst[i] + s_src[j])`` per row i.
 

@@ -128,6 +128,8 @@ class GATConv(torch.nn.Module):
     def _transform(self, x):
         return dense_transform(self.lin, x).view(-1, self.heads, self.out_channels)
 
+    # Numba's dispatch cannot be traced: under torch.compile this runs eagerly (a graph break).
+    @torch.compiler.disable
     def forward(self, x, adj, num_nodes=None):
         """Apply the layer to ``x`` (n, in_channels) on ``adj`` (a sparse array, or an edge_index
         with ``num_nodes``, default ``x.shape[0]``)."""

@@ -243,6 +243,8 @@ class GCNConv(torch.nn.Module):
         return choose_order(self.in_channels, self.out_channels,
                             x.requires_grad and torch.is_grad_enabled())
 
+    # Numba's dispatch cannot be traced: under torch.compile this runs eagerly (a graph break).
+    @torch.compiler.disable
     def forward(self, x, adj, num_nodes=None):
         """Apply the layer.
 
