@@ -359,6 +359,28 @@ def test_negated_values_are_seen_by_the_backward():
     torch.testing.assert_close(x.grad, torch.from_numpy(adj.toarray()).T @ ones)
 
 
+def test_a_layer_call_checksums_each_graph_array_once(graph, monkeypatch):
+    """The lookups of one layer call (the normalization on the graph; the token of the
+    normalized graph for the kept Â X and for the product) share each array's checksum; a
+    backward likewise (the token and the transpose). Writes between calls are still seen."""
+    from pysparse_hpc.nn import _graph
+    summed = []
+    monkeypatch.setattr(_graph, "checksum", lambda array: summed.append(id(array)) or
+                        hash(array.tobytes()))
+    adj = graph.astype(np.float64)
+    conv = nn.GCNConv(3, 2).double()
+    x = features(14, 3, grad=True)
+    out = conv(x, adj)
+    assert len(summed) == len(set(summed)) == 6      # adj's 3 arrays, the normalized graph's 3
+    summed.clear()
+    out.sum().backward()
+    assert len(summed) == len(set(summed)) == 6      # the normalized graph's, its transpose's
+    adj.data *= 2                                     # between calls: a new normalization
+    fresh = nn.GCNConv(3, 2).double()
+    fresh.load_state_dict(conv.state_dict())
+    torch.testing.assert_close(conv(x, adj), fresh(x, adj), rtol=0, atol=0)
+
+
 def test_a_pattern_edited_in_place_is_seen_by_the_backward_and_the_layers():
     """The kept transpose and normalization follow the index arrays too: an entry moved to
     another column in place (``A.indices[k] = j``, the pattern still canonical) gave the
@@ -730,4 +752,3 @@ print("compiled layers agree")
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0 and "compiled layers agree" in done.stdout, done.stderr[-3000:]
-

@@ -6,7 +6,10 @@ loop that passes the same graph every epoch builds each piece once. Rebinding an
 (``A.data = new``) or writing into one in place (its values or its pattern) drops its cache
 (`cached_on`), so what is built always follows the arrays a product with it reads.
 """
+import contextlib
+import functools
 import sys
+import threading
 import warnings
 import weakref
 
@@ -21,8 +24,46 @@ from ..kernels.cpu.checksum import checksum
 from ..distributed.graph import DistGraph, comm_sum
 
 __all__ = ["EdgeIndexCache", "ValuesToken", "as_graph", "cached_on", "check_graph_for",
-           "edge_ids", "kept_tensor", "nodes_without_loop", "pattern", "transpose",
-           "values_token", "with_dtype", "with_self_loops"]
+           "checked_once", "edge_ids", "graphs_unchanged", "kept_tensor", "nodes_without_loop",
+           "pattern", "transpose", "values_token", "with_dtype", "with_self_loops"]
+
+
+_scope = threading.local()
+
+
+@contextlib.contextmanager
+def graphs_unchanged():
+    """Inside, each array's checksum is taken once (`cached_on`): for one call of the
+    library's own code, during which no graph is written (a layer's forward, a backward),
+    where several lookups read the same graph. Nested uses share the outermost."""
+    if getattr(_scope, "sums", None) is not None:
+        yield
+        return
+    _scope.sums = {}
+    try:
+        yield
+    finally:
+        _scope.sums = None
+
+
+def checked_once(function):
+    """``function`` run inside `graphs_unchanged`."""
+    @functools.wraps(function)
+    def run(*args, **kwargs):
+        with graphs_unchanged():
+            return function(*args, **kwargs)
+    return run
+
+
+def _checksum(array):
+    sums = getattr(_scope, "sums", None)
+    if sums is None:
+        return checksum(array)
+    # By identity, the array kept alive meanwhile so that its id is not reused.
+    kept = sums.get(id(array))
+    if kept is None or kept[0] is not array:
+        kept = sums[id(array)] = (array, checksum(array))
+    return kept[1]
 
 
 def cached_on(owner, key, build, collective=False):
@@ -40,7 +81,7 @@ def cached_on(owner, key, build, collective=False):
     arrays = _tracked_arrays(owner)
     # The index arrays too: a kept transpose of an edited pattern would give the gradient of
     # another product, where scipy's products simply read the new pattern.
-    values = tuple(checksum(array) for array in arrays if isinstance(array, np.ndarray))
+    values = tuple(_checksum(array) for array in arrays if isinstance(array, np.ndarray))
     cache = owner.__dict__.get("_nn_cache")
     if cache is None or len(cache["arrays"]) != len(arrays) or any(
             old is not new for old, new in zip(cache["arrays"], arrays)) \

@@ -7,7 +7,8 @@ import torch
 
 from . import functional
 from ._checks import check_features, warn_once_if_nan
-from ._graph import (EdgeIndexCache, as_graph, check_graph_for, warn_if_repeated_edges,
+from ._graph import (EdgeIndexCache, as_graph, check_graph_for, checked_once,
+                     warn_if_repeated_edges,
                      with_self_loops)
 
 __all__ = ["AGNNConv"]
@@ -44,8 +45,10 @@ class AGNNConv(torch.nn.Module):
         with torch.no_grad():
             self.beta.fill_(1.0)
 
-    # Numba's dispatch cannot be traced: under torch.compile this runs eagerly (a graph break).
+    # Numba's dispatch cannot be traced: under torch.compile this runs eagerly (a graph
+    # break). Each graph array's checksum is taken once per call (its lookups share it).
     @torch.compiler.disable
+    @checked_once
     def forward(self, x, adj, num_nodes=None):
         """Propagate ``x`` (n, F) over ``adj`` (a sparse array, or an edge_index with
         ``num_nodes``, default ``x.shape[0]``)."""

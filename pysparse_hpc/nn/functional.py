@@ -71,9 +71,11 @@ def _check_edge_tensor(values, name, csr, heads=None):
                          f"{tuple(values.shape)}")
 
 
-#: The public operations run eagerly under ``torch.compile`` (a graph break): Dynamo cannot
-#: trace the Numba dispatch of their kernels, and failed on a first call in a process.
-_eager_under_compile = torch.compiler.disable
+def _eager_under_compile(function):
+    """A public operation: run eagerly under ``torch.compile`` (a graph break: Dynamo cannot
+    trace the Numba dispatch of its kernels, and failed on a first call in a process), with
+    each graph array's checksum taken once per call (`_graph.graphs_unchanged`)."""
+    return torch.compiler.disable(_graph.checked_once(function))
 
 
 class _RefuseSecondDerivative(torch.autograd.Function):
@@ -107,7 +109,7 @@ def _once_differentiable(name):
     def decorate(backward):
         @functools.wraps(backward)
         def wrapper(ctx, *grad_outputs):
-            with torch.no_grad():
+            with torch.no_grad(), _graph.graphs_unchanged():
                 outputs = backward(ctx, *grad_outputs)
             if not torch.is_grad_enabled():  # no create_graph: nothing can differentiate them
                 return outputs
@@ -132,6 +134,7 @@ class _SpMMFixed(torch.autograd.Function):
         return _backend.spmm_fixed(adj, x)
 
     @staticmethod
+    @_graph.checked_once   # the token and the transpose read the same arrays
     def backward(ctx, grad_y):
         if not ctx.needs_input_grad[0]:
             return None, None

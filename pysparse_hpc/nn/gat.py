@@ -15,7 +15,8 @@ from torch.utils.checkpoint import checkpoint
 from .._sputils import is_real_number
 from . import functional
 from ._checks import check_features, warn_once_if_nan
-from ._graph import (EdgeIndexCache, as_graph, check_graph_for, warn_if_repeated_edges,
+from ._graph import (EdgeIndexCache, as_graph, check_graph_for, checked_once,
+                     warn_if_repeated_edges,
                      with_self_loops)
 from .gcn import dense_transform, glorot_, glorot_linear_, linear_without_init
 
@@ -128,8 +129,10 @@ class GATConv(torch.nn.Module):
     def _transform(self, x):
         return dense_transform(self.lin, x).view(-1, self.heads, self.out_channels)
 
-    # Numba's dispatch cannot be traced: under torch.compile this runs eagerly (a graph break).
+    # Numba's dispatch cannot be traced: under torch.compile this runs eagerly (a graph
+    # break). Each graph array's checksum is taken once per call (its lookups share it).
     @torch.compiler.disable
+    @checked_once
     def forward(self, x, adj, num_nodes=None):
         """Apply the layer to ``x`` (n, in_channels) on ``adj`` (a sparse array, or an edge_index
         with ``num_nodes``, default ``x.shape[0]``)."""

@@ -17,7 +17,8 @@ import torch
 from .._blocked import blocked_array
 from . import functional
 from ._checks import check_features, warn_once_if_nan
-from ._graph import EdgeIndexCache, as_graph, cached_on, check_graph_for, values_token
+from ._graph import (EdgeIndexCache, as_graph, cached_on, check_graph_for, checked_once,
+                     values_token)
 from .norm import gcn_norm
 
 __all__ = ["GCNConv", "ORDERS", "choose_order"]
@@ -243,8 +244,10 @@ class GCNConv(torch.nn.Module):
         return choose_order(self.in_channels, self.out_channels,
                             x.requires_grad and torch.is_grad_enabled())
 
-    # Numba's dispatch cannot be traced: under torch.compile this runs eagerly (a graph break).
+    # Numba's dispatch cannot be traced: under torch.compile this runs eagerly (a graph
+    # break). Each graph array's checksum is taken once per call (its lookups share it).
     @torch.compiler.disable
+    @checked_once
     def forward(self, x, adj, num_nodes=None):
         """Apply the layer.
 
