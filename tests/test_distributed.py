@@ -400,6 +400,21 @@ def test_data_parallel_keeps_a_frozen_parameter_in_its_bucket():
         assert (model[1].weight.grad is None) == frozen and model[0].weight.grad is not None
 
 
+def test_data_parallel_reduces_a_layer_replaced_after_wrapping():
+    """A layer replaced after wrapping (a new head for fine-tuning) is hooked and bucketed at
+    the next forward, whatever ids its parameters reuse."""
+    import gc
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 1))
+    wrapped = distributed.DataParallel(model, Communicator(None), bucket_mb=1e-5)
+    for _ in range(20):   # a collected parameter's id is soon reused: most rounds, here
+        model[1] = torch.nn.Linear(4, 1)
+        gc.collect()
+        wrapped(torch.ones(2, 4)).sum().backward()
+        assert sum(wrapped.bucket_sizes) == 4
+        assert all(p._post_accumulate_grad_hooks for p in model.parameters())
+        assert all(p.grad is not None for p in model.parameters())
+
+
 def test_data_parallel_leaves_unreached_parameters_without_gradient():
     """A parameter no backward reaches keeps ``.grad`` None, as in one process, so Adam's
     weight decay and momentum leave it alone; one reached keeps its gradient."""

@@ -121,10 +121,10 @@ class DataParallel(torch.nn.Module):
         # paired one wrapper's buckets with the other's (wrong sums, or MPI's abort).
         self._reducing = self.comm.duplicate() if hasattr(self.comm, "duplicate") \
             else self.comm
-        # The parameters' hooks, by parameter id: they call this wrapper through a weak
-        # reference, so that it can be collected, and its release then removes them and
-        # frees its context (MPI has about 2000 per process: a loop that wraps new models
-        # would run out).
+        # The parameters' hooks, ``{id: (weak parameter, handle)}``: they call this wrapper
+        # through a weak reference, so that it can be collected, and its release then removes
+        # them and frees its context (MPI has about 2000 per process: a loop that wraps new
+        # models would run out).
         self._hooks = {}
         self._release = weakref.finalize(
             self, _release, self._hooks,
@@ -150,8 +150,9 @@ class DataParallel(torch.nn.Module):
 
     def _newly_trainable(self):
         """Parameters that require grad and are not reduced yet."""
+        # By identity (a parameter replaced since may reuse a collected one's id)
         return [p for p in self.module.parameters()
-                if p.requires_grad and id(p) not in self._hooks]
+                if p.requires_grad and self._hooks.get(id(p), (lambda: None,))[0]() is not p]
 
     def _reduce(self, added):
         """Reduce the parameters ``added`` too: buckets of every parameter reduced so far and
@@ -176,8 +177,11 @@ class DataParallel(torch.nn.Module):
         self._bucket_of = {id(p): b for b in self._buckets for p in b.params}
         wrapper = weakref.ref(self)
         for p in added:
-            self._hooks[id(p)] = p.register_post_accumulate_grad_hook(
-                functools.partial(_on_gradient_of, wrapper))
+            stale = self._hooks.pop(id(p), None)
+            if stale is not None:
+                stale[1].remove()
+            self._hooks[id(p)] = (weakref.ref(p), p.register_post_accumulate_grad_hook(
+                functools.partial(_on_gradient_of, wrapper)))
 
     def _retire(self):
         self._retired = True
@@ -371,7 +375,7 @@ def _on_gradient_of(wrapper, param):
 def _release(hooks, context):
     """What a wrapper leaves when it is retired or collected: its parameters' hooks, and the
     MPI context it duplicated (None: it reduced on the communicator it was given)."""
-    for handle in hooks.values():
+    for _, handle in hooks.values():
         handle.remove()
     hooks.clear()
     if context is not None:
