@@ -71,7 +71,7 @@ def _check_edge_tensor(values, name, csr, heads=None):
                          f"{tuple(values.shape)}")
 
 
-def _eager_under_compile(function):
+def _public_operation(function):
     """A public operation: run eagerly under ``torch.compile`` (a graph break: Dynamo cannot
     trace the Numba dispatch of its kernels, and failed on a first call in a process), with
     each graph array's checksum taken once per call (`_graph.graphs_unchanged`)."""
@@ -252,7 +252,7 @@ class _Dropout(torch.autograd.Function):
         return _Dropout.apply(grad_out, ctx.p, ctx.seed, ctx.row_ids), None, None, None
 
 
-@_eager_under_compile
+@_public_operation
 def dropout(x, p=0.5, training=True, row_ids=None):
     """``torch.nn.functional.dropout`` with a faster CPU kernel that stores no mask.
 
@@ -325,7 +325,7 @@ def row_ids(adj, kind="node"):
     return _graph.edge_ids(pattern(adj))
 
 
-@_eager_under_compile
+@_public_operation
 def spmm(adj, x, values=None):
     """Sparse times dense with autograd: ``adj @ x``.
 
@@ -388,7 +388,7 @@ def _spmm_distributed(graph, x, values):
     return spmm(graph.local, _distributed.halo_rows(graph, x), values)
 
 
-@_eager_under_compile
+@_public_operation
 def sddmm(adj, x, y):
     """Sampled dense-dense product with autograd: ``<x[i], y[j]>`` at adj's stored entries.
 
@@ -425,7 +425,7 @@ def sddmm(adj, x, y):
     return _SDDMM.apply(x, y, pattern(adj))
 
 
-@_eager_under_compile
+@_public_operation
 def edge_softmax(adj, scores):
     """Softmax over each row's stored entries, with autograd.
 
@@ -456,7 +456,7 @@ def edge_softmax(adj, scores):
     return alpha if scores.ndim == 2 else alpha[:, 0]
 
 
-@_eager_under_compile
+@_public_operation
 def gat_attention(adj, s_dst, s_src, negative_slope=0.2, keep="alpha"):
     """GAT's attention probabilities: ``softmax_j LeakyReLU(s_dst[i] + s_src[j])`` per row i.
 
