@@ -643,7 +643,8 @@ def test_data_parallel_follows_dtype_changes_and_other_sparse_gradients():
             return torch.nn.functional.embedding(tokens, self.table, sparse=True).sum()
     functional = Functional()
     tokens = torch.tensor([1, 4, 4])
-    distributed.DataParallel(functional, Communicator(None))(tokens).backward()
+    wrapped = distributed.DataParallel(functional, Communicator(None))  # kept: its hooks live
+    wrapped(tokens).backward()                                          # as long as it does
     expected = torch.zeros(6, 3)
     expected[1], expected[4] = 1.0, 2.0
     torch.testing.assert_close(functional.table.grad.to_dense(), expected)
@@ -657,10 +658,12 @@ def test_data_parallel_follows_dtype_changes_and_other_sparse_gradients():
             hidden = self.embed(tokens)
             return (hidden @ self.embed.weight.T).sum()
     tied = Tied()
-    distributed.DataParallel(tied, Communicator(None))(tokens).backward()
+    wrapped = distributed.DataParallel(tied, Communicator(None))
+    wrapped(tokens).backward()
     grad = tied.embed.weight.grad
     tied.embed.weight.grad = None
-    tied(tokens).backward()   # unwrapped: the plain gradient
+    with wrapped.no_sync():
+        tied(tokens).backward()   # not reduced: the plain gradient
     assert not grad.is_sparse
     torch.testing.assert_close(grad, tied.embed.weight.grad.to_dense())
 

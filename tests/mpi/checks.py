@@ -352,7 +352,7 @@ def check_review_fixes():
     extra = torch.nn.Linear(1, 1, bias=False).double()
     container = torch.nn.ModuleDict(dict(body=body, extra=extra))
     retired = distributed.DataParallel(container, comm, average=False)
-    distributed.DataParallel(container, comm, average=False)   # retires the first
+    newer = distributed.DataParallel(container, comm, average=False)   # retires the first
     try:
         retired(torch.ones(1, 2))
     except RuntimeError as exc:
@@ -367,6 +367,7 @@ def check_review_fixes():
     if size > 1:
         # one reduction of the 3 gradient values (two sets of hooks sent them twice)
         assert comm.stats()["allreduce"]["bytes_sent"] == 8 * 3
+    del newer   # kept until here: a collected wrapper's hooks go with it, as DDP's reducer
     expected = on_root_then_broadcast(lambda: body.weight.grad.clone())
     torch.testing.assert_close(body.weight.grad, expected)
 
