@@ -37,6 +37,17 @@ def features(n, width, seed=0, dtype=torch.float64, grad=False):
     return torch.randn(n, width, dtype=dtype, generator=generator).requires_grad_(grad)
 
 
+def assert_spmm_matches_dense(adj, x):
+    """``F.spmm(adj, x)`` and the gradient of its sum with respect to ``x`` (a leaf that
+    requires grad) equal the dense product's."""
+    x.grad = None
+    out = F.spmm(adj, x)
+    out.sum().backward()
+    dense = torch.from_numpy(adj.toarray())
+    torch.testing.assert_close(out, dense @ x.detach())
+    torch.testing.assert_close(x.grad, dense.T @ torch.ones_like(out))
+
+
 def dense_gcn_norm(adj):
     """D^-1/2 (A + I) D^-1/2 with I added where A stores no diagonal entry (PyG's rule)."""
     stored = adj.to_scipy().tocoo()
@@ -261,12 +272,7 @@ def test_values_written_in_place_are_seen_forward_and_backward(graph):
     x = features(14, 3, grad=True)
     F.spmm(adj, x).sum().backward()
     adj.data *= 10
-    x.grad = None
-    out = F.spmm(adj, x)
-    out.sum().backward()
-    dense = torch.from_numpy(adj.toarray())
-    torch.testing.assert_close(out, dense @ x.detach())
-    torch.testing.assert_close(x.grad, dense.T @ torch.ones_like(out))
+    assert_spmm_matches_dense(adj, x)
     conv = nn.GCNConv(3, 2, normalize=False).double()
     constant = features(14, 3)
     conv(constant, adj), conv(constant, adj)        # Â X kept
@@ -296,10 +302,7 @@ def test_a_graph_changed_between_forward_and_backward_makes_the_backward_raise(g
         adj.data = adj.data * 10
     with pytest.raises(RuntimeError, match="changed .* after the forward pass"):
         out.sum().backward()
-    x.grad = None
-    F.spmm(adj, x).sum().backward()          # a forward after the change is fine
-    ones = torch.ones(14, 3, dtype=torch.float64)
-    torch.testing.assert_close(x.grad, torch.from_numpy(adj.toarray()).T @ ones)
+    assert_spmm_matches_dense(adj, x)        # a forward after the change is fine
 
 
 def test_a_distgraph_is_followed_through_its_local_matrix(graph):
@@ -353,10 +356,7 @@ def test_negated_values_are_seen_by_the_backward():
     x = features(3, 2, grad=True)
     F.spmm(adj, x).sum().backward()               # the transpose is built and kept
     adj.data *= -1                                # four float64 words: two pairs of flips
-    x.grad = None
-    F.spmm(adj, x).sum().backward()
-    ones = torch.ones(3, 2, dtype=torch.float64)
-    torch.testing.assert_close(x.grad, torch.from_numpy(adj.toarray()).T @ ones)
+    assert_spmm_matches_dense(adj, x)
 
 
 def test_a_layer_call_checksums_each_graph_array_once(graph, monkeypatch):
@@ -389,12 +389,7 @@ def test_a_pattern_edited_in_place_is_seen_by_the_backward_and_the_layers():
     x = features(3, 2, grad=True)
     F.spmm(adj, x).sum().backward()               # the transpose is built and kept
     adj.indices[2] = 1                            # row 1: its entry moves from column 2 to 1
-    x.grad = None
-    out = F.spmm(adj, x)
-    out.sum().backward()
-    dense = torch.from_numpy(adj.toarray())
-    torch.testing.assert_close(out, dense @ x.detach())
-    torch.testing.assert_close(x.grad, dense.T @ torch.ones_like(out))
+    assert_spmm_matches_dense(adj, x)
     conv, constant = nn.GCNConv(2, 2).double(), features(3, 2)
     conv(constant, adj)                           # its normalization is kept
     adj.indices[2] = 0
