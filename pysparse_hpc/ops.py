@@ -95,9 +95,12 @@ def _check_out(out, like, shape, dtype):
     return array
 
 
-def _check_out_apart_from_A(out, A):
-    """``out`` must share no memory with the arrays of ``A`` the product reads: the kernels
-    write a row of ``out`` while later rows still read A's values (and its structure)."""
+def _check_out_apart(out, A, B):
+    """``out`` must share no memory with ``B`` or the arrays of ``A`` the product reads: the
+    kernels write a row of ``out`` while later rows still read B's rows and A's values (and
+    its structure)."""
+    if np.may_share_memory(out, B):
+        raise ValueError("out overlaps B; the product would read rows it has already written")
     if isinstance(A, blocked_array):
         arrays = (("values", A.values), ("col_idx", A.col_idx),
                   ("row_window_offset", A.row_window_offset), ("vector_mask", A.vector_mask))
@@ -178,11 +181,9 @@ def spmm(A, B, *, out=None, backend="auto", precision="fp32"):
     result_shape = (A.shape[0],) if vector else (A.shape[0], B.shape[1])
     result = (_buffers.empty(result_shape, dtype) if out is None
               else _check_out(out, dense, result_shape, dtype))
-    if out is not None and np.may_share_memory(result, B):
-        raise ValueError("out overlaps B; the product would read rows it has already written")
     csr = None if isinstance(A, blocked_array) else A.tocsr()
     if out is not None:
-        _check_out_apart_from_A(result, A if csr is None else csr)
+        _check_out_apart(result, A if csr is None else csr, B)
     matrix = B[:, None] if vector else B
     matrix = matrix.astype(dtype, copy=False)
     result_2d = result[:, None] if vector else result
