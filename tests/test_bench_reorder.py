@@ -51,7 +51,9 @@ def test_reorder_benchmark_cli(tmp_path):
     (["--n", "0"], "positive integer"),
 ])
 def test_reorder_benchmark_bad_arguments(args, message):
-    result = run(["--data", str(DATA_DIR), *args])
+    # Without the shared data the planted graphs alone are listed: the errors are the same.
+    data = ["--data", str(DATA_DIR)] if DATA_DIR.is_dir() else []
+    result = run([*data, *args])
     assert result.returncode == 2
     assert message in result.stderr
 

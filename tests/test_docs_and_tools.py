@@ -62,6 +62,34 @@ def test_benchmark_cli_bad_arguments():
     assert result.returncode == 2 and "finite" in result.stderr
 
 
+def test_benchmarks_without_the_default_data_directory(tmp_path, monkeypatch, capsys):
+    """A missing default ``../shared/data`` stops only what reads a shared file, saying how to
+    point at one; the rest runs (the bundled Cora, generated matrices, argument checks)."""
+    from pysparse_hpc.bench import _data
+    from pysparse_hpc.bench.__main__ import main
+    missing = tmp_path / "no-data"
+    monkeypatch.setattr(_data, "default_data_dir", lambda: missing)
+    monkeypatch.delenv(_data.DATA_ENV, raising=False)
+    hint = f"benchmark data directory {str(missing)!r} does not exist; pass --data DIR or set " \
+           f"{_data.DATA_ENV}"
+    assert main(["convert", "--repeat", "1"]) == 2
+    assert hint in capsys.readouterr().err
+    with pytest.raises(_data.DataDirectoryMissing, match="pass --data DIR"):
+        _data.find_graph("pubmed")
+    with pytest.raises(FileNotFoundError, match="pass --data DIR"):  # what callers catch
+        _data.find_graph("pubmed", missing)
+    # The generated matrices still run; a shared matrix asked for by name is unknown.
+    assert main(["spmm", "--rmat", "5:2", "--matrix", "cora", "--repeat", "1"]) == 2
+    err = capsys.readouterr().err
+    assert f"note: {hint}; only generated matrices run" in err and "unknown matrices" in err
+    assert main(["precondition", "--steps", "0"]) == 2  # the argument, not the data
+    assert "--steps must be at least 1" in capsys.readouterr().err
+    # An explicit directory that does not exist is an error before anything runs.
+    with pytest.raises(SystemExit):
+        main(["checkpoint", "--data", str(missing)])
+    assert "(from the given path) does not exist" in capsys.readouterr().err
+
+
 def test_benchmark_refuses_an_unreadable_matrix_and_twin_planted_graphs(tmp_path):
     (tmp_path / "suitesparse").mkdir()
     (tmp_path / "suitesparse" / "bad.npz").write_bytes(b"not a zip archive")

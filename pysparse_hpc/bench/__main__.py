@@ -75,8 +75,8 @@ def main(argv=None):
         except ValueError as exc:
             parser.error(f"--threads: {exc}")
     args.threads = get_num_threads()
-    try:
-        args.data_dir = data_dir(args.data)
+    try:  # commands that read no shared file run without the default directory
+        args.data_dir = data_dir(args.data, must_exist=False)
     except FileNotFoundError as exc:
         parser.error(str(exc))
     for option in ("csv", "plot"):   # checked now, not after minutes of measuring

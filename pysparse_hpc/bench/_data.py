@@ -14,8 +14,9 @@ import numpy as np
 
 from ..io import load_npz
 
-__all__ = ["DATA_ENV", "GRAPHS", "INDEX_SECOND", "MatrixSpec", "data_dir", "find_matrices",
-           "index_variants", "load_matrix", "scipy_index_dtype", "DataError"]
+__all__ = ["DATA_ENV", "GRAPHS", "INDEX_SECOND", "MatrixSpec", "data_dir", "find_graph",
+           "find_matrices", "index_variants", "load_matrix", "scipy_index_dtype", "DataError",
+           "DataDirectoryMissing"]
 
 DATA_ENV = "PYSPARSE_HPC_DATA"
 
@@ -49,13 +50,18 @@ def default_data_dir():
     return repo_root.parent / "shared" / "data"
 
 
-def data_dir(path=None):
+def data_dir(path=None, must_exist=True):
     """Resolve the shared data directory.
 
     Parameters
     ----------
     path : str or path-like, optional
         Explicit directory; wins over ``PYSPARSE_HPC_DATA`` and the default.
+    must_exist : bool, default True
+        With False, a missing *default* directory is returned as it is, so that commands which
+        read no shared file run without it (`find_matrices` and `find_graph` report it when a
+        file is needed). An explicit path or ``PYSPARSE_HPC_DATA`` must always exist: a typo
+        there is an error at once.
 
     Returns
     -------
@@ -63,7 +69,7 @@ def data_dir(path=None):
 
     Raises
     ------
-    FileNotFoundError
+    DataDirectoryMissing
         If the resolved directory does not exist (the message says how to point at it).
     """
     if path is not None:
@@ -72,11 +78,17 @@ def data_dir(path=None):
         source, resolved = f"${DATA_ENV}", Path(os.environ[DATA_ENV])
     else:
         source, resolved = "the default ../shared/data", default_data_dir()
-    if not resolved.is_dir():
-        raise FileNotFoundError(
-            f"benchmark data directory {str(resolved)!r} (from {source}) does not exist; pass "
-            f"--data DIR or set {DATA_ENV}")
+        if not must_exist:
+            return resolved
+    _require_directory(resolved, f" (from {source})")
     return resolved
+
+
+def _require_directory(directory, source=""):
+    if not Path(directory).is_dir():
+        raise DataDirectoryMissing(
+            f"benchmark data directory {str(directory)!r}{source} does not exist; pass "
+            f"--data DIR or set {DATA_ENV}")
 
 
 def find_matrices(directory):
@@ -92,8 +104,14 @@ def find_matrices(directory):
     specs : list of MatrixSpec
     missing : list of str
         Expected graph files that are absent.
+
+    Raises
+    ------
+    DataDirectoryMissing
+        If ``directory`` does not exist.
     """
     directory = Path(directory)
+    _require_directory(directory)
     specs = [MatrixSpec(path.stem, path, "", "suitesparse")
              for path in sorted((directory / "suitesparse").glob("*.npz"),
                                 key=lambda p: p.stem.lower())]
@@ -107,8 +125,37 @@ def find_matrices(directory):
     return specs, missing
 
 
+def find_graph(name, directory=None):
+    """The `MatrixSpec` of one citation graph of `GRAPHS` in the data directory.
+
+    Parameters
+    ----------
+    name : str
+        ``"cora"``, ``"citeseer"`` or ``"pubmed"``.
+    directory : path-like, optional
+        The data directory; default `data_dir`'s resolution.
+
+    Raises
+    ------
+    DataDirectoryMissing
+        If the directory does not exist.
+    FileNotFoundError
+        If the graph's file is not in it.
+    """
+    directory = data_dir() if directory is None else Path(directory)
+    specs, _ = find_matrices(directory)
+    spec = next((spec for spec in specs if spec.name == name), None)
+    if spec is None:
+        raise FileNotFoundError(f"{dict(GRAPHS)[name]} not found in {directory}")
+    return spec
+
+
 class DataError(ValueError):
     """A file of the data directory that cannot be read: the command exits with status 2."""
+
+
+class DataDirectoryMissing(DataError, FileNotFoundError):
+    """The data directory does not exist (the message says how to point at one)."""
 
 
 def load_matrix(spec, index_dtype=None):

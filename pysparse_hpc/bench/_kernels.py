@@ -23,7 +23,8 @@ import numpy as np
 from tqdm import tqdm
 
 from . import best_times, geometric_mean, positive_int
-from ._data import find_matrices, index_variants, load_matrix, scipy_index_dtype
+from ._data import (DataDirectoryMissing, find_matrices, index_variants, load_matrix,
+                    scipy_index_dtype)
 
 __all__ = ["DEFAULT_RMAT", "DEFAULT_WIDTHS", "KernelBench", "KernelResult", "MatrixCase",
            "Mismatch", "Speedup", "Target", "add_kernel_arguments", "check_close", "judged",
@@ -226,16 +227,25 @@ def _rmat_case(scale, edge_factor, seed):
                       f"scale {scale}, edge factor {edge_factor}, seed {seed}")
 
 
-def shared_cases(data_dir, err=sys.stderr):
-    """A `MatrixCase` per shared matrix found, after a note for each expected file missing."""
-    specs, missing = find_matrices(data_dir)
+def shared_cases(data_dir, err=None):
+    """A `MatrixCase` per shared matrix found, after a note for each expected file missing.
+
+    Without the data directory there are none, after a note: the generated matrices still run.
+    """
+    err = sys.stderr if err is None else err
+    try:
+        specs, missing = find_matrices(data_dir)
+    except DataDirectoryMissing as exc:
+        print(f"note: {exc}; only generated matrices run", file=err)
+        return []
     for file_name in missing:
         print(f"note: {file_name} not found in {data_dir}, skipped", file=err)
     return [_shared_case(spec) for spec in specs]
 
 
-def select_cases(args, err=sys.stderr):
+def select_cases(args, err=None):
     """The matrices to run, in order (shared, then R-MAT), or None after an error message."""
+    err = sys.stderr if err is None else err
     cases = shared_cases(args.data_dir, err)
     if not args.no_rmat:
         rmat_specs = args.rmat if args.rmat is not None else DEFAULT_RMAT
@@ -247,8 +257,9 @@ def select_cases(args, err=sys.stderr):
     return keep_requested(cases, args, err)
 
 
-def keep_requested(cases, args, err=sys.stderr):
+def keep_requested(cases, args, err=None):
     """The cases named by ``--matrix`` (all without it), or None after an error message."""
+    err = sys.stderr if err is None else err
     if args.matrix:
         unknown = sorted(set(args.matrix) - {case.name for case in cases})
         if unknown:
@@ -264,8 +275,9 @@ def keep_requested(cases, args, err=sys.stderr):
 
 # --- operands and checks -------------------------------------------------------------------
 
-def import_torch(err=sys.stderr):
+def import_torch(err=None):
     """The torch module, or None after an error message (torch is an optional dependency)."""
+    err = sys.stderr if err is None else err
     try:
         import torch
     except ImportError:
@@ -548,13 +560,14 @@ def write_plot(bench, results, path, threads, repeat, title=None):
 
 # --- driver --------------------------------------------------------------------------------
 
-def run_benchmark(args, bench, prepare, measure, out=sys.stdout):
+def run_benchmark(args, bench, prepare, measure, out=None):
     """Measure every matrix at every width, print the report, write CSV / plot; exit status.
 
     ``prepare(A, torch)`` returns (operands, seconds of the ME-BCRS conversion) for one matrix;
     ``measure(operands, width, repeat, what)`` checks the results then returns best seconds by
     contender label, raising `Mismatch` on a wrong result.
     """
+    out = sys.stdout if out is None else out
     torch = import_torch()
     if torch is None:
         return 2

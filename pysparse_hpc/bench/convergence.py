@@ -263,10 +263,8 @@ def _graph_problem(name, data_dir, epochs_seeds):
     from .. import datasets
     if name == "pubmed":
         import torch
-        from ._data import data_dir as shared_data_dir
-        path = shared_data_dir(data_dir) / "pubmed_structure.npz"
-        if not path.is_file():
-            raise FileNotFoundError(f"pubmed_structure.npz not found in {path.parent}")
+        from ._data import find_graph
+        path = find_graph("pubmed", data_dir).path
         data = datasets.load_file(path, random_features=PUBMED_FEATURES, seed=0, name="pubmed")
         return _gcn_problem(name, data, torch.from_numpy(data.x), epochs_seeds,
                             note=f"real structure, labels and split; standard-normal features "

@@ -253,8 +253,9 @@ def write_plot(results, path, threads, repeat):
     figure.savefig(path, dpi=120)
 
 
-def run(args, out=sys.stdout):
+def run(args, out=None):
     """Run the benchmark over the shared matrices and report; returns the exit status."""
+    out = sys.stdout if out is None else out
     specs, missing = find_matrices(args.data_dir)
     for file_name in missing:
         print(f"note: {file_name} not found in {args.data_dir}, skipped", file=sys.stderr)

@@ -63,7 +63,7 @@ import numpy as np
 from tqdm import tqdm
 
 from . import best_times, geometric_mean, positive_int
-from ._data import find_matrices, load_matrix
+from ._data import find_graph, load_matrix
 
 __all__ = ["CUDA_GRAPHS", "DEVICES", "GRAPHS", "HELP", "TORCH_DROPOUT", "TORCH_DROPOUT_TARGETS",
            "EpochResult", "GraphCase", "Variant", "add_arguments", "check_against_cpu",
@@ -426,11 +426,7 @@ def load_graph(name, data_dir):
         dataset = datasets.load(name)
         return GraphCase(name, dataset.adj, *node_tensors(dataset), dataset.num_classes)
     if name == "pubmed":
-        specs, _ = find_matrices(data_dir)
-        spec = next((s for s in specs if s.name == "pubmed"), None)
-        if spec is None:
-            raise FileNotFoundError(f"pubmed_structure.npz not found in {data_dir}")
-        adj = load_matrix(spec).astype(np.float32, copy=False)
+        adj = load_matrix(find_graph("pubmed", data_dir)).astype(np.float32, copy=False)
         note = (f"shared structure with random features ({PUBMED_FEATURES} wide) and random "
                 f"labels ({PUBMED_CLASSES} classes, random {'/'.join(map(str, PUBMED_SPLIT))} "
                 "split): only the timing is meaningful")
@@ -1119,7 +1115,7 @@ def _upload_line(uploads):
             "epoch and the times include them")
 
 
-def run(args, out=sys.stdout):
+def run(args, out=None):
     """Run the benchmark over the selected cases and report; returns the exit status.
 
     Parameters
@@ -1135,6 +1131,7 @@ def run(args, out=sys.stdout):
         0; 1 when a check fails (wrong result); 2 for a usage error, a missing library or
         data file, or ``--device cuda`` without a CUDA device.
     """
+    out = sys.stdout if out is None else out
     selection = _selection(args, sys.stderr)
     if selection is None:
         return 2

@@ -148,10 +148,8 @@ def _graph_workload(name, data_dir):
         cora = datasets.load("cora")
         x, y, train_mask, *_ = train.node_tensors(cora)
         return cora, x, y, train_mask
-    from ._data import data_dir as shared_data_dir
-    path = shared_data_dir(data_dir) / "pubmed_structure.npz"
-    if not path.is_file():
-        raise FileNotFoundError(f"pubmed_structure.npz not found in {path.parent}")
+    from ._data import find_graph
+    path = find_graph("pubmed", data_dir).path
     pubmed = datasets.load_file(path, random_features=PUBMED_FEATURES, seed=0, name="pubmed")
     _, y, train_mask, *_ = train.node_tensors(pubmed)
     return pubmed, torch.from_numpy(pubmed.x), y, train_mask

@@ -427,8 +427,9 @@ def write_plot(results, path, threads, repeat, width):
     figure.savefig(path, dpi=120)
 
 
-def run(args, out=sys.stdout):
+def run(args, out=None):
     """Run the benchmark over the matrices and report; returns the exit status."""
+    out = sys.stdout if out is None else out
     from ._kernels import Mismatch
 
     cases = _select_cases(args, sys.stderr)

@@ -84,8 +84,9 @@ def measure(operands, width, repeat, what=""):
     return steady_best_times(functions, repeat)
 
 
-def run(args, out=sys.stdout):
+def run(args, out=None):
     """Run the benchmark over the matrices and widths and report; returns the exit status."""
+    out = sys.stdout if out is None else out
     if args.backend == "cuda":
         from . import spmm_cuda  # imports numba.cuda: only for GPU runs
         return spmm_cuda.run(args, out=out)

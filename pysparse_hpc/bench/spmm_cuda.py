@@ -308,8 +308,9 @@ def start(args):
     return cuda, cases, _torch_cuda(), _Timer(cuda, flush_bytes), flush_bytes
 
 
-def run(args, out=sys.stdout):
+def run(args, out=None):
     """Run the GPU benchmark and report; returns the exit status."""
+    out = sys.stdout if out is None else out
     started = start(args)
     if isinstance(started, int):
         return started
