@@ -150,9 +150,14 @@ class DataParallel(torch.nn.Module):
 
     def _newly_trainable(self):
         """Parameters that require grad and are not reduced yet."""
-        # By identity (a parameter replaced since may reuse a collected one's id)
         return [p for p in self.module.parameters()
-                if p.requires_grad and self._hooks.get(id(p), (lambda: None,))[0]() is not p]
+                if p.requires_grad and not self._hooked(p)]
+
+    def _hooked(self, parameter):
+        """Whether ``parameter`` itself carries our hook: compared by identity through the
+        weak reference, as a parameter replaced since may reuse a collected one's id."""
+        entry = self._hooks.get(id(parameter))
+        return entry is not None and entry[0]() is parameter
 
     def _reduce(self, added):
         """Reduce the parameters ``added`` too: buckets of every parameter reduced so far and
