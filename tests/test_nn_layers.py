@@ -549,10 +549,12 @@ def test_gatconv_matches_pyg_on_the_same_weights(graph):
     ours = nn.GATConv(5, 3, heads=2).double()
     theirs = pyg.GATConv(5, 3, heads=2).double()
     with torch.no_grad():
-        theirs.lin.weight.copy_(ours.lin.weight)
-        theirs.att_src.copy_(ours.att_src[None])
-        theirs.att_dst.copy_(ours.att_dst[None])
-        theirs.bias.zero_()
+        theirs.bias.normal_()
+    ours.load_state_dict(theirs.state_dict())  # PyG's (1, heads, C) attention vectors load
+    assert ours.att_src.shape == (2, 3)
+    torch.testing.assert_close(ours.att_dst, theirs.att_dst[0], rtol=0, atol=0)
+    with pytest.raises(RuntimeError, match="size mismatch"):  # other sizes are still refused
+        ours.load_state_dict(pyg.GATConv(5, 3, heads=3).double().state_dict())
     x = features(14, 5)
     # PyG removes and re-adds self-loops; ours keeps the stored one: compare on the pattern.
     torch.testing.assert_close(ours(x, graph), theirs(x, edge_index_of(graph)))

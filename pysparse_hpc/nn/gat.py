@@ -61,7 +61,9 @@ class GATConv(torch.nn.Module):
         The dense transform H = X W of all heads, bias-free (``lin.weight`` is
         ``heads * out_channels`` x ``in_channels``, as PyG's); gradient preconditioners
         (`pysparse_hpc.precondition`) precondition it as a Linear. ``att_src``, ``att_dst``
-        (heads x out_channels) and ``bias`` keep their plain gradients there.
+        (heads x out_channels) and ``bias`` keep their plain gradients there. A state dict
+        of PyG's ``GATConv`` of the same sizes loads as it is (its ``(1, heads,
+        out_channels)`` attention vectors are taken without the leading axis).
     att_src, att_dst : torch.nn.Parameter
     bias : torch.nn.Parameter or None
 
@@ -106,6 +108,17 @@ class GATConv(torch.nn.Module):
         glorot_(self.att_dst)
         if self.bias is not None:
             torch.nn.init.zeros_(self.bias)
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        # PyG's GATConv keeps the attention vectors as (1, heads, out_channels): its state
+        # loads here as it is (same names and transform layout), the leading axis dropped.
+        for name in ("att_src", "att_dst"):
+            key = prefix + name
+            value = state_dict.get(key)
+            if (isinstance(value, torch.Tensor) and value.dim() == 3 and value.shape[0] == 1
+                    and value.shape[1:] == getattr(self, name).shape):
+                state_dict[key] = value[0]
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def resolved_cache(self, graph):
         """The cache mode used on ``graph`` ("auto" resolved)."""
