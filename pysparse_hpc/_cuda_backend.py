@@ -32,9 +32,69 @@ def require_gpu():
     return cuda
 
 
+def _current_device_id(cuda):
+    """The id of the device Numba launches on (None under the simulator, whose one device has
+    none)."""
+    return getattr(cuda.get_current_device(), "id", None)
+
+
+def _cuda_device_index(array):
+    """The CUDA device a torch tensor or CuPy array lives on, or None where the array does not
+    say (Numba's device arrays belong to the context they were made in)."""
+    device = getattr(array, "device", None)
+    index = getattr(device, "index", None)  # torch
+    if index is None:
+        index = getattr(device, "id", None)  # CuPy
+    return index if isinstance(index, int) else None
+
+
+def _check_devices(cuda, operands):
+    """Refuse operands the kernels cannot read, before anything is sent or launched.
+
+    Parameters
+    ----------
+    cuda : module
+        ``numba.cuda``.
+    operands : iterable of (str, str, object)
+        ``(name, device type, array)``: the device type as `DenseOperand` reports it ("cpu",
+        "cuda", or another torch device type such as "mps" or "meta").
+
+    Raises
+    ------
+    ValueError
+        An operand in memory of another kind of device, or on a CUDA device other than the one
+        Numba launches on: a kernel there would read another GPU's addresses (an illegal
+        address, or slow peer reads), and A's arrays would be sent to the wrong device.
+    """
+    current = None
+    for name, device, array in operands:
+        if device == "cpu":
+            continue
+        if device != "cuda":
+            raise ValueError(f"{name} lives on device {device!r}; backend='cuda' reads host "
+                             f"memory or CUDA device memory: move {name} to the CPU or a "
+                             "CUDA device")
+        index = _cuda_device_index(array)
+        if index is None:
+            continue
+        if current is None:
+            current = _current_device_id(cuda)
+        if current is not None and index != current:
+            raise ValueError(
+                f"{name} lives on CUDA device {index}, but Numba launches its kernels on device "
+                f"{current}; call numba.cuda.select_device({index}) (or run under "
+                f"`with numba.cuda.gpus[{index}]:`) first, or move {name} to device {current}")
+
+
 def _numpy_dtype(array):
-    """The NumPy dtype of a NumPy, Numba, CuPy or torch array (torch's are named alike)."""
-    return np.dtype(str(array.dtype).replace("torch.", ""))
+    """The NumPy dtype of a NumPy, Numba, CuPy or torch array (torch's are named alike); a
+    TypeError that says what the kernels take for a dtype NumPy lacks (torch.bfloat16)."""
+    name = str(array.dtype).replace("torch.", "")
+    try:
+        return np.dtype(name)
+    except TypeError:
+        raise TypeError(f"device operands must hold float16, float32 or float64 values, got "
+                        f"{array.dtype} (convert it on the device first)") from None
 
 
 def _on_device(cuda, host_or_device, dtypes, name):
@@ -53,18 +113,22 @@ def _on_device(cuda, host_or_device, dtypes, name):
 
 #: The largest finite float16.
 HALF_MAX = float(np.finfo(np.float16).max)
+#: The smallest magnitude that rounds to infinity in float16 (round to nearest, ties to even):
+#: halfway between `HALF_MAX` and 2**16. Values below it round to finite halves.
+HALF_OVERFLOW = 65520.0
 
 
 def _host_as(values, dtype, name):
     """Host ``values`` as a contiguous array of ``dtype``, refusing float16 casts that would turn
-    finite values into infinities (the fp16 precision would then give inf/NaN results)."""
+    finite values into infinities (the fp16 precision would then give inf/NaN results); values
+    between `HALF_MAX` and `HALF_OVERFLOW` round to `HALF_MAX` and are kept."""
     values = np.asarray(values)
     if dtype == np.float16 and values.dtype != np.float16 and values.size:
         largest = float(np.nanmax(np.abs(np.where(np.isfinite(values), values, 0))))
-        if largest > HALF_MAX:
+        if largest >= HALF_OVERFLOW:
             raise ValueError(f"precision='fp16' sends {name} as float16, whose largest value is "
-                             f"{HALF_MAX:g}, but {name} holds {largest:.6g}; use precision='tf32' "
-                             f"or 'fp32', or scale {name}")
+                             f"{HALF_MAX:g}, but {name} holds {largest:.6g}, which would round "
+                             f"to infinity; use precision='tf32' or 'fp32', or scale {name}")
     return np.ascontiguousarray(values, dtype=dtype)
 
 
@@ -80,8 +144,10 @@ def _cached(owner, key, source, build):
 
 
 def _device_arrays(cuda, A, names):
-    """A's arrays on the device, transferred once."""
-    return [_cached(A, name, getattr(A, name), lambda name=name: cuda.to_device(getattr(A, name)))
+    """A's arrays on the current device, transferred once per device."""
+    device = _current_device_id(cuda)
+    return [_cached(A, (name, device), getattr(A, name),
+                    lambda name=name: cuda.to_device(getattr(A, name)))
             for name in names]
 
 
@@ -106,6 +172,7 @@ def spmm_cuda(A, operand, precision):
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
     cuda = require_gpu()
+    _check_devices(cuda, [("B", operand.device, operand.original)])
     B = operand.original if operand.device == "cuda" else operand.array
     if len(B.shape) != 2:
         raise ValueError(f"the CUDA backend takes a 2-D B, got shape {tuple(B.shape)}")
@@ -167,7 +234,7 @@ def spmm_launcher(A, precision, dtype=np.float32):
         values = cuda.to_device(_host_as(M.values, operand_dtypes[0], "A's values"))
         device_M = _DeviceMebcrs(offsets, col_idx, values, M.shape)
         kernel = "tf32-16x1" if M.window == 16 else precision
-        warps, parts = cuda_warps_per_block(), _parts(cuda, kernels, M)
+        warps, parts = _warps_per_block(), _parts(cuda, kernels, M)
         return _SpmmLauncher(lambda B, out: kernels.launch_mebcrs_spmm(device_M, B, out, warps,
                                                                        kernel, parts),
                              operand_dtypes, result_dtype)
@@ -179,6 +246,20 @@ def spmm_launcher(A, precision, dtype=np.float32):
                          (dtype,), dtype)
 
 
+#: Warps in a thread block of at most 1,024 threads (every CUDA GPU's limit).
+MAX_WARPS = 32
+
+
+def _warps_per_block():
+    """`cuda_warps_per_block`, refused above `MAX_WARPS`: the launch would fail on the GPU with
+    an invalid configuration, naming neither the setting nor its limit."""
+    warps = cuda_warps_per_block()
+    if warps > MAX_WARPS:
+        raise ValueError(f"PYSPARSE_HPC_CUDA_WARPS is {warps}, but a thread block holds at most "
+                         f"{MAX_WARPS} warps (1,024 threads); set it to 1..{MAX_WARPS}")
+    return warps
+
+
 def _parts(cuda, kernels, M):
     """The load-balanced part list of M on the device, built once per split threshold."""
     split = cuda_split_blocks()
@@ -186,7 +267,7 @@ def _parts(cuda, kernels, M):
     def build():
         host = kernels.mma_parts(M.row_window_offset, split)
         return tuple(cuda.to_device(np.ascontiguousarray(a)) for a in host)
-    return _cached(M, ("parts", split), M.row_window_offset, build)
+    return _cached(M, ("parts", split, _current_device_id(cuda)), M.row_window_offset, build)
 
 
 class _DeviceMebcrs:
@@ -243,9 +324,11 @@ def sddmm_cuda(A, x_operand, y_operand, alpha, beta, precision):
     """
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    cuda = require_gpu()
+    _check_devices(cuda, [("X", x_operand.device, x_operand.original),
+                          ("Y", y_operand.device, y_operand.original)])
     X = x_operand.original if x_operand.device == "cuda" else x_operand.array
     Y = y_operand.original if y_operand.device == "cuda" else y_operand.array
-    cuda = require_gpu()
     from .kernels.cuda import sddmm as kernels
 
     if precision == "fp32":
@@ -264,10 +347,10 @@ def sddmm_cuda(A, x_operand, y_operand, alpha, beta, precision):
         device_X = _on_device(cuda, X, accepted, "X")
         device_Y = _on_device(cuda, Y, accepted, "Y")
         stored = _mma_operand(A, precision)
-        device_stored, widest = _mebcrs_sddmm_arrays(cuda, stored)
+        device_stored, tiles = _mebcrs_sddmm_arrays(cuda, stored, kernels)
         result, device_out = _result(cuda, x_operand, (stored.values.size,) + X.shape[1:-1],
                                      dtype)
-        kernels.launch_mebcrs_sddmm(device_stored, device_X, device_Y, device_out, widest,
+        kernels.launch_mebcrs_sddmm(device_stored, device_X, device_Y, device_out, tiles,
                                     precision)
         stored_values = stored.values
     on_device = x_operand.device == "cuda"
@@ -351,6 +434,8 @@ def pattern_spmm_cuda(csr, values, B):
     strided views. ``values`` and B are torch CUDA tensors (the result is one too) or Numba
     device arrays (the result is a Numba device array)."""
     cuda = require_gpu()
+    _check_devices(cuda, [(name, getattr(getattr(array, "device", None), "type", "cuda"), array)
+                          for name, array in (("values", values), ("B", B))])
     from .kernels.cuda import spmm as kernels
     torch = sys.modules.get("torch")
     indptr, indices = _device_arrays(cuda, csr, ("indptr", "indices"))
@@ -375,20 +460,25 @@ def pattern_spmm_cuda(csr, values, B):
 def _csr_sddmm_arrays(cuda, stored):
     """The entry -> row array and the column indices of CSR ``stored`` on the device, each
     sent once and kept with ``stored``."""
-    device_rows = _cached(stored, "entry_rows", stored.indptr, lambda: cuda.to_device(
+    key = ("entry_rows", _current_device_id(cuda))
+    device_rows = _cached(stored, key, stored.indptr, lambda: cuda.to_device(
         np.repeat(np.arange(stored.shape[0], dtype=stored.index_dtype),
                   np.diff(stored.indptr))))
     indices, = _device_arrays(cuda, stored, ("indices",))
     return device_rows, indices
 
 
-def _mebcrs_sddmm_arrays(cuda, stored):
-    """The structure of ME-BCRS ``stored`` on the device (sent once, kept with ``stored``) as
-    the tensor-core SDDMM reads it, and its widest window in vectors."""
+def _mebcrs_sddmm_arrays(cuda, stored, kernels):
+    """The structure of ME-BCRS ``stored`` on the device as the tensor-core SDDMM reads it, and
+    its warp tiles (`kernels.mma_tiles`) on the device; all sent once and kept with ``stored``."""
     offsets, col_idx, mask = _device_arrays(cuda, stored, ("row_window_offset", "col_idx",
                                                            "vector_mask"))
-    widest = int(np.diff(stored.row_window_offset).max(initial=0))
-    return _DeviceMebcrs(offsets, col_idx, None, stored.shape, vector_mask=mask), widest
+
+    def build():
+        return tuple(cuda.to_device(a) for a in kernels.mma_tiles(stored.row_window_offset))
+    tiles = _cached(stored, ("sddmm_tiles", _current_device_id(cuda)), stored.row_window_offset,
+                    build)
+    return _DeviceMebcrs(offsets, col_idx, None, stored.shape, vector_mask=mask), tiles
 
 
 class _SddmmLauncher:
@@ -488,8 +578,8 @@ def sddmm_launcher(A, precision, heads=None, dtype=np.float32):
     operand_dtypes = ((np.dtype(np.float16), result_dtype) if precision == "fp16"
                       else (result_dtype,))
     stored = _mma_operand(A, precision)
-    device_stored, widest = _mebcrs_sddmm_arrays(cuda, stored)
+    device_stored, tiles = _mebcrs_sddmm_arrays(cuda, stored, kernels)
     return _SddmmLauncher(
-        lambda X, Y, out: kernels.launch_mebcrs_sddmm(device_stored, X, Y, out, widest,
+        lambda X, Y, out: kernels.launch_mebcrs_sddmm(device_stored, X, Y, out, tiles,
                                                       precision),
         operand_dtypes, result_dtype, (stored.values.size,) + per_slot, A, stored)

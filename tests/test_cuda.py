@@ -102,7 +102,7 @@ def test_sddmm_tensor_core_kernels_compile(cc, precision, mma, dense, strided, t
     value = {"f32": f32, "f16": f16}[dense]
     operand, out = (value[:, :], f32[:]) if strided else (value[:, ::1], f32[::1])
     ptx = _ptx(cc, sddmm.MEBCRS_SDDMM_SOURCES[precision],
-               (i32[::1], i32[::1], u8[::1], i64, operand, operand, out))
+               (i32[::1], i32[::1], u8[::1], i64[::1], i64[::1], i64, operand, operand, out))
     mma_lines = [line for line in ptx.splitlines() if "mma.sync.aligned" in line]
     assert mma_lines and all(mma in line for line in mma_lines)
     _assert_no_spills(ptx, cc, tmp_path)

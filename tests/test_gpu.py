@@ -47,6 +47,23 @@ def test_csr_kernel_past_the_grid_y_limit():
 
 
 @pytest.mark.parametrize("precision", ["tf32", "fp16"])
+def test_tensor_core_sddmm_past_the_grid_y_limit(precision):
+    """One window of 1,100,000 vectors: 68,750 warp tiles, more than a grid's y dimension holds
+    (65,535); the tile grid runs along x."""
+    import scipy.sparse as sp
+    n_cols = 1_100_000
+    rng = np.random.default_rng(12)
+    S = sp.csr_matrix((np.ones(n_cols), (np.zeros(n_cols, np.int64), np.arange(n_cols))),
+                      shape=(3, n_cols))
+    X = rng.standard_normal((3, 8)).astype(np.float32)
+    Y = rng.standard_normal((n_cols, 8)).astype(np.float32)
+    got = sph.sddmm(sph.csr_array(S, dtype=np.float32), X, Y, backend="cuda",
+                    precision=precision)
+    expected = Y.astype(np.float64) @ X[0].astype(np.float64)
+    np.testing.assert_allclose(got.data, expected, rtol=5e-3, atol=5e-3 * 8)
+
+
+@pytest.mark.parametrize("precision", ["tf32", "fp16"])
 def test_fp16_refuses_values_beyond_half_range(precision):
     """Values above 65504 become infinities in float16: fp16 refuses them, tf32 is exact."""
     S = random_scipy(np.random.default_rng(3), (64, 64), 0.1) * 1e5

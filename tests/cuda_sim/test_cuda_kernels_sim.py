@@ -436,3 +436,68 @@ def test_fp16_refuses_values_beyond_half_range_and_leaves_operands_untouched():
         sph.sddmm(small, X, B, backend="cuda", precision="fp16")
     # within range, and with tf32, the same matrices run
     assert np.all(np.isfinite(sph.spmm(big, B, backend="cuda", precision="tf32")))
+
+
+class _ArrayOnGpu1:
+    """What a CuPy array on CUDA device 1 shows: the array interface, and its device's id."""
+
+    def __init__(self, shape):
+        self.shape = shape
+        self.dtype = np.dtype(np.float32)
+        self.device = type("Device", (), {"id": 1})()
+        self.__cuda_array_interface__ = {
+            "shape": shape, "typestr": "<f4", "data": (0, False), "version": 3, "strides": None}
+
+
+def test_operands_on_another_device_are_refused(monkeypatch):
+    """An array on a CUDA device other than Numba's, and a torch tensor on a non-CUDA device
+    ("meta" here; "mps" alike) given to the attention SpMM, get a ValueError naming the
+    operand, before anything is sent or launched."""
+    import torch
+
+    from pysparse_hpc import _cuda_backend
+    A = sph.csr_array(np.eye(4, dtype=np.float32))
+    meta = torch.empty((4, 3), device="meta")
+    with pytest.raises(ValueError, match="values lives on device 'meta'"):
+        _cuda_backend.pattern_spmm_cuda(A, torch.empty(4, device="meta"), meta)
+    monkeypatch.setattr(_cuda_backend, "_current_device_id", lambda cuda: 0)
+    with pytest.raises(ValueError, match=r"B lives on CUDA device 1, .* on device 0"):
+        sph.spmm(A, _ArrayOnGpu1((4, 3)), backend="cuda")
+    with pytest.raises(ValueError, match=r"Y lives on CUDA device 1"):
+        sph.sddmm(A, np.ones((4, 3), np.float32), _ArrayOnGpu1((4, 3)), backend="cuda")
+
+
+def test_fp16_keeps_values_that_round_to_the_largest_half():
+    """Host values in (65,504, 65,520) round to 65,504, a finite half: fp16 runs on them (65,520
+    and up round to infinity and are refused)."""
+    def diagonal(first):
+        return sph.csr_array(np.diag(np.array([first, 1.0, 2.0], np.float32)))
+    B = np.ones((3, 2), np.float32)
+    got = sph.spmm(diagonal(65519.0), B, backend="cuda", precision="fp16")
+    np.testing.assert_array_equal(got, np.float32([[65504.0] * 2, [1.0] * 2, [2.0] * 2]))
+    with pytest.raises(ValueError, match="round to infinity"):
+        sph.spmm(diagonal(65520.0), B, backend="cuda", precision="fp16")
+
+
+def test_more_warps_than_a_thread_block_holds_are_refused(monkeypatch):
+    """Over 32 warps (1,024 threads) a launch fails on every GPU (the simulator would run it):
+    the tensor-core SpMM refuses the setting by name first."""
+    from pysparse_hpc import _config
+    A = sph.csr_array(np.eye(4, dtype=np.float32))
+    B = np.ones((4, 3), np.float32)
+    monkeypatch.setattr(_config, "_CUDA_WARPS", 32)
+    np.testing.assert_array_equal(sph.spmm(A, B, backend="cuda", precision="tf32"), B)
+    monkeypatch.setattr(_config, "_CUDA_WARPS", 33)
+    with pytest.raises(ValueError, match="PYSPARSE_HPC_CUDA_WARPS is 33.*at most 32 warps"):
+        sph.spmm(A, B, backend="cuda", precision="tf32")
+
+
+def test_a_dtype_numpy_lacks_gets_a_clear_type_error():
+    """torch.bfloat16 (CUDA tensors of it reach the backend as they are) is named, with what
+    the kernels take, rather than NumPy's "data type not understood"."""
+    import torch
+
+    from pysparse_hpc._cuda_backend import _numpy_dtype
+    assert _numpy_dtype(torch.zeros(2, dtype=torch.float16)) == np.float16
+    with pytest.raises(TypeError, match="float16, float32 or float64 values, got torch.bfloat16"):
+        _numpy_dtype(torch.zeros(2, dtype=torch.bfloat16))

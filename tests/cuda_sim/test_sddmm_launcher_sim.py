@@ -122,3 +122,58 @@ def test_gpu_sddmm_benchmark_end_to_end(heads, tmp_path, capsys):
         assert float(values[f"{label}_s"]) > 0
     assert values["torch_s"] == values["torch16_s"] == "nan" and len(BENCH.contenders) == 5
     assert plot.stat().st_size > 0
+
+
+def test_mma_tiles():
+    """One tile per 16 vectors of a window, none for an empty one, windows in order."""
+    from pysparse_hpc.kernels.cuda.sddmm import mma_tiles
+    window, first_slot = mma_tiles(np.array([0, 0, 40, 41, 41, 57]))  # 0, 40, 1, 0, 16 vectors
+    np.testing.assert_array_equal(window, [1, 1, 1, 2, 4])
+    np.testing.assert_array_equal(first_slot, [0, 16, 32, 0, 0])
+    window, first_slot = mma_tiles(np.array([0, 0, 0]))
+    assert window.shape == first_slot.shape == (0,)
+
+
+class _GridRecorder:
+    """Stands in for a kernel: records each launch configuration and runs the kernel."""
+
+    def __init__(self, kernel):
+        self.kernel = kernel
+        self.grids = []
+
+    def __getitem__(self, config):
+        self.grids.append(config[0])
+        return self.kernel[config]
+
+
+@pytest.mark.parametrize("precision", ["tf32", "fp16"])
+def test_tensor_core_sddmm_launches_only_tiles_with_work(precision, monkeypatch):
+    """A skewed pattern: a window of 40 vectors among an empty window and a one-vector one, and a
+    final partial window. The grid holds one block per 16 vectors of a window, not windows x
+    the widest window's tiles (idle blocks on skewed graphs, and over 65,535 tiles of one window
+    beyond the grid's y limit); the results still match the CPU for 2-D and 2-head operands."""
+    from pysparse_hpc.kernels.cuda import sddmm as kernels
+    rng = np.random.default_rng(5)
+    dense = np.zeros((27, 41))
+    dense[0, :40] = rng.standard_normal(40)  # window 0: 40 vectors (3 tiles)
+    dense[3, 7] = 1.5
+    dense[17, 40] = -2.0  # window 1 empty, window 2: 1 vector
+    dense[25, [2, 5]] = 0.5  # window 3 (rows 24..26): 2 vectors
+    M = sph.csr_array(dense, dtype=np.float32).to_mebcrs(8)
+    vectors = np.diff(M.row_window_offset)
+    assert list(vectors) == [40, 0, 1, 2]
+    recorder = _GridRecorder(kernels._MMA_KERNELS[precision])
+    monkeypatch.setitem(kernels._MMA_KERNELS, precision, recorder)
+    for shape in [(12,), (2, 5)]:
+        X = rng.standard_normal((27,) + shape).astype(np.float32)
+        Y = rng.standard_normal((41,) + shape).astype(np.float32)
+        got = sph.sddmm(M, X, Y, alpha=0.5, beta=1.0, backend="cuda", precision=precision)
+        want = sph.sddmm(M, X.astype(np.float64), Y.astype(np.float64), alpha=0.5, beta=1.0)
+        if len(shape) == 1:
+            got, want = got.values, want.values
+        np.testing.assert_allclose(got, want, rtol=TOLERANCE[precision],
+                                   atol=TOLERANCE[precision] * 12)
+    tiles = int(np.sum(-(-vectors // 16)))  # 3 + 0 + 1 + 1
+    assert len(recorder.grids) == 3  # one launch for 2-D operands, one per head for 2 heads
+    for grid in recorder.grids:
+        assert int(np.prod(grid)) == tiles

@@ -8,20 +8,22 @@ products of a window's 8 rows with 16 of its vectors form one 16x8 tile D = Y_v 
 accumulated over the feature axis 8 (tf32) or 16 (fp16) at a time (A operand: Y rows of the 16
 vectors, B operand: X rows of the window). Each lane writes its four dot products where the
 vector mask says the entry is stored; the caller zeroes the output first, so padding slots stay
-0. One warp per (window, 16 vectors).
+0. One warp per tile of 16 vectors of a window (`mma_tiles`): the grid lists only tiles that
+hold vectors, so a skewed graph's long windows add blocks only where they have work.
 
 Multi-head operands run one launch per head on strided views (``X[:, h]``, built from the CUDA
 array interface in constant time), so the kernels stay 2-D.
 """
 import math
 
+import numpy as np
 from numba import cuda, float32
 
 from ._mma import SIMULATED, mma_f16_m16n8k16, mma_tf32_m16n8k8, pack_half2, to_tf32
 from .spmm import BLOCK_WIDTH, WINDOW, zero_contiguous
 
 __all__ = ["MEBCRS_SDDMM_SOURCES", "csr_sddmm", "scale_add", "launch_csr_sddmm",
-           "launch_mebcrs_sddmm", "launch_scale_add"]
+           "launch_mebcrs_sddmm", "launch_scale_add", "mma_tiles"]
 
 VECTORS_PER_WARP = 16
 
@@ -46,16 +48,16 @@ def _make_mebcrs_sddmm(half):
     """
     step = 16 if half else 8
 
-    def kernel(row_window_offset, col_idx, vector_mask, n_rows, X, Y, out):
-        w = cuda.blockIdx.x
+    def kernel(row_window_offset, col_idx, vector_mask, tile_window, tile_first_slot, n_rows, X,
+               Y, out):
+        tile = cuda.blockIdx.x
+        w = tile_window[tile]
         lane = cuda.threadIdx.x % 32
         g = lane >> 2
         t = lane & 3
         first = row_window_offset[w]
         n_vectors = row_window_offset[w + 1] - first
-        first_slot = cuda.blockIdx.y * VECTORS_PER_WARP  # the warp's 16 vectors in the window
-        if first_slot >= n_vectors:
-            return  # the whole warp leaves together, so no mma is left half-issued
+        first_slot = tile_first_slot[tile]  # the warp's 16 vectors in the window (>= 1 exists)
         n_features = X.shape[1]
         v_lo = first_slot + g  # A rows g and g + 8: two vectors of this lane
         v_hi = v_lo + 8
@@ -213,17 +215,48 @@ def launch_csr_sddmm(rows, indices, X, Y, out, threads=128):
                                                               head_out)
 
 
-def launch_mebcrs_sddmm(A, X, Y, out, widest_window, precision):
+def mma_tiles(row_window_offset):
+    """The warp tiles of the tensor-core SDDMM: ``(window, first_slot)``, one entry per run of
+    at most `VECTORS_PER_WARP` vectors of a window, windows in order.
+
+    Empty windows get no tile (their rows have no stored slot to write). A grid of one block per
+    tile stays one-dimensional (x allows 2**31 - 1 blocks) and holds only blocks with work,
+    where a (window, widest window / 16) grid would launch windows x (widest / 16) blocks, most
+    of them idle on a skewed graph, and fail once a window had over 65,535 tiles (the limit of
+    the grid's y).
+
+    Parameters
+    ----------
+    row_window_offset : array_like of int
+        The ME-BCRS window offsets (vectors), length n_windows + 1.
+
+    Returns
+    -------
+    window, first_slot : numpy.ndarray of int64
+        For tile k, its window and the index of its first vector within that window.
+    """
+    offsets = np.asarray(row_window_offset, dtype=np.int64)
+    counts = -(-np.diff(offsets) // VECTORS_PER_WARP)
+    window = np.repeat(np.arange(counts.size, dtype=np.int64), counts)
+    index_in_window = (np.arange(window.size, dtype=np.int64)
+                       - np.repeat(np.cumsum(counts) - counts, counts))
+    return window, index_in_window * VECTORS_PER_WARP
+
+
+def launch_mebcrs_sddmm(A, X, Y, out, tiles, precision):
     """Run the tensor-core kernel of ``precision`` ("tf32" or "fp16") on ME-BCRS ``A``; ``out``
-    is the contiguous values layout, (slots,) or (slots, heads), zeroed here first."""
+    is the contiguous values layout, (slots,) or (slots, heads), zeroed here first. ``tiles``
+    are `mma_tiles` of A, on the device."""
     if out.shape[0] == 0:
         return
     zero_contiguous(out)
-    n_windows = A.row_window_offset.shape[0] - 1
-    grid = (n_windows, max(1, math.ceil(widest_window / VECTORS_PER_WARP)))
+    tile_window, tile_first_slot = tiles
+    if tile_window.shape[0] == 0:  # no stored entry: the padding zeros are the result
+        return
     for head_X, head_Y, head_out in _by_head(X, Y, out):
-        _MMA_KERNELS[precision][grid, 32](A.row_window_offset, A.col_idx, A.vector_mask,
-                                          A.shape[0], head_X, head_Y, head_out)
+        _MMA_KERNELS[precision][tile_window.shape[0], 32](
+            A.row_window_offset, A.col_idx, A.vector_mask, tile_window, tile_first_slot,
+            A.shape[0], head_X, head_Y, head_out)
 
 
 def launch_scale_add(out, addend, alpha, beta, threads=128):
