@@ -1,9 +1,10 @@
 """Tunables of the library, in one place; environment variables override the defaults.
 
 ``PYSPARSE_HPC_NUM_THREADS`` (else ``NUMBA_NUM_THREADS``, else all cores): threads used by the
-Cython conversions and the Numba kernels; at most Numba's pool (``NUMBA_NUM_THREADS``, a larger
-value is lowered to it with a warning). Change it at run time with `set_num_threads`. OpenMP's
-own default (``OMP_NUM_THREADS``, which torch reads) is left as it was (`_start_numba_pool`).
+Cython conversions and the Numba kernels, whichever thread of the process calls them; at most
+Numba's pool (``NUMBA_NUM_THREADS``, a larger value is lowered to it with a warning). Change it
+at run time with `set_num_threads`. OpenMP's own default (``OMP_NUM_THREADS``, which torch
+reads) is left as it was (`_start_numba_pool`).
 
 ``PYSPARSE_HPC_PARALLEL_MIN_FLOPS`` (default 2**17): kernels with less work than this run on
 one thread: a parallel launch costs about 2 microseconds while the pool is warm and 6-16 after
@@ -32,6 +33,7 @@ power-law graphs do not hold up the grid.
 """
 import ctypes
 import os
+import threading
 import warnings
 
 import numba
@@ -124,13 +126,30 @@ def parallel_min_flops():
     return _PARALLEL_MIN_FLOPS
 
 
+#: The process's thread count (`set_num_threads`), and the one this thread last gave Numba.
+_num_threads = None
+_applied = threading.local()
+
+
 def get_num_threads():
-    """Threads the library's parallel kernels use."""
+    """Threads the library's parallel kernels use, in whichever thread calls it.
+
+    Numba keeps its thread count per thread, and a thread it has not seen starts on the whole
+    pool: a count set at start-up or with `set_num_threads` in one thread would not reach a
+    thread started by the caller (a thread pool, a data loader). So the process's count is
+    handed to Numba here, once per thread and again after each `set_num_threads`; a
+    ``numba.set_num_threads`` of the thread's own in between is kept. The kernels' drivers
+    and the Cython conversions read it through this function just before they run.
+    """
+    if getattr(_applied, "threads", None) != _num_threads:
+        numba.set_num_threads(_num_threads)
+        _applied.threads = _num_threads
     return numba.get_num_threads()
 
 
 def set_num_threads(n):
-    """Set the threads of every parallel kernel (Numba and Cython/OpenMP alike).
+    """Set the threads of every parallel kernel (Numba and Cython/OpenMP alike), in every
+    thread of the process (see `get_num_threads`).
 
     ``n`` may not exceed ``numba.config.NUMBA_NUM_THREADS`` (the pool size fixed at start-up).
     """
@@ -138,11 +157,19 @@ def set_num_threads(n):
     if not 1 <= n <= numba.config.NUMBA_NUM_THREADS:
         raise ValueError(
             f"number of threads must be in [1, {numba.config.NUMBA_NUM_THREADS}], got {n}")
+    _use_num_threads(n)
+
+
+def _use_num_threads(n):
+    """``n`` threads for the process, and for Numba in the calling thread now."""
+    global _num_threads
     numba.set_num_threads(n)
+    _num_threads = n
+    _applied.threads = n
 
 
 def _start_numba_pool(threads):
-    """``numba.set_num_threads(threads)``, then the process's OpenMP thread count as it was
+    """`set_num_threads` without its checks, then the process's OpenMP thread count as it was
     before Numba's pool started (`_OPENMP_THREADS`).
 
     Numba's OpenMP layer sets the runtime's default thread count to its pool size when the pool
@@ -151,7 +178,7 @@ def _start_numba_pool(threads):
     ranks of an ``mpiexec`` job on two cores ran torch on two threads, beside a rank waiting
     in MPI and polling its core, and a Cholesky inversion took 60x longer. Numba's kernels and
     the Cython conversions pass their thread counts explicitly and do not read the default."""
-    numba.set_num_threads(threads)
+    _use_num_threads(threads)
     if _OPENMP is not None and _OPENMP.omp_get_max_threads() != _OPENMP_THREADS:
         _OPENMP.omp_set_num_threads(_OPENMP_THREADS)
 

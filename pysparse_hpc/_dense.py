@@ -56,7 +56,7 @@ def as_dense(x, name, gradient_hint=None):
     Raises TypeError for other types or dtypes (integers, complex, ...), and for a tensor
     that requires grad under grad mode (``gradient_hint`` says what differentiates instead).
     Device data (a CUDA tensor, or anything with ``__cuda_array_interface__``) is reported as
-    ``device="cuda"``.
+    ``device="cuda"``; a tensor on another device (``meta``, ``mps``, ...) raises ValueError.
     """
     if isinstance(x, np.ndarray):   # the common case first
         array = np.asarray(x)
@@ -72,11 +72,22 @@ def as_dense(x, name, gradient_hint=None):
                     f"{gradient_hint + ', or ' if gradient_hint else ''}pass {name}.detach()")
             x = x.detach()
         if x.device.type != "cpu":
+            if x.device.type != "cuda":   # else the CUDA backend would say it finds no GPU
+                raise ValueError(f"{name} is on device '{x.device}'; the kernels take CPU or "
+                                 f"CUDA tensors (move it with .cpu())")
             return DenseOperand(None, "torch", x.device.type, x)
         if x.dtype == _torch().bfloat16:  # NumPy has no bfloat16: say so before numpy() does
             raise TypeError(f"{name} must hold float16, float32 or float64 values, got "
                             f"torch.bfloat16 (convert with .float())")
-        array = x.numpy()
+        try:
+            array = x.numpy()
+        except RuntimeError:
+            if not (x.is_neg() or x.is_conj()):
+                raise
+            # A lazily negated or conjugated view (``z.conj().imag`` is one), which numpy()
+            # refuses: read its values from a copy (`ops.spmm` refuses such an ``out``).
+            # Asked only after numpy() fails: the two queries cost 0.4 us on every call.
+            array = x.resolve_neg().resolve_conj().numpy()
         kind = "torch"
     elif is_device_array(x):
         return DenseOperand(None, type(x).__module__.split(".")[0], "cuda", x)

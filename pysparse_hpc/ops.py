@@ -80,6 +80,10 @@ def _check_out(out, like, shape, dtype):
         raise TypeError(f"out must be a NumPy array or a torch tensor, got {type(out).__name__}")
     if isinstance(out, np.ndarray) and not out.dtype.isnative:
         raise TypeError(f"out must be in the machine's byte order, got dtype {out.dtype}")
+    if is_torch_tensor(out) and out.is_neg():
+        # its memory holds -out: the result would go to a resolved copy and be lost
+        raise ValueError("out is a lazily negated view (torch's negative bit); pass a tensor "
+                         "without it")
     operand = as_dense(out, "out")
     if operand.kind != like.kind or operand.device != like.device:
         raise TypeError(f"out must be a {like.kind} array like B, got {type(out).__name__}")
@@ -337,9 +341,10 @@ def pattern_spmm(csr, values, B):
 
     The kernel behind attention: ``values`` (nnz,) with B (K, F), or ``values`` (nnz, heads)
     with B (K, heads, F) for one matrix per head. NumPy in and out, already validated by the
-    caller (`pysparse_hpc.nn.functional`), in one floating dtype.
+    caller (`pysparse_hpc.nn.functional`), in floating dtypes; computed and returned in their
+    promotion, float16 in float32 (as `spmm`: the kernels have no half-precision code).
     """
-    dtype = np.result_type(values.dtype, B.dtype)
+    dtype = _compute_dtype(values.dtype, B.dtype)
     values = values.astype(dtype, copy=False)
     B = B.astype(dtype, copy=False)
     out = _buffers.empty((csr.shape[0],) + B.shape[1:], dtype)

@@ -124,6 +124,21 @@ def test_multi_head_values(rng, dtype):
             np.testing.assert_allclose(ops.pattern_spmm(A, v, b), expected, *tolerance(dtype))
 
 
+def test_half_values_are_computed_in_float32(rng):
+    """The per-edge-value product promotes as `spmm` does: float16 values and B are computed
+    in float32 (there are no half-precision kernels), single- and multi-head."""
+    from pysparse_hpc import ops
+    S = random_scipy(rng, (20, 15), 0.2)
+    A = sph.csr_array(S)
+    for values_shape, B_shape in (((S.nnz,), (15, 4)), ((S.nnz, 2), (15, 2, 4))):
+        values = rng.standard_normal(values_shape).astype(np.float16)
+        B = rng.standard_normal(B_shape).astype(np.float16)
+        result = ops.pattern_spmm(A, values, B)
+        assert result.dtype == np.float32
+        expected = ops.pattern_spmm(A, values.astype(np.float32), B.astype(np.float32))
+        np.testing.assert_array_equal(result, expected)
+
+
 def test_column_tiles(rng, monkeypatch):
     """For B with strides (the strided kernel), tiles narrower than B, including a ragged last
     tile, give the same result."""
@@ -232,6 +247,38 @@ def test_torch_operands_zero_copy(rng):
     assert (A @ grad).shape == (25, 2)
 
 
+def test_lazily_negated_tensors(rng):
+    """A real tensor with torch's negative bit (``z.conj().imag``), which ``numpy()`` refuses,
+    is read by its values; as ``out`` (memory holding -out) it is refused before anything is
+    written."""
+    torch = pytest.importorskip("torch")
+    S = random_scipy(rng, (6, 5), 0.5)
+    A = sph.csr_array(S)
+    z = torch.randn(5, 3, dtype=torch.complex128)
+    B = z.conj().imag
+    assert B.is_neg()
+    np.testing.assert_allclose((A @ B).numpy(), S @ -z.imag.numpy(), rtol=1e-12, atol=1e-12)
+    X = torch.randn(6, 3, dtype=torch.complex128).conj().imag
+    np.testing.assert_allclose(sph.sddmm(A, X, B).toarray(),
+                               sph.sddmm(A, X.resolve_neg(), B.resolve_neg()).toarray())
+    storage = torch.zeros(6, 3, dtype=torch.complex128)
+    out = storage.conj().imag
+    with pytest.raises(ValueError, match="out is a lazily negated view"):
+        sph.spmm(A, B.resolve_neg(), out=out)
+    assert not storage.imag.any()
+
+
+def test_a_tensor_on_another_device_is_named(rng):
+    """Only CPU and CUDA tensors are read: one on another device (here ``meta``) is refused
+    by name, not sent to the CUDA backend to report a missing GPU."""
+    torch = pytest.importorskip("torch")
+    A = sph.csr_array(random_scipy(rng, (6, 5), 0.5))
+    with pytest.raises(ValueError, match="B is on device 'meta'"):
+        sph.spmm(A, torch.empty(5, 3, device="meta"))
+    with pytest.raises(ValueError, match="Y is on device 'meta'"):
+        sph.sddmm(A, torch.ones(6, 3), torch.empty(5, 3, device="meta"))
+
+
 def test_products_with_a_tensor_that_requires_grad_carry_its_gradient(rng):
     """``A @ W`` inside a model differentiates (as torch.sparse.mm); the kernels' functions,
     which cannot, refuse such a tensor instead of dropping its gradient silently."""
@@ -327,6 +374,37 @@ def test_results_do_not_depend_on_thread_count(rng):
     for csr_result, blocked_result in results[1:]:
         np.testing.assert_array_equal(csr_result, results[0][0])
         np.testing.assert_array_equal(blocked_result, results[0][1])
+
+
+def test_the_thread_count_holds_in_every_thread(rng, kernel_mode):
+    """Numba keeps a thread count per thread, and one it has not seen starts on the whole pool:
+    the library's count must reach the threads a caller runs products in (a thread pool
+    here), including a change made after such a thread has run."""
+    import numba
+    from concurrent.futures import ThreadPoolExecutor
+    from pysparse_hpc._config import get_num_threads, set_num_threads
+    if numba.config.NUMBA_NUM_THREADS < 2:
+        pytest.skip("needs a pool of two threads or more")
+    S = random_scipy(rng, (60, 40), 0.1)
+    A, B = sph.csr_array(S), rng.standard_normal((40, 3))
+
+    def product():
+        result = A @ B                  # the parallel driver, in the kernel_mode "parallel"
+        return numba.get_num_threads(), get_num_threads(), np.allclose(result, S @ B)
+
+    original = get_num_threads()
+    try:
+        with ThreadPoolExecutor(max_workers=1) as pool:   # one worker thread, reused
+            seen = []
+            for threads in (1, 2, 1):
+                set_num_threads(threads)
+                seen.append(pool.submit(product).result())
+    finally:
+        set_num_threads(original)
+    for threads, (kernels, library, correct) in zip((1, 2, 1), seen):
+        assert library == threads and correct
+        if kernel_mode == "parallel":
+            assert kernels == threads
 
 
 @pytest.mark.parametrize("fmt", ["csr", "mebcrs8", "blocked16"])
