@@ -263,8 +263,9 @@ def run_train(args, out=None):
         import torch
         set_num_threads(threads)
         torch.set_num_threads(threads)
-    # --checkpoint-every not given: train's own default.
-    given = {} if args.checkpoint_every is None else {"checkpoint_every": args.checkpoint_every}
+    # --checkpoint-every and --curvature-interval not given: train's own defaults.
+    given = {name: getattr(args, name) for name in ("checkpoint_every", "curvature_interval")
+             if getattr(args, name) is not None}
     try:
         result = train(args.dataset, args.model, args.partition, epochs=args.epochs, lr=args.lr,
                        weight_decay=args.weight_decay, seed=args.seed, dtype=args.dtype,
@@ -272,7 +273,7 @@ def run_train(args, out=None):
                        progress=not args.no_progress, balance=args.balance,
                        preconditioner=(args.optimizer if args.optimizer in PRECONDITIONER_NAMES
                                        else None),
-                       curvature_interval=args.curvature_interval, damping=args.damping,
+                       damping=args.damping,
                        kl_clip=args.kl_clip,
                        optimizer=(args.base_optimizer if args.optimizer in PRECONDITIONER_NAMES
                                   else args.optimizer),
@@ -309,8 +310,10 @@ def run_train(args, out=None):
         comm.Abort(2)
     if comm.rank == 0:
         print(report_train(result, get_num_threads()), file=out)
-    trained = result.epochs - (result.resumed_after or 0)
-    if trained > 0 and len(result.skipped_epochs) >= trained:
+    # This run's epochs only: a resumed run's list holds the skips before its checkpoint too.
+    resumed_after = result.resumed_after or 0
+    trained = result.epochs - resumed_after
+    if trained > 0 and sum(e >= resumed_after for e in result.skipped_epochs) >= trained:
         if comm.rank == 0:
             _train_error(ValueError("every step was skipped for a non-finite loss or "
                                     "gradient: nothing was trained (check the data for NaN "
@@ -431,9 +434,15 @@ def main(argv=None):
                             "c; default: rows+nnz for metis, rows for random, nnz for "
                             "contiguous)")
     train.add_argument("--epochs", type=int, help="default: the model's published setting")
-    train.add_argument("--lr", type=float, help="default: the model's published setting")
-    train.add_argument("--weight-decay", type=float, help="default: the model's published setting")
-    train.add_argument("--seed", type=int, default=0, help="weights and dropout (default: 0)")
+    train.add_argument("--lr", type=float,
+                       help="default: the model's published (Adam) setting, scaled for sgd "
+                            "and lion as --optimizer says")
+    train.add_argument("--weight-decay", type=float,
+                       help="default: the model's published (Adam) setting, scaled for lion "
+                            "as --optimizer says")
+    train.add_argument("--seed", type=int, default=0,
+                       help="of the weights, the dropout, a random partition and "
+                            "--random-features (default: 0)")
     train.add_argument("--threads", type=int,
                        help="threads per rank (default: all cores in one process; under "
                             "mpiexec, each node's cores shared among its ranks, unless "
@@ -472,8 +481,9 @@ def main(argv=None):
                             "(default: growing). local assumes ranks whose training nodes "
                             "are alike (--partition random): on METIS parts it ends 2-8 "
                             "points below Lion on Cora and CiteSeer (2 and 3 ranks)")
-    train.add_argument("--curvature-interval", type=int, default=10, metavar="N",
-                       help="steps between the preconditioner's curvature updates (default: 10)")
+    train.add_argument("--curvature-interval", type=int, metavar="N",
+                       help="with --optimizer kfac, shampoo or jorge: steps between the "
+                            "preconditioner's curvature updates (default: 10)")
     train.add_argument("--checkpoint", metavar="DIR",
                        help="save checkpoints in DIR (asynchronous, atomic, the last 3 kept)")
     train.add_argument("--checkpoint-every", type=int, metavar="K",
@@ -497,6 +507,9 @@ def main(argv=None):
         if args.optimizer not in PRECONDITIONER_NAMES and preconditioner_options:
             train.error("--base-optimizer and --damping need --optimizer kfac, shampoo or "
                         "jorge")
+        if args.optimizer not in PRECONDITIONER_NAMES and args.curvature_interval is not None:
+            # Without a preconditioner there is no curvature: the value would go unused.
+            train.error("--curvature-interval needs --optimizer kfac, shampoo or jorge")
         if args.kl_clip is not None and args.optimizer != "kfac":
             train.error("--kl-clip needs --optimizer kfac")
         for name in ("lr", "damping", "kl_clip", "timeout"):
@@ -535,7 +548,8 @@ def main(argv=None):
         args.seeds = 5 if args.seeds is None else args.seeds
         if args.seeds < 1:
             demo.error(f"--seeds must be at least 1, got {args.seeds}")
-        models = () if args.no_train else tuple(args.model or ("gcn", "gat"))
+        # A model named twice is trained and reported once.
+        models = () if args.no_train else tuple(dict.fromkeys(args.model or ("gcn", "gat")))
         return run_demo(args.dataset, models=models, seeds=args.seeds,
                         progress=not args.no_progress, distributed=not args.no_distributed)
     return 2

@@ -205,3 +205,98 @@ def test_train_interrupted_says_so_and_leaves_a_checkpoint_to_resume(tmp_path):
                              text=True, timeout=120)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert "test accuracy" in resumed.stdout.lower()
+
+
+def test_normalize_features_bounds_signed_rows_and_keeps_the_precision():
+    """Signed features (--random-features draws standard-normal ones) are scaled by their rows'
+    L1 norms: a row summing to nearly zero blew up under its plain sum. Non-negative rows still
+    sum to 1, and float64 is normalized in float64, not rounded through float32 first."""
+    import numpy as np
+    import torch
+    import pysparse_hpc as sph
+    from pysparse_hpc.nn.train import node_tensors, normalize_features
+    signed = np.array([[1.0, -1.0 + 1e-6, 0.5], [0.0, 0.0, 0.0], [-2.0, 0.0, 2.0]],
+                      dtype=np.float32)
+    scaled = normalize_features(signed)
+    assert scaled.dtype == np.float32 and np.abs(scaled).max() <= 1.0
+    assert np.allclose(np.abs(scaled).sum(axis=1), [1.0, 0.0, 1.0])
+    counts = np.array([[1.0, 0.0, 2.0], [3.0, 3.0, 3.0]])
+    assert np.allclose(normalize_features(counts), [[1 / 3, 0, 2 / 3], [1 / 3, 1 / 3, 1 / 3]])
+    cora = sph.datasets.load("cora")
+    x = node_tensors(cora, dtype=torch.float64)[0].numpy()
+    exact = cora.x.astype(np.float64) / cora.x.astype(np.float64).sum(axis=1, keepdims=True)
+    assert x.dtype == np.float64 and np.array_equal(x, exact)
+
+
+def test_train_on_random_features_starts_from_a_sane_loss():
+    from pysparse_hpc.distributed.training import train
+    result = train("cora", epochs=1, random_features=16, progress=False)
+    assert result.losses[0] < 2.5   # about ln(7) = 1.95 for 7 classes; 9.9 when it blew up
+
+
+def _fake_training(monkeypatch, **fields):
+    """`train` replaced by one returning a `DistributedTrainResult` with ``fields``."""
+    from pysparse_hpc.distributed import training
+    values = dict(dataset="cora", model="gcn", partition_method="metis", ranks=1,
+                  test_accuracy=0.8, val_accuracy=0.8, best_epoch=11, epochs=12,
+                  losses=[1.0] * 12, seconds_per_epoch=0.01, seconds_total=0.1,
+                  halo_bytes_per_epoch=0.0, cagnet_bytes_per_epoch=0.0,
+                  allreduce_bytes_per_epoch=0.0, partition_summary="")
+    values.update(fields)
+    monkeypatch.setattr(training, "train",
+                        lambda *args, **kwargs: training.DistributedTrainResult(**values))
+
+
+def test_train_resumed_with_earlier_skipped_steps_is_not_nothing_trained(monkeypatch, tmp_path,
+                                                                         capsys):
+    """Steps skipped before the checkpoint do not count against the epochs this run trained."""
+    from pysparse_hpc.__main__ import main
+    command = ["train", "--no-progress", "--checkpoint", str(tmp_path), "--resume"]
+    _fake_training(monkeypatch, resumed_after=10, skipped_epochs=[0, 1, 2, 3, 4])
+    assert main(command) == 0
+    assert "nothing was trained" not in capsys.readouterr().err
+    _fake_training(monkeypatch, resumed_after=10, skipped_epochs=[0, 10, 11])
+    assert main(command) == 1
+    assert "nothing was trained" in capsys.readouterr().err
+
+
+def test_train_refuses_curvature_interval_without_a_preconditioner(capsys):
+    from pysparse_hpc.__main__ import main
+    with pytest.raises(SystemExit) as stop:
+        main(["train", "--epochs", "0", "--no-progress", "--curvature-interval", "5"])
+    assert stop.value.code == 2
+    assert "--curvature-interval needs --optimizer kfac, shampoo or jorge" in \
+        capsys.readouterr().err
+
+
+def test_train_passes_curvature_interval_to_the_preconditioner(monkeypatch):
+    from pysparse_hpc.__main__ import main
+    from pysparse_hpc.distributed import training
+    seen = []
+    real = training.train
+    monkeypatch.setattr(training, "train", lambda *args, **kwargs: seen.append(kwargs)
+                        or real(*args, **dict(kwargs, epochs=0)))
+    for options in ([], ["--curvature-interval", "3"]):
+        assert main(["train", "--no-progress", "--optimizer", "kfac", *options]) == 0
+    assert [kwargs.get("curvature_interval", 10) for kwargs in seen] == [10, 3]
+
+
+def test_demo_trains_a_model_named_twice_once(monkeypatch):
+    import pysparse_hpc.__main__ as cli
+    seen = []
+    monkeypatch.setattr(cli, "run_demo", lambda *args, **kwargs: seen.append(kwargs) or 0)
+    assert cli.main(["demo", "--model", "gat", "--model", "gcn", "--model", "gat"]) == 0
+    assert seen[0]["models"] == ("gat", "gcn")
+
+
+def test_train_refuses_a_bad_optimizer_before_taking_the_checkpoint_directory(tmp_path):
+    from pysparse_hpc.distributed.training import default_settings, train
+    with pytest.raises(ValueError, match="optimizer must be one of"):
+        default_settings("gcn", "adamw")
+    with pytest.raises(ValueError, match="preconditioner must be None or one of"):
+        default_settings("gcn", "sgd", "lbfgs")
+    for bad, message in ((dict(optimizer="adamw"), "optimizer must be one of"),
+                         (dict(checkpoint_every=0), "checkpoint_every must be a positive int")):
+        with pytest.raises(ValueError, match=message):
+            train(epochs=1, progress=False, checkpoint=tmp_path / "run", **bad)
+        assert not (tmp_path / "run").exists()

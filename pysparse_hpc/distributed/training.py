@@ -233,6 +233,16 @@ def train(dataset="cora", model="gcn", partition="metis", *, epochs=None, lr=Non
         overrides = dict(epochs=epochs, lr=lr, weight_decay=weight_decay)
         settings.update({k: v for k, v in overrides.items() if v is not None})
         _check_schedule(settings["epochs"], settings["lr"], settings["weight_decay"])
+        # Before the checkpoint directory is taken and the graph read, as fit would only then.
+        if isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, int) \
+                or checkpoint_every < 1:
+            raise ValueError(f"checkpoint_every must be a positive int, got "
+                             f"{checkpoint_every!r}")
+        if preconditioner is not None and (isinstance(curvature_interval, bool)
+                                           or not isinstance(curvature_interval, int)
+                                           or curvature_interval < 1):
+            raise ValueError(f"curvature_interval must be a positive int, got "
+                             f"{curvature_interval!r}")
 
         # The fingerprint holds the values the run uses, so that naming a default changes nothing.
         if preconditioner is not None and damping is None:
@@ -365,7 +375,10 @@ def _distribute(comm, dataset, partition, balance, random_features, seed, state,
         """This rank's rows of ``read(data)``, a node array that rank 0 holds."""
         return torch.from_numpy(graph.scatter_rows(None if data is None else read(data)))
 
-    return _Piece(graph=graph, x=owned_rows(lambda d: normalize_features(d.x)).to(torch_dtype),
+    # Normalized in the training's precision: float32 arithmetic would cap float64 runs.
+    numpy_dtype = np.float64 if torch_dtype == torch.float64 else np.float32
+    return _Piece(graph=graph,
+                  x=owned_rows(lambda d: normalize_features(d.x, numpy_dtype)).to(torch_dtype),
                   y=owned_rows(lambda d: d.y),
                   masks=[owned_rows(lambda d, split=split: getattr(d, f"{split}_mask"))
                          for split in ("train", "val", "test")],
@@ -381,10 +394,18 @@ def default_settings(model, optimizer="adam", preconditioner=None):
     `pysparse_hpc.nn.train.SGD_LR_SCALING` of the preconditioner it applies.
     """
     from ..nn import models
-    from ..nn.train import LION_SCALING, SGD_LR_SCALING
+    from ..nn.train import LION_SCALING, OPTIMIZERS, PRECONDITIONERS, SGD_LR_SCALING
 
     if not isinstance(model, str) or model not in models.MODELS:
         raise ValueError(f"model must be one of {tuple(models.MODELS)}, got {model!r}")
+    # A misspelt name got Adam's settings here, and `train` met the error only after reading
+    # and partitioning the graph.
+    if not isinstance(optimizer, str) or optimizer not in OPTIMIZERS:
+        raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {optimizer!r}")
+    if preconditioner is not None and (not isinstance(preconditioner, str)
+                                       or preconditioner not in PRECONDITIONERS):
+        raise ValueError(f"preconditioner must be None or one of {tuple(PRECONDITIONERS)}, got "
+                         f"{preconditioner!r}")
     settings = dict(models.MODELS[model].training)
     if optimizer == "lion":
         return {k: v * LION_SCALING.get(k, 1) for k, v in settings.items()}

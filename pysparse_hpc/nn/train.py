@@ -73,17 +73,35 @@ def param_groups(model, weight_decay):
     return [dict(params=model.parameters(), weight_decay=weight_decay)]
 
 
-def normalize_features(x):
-    """Rows scaled to sum 1 (Kipf and Welling's preprocessing); all-zero rows stay zero."""
-    x = np.asarray(x, dtype=np.float32)
-    sums = x.sum(axis=1, keepdims=True)
+def normalize_features(x, dtype=np.float32):
+    """Rows scaled to unit L1 norm: Kipf and Welling's preprocessing (rows summing to 1) on
+    non-negative features; all-zero rows stay zero.
+
+    Parameters
+    ----------
+    x : array_like, 2-D
+        Node features.
+    dtype : {np.float32, np.float64}
+        Of the result, and of the arithmetic.
+
+    Returns
+    -------
+    numpy.ndarray
+    """
+    if np.dtype(dtype) not in (np.float32, np.float64):
+        raise ValueError(f"dtype must be float32 or float64, got {np.dtype(dtype)}")
+    x = np.asarray(x, dtype=dtype)
+    # The absolute values: a signed row (random or learned features) can sum to nearly zero,
+    # and dividing by its plain sum blew its entries up by orders of magnitude.
+    sums = np.abs(x).sum(axis=1, keepdims=True)
     return np.divide(x, sums, out=np.zeros_like(x), where=sums != 0)
 
 
 def node_tensors(data, dtype=torch.float32):
     """``(x, y, train_mask, val_mask, test_mask)`` of a `pysparse_hpc.datasets.Dataset` as
-    tensors, features row-normalized."""
-    x = torch.from_numpy(normalize_features(data.x)).to(dtype)
+    tensors, features row-normalized (`normalize_features`) in ``dtype``'s precision."""
+    numpy_dtype = np.float64 if dtype == torch.float64 else np.float32
+    x = torch.from_numpy(normalize_features(data.x, numpy_dtype)).to(dtype)
     masks = [torch.from_numpy(np.asarray(m, dtype=bool)) for m in
              (data.train_mask, data.val_mask, data.test_mask)]
     return (x, torch.from_numpy(np.asarray(data.y, dtype=np.int64)), *masks)
