@@ -307,3 +307,35 @@ def test_bad_input_is_rejected_clearly(rectangular, call, error, message):
     with pytest.raises(error, match=message.replace("(", r"\(").replace(")", r"\)")
                        .replace("[", r"\[")):
         call(rectangular, x)
+
+
+@pytest.mark.parametrize("operation", ["edge_softmax", "gat_attention", "dropout"])
+def test_the_thread_count_holds_in_a_new_thread(square, operation):
+    """The attention and dropout kernels run on the library's thread count in a thread that has
+    run nothing yet (Numba would start it on its whole pool), as the products do."""
+    import threading
+
+    import numba
+    from pysparse_hpc._config import get_num_threads, set_num_threads
+    if numba.config.NUMBA_NUM_THREADS < 2:
+        pytest.skip("needs a pool of two threads or more")
+    nnz = F.pattern(square).nnz
+    run = {"edge_softmax": lambda: F.edge_softmax(square, f64(nnz, 2, grad=False)),
+           "gat_attention": lambda: F.gat_attention(square, f64(9, 2, grad=False),
+                                                    f64(9, 2, seed=1, grad=False)),
+           "dropout": lambda: F.dropout(f64(9, 4, grad=False), 0.5)}[operation]
+    seen = []
+
+    def in_new_thread():
+        run()
+        seen.append(numba.get_num_threads())
+
+    original = get_num_threads()
+    set_num_threads(1)
+    try:
+        worker = threading.Thread(target=in_new_thread)
+        worker.start()
+        worker.join()
+    finally:
+        set_num_threads(original)
+    assert seen == [1]

@@ -11,6 +11,7 @@ import sys
 import numpy as np
 
 from .. import ops
+from .._config import get_num_threads
 from ..kernels.cpu import edge_softmax as _softmax_kernels
 from . import _graph
 
@@ -98,14 +99,23 @@ def torch_edge_softmax(csr, scores):
     return exp / total[rows]
 
 
+def _use_process_threads():
+    """Hand the library's thread count to Numba in the calling thread before a parallel
+    kernel: Numba keeps one count per thread and starts a thread it has not seen on its whole
+    pool (`pysparse_hpc.set_num_threads`; the products of `ops` do the same)."""
+    get_num_threads()
+
+
 def softmax_rows(csr, scores):
     """Row softmax of (nnz, heads) scores on the CPU: the probabilities as a tensor."""
+    _use_process_threads()
     alpha = np.empty(scores.shape, dtype=numpy_dtype(scores))
     _softmax_kernels.softmax_rows(csr.indptr, host(scores), alpha)
     return _torch().from_numpy(alpha)
 
 
 def softmax_backward(csr, alpha, grad_alpha):
+    _use_process_threads()
     grad_scores = np.empty(alpha.shape, dtype=numpy_dtype(alpha))
     _softmax_kernels.softmax_backward_rows(csr.indptr, host(alpha), host(grad_alpha),
                                            grad_scores)
@@ -114,6 +124,7 @@ def softmax_backward(csr, alpha, grad_alpha):
 
 def gat_softmax(csr, s_dst, s_src, negative_slope):
     """GAT's attention on the CPU: probabilities (tensor) and the LeakyReLU sign (NumPy)."""
+    _use_process_threads()
     dtype = numpy_dtype(s_dst)
     alpha = np.empty((csr.nnz, s_dst.shape[1]), dtype=dtype)
     positive = np.empty(alpha.shape, dtype=np.bool_)
@@ -124,6 +135,7 @@ def gat_softmax(csr, s_dst, s_src, negative_slope):
 
 def gat_softmax_backward(csr, alpha, positive, grad_alpha, negative_slope):
     """Gradients of ``s_dst`` and ``s_src`` from that of the probabilities."""
+    _use_process_threads()
     dtype = numpy_dtype(alpha)
     n_heads = alpha.shape[1]
     grad_z = np.empty(alpha.shape, dtype=dtype)
@@ -152,6 +164,7 @@ def dropout(x, p, seed, row_ids=None):
 
     Element ``(r, c)`` of ``x`` viewed as rows (its first dimension) is hashed at counter
     ``row_ids[r] * row_size + c``; without ``row_ids`` that is its flat index."""
+    _use_process_threads()
     from ..kernels.cpu import dropout as _dropout_kernels
     dtype = numpy_dtype(x)
     source = host(x)
