@@ -240,7 +240,9 @@ class csr_array(sparray):
 
     def _init_from_dense(self, arg, shape, dtype, index_dtype):
         if is_torch_tensor(arg):
-            arg = arg.detach().cpu()  # the values, not the autograd graph NumPy cannot take
+            # The values, not the autograd graph NumPy cannot take, nor a lazy negation
+            # (``z.conj().imag``) numpy() refuses; both resolve to the tensor itself otherwise.
+            arg = arg.detach().cpu().resolve_neg().resolve_conj()
         try:
             dense = np.asarray(arg)
         except (TypeError, ValueError) as exc:

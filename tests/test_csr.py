@@ -33,6 +33,9 @@ def test_from_torch_tensor():
     A = sph.csr_array(t)
     assert A.dtype == np.float32
     np.testing.assert_array_equal(A.toarray(), t.numpy())
+    # A lazily negated view (torch's negative bit), which numpy() refuses, reads as its values.
+    z = torch.tensor([[1 + 2j, 0j], [0j, 3 - 1j]], dtype=torch.complex64)
+    np.testing.assert_array_equal(sph.csr_array(z.conj().imag).toarray(), [[-2, 0], [0, 1]])
 
 
 def test_from_raw_csr_shares_arrays_unless_copy():
