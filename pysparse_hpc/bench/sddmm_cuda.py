@@ -118,7 +118,7 @@ def prepare(A, cuda, torch, heads=1):
     convert_s : float
         Seconds of ``A.to_mebcrs(block_width=8)`` on the host.
     """
-    from .._cuda_backend import HALF_MAX, sddmm_launcher
+    from .._cuda_backend import HALF_OVERFLOW, sddmm_launcher
     start = time.perf_counter()
     M = A.to_mebcrs(block_width=8)
     convert_s = time.perf_counter() - start
@@ -128,7 +128,7 @@ def prepare(A, cuda, torch, heads=1):
                  "csr": sddmm_launcher(A, "fp32", per_head)}
     # torch-fp16's CSR tensor holds A's values in half (beta = 0 leaves them unread, but
     # infinities there are not what a user would pass): left out beyond float16's range.
-    values_half_ok = A.nnz == 0 or float(np.abs(A.data).max()) <= HALF_MAX
+    values_half_ok = A.nnz == 0 or float(np.abs(A.data).max()) < HALF_OVERFLOW
     tensors = {}
     if torch is not None:
         kinds = _TORCH_DTYPES[:2 if values_half_ok else 1]
