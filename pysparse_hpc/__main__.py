@@ -341,7 +341,8 @@ def report_train(result, threads):
                    f"{result.best_epoch + 1}), final training loss {result.losses[-1]:.4f}")
     lines = [f"{result.model.upper()} on {result.dataset}, {ranks} x {threads} "
              f"thread{'s' if threads > 1 else ''}, {result.partition_method} partition, "
-             f"{result.epochs} epochs, " + _optimizer_label(result)
+             f"{result.epochs} epoch{'s' if result.epochs != 1 else ''}, "
+             + _optimizer_label(result)
              + ("" if result.lr is None else f", lr {result.lr:g}, weight decay "
                 f"{result.weight_decay:g}"),
              outcome,

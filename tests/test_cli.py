@@ -97,6 +97,7 @@ def test_train_timeout_option(capsys):
     try:
         assert main(["train", "--epochs", "1", "--no-progress", "--timeout", "30"]) == 0
         assert init().timeout == 30.0
+        assert "metis partition, 1 epoch, Adam" in capsys.readouterr().out
     finally:
         init().set_timeout(None)
 
