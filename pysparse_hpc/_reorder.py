@@ -65,7 +65,8 @@ def reorder(A, method="rabbit"):
     Parameters
     ----------
     A : sparse array or matrix
-        Square: a graph's adjacency or a structurally meaningful operator. Only the pattern of
+        Square: a graph's adjacency or a structurally meaningful operator (a dense 2-D array
+        is converted, its nonzeros being the pattern). Only the pattern of
         ``A + A^T`` without the diagonal is used (values, explicit zeros and direction do not
         matter), so directed graphs work as their undirected version.
     method : {"rabbit", "rcm", "degree", "none"}, default "rabbit"
@@ -92,7 +93,7 @@ def reorder(A, method="rabbit"):
     ValueError
         If ``A`` is not square or ``method`` is unknown.
     TypeError
-        If ``A`` is not a sparse array or matrix.
+        If ``A`` is neither a sparse array or matrix nor convertible to a `csr_array`.
 
     See Also
     --------

@@ -5,9 +5,17 @@ Each generator is deterministic for a given ``seed`` and returns a canonical `cs
 import numpy as np
 
 from ._csr import csr_array
-from ._sputils import check_integer, check_real_number
+from ._sputils import check_integer, check_real_number, get_index_dtype
 
 __all__ = ["planted_partition", "rmat"]
+
+
+def _check_seed(seed):
+    """``seed`` as a Python int: NumPy's own errors for a bad seed do not name the argument."""
+    seed = check_integer(seed, "seed")
+    if seed < 0:
+        raise ValueError(f"seed must be a non-negative integer, got {seed}")
+    return seed
 
 
 def rmat(scale, edge_factor=16, probabilities=(0.57, 0.19, 0.19, 0.05), seed=0,
@@ -27,6 +35,7 @@ def rmat(scale, edge_factor=16, probabilities=(0.57, 0.19, 0.19, 0.05), seed=0,
     probabilities : tuple of 4 floats, default (0.57, 0.19, 0.19, 0.05)
         Quadrant probabilities (a, b, c, d); Graph500's defaults.
     seed : int, default 0
+        Non-negative; the same seed gives the same graph.
     dtype : dtype, default float32
         Value dtype; every drawn edge has weight 1.
     symmetric : bool, default False
@@ -37,7 +46,7 @@ def rmat(scale, edge_factor=16, probabilities=(0.57, 0.19, 0.19, 0.05), seed=0,
     Returns
     -------
     csr_array
-        Shape ``(2**scale, 2**scale)``.
+        Shape ``(2**scale, 2**scale)``, int32 indices unless the size needs int64.
 
     Examples
     --------
@@ -57,12 +66,17 @@ def rmat(scale, edge_factor=16, probabilities=(0.57, 0.19, 0.19, 0.05), seed=0,
             or not np.isclose(probabilities.sum(), 1)):
         raise ValueError(
             f"probabilities must be 4 non-negative numbers summing to 1, got {probabilities}")
+    seed = _check_seed(seed)
     n = 1 << int(scale)
     n_edges = int(edge_factor) * n
     rng = np.random.default_rng(seed)
     rows = np.zeros(n_edges, dtype=np.int64)
     cols = np.zeros(n_edges, dtype=np.int64)
+    # Probabilities pass with a sum within rounding of 1; the last boundary is made infinite
+    # so that a draw above a sum just under 1 still lands in quadrant d, not in a fifth
+    # quadrant that the bit arithmetic below would read as quadrant c.
     cumulative = np.cumsum(probabilities)
+    cumulative[-1] = np.inf
     for level in range(int(scale)):
         quadrant = np.searchsorted(cumulative, rng.random(n_edges), side="right")
         bit = np.int64(1) << level
@@ -76,7 +90,11 @@ def rmat(scale, edge_factor=16, probabilities=(0.57, 0.19, 0.19, 0.05), seed=0,
     if not self_loops:
         keep = rows != cols
         rows, cols = rows[keep], cols[keep]
-    return csr_array((np.ones(rows.size, dtype=dtype), (rows, cols)), shape=(n, n))
+    # The library's index rule (int32 unless the size needs int64), not the int64 of the
+    # coordinates built above: kernels and benchmarks should see the usual index width.
+    index_dtype = get_index_dtype(maxval=max(n, rows.size))
+    return csr_array((np.ones(rows.size, dtype=dtype), (rows, cols)), shape=(n, n),
+                     index_dtype=index_dtype)
 
 
 def planted_partition(n_communities, community_size, internal_degree=8.0, external_degree=2.0,
@@ -97,6 +115,7 @@ def planted_partition(n_communities, community_size, internal_degree=8.0, extern
         Expected edges per node inside its community and to anywhere. A small ratio
         ``external_degree / internal_degree`` makes communities strong.
     seed : int, default 0
+        Non-negative; the same seed gives the same graph.
     dtype : dtype, default float32
     shuffle : bool, default False
         Number the nodes in a random order instead of community by community, the way real
@@ -126,6 +145,7 @@ def planted_partition(n_communities, community_size, internal_degree=8.0, extern
         check_real_number(name, degree, positive=False)
         if degree < 0:
             raise ValueError(f"{name} must be non-negative, got {degree}")
+    seed = _check_seed(seed)
     n = n_communities * community_size
     rng = np.random.default_rng(seed)
     labels = np.repeat(np.arange(n_communities, dtype=np.int64), community_size)
@@ -146,7 +166,8 @@ def planted_partition(n_communities, community_size, internal_degree=8.0, extern
         relabel = rng.permutation(n)
         rows, cols = relabel[rows], relabel[cols]
         labels = labels[np.argsort(relabel)]
-    index_dtype = np.int32 if n <= np.iinfo(np.int32).max else np.int64
+    # int32 unless the node count or the number of entries before merging needs int64.
+    index_dtype = get_index_dtype(maxval=max(n, 2 * rows.size))
     A = csr_array((np.ones(2 * rows.size, dtype=dtype),
                    (np.concatenate([rows, cols]), np.concatenate([cols, rows]))), shape=(n, n),
                   index_dtype=index_dtype)

@@ -4,8 +4,12 @@ and Matrix Market.
 Missing files raise FileNotFoundError; files that exist but cannot be read as a matrix raise
 ValueError naming the file and what was wrong.
 """
+import contextlib
 import os
+import secrets
+import tokenize
 import zipfile
+import zlib
 
 import numpy as np
 import scipy.io
@@ -25,6 +29,38 @@ def _existing_path(path):
     if os.path.isdir(path):
         raise IsADirectoryError(f"expected a file, got a directory: {path!r}")
     return path
+
+
+# What reading a damaged member of an archive raises: zip and deflate errors, and NumPy's parse
+# of a garbled .npy header (which tokenizes it as a Python literal).
+_CORRUPT_MEMBER_ERRORS = (ValueError, EOFError, OSError, zipfile.BadZipFile, zlib.error,
+                          tokenize.TokenError, SyntaxError)
+
+
+def _open_npz(path):
+    """``np.load`` of an existing ``.npz`` archive, with a ValueError for anything else."""
+    if not zipfile.is_zipfile(path):  # np.load would guess it holds pickled objects
+        raise ValueError(f"{path!r} is not a readable .npz archive: not a zip file")
+    try:
+        archive = np.load(path, allow_pickle=False)
+    except _CORRUPT_MEMBER_ERRORS as exc:
+        raise ValueError(f"{path!r} is not a readable .npz archive: {exc}") from None
+    if not isinstance(archive, np.lib.npyio.NpzFile):
+        raise ValueError(f"{path!r} holds a single array, not an .npz archive of CSR arrays")
+    return archive
+
+
+def _read_member(archive, key, path):
+    """The array stored under ``key``; a ValueError naming the file and the key if the member
+    is damaged, holds objects (pickles are refused) or is not a ``.npy`` array at all (NumPy
+    then hands back its raw bytes)."""
+    try:
+        array = archive[key]
+    except _CORRUPT_MEMBER_ERRORS as exc:
+        raise ValueError(f"{path!r} has a corrupt member {key!r}: {exc}") from None
+    if not isinstance(array, np.ndarray):
+        raise ValueError(f"{path!r} has a member {key!r} that is not a NumPy array")
+    return array
 
 
 def load_npz(path, prefix=None, index_dtype=None):
@@ -48,24 +84,15 @@ def load_npz(path, prefix=None, index_dtype=None):
     csr_array
         Fully validated (the file is untrusted input).
     """
+    if prefix is not None and not isinstance(prefix, str):
+        raise TypeError(f"prefix must be a string, got {type(prefix).__name__}")
     path = _existing_path(path)
-    if not zipfile.is_zipfile(path):  # np.load would guess it holds pickled objects
-        raise ValueError(f"{path!r} is not a readable .npz archive: not a zip file")
-    try:
-        archive = np.load(path, allow_pickle=False)
-    except (ValueError, EOFError, OSError, zipfile.BadZipFile) as exc:
-        raise ValueError(f"{path!r} is not a readable .npz archive: {exc}") from None
-    if not isinstance(archive, np.lib.npyio.NpzFile):
-        raise ValueError(f"{path!r} holds a single array, not an .npz archive of CSR arrays")
-    with archive:
+    with _open_npz(path) as archive:
         keys = set(archive.files)
         if prefix is None:
             prefix = "" if "indptr" in keys or "format" in keys else "adj_"
-        try:
-            stored_format = (archive[prefix + "format"] if prefix + "format" in keys
-                             else np.str_("csr"))
-        except (ValueError, EOFError, OSError, zipfile.BadZipFile) as exc:
-            raise ValueError(f"{path!r} has a corrupt member: {exc}") from None
+        stored_format = (_read_member(archive, prefix + "format", path)
+                         if prefix + "format" in keys else np.str_("csr"))
         # scipy stores the format as a bytes scalar, NumPy's savez a str one.
         fmt = stored_format.item() if stored_format.size == 1 else stored_format.tolist()
         fmt = fmt.decode("ascii", "replace") if isinstance(fmt, bytes) else str(fmt)
@@ -77,14 +104,14 @@ def load_npz(path, prefix=None, index_dtype=None):
             raise ValueError(
                 f"{path!r} has no CSR matrix under prefix {prefix!r}: missing keys {missing}; "
                 f"found {sorted(keys)}")
-        try:
-            arrays = {key: archive[prefix + key] for key in _CSR_KEYS}
-        except (ValueError, EOFError, OSError, zipfile.BadZipFile) as exc:
-            raise ValueError(f"{path!r} has a corrupt member: {exc}") from None
+        arrays = {key: _read_member(archive, prefix + key, path) for key in _CSR_KEYS}
     shape = np.asarray(arrays["shape"]).ravel()
     if shape.dtype.kind not in "iu" or shape.size != 2:
         raise ValueError(f"{path!r} stores shape {shape.tolist()}; expected two integers")
     shape = tuple(int(n) for n in shape)
+    # An unsigned shape can hold sizes no int64 index reaches (2**64 - 1 read as a size).
+    if max(shape) > np.iinfo(np.int64).max:
+        raise ValueError(f"{path!r} stores shape {shape}; a dimension is beyond int64 indices")
     try:
         return csr_array((arrays["data"], arrays["indices"], arrays["indptr"]), shape=shape,
                          index_dtype=index_dtype)
@@ -93,20 +120,75 @@ def load_npz(path, prefix=None, index_dtype=None):
         raise type(exc)(f"{path!r} holds an invalid CSR matrix{where}: {exc}") from None
 
 
+@contextlib.contextmanager
+def _written_whole(path, extension):
+    """Where to write ``path`` so that it appears under its name only once complete.
+
+    Yields the name of a temporary file beside the target (ending in ``extension``, so the
+    writer appends nothing), renamed over the target on success and removed on any failure (a
+    full disk, an interrupt): neither a half-written file nor a damaged earlier version is
+    left where a reader, or a restart, would take it for good. ``extension`` is appended to a
+    target without it, as NumPy and scipy do. An open file object is yielded as it is.
+    """
+    if hasattr(path, "write"):
+        yield path
+        return
+    path = os.fspath(path)
+    if not path.endswith(extension):
+        path += extension
+    # Through a symbolic link, as opening the path would: the rename replaces the file it
+    # points to, not the link.
+    target = os.path.realpath(path)
+    directory = os.path.dirname(target)
+    if not os.path.isdir(directory):
+        raise FileNotFoundError(f"no directory {os.path.dirname(path)!r} to write {path!r} in")
+    if os.path.isdir(target):
+        raise IsADirectoryError(f"cannot write {path!r}: it is a directory")
+    temporary = os.path.join(
+        directory, f".{os.path.basename(target)}.{secrets.token_hex(6)}.tmp{extension}")
+    try:
+        yield temporary
+        if not os.path.isfile(temporary):  # scipy's writer can return without writing
+            raise OSError(f"could not write {path!r}")
+        os.replace(temporary, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
+
+
 def save_npz(path, A, compressed=True):
     """Save a sparse array in scipy's ``.npz`` CSR layout (readable by `load_npz` and by
     ``scipy.sparse.load_npz``, which returns a ``csr_array``).
 
     The values keep their dtype, so `load_npz` gives back the same array. scipy reads float16
     values but most of its operations refuse them: save ``A.astype(np.float32)`` for scipy.
+
+    Parameters
+    ----------
+    path : str, path-like or binary file object
+        ``.npz`` is appended to a name without it, as `numpy.savez` and scipy do. The file
+        appears only once completely written: a failure leaves no partial file, and an
+        existing file is replaced only on success.
+    A : pysparse_hpc sparse array
+    compressed : bool, default True
+        Deflate the arrays (`numpy.savez_compressed`).
+
+    Raises
+    ------
+    TypeError
+        If ``A`` is not a pysparse_hpc sparse array.
+    FileNotFoundError
+        If the directory of ``path`` does not exist.
     """
     if not isinstance(A, sparray):
         raise TypeError(f"expected a pysparse_hpc sparse array, got {type(A).__name__}")
     csr = A.tocsr()
     save = np.savez_compressed if compressed else np.savez
-    # _is_array: scipy's mark of a sparse array (not a matrix) since scipy 1.11
-    save(path, format=np.str_("csr"), shape=np.asarray(csr.shape, dtype=np.int64),
-         indptr=csr.indptr, indices=csr.indices, data=csr.data, _is_array=np.True_)
+    with _written_whole(path, ".npz") as destination:
+        # _is_array: scipy's mark of a sparse array (not a matrix) since scipy 1.11
+        save(destination, format=np.str_("csr"), shape=np.asarray(csr.shape, dtype=np.int64),
+             indptr=csr.indptr, indices=csr.indices, data=csr.data, _is_array=np.True_)
 
 
 def read_matrix_market(path):
@@ -158,7 +240,9 @@ def write_matrix_market(path, A, comment="", symmetry=None):
 
     Parameters
     ----------
-    path : str or path-like
+    path : str, path-like or binary file object
+        ``.mtx`` is appended to a name without it, as scipy does. As with `save_npz`, the
+        file appears only once completely written.
     A : sparse array
     comment : str, optional
         Written as comment lines under the header.
@@ -177,8 +261,6 @@ def write_matrix_market(path, A, comment="", symmetry=None):
     if symmetry not in (None, "general") and not _has_symmetry(coo, symmetry):
         raise ValueError(f"symmetry={symmetry!r} but the matrix is not {symmetry}; "
                          f"use symmetry=None to detect it or 'general'")
-    # and it returns without writing when the directory is missing.
-    directory = os.path.dirname(os.fspath(path))
-    if directory and not os.path.isdir(directory):
-        raise FileNotFoundError(f"no directory {directory!r} to write {os.fspath(path)!r} in")
-    scipy.io.mmwrite(path, coo, comment=comment, symmetry=symmetry)
+    # A missing directory is refused here: scipy returns without writing.
+    with _written_whole(path, ".mtx") as destination:
+        scipy.io.mmwrite(destination, coo, comment=comment, symmetry=symmetry)

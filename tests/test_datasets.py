@@ -59,3 +59,20 @@ def test_a_corrupt_matrix_names_its_file_and_matrix(tmp_path):
                                          r"'feat_'.*\(reading the feature matrix\)$") as raised:
         datasets.load_file(tmp_path / "bad.npz")
     assert str(raised.value).count("bad.npz") == 1
+
+
+def test_a_damaged_label_or_mask_member_names_its_file(tmp_path):
+    import zipfile
+    with np.load(datasets._loader.resources.files(datasets.__name__) / "data" / "cora.npz") \
+            as bundled:
+        arrays = dict(bundled)
+    np.savez(tmp_path / "objects.npz", **dict(arrays, labels=arrays["labels"].astype(object)),
+             allow_pickle=True)
+    with pytest.raises(ValueError, match="objects.npz' has a corrupt member 'labels'"):
+        datasets.load_file(tmp_path / "objects.npz")
+    # A member that is not a .npy array (NumPy hands back its bytes).
+    np.savez(tmp_path / "foreign.npz", **{k: v for k, v in arrays.items() if k != "val_mask"})
+    with zipfile.ZipFile(tmp_path / "foreign.npz", "a") as archive:
+        archive.writestr("val_mask.npy", b"1 0 1")
+    with pytest.raises(ValueError, match="foreign.npz' has a member 'val_mask' that is not"):
+        datasets.load_file(tmp_path / "foreign.npz")

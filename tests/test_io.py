@@ -1,6 +1,11 @@
 """Files: the shared .npz layout, Matrix Market, and what happens with bad files."""
+import errno
+import io
+import zipfile
+
 import numpy as np
 import pytest
+import scipy.io
 import scipy.sparse
 
 import pysparse_hpc as sph
@@ -123,3 +128,93 @@ def test_missing_and_corrupt_files(tmp_path):
         load_npz(tmp_path)
     with pytest.raises(TypeError, match="pysparse_hpc sparse array"):
         save_npz(tmp_path / "x.npz", np.eye(2))
+
+
+def _npy_bytes(array):
+    buffer = io.BytesIO()
+    np.save(buffer, array)
+    return buffer.getvalue()
+
+
+def _zip(path, members):
+    with zipfile.ZipFile(path, "w") as archive:
+        for name, payload in members.items():
+            archive.writestr(name, payload)
+
+
+def test_damaged_or_foreign_members_are_value_errors(tmp_path):
+    good = {"indptr.npy": _npy_bytes(np.array([0, 2])),
+            "indices.npy": _npy_bytes(np.array([0, 1], dtype=np.int32)),
+            "data.npy": _npy_bytes(np.array([1.0, 2.0])),
+            "shape.npy": _npy_bytes(np.array([1, 2]))}
+    _zip(tmp_path / "ok.npz", good)
+    assert load_npz(tmp_path / "ok.npz").toarray().tolist() == [[1.0, 2.0]]
+    # A .npy header cut short (NumPy's parse of it raised a tokenizer error).
+    header = b"{'descr': '<f8', 'fortran_order': False, 'shape': (2,"
+    header += b" " * (117 - len(header)) + b"\n"
+    garbled = b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little") + header + b"\0" * 16
+    _zip(tmp_path / "garbled.npz", dict(good, **{"data.npy": garbled}))
+    with pytest.raises(ValueError, match="garbled.npz' has a corrupt member 'data'"):
+        load_npz(tmp_path / "garbled.npz")
+    # Members that are not .npy at all come back from NumPy as raw bytes.
+    _zip(tmp_path / "foreign.npz", dict(good, **{"format.npy": b"csr"}))
+    with pytest.raises(ValueError, match="member 'format' that is not a NumPy array"):
+        load_npz(tmp_path / "foreign.npz")
+    _zip(tmp_path / "foreign2.npz", dict(good, **{"indptr.npy": b"0 2"}))
+    with pytest.raises(ValueError, match="member 'indptr' that is not a NumPy array"):
+        load_npz(tmp_path / "foreign2.npz")
+    with pytest.raises(TypeError, match="prefix must be a string"):
+        load_npz(tmp_path / "ok.npz", prefix=1)
+    _zip(tmp_path / "huge.npz",
+         dict(good, **{"shape.npy": _npy_bytes(np.array([1, 2**64 - 1], dtype=np.uint64))}))
+    with pytest.raises(ValueError, match="beyond int64 indices"):
+        load_npz(tmp_path / "huge.npz")
+
+
+def _fail_half_way(real_writer):
+    """A writer that leaves half a file behind and then fails, as on a full disk."""
+    def writer(target, *args, **kwargs):
+        buffer = io.BytesIO()
+        real_writer(buffer, *args, **kwargs)
+        content = buffer.getvalue()
+        with open(target, "wb") as file:
+            file.write(content[:len(content) // 2])
+        raise OSError(errno.ENOSPC, "No space left on device")
+    return writer
+
+
+def test_a_failed_write_leaves_no_partial_file(tmp_path, monkeypatch, rng):
+    old = sph.csr_array(random_scipy(rng, (6, 5), 0.5))
+    new = sph.csr_array(random_scipy(rng, (30, 30), 0.3))
+    save_npz(tmp_path / "a.npz", old)
+    write_matrix_market(tmp_path / "a.mtx", old)
+    monkeypatch.setattr(np, "savez_compressed", _fail_half_way(np.savez_compressed))
+    monkeypatch.setattr(scipy.io, "mmwrite", _fail_half_way(scipy.io.mmwrite))
+    for name in ("a", "b"):
+        with pytest.raises(OSError, match="No space left"):
+            save_npz(tmp_path / f"{name}.npz", new)
+        with pytest.raises(OSError, match="No space left"):
+            write_matrix_market(tmp_path / f"{name}.mtx", new)
+    # The earlier files are intact and nothing else was left behind.
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.mtx", "a.npz"]
+    assert_same_csr(load_npz(tmp_path / "a.npz"), old)
+    np.testing.assert_array_equal(read_matrix_market(tmp_path / "a.mtx").toarray(),
+                                  old.toarray())
+
+
+def test_writes_append_the_extension_and_keep_the_umask(tmp_path):
+    A = sph.csr_array(np.array([[1.0, 0.0], [2.0, 3.0]]))
+    save_npz(tmp_path / "m", A)
+    write_matrix_market(tmp_path / "m", A)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.mtx", "m.npz"]
+    (tmp_path / "plain").write_bytes(b"")  # the permissions an ordinary open() gives
+    mode = (tmp_path / "plain").stat().st_mode
+    assert (tmp_path / "m.npz").stat().st_mode == (tmp_path / "m.mtx").stat().st_mode == mode
+    np.testing.assert_array_equal(load_npz(tmp_path / "m.npz").toarray(), A.toarray())
+    np.testing.assert_array_equal(read_matrix_market(tmp_path / "m.mtx").toarray(), A.toarray())
+    buffer = io.BytesIO()
+    save_npz(buffer, A)
+    buffer.seek(0)
+    assert np.load(buffer)["data"].tolist() == [1.0, 2.0, 3.0]
+    with pytest.raises(FileNotFoundError, match="no directory"):
+        save_npz(tmp_path / "missing" / "m.npz", A)

@@ -338,3 +338,29 @@ def test_rmat_takes_integers_only():
             rmat(**bad)
     with pytest.raises(ValueError, match="edge_factor must be >= 0, got -1"):
         rmat(3, edge_factor=-1)
+
+
+def test_rmat_uses_int32_indices_when_they_fit():
+    from pysparse_hpc.generators import rmat
+    A = rmat(8, 4, seed=3)
+    assert A.index_dtype == np.int32 and A.indices.dtype == np.int32
+    assert rmat(8, 4, seed=3, symmetric=True).index_dtype == np.int32
+
+
+def test_rmat_quadrant_probabilities_that_sum_to_just_under_one():
+    # Accepted as summing to 1; a draw above the sum once fell into no quadrant and was read
+    # as quadrant c, giving edges the model forbids.
+    from pysparse_hpc.generators import rmat
+    A = rmat(1, edge_factor=2**20, probabilities=(0.0, 0.0, 0.0, 1 - 5e-6), seed=0)
+    assert A.nnz == 1 and A.indices[0] == np.flatnonzero(np.diff(A.indptr))[0]
+
+
+@pytest.mark.parametrize("seed, error", [(-1, ValueError), (1.5, TypeError), (None, TypeError),
+                                         (True, TypeError)])
+def test_generators_check_their_seed(seed, error):
+    from pysparse_hpc.generators import rmat
+    with pytest.raises(error, match="seed must be"):
+        rmat(3, seed=seed)
+    with pytest.raises(error, match="seed must be"):
+        planted_partition(2, 3, seed=seed)
+    assert rmat(3, seed=np.int64(2)).nnz == rmat(3, seed=2).nnz

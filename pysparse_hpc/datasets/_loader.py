@@ -6,7 +6,7 @@ import numpy as np
 
 from .._csr import csr_array
 from .._sputils import check_integer
-from ..io import load_npz
+from ..io import _open_npz, _read_member, load_npz
 
 __all__ = ["Dataset", "available", "load", "load_file"]
 
@@ -143,15 +143,18 @@ def load_file(path, random_features=None, seed=0, name=None):
     import os
     path = os.fspath(path)
     adj = _load_matrix(path, "adj_", "adjacency")
-    with np.load(path, allow_pickle=False) as archive:
+    # The same checked reads as the matrices': a damaged or non-array member is a ValueError
+    # that names the file and the key.
+    with _open_npz(path) as archive:
         missing = [key for key in ("labels", "num_classes") + tuple(f"{s}_mask" for s in _SPLITS)
                    if key not in archive.files]
         if missing:
             raise ValueError(f"{path!r} lacks {', '.join(missing)} (a node-classification "
                              "graph file needs labels, the three masks and num_classes)")
         has_features = "feat_indptr" in archive.files
-        y, masks = archive["labels"], [archive[f"{split}_mask"] for split in _SPLITS]
-        num_classes = archive["num_classes"]
+        y = _read_member(archive, "labels", path)
+        masks = [_read_member(archive, f"{split}_mask", path) for split in _SPLITS]
+        num_classes = _read_member(archive, "num_classes", path)
     # Cast without a check, float labels were truncated and index masks read as 0/1 masks.
     if y.ndim != 1 or not np.issubdtype(y.dtype, np.integer):
         raise ValueError(f"{path!r}: labels must be a 1-D integer array, got {y.ndim}-D {y.dtype}")
