@@ -95,6 +95,7 @@ def _distributed_report(name, out, ranks=2):
     """GCN trained by ``python -m pysparse_hpc train`` on ``ranks`` MPI ranks, beside the same
     training (same seed) in this process."""
     from .distributed._comm import mpiexec_path
+    from .distributed._jobs import run_job
     launcher = mpiexec_path()
     if importlib.util.find_spec("mpi4py") is None or launcher is None:
         print("Distributed training skipped: it needs mpi4py and mpiexec (pip install mpi4py "
@@ -110,9 +111,8 @@ def _distributed_report(name, out, ranks=2):
           f"{name} --model gcn --partition metis --threads 1", file=out)
     environment = dict(os.environ, PYSPARSE_HPC_NUM_THREADS="1", OMP_NUM_THREADS="1")
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=600,
-                              env=environment)
-    except subprocess.TimeoutExpired:
+        done = run_job(command, timeout=600, env=environment)
+    except subprocess.TimeoutExpired:  # the launcher and its ranks were stopped
         print("  the MPI run did not finish within 600 s", file=out)
         return
     if done.returncode != 0:

@@ -707,3 +707,29 @@ def test_the_communicator_refuses_at_one_rank_what_mpi_refuses_at_two():
             call()
     with pytest.raises(ValueError, match="counts must be integers"):
         comm.Allgatherv(np.ones(2), np.ones(2), [2.7])
+
+
+def test_a_job_past_its_timeout_is_stopped_with_every_process_under_it(tmp_path):
+    """`run_job` stops the job's whole process group: a launcher killed alone (what
+    ``subprocess.run``'s timeout does) can leave its ranks running."""
+    import os
+    import subprocess
+
+    from pysparse_hpc.distributed._jobs import run_job
+    pid_file = tmp_path / "child.pid"
+    script = f"sleep 60 & echo $! > {pid_file}; wait"
+    with pytest.raises(subprocess.TimeoutExpired):
+        run_job(["sh", "-c", script], timeout=2)
+    child = int(pid_file.read_text())
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        os.kill(child, 9)
+        pytest.fail("the job's child outlived the job")
+    done = run_job([sys.executable, "-c", "print('ran')"], timeout=60)
+    assert done.returncode == 0 and done.stdout == "ran\n"

@@ -82,7 +82,6 @@ import csv
 import json
 import math
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -94,6 +93,7 @@ import numpy as np
 from tqdm import tqdm
 
 from ..distributed._comm import mpiexec_path as find_mpiexec
+from ..distributed._jobs import stop_job
 from . import best_times, gnn, positive_int
 
 __all__ = ["GRAPHS", "HELP", "METHODS", "NETWORKS", "Network", "PARTITIONERS", "Plan",
@@ -736,20 +736,6 @@ class RunError(RuntimeError):
     """A training job failed, timed out, or its CAGNET peer disagreed with ours."""
 
 
-def _stop(process):
-    """End the job started as ``process`` (its own process group: the launcher and ranks)."""
-    for sig, grace in ((signal.SIGTERM, 5), (signal.SIGKILL, 5)):
-        try:
-            os.killpg(process.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            process.wait(timeout=grace)
-            return
-        except subprocess.TimeoutExpired:
-            continue
-
-
 def launch(ranks, threads_per_rank, config, timeout, mpiexec=None, worker=WORKER):
     """Run the worker module ``worker`` (default: this benchmark's) on ``ranks`` ranks (a plain
     process for 1) and return its result dict.
@@ -776,11 +762,11 @@ def launch(ranks, threads_per_rank, config, timeout, mpiexec=None, worker=WORKER
         try:
             _, errors = process.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
-            _stop(process)
+            stop_job(process)
             raise RunError(f"the P={ranks} job did not finish within {timeout} s (--timeout); "
                            "it was stopped") from None
         except BaseException:  # interrupted or terminated: the job must not outlive us
-            _stop(process)
+            stop_job(process)
             raise
         result = json.loads(result_path.read_text()) if result_path.is_file() else None
     if result is not None and result.get("error"):
