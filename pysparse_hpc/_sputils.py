@@ -29,6 +29,9 @@ VALUE_DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64)
 _INT32_MAX = np.iinfo(np.int32).max
 
 
+_INT64_MAX = int(np.iinfo(np.int64).max)
+
+
 def check_shape(shape):
     """Return ``shape`` as a tuple of two non-negative Python ints.
 
@@ -37,7 +40,7 @@ def check_shape(shape):
     TypeError
         If ``shape`` is not a sequence of integers (floats such as ``3.0`` included).
     ValueError
-        If it does not have two entries or an entry is negative.
+        If it does not have two entries or an entry is negative or beyond int64.
     """
     if isinstance(shape, (str, bytes)) or not hasattr(shape, "__len__"):
         raise TypeError(f"shape must be a tuple of two integers, got {shape!r}")
@@ -55,6 +58,9 @@ def check_shape(shape):
             ) from None
     if dims[0] < 0 or dims[1] < 0:
         raise ValueError(f"shape entries must be non-negative, got {tuple(dims)!r}")
+    if max(dims) > _INT64_MAX:  # no index array could address it
+        raise ValueError(f"shape entries must be at most 2**63 - 1 (int64 indices), got "
+                         f"{tuple(dims)!r}")
     return tuple(dims)
 
 

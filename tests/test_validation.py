@@ -46,6 +46,7 @@ def test_length_mismatch():
     ((2.0, 3), TypeError, "integers, got float"),
     (("2", 3), TypeError, "integers, got str"),
     ((2, 3, 4), ValueError, "2 entries"),
+    ((1, 2 ** 64 - 1), ValueError, r"at most 2\*\*63 - 1"),
     ("23", TypeError, "tuple of two integers"),
     (5, TypeError, "tuple of two integers"),
 ])
