@@ -4,6 +4,7 @@
 import argparse
 import importlib.util
 import math
+import numbers
 import os
 import socket
 import subprocess
@@ -42,6 +43,8 @@ def run_demo(name="cora", out=None, models=("gcn", "gat"), seeds=5, progress=Tru
     ``distributed`` (and training on), end with the ``train`` command under ``mpiexec -n 2``
     beside the same training in one process."""
     out = sys.stdout if out is None else out
+    if isinstance(seeds, bool) or not isinstance(seeds, numbers.Integral) or seeds < 1:
+        raise ValueError(f"seeds must be a positive int, got {seeds!r}")
     data = datasets.load(name)
     print(f"{data!r}", file=out)
     adj = data.adj

@@ -1,4 +1,5 @@
 """The main job, as a user runs it."""
+import io
 import re
 import subprocess
 import sys
@@ -25,6 +26,12 @@ def test_demo_in_process(capsys):
                            r"([0-9.]+)", out)
         assert mpi and single and mpi.groups() == single.groups(), out
         assert "CAGNET-1D" in out
+
+
+@pytest.mark.parametrize("seeds", [0, -1, 1.5, True])
+def test_demo_refuses_a_bad_seed_count(seeds):
+    with pytest.raises(ValueError, match="seeds must be a positive int"):
+        run_demo("cora", seeds=seeds, out=io.StringIO())
 
 
 def test_demo_command_line():

@@ -23,6 +23,8 @@ def test_bundled(name, nodes, edges, features, classes):
     np.testing.assert_array_equal(adj, adj.T)          # symmetric
     assert not np.any(np.diag(adj))                    # no self-loops
     assert name in repr(data)
+    # Compared and hashed by identity (field-wise equality would compare the arrays).
+    assert data == data and data != datasets.load(name) and len({data, data}) == 1
 
 
 def test_names_and_errors():

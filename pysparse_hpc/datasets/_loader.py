@@ -13,7 +13,9 @@ __all__ = ["Dataset", "available", "load", "load_file"]
 _BUNDLED = ("cora", "citeseer")
 
 
-@dataclass(frozen=True, repr=False)
+# eq=False: field-wise equality would compare arrays (an error or a meaningless answer), so
+# datasets compare and hash by identity.
+@dataclass(frozen=True, repr=False, eq=False)
 class Dataset:
     """A node-classification graph.
 
