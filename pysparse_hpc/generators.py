@@ -37,7 +37,8 @@ def rmat(scale, edge_factor=16, probabilities=(0.57, 0.19, 0.19, 0.05), seed=0,
     seed : int, default 0
         Non-negative; the same seed gives the same graph.
     dtype : dtype, default float32
-        Value dtype; every drawn edge has weight 1.
+        Value dtype, float16, float32 or float64 (an integer or boolean dtype gives float64,
+        as everywhere in the library); every drawn edge has weight 1.
     symmetric : bool, default False
         Add the transpose (an undirected graph).
     self_loops : bool, default True
@@ -117,6 +118,7 @@ def planted_partition(n_communities, community_size, internal_degree=8.0, extern
     seed : int, default 0
         Non-negative; the same seed gives the same graph.
     dtype : dtype, default float32
+        Value dtype, as `rmat`'s.
     shuffle : bool, default False
         Number the nodes in a random order instead of community by community, the way real
         graphs come: this is what a reordering has to undo.
