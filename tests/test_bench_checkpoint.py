@@ -1,4 +1,6 @@
 """``python -m pysparse_hpc.bench checkpoint`` on a tiny state (one round)."""
+import os
+
 import pytest
 
 pytest.importorskip("torch")
@@ -33,3 +35,34 @@ def test_checkpoint_verdict():
     slow = CheckpointResult("b", 10.0, 1.0, 0.3, 1.0, 1.2, 1.0, 0.5, 0.5)
     assert verdict([fast])[0].endswith("worst 0.100 (a), MET")
     assert verdict([fast, slow])[0].endswith("worst 0.300 (b), NOT MET")
+
+
+def test_torch_save_writes_a_new_file_each_round(tmp_path, monkeypatch):
+    # Ours writes every save to a new directory and deletes old ones in the background, so
+    # torch.save must not be charged for truncating the previous round's file.
+    from pysparse_hpc.bench import checkpoint
+
+    original, found = checkpoint._torch_save, []
+
+    def recording(state, path):
+        found.append(os.path.exists(path))
+        original(state, path)
+    monkeypatch.setattr(checkpoint, "_torch_save", recording)
+    measure("gcn", repeat=2, steps=1, directory=tmp_path)
+    assert found == [False, False, False]
+
+
+def test_checkpointer_hashes_on_the_benchmark_threads(tmp_path, monkeypatch):
+    # torch runs on --threads; our hashing threads must be the same number, not the CPUs.
+    import pysparse_hpc.distributed as distributed
+
+    threads = []
+
+    class Recording(distributed.Checkpointer):
+        def __init__(self, *args, **kwargs):
+            threads.append(kwargs.get("threads"))
+            super().__init__(*args, **kwargs)
+    monkeypatch.setattr(distributed, "Checkpointer", Recording)
+    assert main(["checkpoint", "--state", "gcn", "--repeat", "1", "--steps", "1", "--threads",
+                 "1", "--dir", str(tmp_path)]) == 0
+    assert threads == [1]

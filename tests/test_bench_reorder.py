@@ -78,3 +78,18 @@ def test_planted_verdict_measures_rabbit_against_the_planted_order(planted_vecto
     rows = _rows({"none": 100, "rabbit": rabbit_vectors, "planted": planted_vectors,
                   "scipy-rcm": 100}, {"none": 2.0, "rabbit": 1.0, "planted": 1.0})
     assert verdict in _planted_verdict("g", rows)
+
+
+def test_reorder_names_the_threads_of_ours_against_scipy_single_thread(tmp_path, capsys):
+    # scipy's RCM has one thread and ours the library's: the ratio must say so.
+    from pysparse_hpc._config import get_num_threads
+    from pysparse_hpc.bench.__main__ import main
+
+    threads = get_num_threads()
+    plural = "s" if threads != 1 else ""
+    assert main(["reorder", "--data", str(tmp_path), "--planted", "40:8:6:1", "--n", "8",
+                 "--repeat", "1"]) == 0
+    out = capsys.readouterr().out
+    assert f"single-threaded, ours on {threads} thread{plural})" in out
+    rcm = next(line for line in out.splitlines() if line.startswith("target: RCM"))
+    assert f"(ours on {threads} thread{plural}, scipy's single-threaded) -> " in rcm

@@ -12,9 +12,12 @@ return); an asynchronous save, then ``--steps`` training-like steps (float32 mat
 while its files are written; once they are, the next asynchronous save, timed until
 ``save()`` returns: the training stall of a save in a training loop (the gather that commits
 the previous save, and the in-memory copy); the same steps without a save; ``torch.save`` of
-the same state to the same disk (flushed and fsync'd, as ours is); our verified ``load()``;
-``torch.load(weights_only=True)``. Every measurement starts with no background work left. A
-warm-up round first (it allocates the staging buffer), then ``--repeat`` rounds, medians.
+the same state to a new file on the same disk (flushed and fsync'd, as ours is; the previous
+round's file is deleted before the clock starts, as ours deletes its old checkpoints in the
+background, outside the timed calls); our verified ``load()``;
+``torch.load(weights_only=True)``. Ours hashes on the ``--threads`` threads torch runs on.
+Every measurement starts with no background work left. A warm-up round first (it allocates
+the staging buffer), then ``--repeat`` rounds, medians.
 
 The project's target: the training stall of an asynchronous save at most 1/5 of the
 synchronous save of the same state. Throughputs are reported against torch's, measured in the
@@ -140,8 +143,25 @@ def _torch_save(state, path):
         os.fsync(handle.fileno())
 
 
-def measure(name, megabytes=200, repeat=5, steps=5, directory=None, progress=None):
+def measure(name, megabytes=200, repeat=5, steps=5, directory=None, progress=None,
+            threads=None):
     """Median times of saving and loading the state ``name`` (see the module docstring).
+
+    Parameters
+    ----------
+    name : str
+        One of `STATES`.
+    megabytes : int, default 200
+        Size of the ``large`` state.
+    repeat, steps : int
+        Timed rounds (after one warm-up round), and training-like steps per asynchronous save.
+    directory : path-like, optional
+        Where the temporary folder of the files goes (default: the system's).
+    progress : tqdm, optional
+        Advanced by one per round.
+    threads : int, optional
+        Threads our checkpointer hashes with in blocking saves and loads: those torch runs on
+        (the command passes ``--threads``); default the checkpointer's own (the CPUs).
 
     Returns
     -------
@@ -168,7 +188,7 @@ def measure(name, megabytes=200, repeat=5, steps=5, directory=None, progress=Non
             time.sleep(0.001)
     with tempfile.TemporaryDirectory(prefix="bench-checkpoint-", dir=directory) as root:
         checkpoints = Checkpointer(os.path.join(root, "checkpoints"), comm=Communicator(None),
-                                   keep=1)
+                                   keep=1, threads=threads)
         torch_path = os.path.join(root, "torch.pt")
         step = 0
         for round_ in range(repeat + 1):   # round 0 warms up: staging buffer, page cache
@@ -188,6 +208,11 @@ def measure(name, megabytes=200, repeat=5, steps=5, directory=None, progress=Non
             settle()
             times["steps_alone"] = train_steps()
             step += 3
+            # A new file, as each of our saves writes a new directory: truncating the last
+            # round's file would charge torch.save the freeing of its blocks, which ours does
+            # in the background and never inside a timed call.
+            if os.path.exists(torch_path):
+                os.remove(torch_path)
             start = time.perf_counter()
             _torch_save(state, torch_path)
             times["torch_save"] = time.perf_counter() - start
@@ -292,7 +317,7 @@ def run(args, out=None):
         for name in states:
             progress.set_postfix_str(name)
             results.append(measure(name, args.megabytes, args.repeat, args.steps, args.dir,
-                                   progress))
+                                   progress, threads=args.threads))
     where = args.dir or tempfile.gettempdir()
     print(f"Checkpoints in {where}, {args.threads} threads, median of {args.repeat} "
           f"interleaved rounds; {args.steps} steps of a {_STEP_SIZE}x{_STEP_SIZE} product "
