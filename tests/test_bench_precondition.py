@@ -2,13 +2,15 @@
 its PubMed workload, and the ``--distributed`` part on one rank and under ``mpiexec -n 2``."""
 import importlib.util
 import math
+import re
 
 import pytest
 
 pytest.importorskip("torch")
 
 from pysparse_hpc.bench.__main__ import main  # noqa: E402
-from pysparse_hpc.bench.precondition import (DistributedResult, StepResult,  # noqa: E402
+from pysparse_hpc.bench.precondition import (KFAC_AGREEMENT, DistributedResult,  # noqa: E402
+                                             StepResult,
                                              format_distributed_table, measure,
                                              measure_distributed, verdict)
 from pysparse_hpc.bench._data import data_dir  # noqa: E402
@@ -33,6 +35,24 @@ def test_precondition_benchmark_runs(tmp_path, capsys):
     rows = table.read_text().splitlines()
     assert rows[0].startswith("workload,method,interval,ours_ms,asdl_ms") and len(rows) == 6
     assert all(float(row.split(",")[3]) > 0 for row in rows[1:])
+    if importlib.util.find_spec("asdl") is not None:
+        checked = re.search(r"K-FAC's update checked against ASDL's before timing \(largest "
+                            r"relative difference\): mlp ([0-9.e+-]+)", out)
+        assert checked and float(checked.group(1)) <= KFAC_AGREEMENT, out
+
+
+def test_nothing_is_timed_when_kfac_differs_from_asdl(monkeypatch, capsys):
+    """The times compare only if both libraries compute the same update: checked first."""
+    from pysparse_hpc.bench import precondition
+    if precondition._asdl() is None:
+        pytest.skip("needs ASDL (pip install asdfghjkl)")
+    timed = []
+    monkeypatch.setattr(precondition, "kfac_difference", lambda *args: 0.5)
+    monkeypatch.setattr(precondition, "_ms_per_step", lambda *args: timed.append(args) or 1.0)
+    assert main(["precondition", "--workload", "mlp", "--repeat", "1", "--steps", "1"]) == 1
+    assert "mlp: our K-FAC's preconditioned gradients differ from ASDL's by 0.5" in \
+        capsys.readouterr().err
+    assert not timed
 
 
 def test_precondition_verdict_and_bad_steps(capsys):

@@ -16,7 +16,11 @@ configuration: K-FAC with the empirical Fisher, curvature and inverses every ste
 (``kfac/1``) and every 10 steps (``kfac/10``); Shampoo with ASDL's defaults (statistics and
 roots every step, no blocks, no grafting). Jorge (ours only) runs with Shampoo's configuration,
 so that the two compare. Plain SGD gives the overhead. Runs are interleaved, ``--repeat``
-rounds, medians.
+rounds, medians. Before timing, one K-FAC step of each library from the same weights must give
+the same preconditioned gradients (`kfac_difference`, at most `KFAC_AGREEMENT` relative), else
+the command stops with status 1. Shampoo is not checked so: ASDL adds the damping into its
+statistics, ours to the eigenvalues of the roots (docs/precondition.rst), so the updates differ
+by design while the work per step is the same.
 
 The project's targets (geometric mean over the workloads): K-FAC at least 2x faster per step
 than ASDL's (both intervals), Shampoo at least 5x; Jorge's step at least 3x cheaper than our
@@ -48,9 +52,9 @@ from tqdm import tqdm
 
 from . import geometric_mean, positive_int, write_outputs
 
-__all__ = ["DISTRIBUTED_METHODS", "DISTRIBUTED_WORKLOADS", "DistributedResult", "HELP",
-           "METHODS", "StepResult", "WORKLOADS", "add_arguments", "measure",
-           "measure_distributed", "run"]
+__all__ = ["DISTRIBUTED_METHODS", "DISTRIBUTED_WORKLOADS", "Disagreement", "DistributedResult",
+           "HELP", "KFAC_AGREEMENT", "METHODS", "StepResult", "WORKLOADS", "add_arguments",
+           "kfac_difference", "measure", "measure_distributed", "run"]
 
 HELP = "gradient preconditioning (K-FAC, Shampoo, Jorge) step time against ASDL's"
 
@@ -71,16 +75,27 @@ STRATEGIES = ("inverse", "gradient")
 
 @dataclass(frozen=True)
 class StepResult:
-    """Milliseconds per step of one workload and method (NaN where a side did not run)."""
+    """Milliseconds per step of one workload and method (NaN where a side did not run);
+    for K-FAC, the checked difference from ASDL's update (`kfac_difference`)."""
     workload: str
     method: str
     interval: int
     ours_ms: float
     asdl_ms: float
+    difference: float = math.nan
 
     @property
     def speedup(self):
         return self.asdl_ms / self.ours_ms
+
+
+#: The largest relative difference of our K-FAC's update from ASDL's (float32, the same Fisher,
+#: damping and intervals) that counts as the same update; they agree to about 1e-5.
+KFAC_AGREEMENT = 1e-3
+
+
+class Disagreement(RuntimeError):
+    """Our K-FAC's update is not ASDL's: their times would not compare, so none is taken."""
 
 
 def add_arguments(parser):
@@ -172,28 +187,51 @@ def _maker(library, method, interval, model, data_size, **distribution):
     return library.JorgeGradientMaker(model, config, grafting=None, **distribution)
 
 
+def _gradients(maker, model, inputs, target, mask):
+    """One forward and backward: the plain gradients, or ``maker``'s preconditioned ones."""
+    import torch.nn.functional as F
+
+    if maker is None:
+        output = model(*inputs)
+        if mask is not None:
+            output, labels = output[mask], target[mask]
+        else:
+            labels = target
+        F.cross_entropy(output, labels).backward()
+    else:
+        placeholder = maker.setup_model_call(model, *inputs)
+        if mask is not None:
+            maker.setup_loss_call(F.cross_entropy, placeholder[mask], target[mask])
+        else:
+            maker.setup_loss_call(F.cross_entropy, placeholder, target)
+        maker.forward_and_backward()
+
+
+def kfac_difference(workload_parts, data_size, asdl):
+    """The largest relative difference (per parameter, in norm) between our K-FAC's
+    preconditioned gradients and ASDL's after one step of each (curvature and inverses built
+    in it) from the same weights: the two must compute the same update for their times to
+    compare."""
+    from .. import precondition as ours
+
+    make, inputs, target, mask = workload_parts
+    gradients = []
+    for library in (ours, asdl):
+        model = make()
+        _gradients(_maker(library, "kfac", 1, model, data_size), model, inputs, target, mask)
+        gradients.append([p.grad for p in model.parameters()])
+    return max(float((a - b).norm() / b.norm().clamp_min(1e-30))
+               for a, b in zip(*gradients))
+
+
 def _ms_per_step(maker, model, inputs, target, mask, warmup, steps):
     import torch
-    import torch.nn.functional as F
 
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
 
     def step():
         optimizer.zero_grad()
-        if maker is None:
-            output = model(*inputs)
-            if mask is not None:
-                output, labels = output[mask], target[mask]
-            else:
-                labels = target
-            F.cross_entropy(output, labels).backward()
-        else:
-            placeholder = maker.setup_model_call(model, *inputs)
-            if mask is not None:
-                maker.setup_loss_call(F.cross_entropy, placeholder[mask], target[mask])
-            else:
-                maker.setup_loss_call(F.cross_entropy, placeholder, target)
-            maker.forward_and_backward()
+        _gradients(maker, model, inputs, target, mask)
         optimizer.step()
 
     for _ in range(warmup):
@@ -226,12 +264,20 @@ def measure(workload, repeat, steps, asdl, progress=None, data_dir=None):
     """
     from .. import precondition as ours
 
-    make, inputs, target, mask = _workload(workload, data_dir)
+    parts = _workload(workload, data_dir)
+    make, inputs, target, mask = parts
     data_size = int(mask.sum()) if mask is not None else target.shape[0]
     sides = [("ours", ours)] + ([("asdl", asdl)] if asdl is not None else [])
     times = {}
+    agreement = math.nan
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")   # ASDL's non-full backward hooks
+        if asdl is not None:
+            agreement = kfac_difference(parts, data_size, asdl)
+            if not agreement <= KFAC_AGREEMENT:
+                raise Disagreement(f"{workload}: our K-FAC's preconditioned gradients differ "
+                                   f"from ASDL's by {agreement:.3g} (relative, at most "
+                                   f"{KFAC_AGREEMENT:g} expected): nothing timed")
         for _ in range(repeat):
             for method, interval in METHODS:
                 for side, library in sides:
@@ -246,7 +292,8 @@ def measure(workload, repeat, steps, asdl, progress=None, data_dir=None):
                 progress.update()
     median = {key: statistics.median(value) for key, value in times.items()}
     return [StepResult(workload, method, interval, median[(method, interval, "ours")],
-                       median.get((method, interval, "asdl"), math.nan))
+                       median.get((method, interval, "asdl"), math.nan),
+                       agreement if method == "kfac" else math.nan)
             for method, interval in METHODS]
 
 
@@ -351,8 +398,17 @@ def run(args, out=None):
             except FileNotFoundError as exc:
                 print(f"error: {exc}", file=sys.stderr)
                 return 2
+            except Disagreement as exc:
+                print(f"error: {exc}", file=sys.stderr)
+                return 1
     print(f"Preconditioned SGD steps, {args.threads} threads, median of {args.repeat} "
           f"interleaved rounds of {args.steps} steps (kfac/10: {2 * args.steps})", file=out)
+    differences = {r.workload: r.difference for r in results
+                   if r.method == "kfac" and not math.isnan(r.difference)}
+    if differences:
+        print("K-FAC's update checked against ASDL's before timing (largest relative "
+              "difference): " + ", ".join(f"{w} {d:.1e}" for w, d in differences.items()),
+              file=out)
     print(format_table(results), file=out)
     for line in verdict(results):
         print(line, file=out)
