@@ -196,6 +196,23 @@ def test_report_and_outputs(tmp_path, capsys):
     assert (tmp_path / "lion.png").stat().st_size > 0
 
 
+def test_a_lion_step_unlike_lion_pytorch_is_not_timed(monkeypatch):
+    """The peer's times compare only if both optimizers make the same update: checked first."""
+    pytest.importorskip("lion_pytorch")
+    import pysparse_hpc.optim as optim
+    timed = []
+
+    class OtherLion(optim.Lion):
+        def __init__(self, params, lr, **settings):
+            super().__init__(params, lr=2 * lr, **settings)
+
+    monkeypatch.setattr(optim, "Lion", OtherLion)
+    monkeypatch.setattr(lion, "best_times", lambda *args: timed.append(args))
+    with pytest.raises(lion.RunError, match="differs from lion-pytorch's by 0.0001.* after one"):
+        lion.time_peer(1)
+    assert not timed
+
+
 def test_peer_and_usage(capsys):
     pytest.importorskip("lion_pytorch")
     peer = lion.time_peer(1)

@@ -435,7 +435,12 @@ class PeerResult:
 
 def time_peer(repeat):
     """Our `Lion.step` against ``lion_pytorch.Lion.step`` on copies of the MLP's parameters
-    with a fixed gradient, 1 thread; None when ``lion-pytorch`` is not installed."""
+    with a fixed gradient, 1 thread; None when ``lion-pytorch`` is not installed.
+
+    Raises
+    ------
+    RunError
+        One step of each, before the timing, left different parameters."""
     try:
         from lion_pytorch import Lion as PeerLion
     except ImportError:
@@ -455,14 +460,23 @@ def time_peer(repeat):
         settings = dict(lr=1e-4, weight_decay=0.1)
         optimizers = {"ours": Lion(ours.parameters(), **settings),
                       "theirs": PeerLion(theirs.parameters(), **settings)}
+
+        def difference():
+            with torch.no_grad():
+                return max(float((a - b).abs().max())
+                           for a, b in zip(ours.parameters(), theirs.parameters()))
+
+        for optimizer in optimizers.values():  # the same update first, or no time compares
+            optimizer.step()
+        if difference() != 0.0:
+            raise RunError(f"our Lion.step differs from lion-pytorch's by {difference():.3g} "
+                           "after one step on the same parameters: not timed")
         seconds = best_times({k: o.step for k, o in optimizers.items()}, repeat)
-        with torch.no_grad():
-            difference = max(float((a - b).abs().max())
-                             for a, b in zip(ours.parameters(), theirs.parameters()))
+        max_difference = difference()
     finally:
         torch.set_num_threads(threads)
     return PeerResult(sum(p.numel() for p in ours.parameters()), seconds["ours"],
-                      seconds["theirs"], difference)
+                      seconds["theirs"], max_difference)
 
 
 # --- verdicts ------------------------------------------------------------------------------
@@ -865,6 +879,7 @@ def _jobs(args, contenders, workloads):
 def measure(args, contenders, workloads, networks):
     """Run the jobs and the peer; the `Report`. Raises `RunError` when a job fails."""
     mpiexec = find_mpiexec()
+    peer = time_peer(args.repeat)  # first: a wrong Lion.step stops the command before the jobs
     steps, accuracies = [], []
     jobs = _jobs(args, contenders, workloads)
     with tqdm(total=len(jobs), desc="lion", unit="job") as progress:
@@ -877,7 +892,7 @@ def measure(args, contenders, workloads, networks):
                 accuracies += accuracy_results(job)
             progress.update()
     projections = [project(r, n) for r in steps for n in networks]
-    return Report(steps, projections, accuracies, time_peer(args.repeat), networks)
+    return Report(steps, projections, accuracies, peer, networks)
 
 
 def report_lines(report, args):
