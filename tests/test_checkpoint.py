@@ -651,3 +651,106 @@ def test_a_whole_file_this_torch_cannot_read_is_an_error_not_damage(tmp_path):
                                              r"torch.float99, which torch .* does not have"):
             checkpoints.load()
     assert checkpoints.load(step=1).shard["w"].tolist() == [1.0, 1.0]
+
+
+def test_the_end_of_the_process_finishes_the_background_saves(tmp_path):
+    """The writer is a daemon thread, which the interpreter stopped where it was: a script
+    that ended without close() lost the commit of the save before its last (which the last
+    save had begun in the background) and left a temporary manifest behind. Now the end of
+    the process finishes both, and in one process commits the last save too."""
+    import subprocess
+    import sys
+    script = (
+        "import sys, time, numpy\n"
+        "from pysparse_hpc.distributed import Checkpointer, Communicator\n"
+        "from pysparse_hpc.distributed.checkpoint import _files\n"
+        "write = _files.write_atomic\n"
+        "def slow(*args, **kwargs):  # a slow disk: the writer is busy when the script ends\n"
+        "    time.sleep(0.3)\n"
+        "    return write(*args, **kwargs)\n"
+        "_files.write_atomic = slow\n"
+        "checkpoints = Checkpointer(sys.argv[1], comm=Communicator(None))\n"
+        "checkpoints.save(1, {'w': numpy.ones(3)})\n"
+        "checkpoints.save(2, {'w': numpy.zeros(3)})\n")
+    done = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    loaded = make(tmp_path).load()
+    assert loaded.step == 2 and loaded.shard["w"].tolist() == [0, 0, 0] and not loaded.skipped
+    left = [name for _, _, names in os.walk(tmp_path) for name in names if name.endswith(".tmp")]
+    assert left == []
+
+
+def test_a_checkpointer_dropped_without_close_frees_the_directory(tmp_path):
+    """The background thread held its last job, a bound method of the checkpointer: one
+    dropped without close() was never freed, nor its staging buffer, lock and thread, and a
+    new checkpointer on its directory in the same process (a notebook's cell run again) was
+    refused as another run."""
+    import gc
+    import weakref
+    dropped = make(tmp_path)
+    dropped.save(1, {"w": torch.ones(1000)})
+    dropped.wait()
+    worker, alive = dropped._worker, weakref.ref(dropped)
+    del dropped
+    gc.collect()
+    assert alive() is None
+    worker.join(10)
+    assert not worker.is_alive()
+    checkpoints = make(tmp_path)
+    checkpoints.save(2, {"w": torch.zeros(3)})
+    assert checkpoints.wait() == 2
+    checkpoints.close()
+
+
+def test_a_released_lock_file_names_no_holder(tmp_path, monkeypatch):
+    """A run that failed or was refused (and freed the directory) left its PID in the lock
+    file, which read as held by that process; the lock itself is an flock, released with the
+    process, so such a file never blocked a run, but it misled whoever read it."""
+    checkpoints = make(tmp_path / "a")
+    checkpoints.save(1, {"w": np.ones(3)}, blocking=True)
+    assert (tmp_path / "a" / ".lock").read_text().startswith(f"PID {os.getpid()} on ")
+    checkpoints.close()
+    assert (tmp_path / "a" / ".lock").read_text() == ""
+    # A run that made the directory and failed before its first save takes its marker back.
+    failed = make(tmp_path / "b")
+    failed.release()
+    assert os.listdir(tmp_path / "b") == [".lock"]
+    assert (tmp_path / "b" / ".lock").read_text() == ""
+
+
+def test_a_marker_left_half_written_does_not_block_the_directory(tmp_path):
+    """A run killed while it wrote the CHECKPOINTS file left only its temporary name: the
+    directory was then refused as someone else's folder."""
+    (tmp_path / ".CHECKPOINTS.12345.tmp").write_text("{")
+    checkpoints = make(tmp_path)
+    checkpoints.save(1, {"w": np.ones(3)}, blocking=True)
+    assert checkpoints.load().step == 1
+    (tmp_path / "step-\u0661").mkdir()   # an Arabic-Indic digit one: not a step directory
+    assert checkpoints.steps() == [1]
+    (tmp_path / "x").mkdir()   # any other file still makes a folder not ours
+    (tmp_path / "x" / ".CHECKPOINTS.tmp").write_text("{")
+    with pytest.raises(ValueError, match="not a checkpoint directory"):
+        make(tmp_path / "x")
+
+
+def test_a_renamed_or_hand_made_manifest_is_damaged_not_loaded(tmp_path):
+    """A step directory copied under another step's name loaded as that step with the state
+    of the one it was copied from (resuming repeated or skipped steps); a manifest of the
+    right format and checksum but not of the shape written (edited by hand, another writer)
+    failed with a bare KeyError. Both are now damaged checkpoints: passed over, named."""
+    from pysparse_hpc.distributed.checkpoint import _files
+    checkpoints = save_three(tmp_path)
+    shutil.copytree(tmp_path / "step-000000001", tmp_path / "step-000000004")
+    with pytest.warns(UserWarning, match=r"step 4 .* manifest.json is of step 1, not of step 4 "
+                                         r"as its directory step-000000004 says"):
+        assert checkpoints.load().step == 3
+    shutil.rmtree(tmp_path / "step-000000004")
+    path = tmp_path / "step-000000003" / "manifest.json"
+    manifest = json.loads(path.read_text())
+    del manifest["has_nodes"]
+    manifest["checksum"] = _files.manifest_checksum(manifest)
+    path.write_text(json.dumps(manifest))
+    with pytest.warns(UserWarning, match=r"step 3 .* manifest.json is not one this library "
+                                         r"writes: has_nodes is None"):
+        assert checkpoints.load().step == 2

@@ -39,6 +39,17 @@ def test_resume_on_another_number_of_ranks(tmp_path, saved, resumed):
     run_resume_checks(resumed, "resume_at_another_size", "--dir", directory)
 
 
+@requires_mpi
+def test_a_job_ending_without_close_keeps_the_save_before_its_last(tmp_path):
+    directory = str(tmp_path / "checkpoints")
+    status, out, err, _ = run_mpi(2, str(CHECKS), "exit_without_close", "--dir", directory,
+                                  timeout=120)
+    assert status == 0 and "PASSED exit_without_close" in out, f"{status}\n{out}\n{err}"
+    # Every rank says that its last save is not committed.
+    assert err.count(f"checkpoint step 2 in {directory} was not committed") == 2, err
+    run_resume_checks(2, "exit_finished_the_saves", "--dir", directory, timeout=120)
+
+
 def _train_command(*options):
     return [mpiexec_path(), "-n", "2", sys.executable, "-m", "pysparse_hpc", "train",
             "--epochs", "150", "--no-progress", "--threads", "1", *options]

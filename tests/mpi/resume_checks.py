@@ -3,6 +3,7 @@ tests/test_resume_mpi.py); the conventions of checks.py: ``python resume_checks.
 [NAME ...] [--dir DIR]``, rank 0 prints ``PASSED NAME`` after each check that passed on every
 rank.
 """
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -74,6 +75,51 @@ def check_resume_at_another_size():
         whole = on_root_then_broadcast(
             lambda: train("cora", "gcn", epochs=20, comm=ALONE, **options))
         np.testing.assert_allclose(resumed.losses, whole.losses, rtol=1e-10, err_msg=label)
+
+
+#: Checkpointers left open to the end of the process, as a script that forgets close() does.
+_LEFT_OPEN = []
+
+
+def check_exit_without_close():
+    """Save steps 1 and 2 in ``--dir`` and end the process without close(), while rank 0's
+    background thread still writes step 1's manifest (a slow disk): `exit_finished_the_saves`
+    then finds step 1 committed. The writer is a daemon thread, which the interpreter stopped
+    where it was: step 1, whose files every rank had finished, was lost."""
+    import time
+
+    from pysparse_hpc.distributed import Checkpointer
+    from pysparse_hpc.distributed.checkpoint import _files
+
+    write = _files.write_atomic
+
+    def slow(path, *args, **kwargs):
+        if path.endswith("manifest.json"):
+            time.sleep(1)
+        return write(path, *args, **kwargs)
+
+    _files.write_atomic = slow
+    checkpoints = Checkpointer(_option("--dir"), comm=comm)
+    checkpoints.save(1, {"rank": rank, "w": np.full(5, rank)})
+    checkpoints.save(2, {"rank": rank, "w": np.full(5, rank + 10)})
+    _LEFT_OPEN.append(checkpoints)
+
+
+def check_exit_finished_the_saves():
+    """What `exit_without_close` left in ``--dir``: step 1 committed and whole on every rank;
+    step 2 written but not committed (committing is collective, and the ranks were ending);
+    no temporary file."""
+    from pysparse_hpc.distributed import Checkpointer
+
+    checkpoints = Checkpointer(_option("--dir"), comm=comm)
+    assert checkpoints.steps() == [1], checkpoints.steps()
+    loaded = checkpoints.load()
+    assert loaded.step == 1 and loaded.shard["rank"] == rank, loaded
+    assert loaded.shard["w"].tolist() == [rank] * 5
+    left = [name for _, _, names in os.walk(_option("--dir")) for name in names
+            if name.endswith(".tmp")]
+    assert left == [], left
+    checkpoints.close()
 
 
 if __name__ == "__main__":

@@ -58,6 +58,20 @@ def lock_directory(path):
     return handle
 
 
+def unlock_directory(handle):
+    """Release the lock `lock_directory` took (its open lock file). The holder's name is
+    cleared first: a lock file that goes on naming a process after it let go (a run that
+    failed, or was refused, and ended) reads as held by it."""
+    try:
+        handle.seek(0)
+        handle.truncate()
+        handle.flush()
+    except OSError:  # the lock is released all the same
+        pass
+    finally:
+        handle.close()
+
+
 def fsync_directory(path):
     try:
         fd = os.open(path, os.O_RDONLY)
@@ -217,4 +231,40 @@ def read_manifest(step_dir):
     if manifest.get("format") != FORMAT or manifest.get("version") != VERSION:
         raise Damaged(f"{MANIFEST} is of format {manifest.get('format')!r} version "
                       f"{manifest.get('version')!r}")
+    wrong = _manifest_fault(manifest)
+    if wrong:
+        raise Damaged(f"{MANIFEST} is not one this library writes: {wrong}")
     return manifest
+
+
+def _is_int(value, low=0):
+    return type(value) is int and value >= low
+
+
+def _manifest_fault(manifest):
+    """What in a manifest (its checksum verified) is not of the shape `Checkpointer` writes,
+    or "": a manifest made or edited by hand would otherwise fail later with a bare
+    KeyError or IndexError instead of being passed over as damaged."""
+    if not _is_int(manifest.get("step")):
+        return f"its step is {manifest.get('step')!r}"
+    ranks = manifest.get("ranks")
+    if not _is_int(ranks, 1):
+        return f"its number of ranks is {ranks!r}"
+    nodes = manifest.get("has_nodes")
+    if (not isinstance(nodes, list) or len(nodes) != ranks
+            or any(type(n) is not bool for n in nodes)):
+        return f"has_nodes is {nodes!r}, not one bool for each of its {ranks} ranks"
+    if type(manifest.get("has_shared")) is not bool:
+        return f"has_shared is {manifest.get('has_shared')!r}"
+    files = manifest.get("files")
+    if not isinstance(files, dict):
+        return f"its files are {files!r}"
+    for name, entry in files.items():
+        if not isinstance(entry, dict) or not _is_int(entry.get("bytes")):
+            return f"its record of {name} is {entry!r}"
+        blocks = entry.get("sha256")
+        if not isinstance(blocks, list) or not all(
+                isinstance(b, list) and len(b) == 2 and _is_int(b[0]) and isinstance(b[1], str)
+                for b in blocks):
+            return f"its record of {name} is {entry!r}"
+    return ""

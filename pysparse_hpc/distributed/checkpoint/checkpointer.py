@@ -1,5 +1,6 @@
 """`Checkpointer`: the checkpoint directory, saving in the background, committing, keeping the
 last few, and loading the newest checkpoint that verifies on every rank."""
+import atexit
 import datetime
 import json
 import operator
@@ -9,6 +10,7 @@ import re
 import shutil
 import threading
 import warnings
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,7 +23,8 @@ from ._nodes import as_ids, check_nodes, gather_node_rows
 
 MARKER = "CHECKPOINTS"
 SHARED = "shared.ckpt"
-_STEP_DIR = re.compile(r"^step-(\d+)$")
+_STEP_DIR = re.compile(r"^step-([0-9]+)$")
+_MARKER_TEMPORARY = re.compile(rf"^\.{MARKER}\.[0-9]+\.tmp$")  # `_files.write_atomic`'s name
 
 
 def _step_name(step):
@@ -82,12 +85,37 @@ def _serve(jobs):
         if job is None:
             return
         function, args, done = job
+        # Held while waiting for the next job, the last job's bound method would keep its
+        # checkpointer alive for ever, and with it the directory's lock and the staging buffer
+        # of a checkpointer its owner dropped without closing.
+        job = None
         try:
             function(*args)
         except BaseException:  # an uncaught error would end the job; the function reports
             pass
         finally:
+            function = args = None
             done.set()
+
+
+#: The checkpointers whose background thread has had work, for `_finish_at_exit`.
+_STARTED = weakref.WeakSet()
+
+
+@atexit.register
+def _finish_at_exit():
+    """Finish every checkpointer's background work as the interpreter ends.
+
+    The writer is a daemon thread (a hung file system must not keep the process alive), which
+    the interpreter stops where it is once the exit handlers have run: without this, a script
+    that ends (or fails) without `Checkpointer.close` would lose the commit of the save before
+    its last, which the last `save` had promised, and leave half-written files behind.
+    """
+    for checkpointer in list(_STARTED):
+        # A forked child that ends through the exit handlers has a copy of the checkpointer
+        # but not its thread: it would wait for ever for work only the parent does.
+        if checkpointer._worker_pid == os.getpid():
+            checkpointer._finish_at_exit()
 
 
 class _Pending:
@@ -193,7 +221,10 @@ class Checkpointer:
     is a warning, and the block's exception propagates), while over several ranks it is left
     uncommitted (committing is collective and the other ranks may be elsewhere), and `load`
     then takes the save before it. A `save` or `wait` interrupted by Ctrl-C keeps the save
-    before it: `save` commits it, `wait` leaves it pending for the next call.
+    before it: `save` commits it, `wait` leaves it pending for the next call. A process that
+    ends without `close` (returning or failing) still finishes the background thread's work
+    first, the commit of the save before the pending one included; the pending save itself is
+    committed there in one process, and left uncommitted with a warning over several ranks.
 
     Examples
     --------
@@ -237,7 +268,7 @@ class Checkpointer:
         self.threads = int(threads)
         self._pending = None
         self._pruning = None
-        self._worker = self._queue = None
+        self._worker = self._queue = self._stop_worker = self._worker_pid = None
         self._staging = None
         self._damaged = set()  # steps load() found damaged: never counted among the kept
         self._lock = None      # rank 0's open lock file, from the first save: this run writes
@@ -274,8 +305,10 @@ class Checkpointer:
                                           "directory")
             marker = os.path.join(path, MARKER)
             if os.path.isdir(path) and not os.path.isfile(marker):
-                # A lock file alone is what a run that saved nothing leaves: empty otherwise.
-                entries = sorted(entry for entry in os.listdir(path) if entry != _files.LOCK)
+                # A lock file alone is what a run that saved nothing leaves, and the temporary
+                # marker what one killed while writing the marker leaves: empty otherwise.
+                entries = sorted(entry for entry in os.listdir(path) if entry != _files.LOCK
+                                 and not _MARKER_TEMPORARY.match(entry))
                 if entries:
                     shown = ", ".join(repr(e) for e in entries[:5])
                     return ValueError(f"{path} is not a checkpoint directory (it has no "
@@ -649,6 +682,12 @@ class Checkpointer:
             self._worker = threading.Thread(target=_serve, args=(self._queue,),
                                             name="checkpoint-writer", daemon=True)
             self._worker.start()
+            # A checkpointer dropped without `close` ends its thread when it is collected
+            # (not at exit: `_finish_at_exit` may still queue work then).
+            self._stop_worker = weakref.finalize(self, self._queue.put, None)
+            self._stop_worker.atexit = False
+            self._worker_pid = os.getpid()
+            _STARTED.add(self)
         done = threading.Event()
         self._queue.put((function, args, done))
         return done
@@ -673,8 +712,9 @@ class Checkpointer:
             self._join_pruning()
             self._staging = None
             if self._worker is not None:
-                self._queue.put(None)
-                self._worker = self._queue = None
+                self._stop_worker()
+                self._worker = self._queue = self._stop_worker = None
+            _STARTED.discard(self)
             self.release()
 
     def abandon(self):
@@ -695,6 +735,32 @@ class Checkpointer:
         finally:
             self.release()
 
+    def _finish_at_exit(self):
+        """What the end of the interpreter does with a checkpointer still open: wait for the
+        background thread (the files of the pending save, the commit of the save before it,
+        the deletion of old checkpoints). In one process the pending save is then committed,
+        as `abandon` does; over several ranks committing is collective, and MPI may be
+        finalized by now, so it is left uncommitted, with a warning. Errors become warnings:
+        nothing is left to raise them to."""
+        try:
+            if self.comm.size == 1:
+                try:
+                    self.wait()
+                except Exception as exc:
+                    warnings.warn(f"could not commit the pending checkpoint in "
+                                  f"{self.directory} at exit: {exc}", stacklevel=2)
+            else:
+                pending = self._join()
+                if pending is not None:
+                    failed = "" if pending.error is None else (
+                        f" (its write failed: {pending.error})")
+                    warnings.warn(f"checkpoint step {pending.step} in {self.directory} was not "
+                                  f"committed{failed}: the process ended without calling "
+                                  "close() or wait() on every rank", stacklevel=2)
+            self._join_pruning()
+        finally:
+            self.release()
+
     def release(self):
         """Give up the directory's write lock without committing anything (no collective):
         `abandon` and `close` end with it; the end of the process does it too, however it
@@ -708,7 +774,7 @@ class Checkpointer:
             self._wrote_marker = False
             self._take_back_marker()
         if self._lock is not None:
-            self._lock.close()
+            _files.unlock_directory(self._lock)
             self._lock = None
 
     def _take_back_marker(self):
@@ -724,7 +790,7 @@ class Checkpointer:
             pass
         finally:
             if lock is not None and lock is not self._lock:
-                lock.close()
+                _files.unlock_directory(lock)
 
     # ------------------------------------------------------------ loading
     def load(self, step=None, node_ids=None):
@@ -804,6 +870,12 @@ class Checkpointer:
 
     def _read(self, step, step_dir, node_ids):
         manifest = _files.read_manifest(step_dir)
+        if manifest["step"] != step:
+            # A step directory renamed or copied under another name: its state is of the step
+            # its manifest says, and resuming it as this one would repeat or skip steps.
+            raise Damaged(f"{MANIFEST} is of step {manifest['step']}, not of step {step} as "
+                          f"its directory {os.path.basename(step_dir)} says (renamed or "
+                          "copied?)")
         mismatch = _fingerprint_mismatch(self.directory, manifest.get("fingerprint"),
                                          self.fingerprint, f"step {step}")
         if mismatch is not None:
