@@ -399,6 +399,8 @@ def test_bad_arguments_are_clear_errors(tmp_path):
         checkpoints.save(5, {}, nodes={"node_ids": np.array([1, 1])})
     with pytest.raises(TypeError, match="1-D array of integer node ids"):
         checkpoints.save(5, {}, nodes={"node_ids": np.zeros(2)})
+    with pytest.raises(ValueError, match="ids beyond int64"):  # they wrapped round to -1
+        checkpoints.save(5, {}, nodes={"node_ids": np.array([0, 2 ** 64 - 1], np.uint64)})
     assert checkpoints.steps() == [4]  # nothing was half-saved
     checkpoints.save(5, {}, blocking=True)
     assert checkpoints.steps() == [4, 5]

@@ -13,6 +13,9 @@ def as_ids(ids, name):
     if ids.ndim != 1 or not (np.issubdtype(ids.dtype, np.integer) or ids.size == 0):
         raise TypeError(f"{name} must be a 1-D array of integer node ids, got "
                         f"{ids.ndim}-D {ids.dtype}")
+    if ids.dtype == np.uint64 and ids.size and ids.max() > np.iinfo(np.int64).max:
+        # The cast below would wrap them round to negative ids, silently.
+        raise ValueError(f"{name} holds ids beyond int64 (up to {int(ids.max())})")
     return ids.astype(np.int64, copy=False)
 
 
