@@ -777,3 +777,96 @@ def test_distributed_lion_checks_its_counters_and_names_another_compression():
         optimizer.load_state_dict(bad)
     with pytest.warns(RuntimeWarning, match="compression='votes' into compression='signs'"):
         optimizer.load_state_dict(state)
+
+
+@pytest.mark.parametrize("optimizer_class", [Lion, DistributedLion])
+def test_step_hooks_run_once_per_step(optimizer_class):
+    """One rank's `DistributedLion` takes Lion's step: it called ``Lion.step``, which torch
+    wraps with the step hooks once a Lion exists, so every hook ran twice per step."""
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+    Lion(_mlp().parameters())   # torch wraps Lion.step when the first Lion is made
+    model = _mlp()
+    optimizer = optimizer_class(model.parameters(), lr=1e-3)
+    calls = []
+    handles = [optimizer.register_step_pre_hook(lambda *_: calls.append("pre")),
+               optimizer.register_step_post_hook(lambda *_: calls.append("post")),
+               register_optimizer_step_post_hook(lambda *_: calls.append("global post"))]
+    try:
+        _train(model, optimizer, 2)
+    finally:
+        for handle in handles:
+            handle.remove()
+    assert calls == ["pre", "post", "global post"] * 2
+
+
+@pytest.mark.parametrize("optimizer_class", [Lion, DistributedLion])
+def test_a_compiled_training_step_equals_lion_pytorch(optimizer_class):
+    """``torch.compile`` over a training step (or over ``optimizer.step``): the compiler
+    traced into Numba's dispatcher and failed, or handed the kernels 0-d arrays for their
+    NumPy scalars. The update now runs eagerly inside the compiled step: lion-pytorch's bits,
+    the float16 parameter's (tensor operations) too."""
+    lion_pytorch = pytest.importorskip("lion_pytorch")
+    results = []
+    for make, compiled in ((lion_pytorch.Lion, False), (optimizer_class, True)):
+        torch.manual_seed(0)
+        model = torch.nn.Linear(6, 3).double()
+        half = torch.nn.Parameter(torch.randn(5).half())
+        optimizer = make([*model.parameters(), half], lr=1e-2, weight_decay=0.1)
+
+        def train_step(x):
+            optimizer.zero_grad()
+            loss = model(x).pow(2).sum() + half.float().pow(2).sum()
+            loss.backward()
+            optimizer.step()
+            return loss
+        step = torch.compile(train_step, backend="eager") if compiled else train_step
+        generator = torch.Generator().manual_seed(1)
+        for _ in range(3):
+            step(torch.randn(4, 6, generator=generator, dtype=torch.float64))
+        if compiled:   # the optimizer's step alone, as torch's tutorials compile it
+            torch.compile(optimizer.step, backend="eager")()
+        else:
+            optimizer.step()
+        results.append([p.detach().clone() for p in (*model.parameters(), half)])
+    torch.compiler.reset()
+    assert all(torch.equal(a, b) for a, b in zip(*results))
+
+
+def test_a_copied_or_unpickled_lion_steps_as_the_original():
+    """Torch's ``__getstate__`` keeps only defaults, state and groups: a deep copy or an
+    unpickled Lion lost its decay setting (AttributeError at its first step). A copied
+    `DistributedLion` keeps its mode and counters and shares the communicator."""
+    import pickle
+    model = _mlp()
+    optimizer = Lion(model.parameters(), lr=1e-2, weight_decay=0.5, decoupled_weight_decay=True)
+    _train(model, optimizer, 2)
+    copies = [copy.deepcopy((model, optimizer)), pickle.loads(pickle.dumps((model, optimizer)))]
+    expected = _train(model, optimizer, 3, seed=4)
+    for copied_model, copied in copies:   # a model and its optimizer copied together
+        assert all(torch.equal(e, g) for e, g in
+                   zip(expected, _train(copied_model, copied, 3, seed=4)))
+
+    distributed = DistributedLion(model.parameters(), compression="int8",
+                                  momentum_sync="always", sync_doubling=3)
+    _train(model, distributed, 2)
+    twin_model, twin = copy.deepcopy((model, distributed))
+    assert twin.comm is distributed.comm
+    assert (twin.compression, twin.momentum_sync, twin.sync_doubling, twin.steps_taken) == \
+        ("int8", "always", 3, 2)
+    assert all(torch.equal(e, g) for e, g in zip(_train(model, distributed, 2),
+                                                 _train(twin_model, twin, 2)))
+
+
+@pytest.mark.parametrize("args, kind, message", [
+    (("votes", 1000, 0), ValueError, "ranks must be at least 1, got 0"),  # looped for ever
+    (("votes", 1000, -3), ValueError, "ranks must be at least 1"),
+    (("1bit", 1000, 3, 5), ValueError, r"rank must be in 0\.\.2, got 5"),
+    (("signs", -8, 2), ValueError, "size must be at least 0"),
+    (("none", 1000, 2, 0, 0), ValueError, "itemsize must be at least 1"),
+    (("1bit", 1000, 2.0), TypeError, "ranks must be an integer"),
+])
+def test_bytes_per_step_refuses_bad_counts(args, kind, message):
+    with pytest.raises(kind, match=message):
+        bytes_per_step(*args)
+    with pytest.raises(ValueError, match="ranks must be at least 1"):
+        _votes.vote_base(0)

@@ -1,5 +1,6 @@
 """The modes of `DistributedLion` and the bytes each sends: no torch, so the command line
 can offer them without importing it."""
+from .._sputils import check_integer
 from . import _votes
 
 __all__ = ["COMPRESSIONS", "MOMENTUM_SYNC", "bytes_per_step", "default_momentum_sync"]
@@ -36,9 +37,26 @@ def bytes_per_step(compression, size, ranks, rank=0, itemsize=4):
     Returns
     -------
     int
+
+    Raises
+    ------
+    TypeError
+        For a count or a rank that is not an integer.
+    ValueError
+        For an unknown ``compression``, ``size < 0``, ``ranks < 1``, a ``rank`` outside
+        ``0..ranks - 1`` or ``itemsize < 1``.
     """
     if compression not in COMPRESSIONS:
         raise ValueError(f"compression must be one of {COMPRESSIONS}, got {compression!r}")
+    # Checked, not trusted: ranks = 0 sent the vote packing's search for a base into an
+    # endless loop, and a rank past the last one got another rank's bytes.
+    size, ranks, rank, itemsize = (check_integer(value, name) for value, name in (
+        (size, "size"), (ranks, "ranks"), (rank, "rank"), (itemsize, "itemsize")))
+    for name, value, low in (("size", size, 0), ("ranks", ranks, 1), ("itemsize", itemsize, 1)):
+        if value < low:
+            raise ValueError(f"{name} must be at least {low}, got {value}")
+    if not 0 <= rank < ranks:
+        raise ValueError(f"rank must be in 0..{ranks - 1}, got {rank}")
     if ranks == 1:
         return 0
     sign_bytes = -(-size // 8)

@@ -72,8 +72,10 @@ def vote_base(ranks):
     words never carries from one digit into the next. Base ``P + 1`` spends ``log2(P + 1)``
     bits on a vote, what ``P + 1`` possible counts need: 40 votes a word at P = 2 (1.6 bits)
     where Lion Cub's fields of ``bit_length(P)`` bits hold 32. A power of two is those bit
-    fields, read by shifts."""
+    fields, read by shifts. ValueError for ``ranks < 1`` (a base below 2 fills no word)."""
     ranks = int(ranks)
+    if ranks < 1:
+        raise ValueError(f"ranks must be at least 1, got {ranks}")
     fields = 1 << ranks.bit_length()
     if _digits_in_a_word(ranks + 1) >= (1 + _MIN_DIGIT_GAIN) * _digits_in_a_word(fields):
         return ranks + 1
@@ -224,9 +226,10 @@ def int8_levels(ranks):
 def add_int8_levels(out, start, ranks, momentum, grad, beta1, rest1):
     """Write one tensor's Lion Cub levels of ``c = beta1 m + rest1 g`` into ``out`` (int8,
     the whole vote) from coordinate ``start`` on: ``clip(round(c / mean|c| * s / 2), -s, s)``
-    with ``s = int8_levels(ranks)``, the mean taken over the tensor, rounding half to even; 0
-    for a tensor that is all zeros or holds a non-finite value (no vote rather than garbage:
-    the trainer's non-finite check skips such a step everywhere)."""
+    with ``s = int8_levels(ranks)``, the mean of the finite ``|c|`` taken over the tensor's
+    size, rounding half to even; a NaN ``c`` gets level 0 (Lion's ``sign(NaN)``), an infinite
+    one the largest, and a tensor whose mean is 0 or overflows all 0 (no vote rather than
+    garbage: the trainer's non-finite check skips such a step everywhere)."""
     _kernels.pack_int8_levels(momentum, grad, beta1, rest1, int8_levels(ranks), out, int(start))
 
 

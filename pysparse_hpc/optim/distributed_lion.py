@@ -64,6 +64,7 @@ local momenta end within a point (+0.1 and +0.9), but the halo exchanges then ca
 and 3.3 points, and even synchronised momenta leave the sign votes 0.5 and 1.1 below (10
 seeds): each vote carries its rank's own gradient.
 """
+import copy
 import functools
 import math
 import numbers
@@ -152,6 +153,12 @@ class DistributedLion(Lion):
     ----------
     steps_taken, momentum_syncs : int
 
+    Notes
+    -----
+    A deep copy (`copy.deepcopy`) shares the communicator, whose MPI handle cannot be
+    copied, and copies the rest; pickling is refused for the same reason (save
+    `state_dict` instead).
+
     Examples
     --------
     >>> import torch
@@ -202,20 +209,34 @@ class DistributedLion(Lion):
                 raise ValueError(f"DistributedLion exchanges host memory; a parameter is "
                                  f"on {param.device}")
 
+    def __getstate__(self):
+        """`Lion.__getstate__` and this optimizer's settings, counters and communicator."""
+        state = super().__getstate__()
+        state.update({name: getattr(self, name) for name in (
+            "comm", "compression", "momentum_sync", "average", "sync_doubling", "steps_taken",
+            "momentum_syncs", "_next_sync")}, _sync_buffer=None)
+        return state
+
+    def __deepcopy__(self, memo):
+        # The copy steps over the same ranks: the communicator is shared (an MPI communicator
+        # cannot be copied), everything else copied.
+        memo[id(self.comm)] = self.comm
+        copied = type(self).__new__(type(self))
+        memo[id(self)] = copied
+        copied.__setstate__(copy.deepcopy(self.__getstate__(), memo))
+        return copied
+
     # ------------------------------------------------------------------ the step
-    @torch.no_grad()
-    def step(self, closure=None):
+    # `step` is Lion's: the closure, then this (eager under torch.compile, as Lion's).
+    @torch.compiler.disable
+    def _update(self):
         """One step of every parameter that has a gradient on some rank, agreed over the
         ranks."""
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
         self.check_groups()
         entries = self._taking_part()
         if entries:
             if self.comm.size == 1:
-                super().step()
+                self._step_parameters()   # Lion's step, to the bit
             elif self.compression == "none":
                 self._step_on_reduced_gradients(entries)
             else:
@@ -223,7 +244,6 @@ class DistributedLion(Lion):
             self.steps_taken += 1
             if self._sync_due():
                 self._synchronise_momenta([self.momentum(param) for _, param in entries])
-        return loss
 
     def _taking_part(self):
         """``[(group, param)]`` of the parameters with a gradient on some rank, the same list

@@ -137,7 +137,9 @@ class Lion(torch.optim.Optimizer):
     exactly zero or NaN does not move (``sign(0) = 0``, and torch's ``sign(NaN) = 0``, as in
     lion-pytorch); a NaN gradient makes the momentum NaN, which then stops the coordinate.
     Each step checks its groups' settings first (a scheduler may have changed ``lr``; ``lr =
-    0`` is accepted there and in loaded states).
+    0`` is accepted there and in loaded states). Inside ``torch.compile`` the update runs
+    eagerly (a graph break: the Numba kernels cannot be traced), the closure and the step
+    hooks as compiled. A deep copy or a pickle keeps ``decoupled_weight_decay``.
 
     Examples
     --------
@@ -214,15 +216,37 @@ class Lion(torch.optim.Optimizer):
             state["exp_avg"] = torch.zeros_like(param, memory_format=torch.preserve_format)
         return _check_momentum(state["exp_avg"], param)
 
+    def __getstate__(self):
+        """Torch's state (defaults, state, groups) and the settings kept as attributes, so a
+        copy (`copy.deepcopy`) or an unpickled optimizer can step."""
+        state = super().__getstate__()
+        state.update(decoupled_weight_decay=self.decoupled_weight_decay,
+                     _init_lr=self._init_lr)
+        return state
+
     @torch.no_grad()
     def step(self, closure=None):
-        """One Lion step on every parameter that has a gradient; returns ``closure()``'s loss
-        when a closure is given."""
+        """One step on every parameter that has a gradient (`DistributedLion`: agreed over
+        its ranks); returns ``closure()``'s loss when a closure is given."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        self._update()
+        return loss
+
+    # Eager under torch.compile: the compiler cannot trace into the Numba kernels (it failed
+    # inside Numba's dispatcher) and would turn their NumPy scalars into arrays.
+    @torch.compiler.disable
+    def _update(self):
+        """The step without the closure: the groups checked, then `_step_parameters`.
+        `DistributedLion` overrides it; `step` (which torch wraps with the step hooks) is
+        never called from inside, so the hooks run once per step."""
         self.check_groups()
+        self._step_parameters()
+
+    def _step_parameters(self):
+        """Lion's step of every parameter that has a gradient, the groups already checked."""
         for group in self.param_groups:
             beta1, beta2 = group["betas"]
             for param in group["params"]:
@@ -230,7 +254,6 @@ class Lion(torch.optim.Optimizer):
                     continue
                 lion_step(param, self.momentum(param), param.grad, group["lr"],
                           self.weight_decay(group), beta1, beta2)
-        return loss
 
 
 def _check_group(group, where="a parameter group", *, zero_lr=False, init_lr=None):
