@@ -1,9 +1,10 @@
 """Convert the Cora adjacency matrix to the blocked formats and inspect what each one costs.
 
 The script loads the bundled Cora citation graph, converts its adjacency matrix from CSR to
-ME-BCRS with block widths 8 (the fp16 MMA) and 4 (the tf32 MMA) and to the 16x1 layout of
-TC-GNN / DTC-SpMM, prints the `pysparse_hpc.block_stats` of each, and checks that converting
-back to CSR reproduces the original arrays exactly.
+ME-BCRS with block widths 8 (what the library's fp16 and tf32 GPU kernels read) and 4
+(FlashSparse's tf32 layout) and to the 16x1 layout of TC-GNN / DTC-SpMM, prints the
+`pysparse_hpc.block_stats` of each, and checks that converting back to CSR reproduces the
+original arrays exactly.
 
 Run it with ``python examples/convert_and_inspect.py``.
 """
@@ -15,11 +16,12 @@ import pysparse_hpc as sph
 from pysparse_hpc import datasets
 
 # (label, window height, block width). The block width is the reduction extent of the MMA that
-# reads the blocks: 8 for fp16 (m16n8k8), 4 for tf32 (m16n8k4); 16-row windows are the
-# granularity of TC-GNN and DTC-SpMM.
+# reads the blocks: the library's GPU kernels use m16n8k8 in fp16 and in tf32 (k=8);
+# FlashSparse's tf32 kernel uses m16n8k4 (k=4). 16-row windows are the granularity of TC-GNN
+# and DTC-SpMM.
 LAYOUTS = [
     ("ME-BCRS 8x1, k=8", 8, 8),
-    ("ME-BCRS 8x1, k=4", 8, 4),
+    ("ME-BCRS 8x1, k=4 (FlashSparse tf32)", 8, 4),
     ("16x1, k=8", 16, 8),
 ]
 

@@ -64,7 +64,7 @@ def main(argv=None):
         predicted = graph.gather_rows(model(x, graph).argmax(dim=1))  # None off rank 0
     halo = sum(comm.stats().get(kind, {}).get("bytes_received", 0)
                for kind in ("halo", "reverse_halo"))
-    halo = distributed.graph.comm_sum(comm, halo)
+    halo = graph.allreduce_sum(halo)
     if comm.rank == 0:
         labels, test_mask = arrays[1], arrays[4]
         final = float(np.mean(predicted[test_mask] == labels[test_mask]))

@@ -55,7 +55,7 @@ def main(argv=None):
         model = model_class(x.shape[1], out_channels=data.num_classes, **model_class.architecture)
         result = train.fit(model, x, graph, y, masks, **settings, description=name)
         print(f"{name.upper():<5} test accuracy {100 * result.test_accuracy:5.1f}% "
-              f"(best validation epoch {result.best_epoch}), "
+              f"(best validation epoch {result.best_epoch + 1}), "
               f"{1e3 * result.seconds_per_epoch:.1f} ms per training epoch")
     return 0
 

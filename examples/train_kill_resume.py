@@ -15,6 +15,7 @@ import argparse
 import importlib.util
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -22,9 +23,17 @@ import tempfile
 import time
 from pathlib import Path
 
-from pysparse_hpc.distributed._comm import mpiexec_path
 from pysparse_hpc.nn.train import OPTIMIZERS, PRECONDITIONERS
 from pysparse_hpc.optim import COMPRESSIONS
+
+
+def mpiexec_path():
+    """The ``mpiexec`` beside the running Python (a virtual environment's mpich), else the one
+    on the PATH; None when there is none."""
+    beside = Path(sys.executable).parent / "mpiexec"
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return str(beside)
+    return shutil.which("mpiexec")
 
 
 def command(ranks, options):

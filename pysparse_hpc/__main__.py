@@ -58,8 +58,8 @@ def run_demo(name="cora", out=None, models=("gcn", "gat"), seeds=5, progress=Tru
     csr_bytes = adj.indptr.nbytes + adj.indices.nbytes + adj.data.nbytes
     print(f"{'CSR':<22}{'':>9}{'':>9}{'':>9}{'':>8}{_format_bytes(csr_bytes):>12}{1.0:>8.2f}"
           f"{'':>11}", file=out)
-    for window, block_width, label in ((8, 8, "ME-BCRS 8x1, k=8 fp16"),
-                                       (8, 4, "ME-BCRS 8x1, k=4 tf32"),
+    for window, block_width, label in ((8, 8, "ME-BCRS 8x1, k=8"),
+                                       (8, 4, "ME-BCRS 8x1, k=4"),
                                        (16, 8, "16x1 (TC-GNN), k=8")):
         stats = block_stats(adj, window=window, block_width=block_width)
         seconds, blocked = _time_best(lambda: adj.to_blocked(window, block_width))
@@ -414,7 +414,7 @@ def main(argv=None):
     commands = parser.add_subparsers(dest="command", required=True)
     demo = commands.add_parser("demo", help="formats, kernels and GNN training on a bundled graph")
     demo.add_argument("--dataset", default="cora", type=str.lower,
-                      choices=datasets.available())
+                      choices=datasets.available(), help="bundled graph (default: cora)")
     demo.add_argument("--model", action="append", choices=("gcn", "gat", "agnn"),
                       help="GNN to train (repeatable; default: gcn and gat)")
     demo.add_argument("--no-train", action="store_true", help="skip the GNN training")
@@ -430,8 +430,10 @@ def main(argv=None):
         "mpiexec it is a one-rank run.")
     train.add_argument("--dataset", default="cora",
                        help=f"{' | '.join(datasets.available())} | PATH.npz (default: cora)")
-    train.add_argument("--model", default="gcn", choices=("gcn", "gat", "agnn"))
-    train.add_argument("--partition", default="metis", choices=("metis", "contiguous", "random"))
+    train.add_argument("--model", default="gcn", choices=("gcn", "gat", "agnn"),
+                       help="default: gcn")
+    train.add_argument("--partition", default="metis", choices=("metis", "contiguous", "random"),
+                       help="how the graph is split over the ranks (default: metis)")
     train.add_argument("--balance", type=_balance,
                        help="what the partition balances: rows, nnz, rows+nnz (both at once, "
                             "metis only), or a number c (each node weighs its stored entries + "
@@ -452,7 +454,8 @@ def main(argv=None):
                             "mpiexec, each node's cores shared among its ranks, unless "
                             "PYSPARSE_HPC_NUM_THREADS, OMP_NUM_THREADS or NUMBA_NUM_THREADS "
                             "is set)")
-    train.add_argument("--dtype", default="float32", choices=("float32", "float64"))
+    train.add_argument("--dtype", default="float32", choices=("float32", "float64"),
+                       help="of the features, weights and graph values (default: float32)")
     train.add_argument("--random-features", type=int, metavar="WIDTH",
                        help="seeded random features of this width (graphs without features)")
     train.add_argument("--optimizer", default="adam",

@@ -269,7 +269,8 @@ class mebcrs_array(blocked_array):
     arg, shape, dtype, copy, index_dtype
         As for `blocked_array`.
     block_width : int, default 8
-        8 for the fp16 SpMM (mma m16n8k8), 4 for the tf32 SpMM (mma m16n8k4).
+        8 for the GPU SpMM, fp16 and tf32 alike (mma m16n8k8); 4 gives FlashSparse's tf32
+        layout (mma m16n8k4), which only the CPU kernels take.
 
     Examples
     --------

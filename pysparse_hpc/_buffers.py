@@ -2,7 +2,7 @@
 
 A fresh allocation is not free once results reach tens of megabytes. glibc serves requests
 above 32 MiB with new pages from the kernel, which zeroes each page when it is first written;
-measured on a 2-core machine with huge pages, a 117 MiB float32 result took about 15 ms to
+measured on a 2-core machine with huge pages, a 112 MiB float32 result took about 15 ms to
 fault in, more than the 13 ms SpMM that fills it (luxembourg_osm at N=256). Smaller requests
 come back from glibc's heap already resident, so only large buffers are kept here.
 

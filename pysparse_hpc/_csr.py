@@ -416,7 +416,9 @@ class csr_array(sparray):
     def to_mebcrs(self, block_width=8):
         """Convert to ME-BCRS (8-row windows, 8x1 vectors, ``block_width`` vectors per block).
 
-        ``block_width`` is the MMA reduction extent: 8 for fp16 (m16n8k8), 4 for tf32 (m16n8k4).
+        ``block_width`` is the MMA reduction extent: 8 for the GPU kernels, fp16 (m16n8k8) and
+        tf32 (m16n8k8) alike; 4 gives FlashSparse's tf32 layout (m16n8k4), which the CPU
+        kernels take and the GPU ones do not.
         """
         return self.to_blocked(window=8, block_width=block_width)
 

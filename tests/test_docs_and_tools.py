@@ -101,3 +101,23 @@ def test_benchmark_refuses_an_unreadable_matrix_and_twin_planted_graphs(tmp_path
     result = run(["-m", "pysparse_hpc.bench", "reorder", "--data", str(tmp_path / "empty"),
                   "--planted", "4:8:2:1", "64:8:2:1"])
     assert result.returncode == 2 and "would both be named planted-c8-i2-e1" in result.stderr
+
+
+PUBLIC_MODULES = ["pysparse_hpc", "pysparse_hpc.nn", "pysparse_hpc.nn.functional",
+                  "pysparse_hpc.nn.models", "pysparse_hpc.nn.train", "pysparse_hpc.distributed",
+                  "pysparse_hpc.distributed.training", "pysparse_hpc.distributed.checkpoint",
+                  "pysparse_hpc.optim",
+                  "pysparse_hpc.precondition", "pysparse_hpc.io", "pysparse_hpc.datasets",
+                  "pysparse_hpc.generators"]
+
+
+@pytest.mark.parametrize("module", PUBLIC_MODULES)
+def test_api_reference_names_every_public_name(module):
+    """Every name in a public module's ``__all__`` appears in the API reference."""
+    import importlib
+    import re
+    pytest.importorskip("torch")
+    text = (REPO_ROOT / "docs" / "api.rst").read_text()
+    words = set(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", text))
+    missing = [name for name in importlib.import_module(module).__all__ if name not in words]
+    assert not missing, f"{module}: {missing} not in docs/api.rst"

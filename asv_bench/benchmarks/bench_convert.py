@@ -20,8 +20,8 @@ MATRICES = {
 
 #: Blocked formats by name: (window height, block width).
 FORMATS = {
-    "mebcrs8": (8, 8),  # ME-BCRS for the fp16 m16n8k8 SpMM
-    "mebcrs4": (8, 4),  # ME-BCRS for the tf32 m16n8k4 SpMM
+    "mebcrs8": (8, 8),  # ME-BCRS of the GPU's m16n8k8 SpMM (fp16 and tf32)
+    "mebcrs4": (8, 4),  # FlashSparse's tf32 layout (m16n8k4)
     "blocked16": (16, 8),  # TC-GNN / DTC-SpMM row windows
 }
 

@@ -6,7 +6,7 @@ order of its canonical CSR form, ``pattern(adj)``: row by row, columns ascending
 summed. What the backward passes need from the graph (the transpose, and where each of its
 entries comes from) is built on first use and kept on the adjacency.
 
-Gradients (gnn.md's formulas): for ``Y = A @ X``, ``dX = A^T @ dY`` and, for per-edge values
+Gradients (docs/gnn.rst): for ``Y = A @ X``, ``dX = A^T @ dY`` and, for per-edge values
 that require grad, ``dA_ij = <dY_i, X_j>`` (an SDDMM); for ``s = SDDMM(A; X, Y)``,
 ``dX = S @ Y`` and ``dY = S^T @ X`` with S holding ``ds`` on A's pattern.
 
