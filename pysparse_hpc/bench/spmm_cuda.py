@@ -14,8 +14,11 @@ Timing: each contender runs once untimed, then ``--repeat`` times between two CU
 default stream; the median is kept. Before every timed run a buffer several times the size of
 the L2 cache is overwritten, so no run finds its inputs in L2 (the effect of rotating inputs),
 and the GPU is still busy when the launch is queued, so the host's launch cost stays outside
-the events. Operands are on the device and outputs allocated before timing; conversions to
-ME-BCRS and 16x1 are timed separately. Under the CUDA simulator the harness runs end to end
+the events. Operands are on the device and our outputs allocated before timing; conversions
+to ME-BCRS and 16x1 are timed separately. ``torch.sparse.mm`` runs as its users call it: it
+allocates its result (from torch's caching allocator) and sets up cuSPARSE's descriptors and
+workspace inside each timed call, a few microseconds that favour ours on the smallest
+products. Under the CUDA simulator the harness runs end to end
 but its times are the Python simulation's wall clock, meaningless as GPU figures.
 
 Targets (issue "tensor cores"): at N = 128, geometric mean of ours-tf32 >= 1.5x cusp-fp32 and
