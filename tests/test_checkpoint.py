@@ -683,6 +683,23 @@ def test_the_end_of_the_process_finishes_the_background_saves(tmp_path):
     assert left == []
 
 
+def test_a_released_checkpointer_commits_nothing_at_the_end_of_the_process(tmp_path):
+    """release() gives the directory up without committing: the end of the process must not
+    commit the pending save afterwards, into a directory another run may hold by then."""
+    import subprocess
+    import sys
+    script = (
+        "import sys, numpy\n"
+        "from pysparse_hpc.distributed import Checkpointer, Communicator\n"
+        "checkpoints = Checkpointer(sys.argv[1], comm=Communicator(None))\n"
+        "checkpoints.save(1, {'w': numpy.ones(3)})\n"
+        "checkpoints.release()\n")
+    done = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert make(tmp_path).steps() == []
+
+
 def test_a_checkpointer_dropped_without_close_frees_the_directory(tmp_path):
     """The background thread held its last job, a bound method of the checkpointer: one
     dropped without close() was never freed, nor its staging buffer, lock and thread, and a
@@ -699,6 +716,7 @@ def test_a_checkpointer_dropped_without_close_frees_the_directory(tmp_path):
     assert alive() is None
     worker.join(10)
     assert not worker.is_alive()
+    assert (tmp_path / ".lock").read_text() == ""  # released as close() does: no holder named
     checkpoints = make(tmp_path)
     checkpoints.save(2, {"w": torch.zeros(3)})
     assert checkpoints.wait() == 2

@@ -271,6 +271,7 @@ class Checkpointer:
         self._worker = self._queue = self._stop_worker = self._worker_pid = None
         self._staging = None
         self._damaged = set()  # steps load() found damaged: never counted among the kept
+        self._unlock = None    # the finalizer that releases `_lock`
         self._lock = None      # rank 0's open lock file, from the first save: this run writes
         self._wrote_marker = False  # rank 0 made the CHECKPOINTS file (taken back if unused)
         error = self._prepare_directory() if comm.rank == 0 else None
@@ -466,6 +467,10 @@ class Checkpointer:
             if self.comm.rank == 0:
                 if self._lock is None:  # one writer at a time; readers need no lock
                     self._lock = _files.lock_directory(self.directory)
+                    # A checkpointer dropped without close() empties and closes the lock
+                    # file too (not at exit: `_finish_at_exit` commits under the lock first).
+                    self._unlock = weakref.finalize(self, _files.unlock_directory, self._lock)
+                    self._unlock.atexit = False
                 self._refuse_rollback(step, None if previous is None else previous[0])
                 self._clear_step(step)
         except Exception as exc:  # raised below on every rank, not just here
@@ -762,20 +767,24 @@ class Checkpointer:
             self.release()
 
     def release(self):
-        """Give up the directory's write lock without committing anything (no collective):
-        `abandon` and `close` end with it; the end of the process does it too, however it
-        ends.
+        """Give up the directory's write lock without committing anything (no collective),
+        once this process's background writer has finished: `abandon` and `close` end with
+        it; the end of the process does it too, however it ends.
 
         A run that made the directory's ``CHECKPOINTS`` file and saved nothing (it failed
         before its first save: a mistyped dataset) removes that file here, so the corrected
         run, with another fingerprint, is not refused as another run's; not while another
         run holds the directory's lock (the file is that run's too then)."""
+        _STARTED.discard(self)  # given up: the end of the process commits nothing here
+        # The background writer finishes first (uncommitted): it would go on writing into a
+        # directory given up, and the marker's check below would miss the step it creates.
+        self._join()
         if self._wrote_marker and not self._step_dirs():
             self._wrote_marker = False
             self._take_back_marker()
         if self._lock is not None:
-            _files.unlock_directory(self._lock)
-            self._lock = None
+            self._unlock()  # `_files.unlock_directory`, once
+            self._lock = self._unlock = None
 
     def _take_back_marker(self):
         try:
