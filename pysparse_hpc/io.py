@@ -7,6 +7,7 @@ ValueError naming the file and what was wrong.
 import contextlib
 import os
 import secrets
+import stat
 import tokenize
 import zipfile
 import zlib
@@ -127,8 +128,11 @@ def _written_whole(path, extension):
     Yields the name of a temporary file beside the target (ending in ``extension``, so the
     writer appends nothing), renamed over the target on success and removed on any failure (a
     full disk, an interrupt): neither a half-written file nor a damaged earlier version is
-    left where a reader, or a restart, would take it for good. ``extension`` is appended to a
-    target without it, as NumPy and scipy do. An open file object is yielded as it is.
+    left where a reader, or a restart, would take it for good (after an error of the writer or
+    of the process; surviving a power cut would also take an fsync, which is left out for
+    speed). An existing target's permissions carry over to its replacement; hard links to it
+    keep the old file. ``extension`` is appended to a target without it, as NumPy and scipy
+    do. An open file object is yielded as it is.
     """
     if hasattr(path, "write"):
         yield path
@@ -150,6 +154,9 @@ def _written_whole(path, extension):
         yield temporary
         if not os.path.isfile(temporary):  # scipy's writer can return without writing
             raise OSError(f"could not write {path!r}")
+        with contextlib.suppress(FileNotFoundError):
+            # The temporary has the umask's mode: a private file must not become readable.
+            os.chmod(temporary, stat.S_IMODE(os.stat(target).st_mode))
         os.replace(temporary, target)
     except BaseException:
         with contextlib.suppress(OSError):

@@ -1,6 +1,7 @@
 """Files: the shared .npz layout, Matrix Market, and what happens with bad files."""
 import errno
 import io
+import os
 import zipfile
 
 import numpy as np
@@ -212,6 +213,11 @@ def test_writes_append_the_extension_and_keep_the_umask(tmp_path):
     assert (tmp_path / "m.npz").stat().st_mode == (tmp_path / "m.mtx").stat().st_mode == mode
     np.testing.assert_array_equal(load_npz(tmp_path / "m.npz").toarray(), A.toarray())
     np.testing.assert_array_equal(read_matrix_market(tmp_path / "m.mtx").toarray(), A.toarray())
+    for name in ("m.npz", "m.mtx"):  # an overwritten file keeps its permissions
+        os.chmod(tmp_path / name, 0o600)
+    save_npz(tmp_path / "m", A)
+    write_matrix_market(tmp_path / "m", A)
+    assert [(tmp_path / name).stat().st_mode & 0o777 for name in ("m.npz", "m.mtx")] == [0o600] * 2
     buffer = io.BytesIO()
     save_npz(buffer, A)
     buffer.seek(0)
