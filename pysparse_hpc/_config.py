@@ -137,8 +137,8 @@ def get_num_threads():
     Numba keeps its thread count per thread, and a thread it has not seen starts on the whole
     pool: a count set at start-up or with `set_num_threads` in one thread would not reach a
     thread started by the caller (a thread pool, a data loader). So the process's count is
-    handed to Numba here, once per thread and again after each `set_num_threads`; a
-    ``numba.set_num_threads`` of the thread's own in between is kept. The kernels' drivers
+    handed to Numba here, once per thread and again after each `set_num_threads` that changes
+    it; a ``numba.set_num_threads`` of the thread's own in between is kept. The kernels' drivers
     and the Cython conversions read it through this function just before they run.
     """
     if getattr(_applied, "threads", None) != _num_threads:

@@ -4,6 +4,7 @@ A job runs in a process group of its own, so that stopping it reaches the launch
 process under it. Killing the launcher alone, as ``subprocess.run``'s timeout does, can leave
 its ranks running: MPICH's ranks are children of its process manager, not of ``mpiexec``.
 """
+import contextlib
 import os
 import signal
 import subprocess
@@ -53,6 +54,8 @@ def run_job(command, timeout, env=None):
         stdout, stderr = process.communicate(timeout=timeout)
     except BaseException:  # timed out, interrupted or terminated: nothing may outlive us
         stop_job(process)
-        process.communicate()
+        # A process that left the group could hold the pipes open: do not wait on it for ever.
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.communicate(timeout=5)
         raise
     return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
