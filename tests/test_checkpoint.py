@@ -655,28 +655,34 @@ def test_a_whole_file_this_torch_cannot_read_is_an_error_not_damage(tmp_path):
     assert checkpoints.load(step=1).shard["w"].tolist() == [1.0, 1.0]
 
 
+def run_checkpointing_script(directory, body):
+    """Run ``body`` in a new Python process, with ``checkpoints`` a one-process `Checkpointer`
+    on ``directory`` (and ``numpy`` imported); it must end with status 0."""
+    import subprocess
+    import sys
+    script = ("import sys, numpy\n"
+              "from pysparse_hpc.distributed import Checkpointer, Communicator\n"
+              "checkpoints = Checkpointer(sys.argv[1], comm=Communicator(None))\n" + body)
+    done = subprocess.run([sys.executable, "-c", script, str(directory)], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+
+
 def test_the_end_of_the_process_finishes_the_background_saves(tmp_path):
     """The writer is a daemon thread, which the interpreter stopped where it was: a script
     that ended without close() lost the commit of the save before its last (which the last
     save had begun in the background) and left a temporary manifest behind. Now the end of
     the process finishes both, and in one process commits the last save too."""
-    import subprocess
-    import sys
-    script = (
-        "import sys, time, numpy\n"
-        "from pysparse_hpc.distributed import Checkpointer, Communicator\n"
+    run_checkpointing_script(tmp_path, (
+        "import time\n"
         "from pysparse_hpc.distributed.checkpoint import _files\n"
         "write = _files.write_atomic\n"
         "def slow(*args, **kwargs):  # a slow disk: the writer is busy when the script ends\n"
         "    time.sleep(0.3)\n"
         "    return write(*args, **kwargs)\n"
         "_files.write_atomic = slow\n"
-        "checkpoints = Checkpointer(sys.argv[1], comm=Communicator(None))\n"
         "checkpoints.save(1, {'w': numpy.ones(3)})\n"
-        "checkpoints.save(2, {'w': numpy.zeros(3)})\n")
-    done = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True,
-                          text=True, timeout=60)
-    assert done.returncode == 0, done.stderr
+        "checkpoints.save(2, {'w': numpy.zeros(3)})\n"))
     loaded = make(tmp_path).load()
     assert loaded.step == 2 and loaded.shard["w"].tolist() == [0, 0, 0] and not loaded.skipped
     left = [name for _, _, names in os.walk(tmp_path) for name in names if name.endswith(".tmp")]
@@ -686,17 +692,8 @@ def test_the_end_of_the_process_finishes_the_background_saves(tmp_path):
 def test_a_released_checkpointer_commits_nothing_at_the_end_of_the_process(tmp_path):
     """release() gives the directory up without committing: the end of the process must not
     commit the pending save afterwards, into a directory another run may hold by then."""
-    import subprocess
-    import sys
-    script = (
-        "import sys, numpy\n"
-        "from pysparse_hpc.distributed import Checkpointer, Communicator\n"
-        "checkpoints = Checkpointer(sys.argv[1], comm=Communicator(None))\n"
-        "checkpoints.save(1, {'w': numpy.ones(3)})\n"
-        "checkpoints.release()\n")
-    done = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True,
-                          text=True, timeout=60)
-    assert done.returncode == 0, done.stderr
+    run_checkpointing_script(tmp_path, "checkpoints.save(1, {'w': numpy.ones(3)})\n"
+                                       "checkpoints.release()\n")
     assert make(tmp_path).steps() == []
 
 

@@ -729,16 +729,23 @@ class Checkpointer:
         ranks committing is collective and the others may not be here, so the background
         writer is only waited for. Then `release`."""
         try:
-            if self.comm.size == 1:
-                try:
-                    self.wait()
-                except Exception as exc:
-                    warnings.warn(f"could not commit the pending checkpoint in "
-                                  f"{self.directory}: {exc}", stacklevel=3)
-            else:
-                self._join()
+            self._settle_pending("")
         finally:
             self.release()
+
+    def _settle_pending(self, when):
+        """The pending save's end without the other ranks: in one process committed (a failure
+        is a warning, ``when`` saying when it happened); over several ranks, where committing
+        is collective, only its files waited for. Returns the uncommitted save there, or None.
+        """
+        if self.comm.size > 1:
+            return self._join()
+        try:
+            self.wait()
+        except Exception as exc:
+            warnings.warn(f"could not commit the pending checkpoint in {self.directory}{when}: "
+                          f"{exc}", stacklevel=4)
+        return None
 
     def _finish_at_exit(self):
         """What the end of the interpreter does with a checkpointer still open: wait for the
@@ -748,23 +755,14 @@ class Checkpointer:
         finalized by now, so it is left uncommitted, with a warning. Errors become warnings:
         nothing is left to raise them to."""
         try:
-            if self.comm.size == 1:
-                try:
-                    self.wait()
-                except Exception as exc:
-                    warnings.warn(f"could not commit the pending checkpoint in "
-                                  f"{self.directory} at exit: {exc}", stacklevel=2)
-            else:
-                pending = self._join()
-                if pending is not None:
-                    failed = "" if pending.error is None else (
-                        f" (its write failed: {pending.error})")
-                    warnings.warn(f"checkpoint step {pending.step} in {self.directory} was not "
-                                  f"committed{failed}: the process ended without calling "
-                                  "close() or wait() on every rank", stacklevel=2)
-            self._join_pruning()
+            pending = self._settle_pending(" at exit")
+            if pending is not None:
+                failed = "" if pending.error is None else f" (its write failed: {pending.error})"
+                warnings.warn(f"checkpoint step {pending.step} in {self.directory} was not "
+                              f"committed{failed}: the process ended without calling close() "
+                              "or wait() on every rank", stacklevel=2)
         finally:
-            self.release()
+            self.release()  # which also waits for the deletion of old checkpoints
 
     def release(self):
         """Give up the directory's write lock without committing anything (no collective),
