@@ -22,6 +22,7 @@ __all__ = [
     "is_real_number",
     "check_real_number",
     "check_integer",
+    "check_seed",
 ]
 
 #: Value dtypes a sparse array may hold. Integer and boolean input is converted to float64.
@@ -181,6 +182,15 @@ def check_real_number(name, value, positive=True):
     if not math.isfinite(value) or (positive and value <= 0):
         raise ValueError(f"{name} must be a finite number{' > 0' if positive else ''}, "
                          f"got {value}")
+
+
+def check_seed(seed):
+    """``seed`` as a non-negative Python int (NumPy's own errors for a bad seed do not name
+    the argument); TypeError or ValueError naming ``seed`` otherwise."""
+    seed = check_integer(seed, "seed")
+    if seed < 0:
+        raise ValueError(f"seed must be a non-negative integer, got {seed}")
+    return seed
 
 
 def check_integer(value, name):

@@ -5,17 +5,9 @@ Each generator is deterministic for a given ``seed`` and returns a canonical `cs
 import numpy as np
 
 from ._csr import csr_array
-from ._sputils import check_integer, check_real_number, get_index_dtype
+from ._sputils import check_integer, check_real_number, check_seed, get_index_dtype
 
 __all__ = ["planted_partition", "rmat"]
-
-
-def _check_seed(seed):
-    """``seed`` as a Python int: NumPy's own errors for a bad seed do not name the argument."""
-    seed = check_integer(seed, "seed")
-    if seed < 0:
-        raise ValueError(f"seed must be a non-negative integer, got {seed}")
-    return seed
 
 
 def rmat(scale, edge_factor=16, probabilities=(0.57, 0.19, 0.19, 0.05), seed=0,
@@ -67,7 +59,7 @@ def rmat(scale, edge_factor=16, probabilities=(0.57, 0.19, 0.19, 0.05), seed=0,
             or not np.isclose(probabilities.sum(), 1)):
         raise ValueError(
             f"probabilities must be 4 non-negative numbers summing to 1, got {probabilities}")
-    seed = _check_seed(seed)
+    seed = check_seed(seed)
     n = 1 << int(scale)
     n_edges = int(edge_factor) * n
     rng = np.random.default_rng(seed)
@@ -147,7 +139,7 @@ def planted_partition(n_communities, community_size, internal_degree=8.0, extern
         check_real_number(name, degree, positive=False)
         if degree < 0:
             raise ValueError(f"{name} must be non-negative, got {degree}")
-    seed = _check_seed(seed)
+    seed = check_seed(seed)
     n = n_communities * community_size
     rng = np.random.default_rng(seed)
     labels = np.repeat(np.arange(n_communities, dtype=np.int64), community_size)

@@ -5,7 +5,7 @@ from importlib import resources
 import numpy as np
 
 from .._csr import csr_array
-from .._sputils import check_integer
+from .._sputils import check_integer, check_seed
 from ..io import _open_npz, _read_member, load_npz
 
 __all__ = ["Dataset", "available", "load", "load_file"]
@@ -177,9 +177,7 @@ def load_file(path, random_features=None, seed=0, name=None):
         random_features = check_integer(random_features, "random_features")
         if random_features < 1:
             raise ValueError(f"random_features must be a positive width, got {random_features!r}")
-        seed = check_integer(seed, "seed")
-        if seed < 0:
-            raise ValueError(f"seed must be a non-negative integer, got {seed}")
+        seed = check_seed(seed)
         rng = np.random.default_rng(seed)
         x = rng.standard_normal((n, random_features), dtype=np.float32)
     elif has_features:

@@ -209,7 +209,8 @@ def train(dataset="cora", model="gcn", partition="metis", *, epochs=None, lr=Non
     import torch
 
     from ..nn import models
-    from ..nn.train import _check_kl_clip, _check_schedule, default_damping, fit
+    from ..nn.train import (_check_kl_clip, _check_positive_int, _check_schedule,
+                            default_damping, fit)
     from ..optim._modes import default_momentum_sync
 
     comm = init() if comm is None else check_communicator(comm)
@@ -234,15 +235,9 @@ def train(dataset="cora", model="gcn", partition="metis", *, epochs=None, lr=Non
         settings.update({k: v for k, v in overrides.items() if v is not None})
         _check_schedule(settings["epochs"], settings["lr"], settings["weight_decay"])
         # Before the checkpoint directory is taken and the graph read, as fit would only then.
-        if isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, int) \
-                or checkpoint_every < 1:
-            raise ValueError(f"checkpoint_every must be a positive int, got "
-                             f"{checkpoint_every!r}")
-        if preconditioner is not None and (isinstance(curvature_interval, bool)
-                                           or not isinstance(curvature_interval, int)
-                                           or curvature_interval < 1):
-            raise ValueError(f"curvature_interval must be a positive int, got "
-                             f"{curvature_interval!r}")
+        _check_positive_int(checkpoint_every, "checkpoint_every")
+        if preconditioner is not None:
+            _check_positive_int(curvature_interval, "curvature_interval")
 
         # The fingerprint holds the values the run uses, so that naming a default changes nothing.
         if preconditioner is not None and damping is None:

@@ -263,9 +263,7 @@ def fit(model, x, adj, y, masks, *, epochs=200, lr=0.01, weight_decay=5e-4, prog
         raise ValueError("the training mask selects no node")
     select_last = n_val == 0   # no validation to select by: the last epoch is the model
     n_val, n_test = max(n_val, 1.0), max(n_test, 1.0)  # empty splits report accuracy 0
-    if isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, int) \
-            or checkpoint_every < 1:
-        raise ValueError(f"checkpoint_every must be a positive int, got {checkpoint_every!r}")
+    _check_positive_int(checkpoint_every, "checkpoint_every")
     _check_schedule(epochs, lr, weight_decay)
     _check_kl_clip(preconditioner, kl_clip)
     step_optimizer = _optimizer(optimizer, param_groups(model, weight_decay), lr, graph,
@@ -481,6 +479,11 @@ def default_damping(preconditioner, optimizer="adam"):
     return adam_damping
 
 
+def _check_positive_int(value, name):
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+
+
 def _check_schedule(epochs, lr, weight_decay):
     """Raise ``ValueError`` (``TypeError`` for a non-number) unless ``epochs`` is an int >= 0,
     ``lr`` a finite number > 0 and ``weight_decay`` a finite number >= 0: checked before
@@ -515,9 +518,7 @@ def _preconditioner(name, model, graph, n_train, curvature_interval, optimizer, 
     if name not in PRECONDITIONERS:
         raise ValueError(f"preconditioner must be None or one of {tuple(PRECONDITIONERS)}, got "
                          f"{name!r}")
-    if isinstance(curvature_interval, bool) or not isinstance(curvature_interval, int) \
-            or curvature_interval < 1:
-        raise ValueError(f"curvature_interval must be a positive int, got {curvature_interval!r}")
+    _check_positive_int(curvature_interval, "curvature_interval")
     maker_name = PRECONDITIONERS[name][0]
     if damping is None:
         damping = default_damping(name, optimizer)
