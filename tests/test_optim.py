@@ -1,6 +1,7 @@
 """Lion against lion-pytorch, the compressed vote formats against plain loops, and
 `DistributedLion` on one rank (the mpiexec runs are in test_optim_mpi.py)."""
 import copy
+import warnings
 
 import numpy as np
 import pytest
@@ -191,6 +192,19 @@ def test_distributed_lion_refuses_a_non_bool_average_and_device_parameters():
     optimizer = DistributedLion(_mlp().parameters())
     with pytest.raises(ValueError, match="host memory; a parameter is on meta"):
         optimizer.add_param_group({"params": [torch.nn.Parameter(torch.ones(2, device="meta"))]})
+    assert len(optimizer.param_groups) == 1
+
+
+def test_distributed_lion_refuses_a_parameter_listed_twice():
+    model = _mlp()
+    with pytest.raises(ValueError, match="lists one twice"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")   # torch's own warning on duplicates
+            DistributedLion([model[0].weight, model[0].weight])
+    optimizer = DistributedLion(model[0].parameters())
+    with pytest.raises(ValueError, match="lists one twice"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        optimizer.add_param_group({"params": [model[2].weight, model[2].weight]})
     assert len(optimizer.param_groups) == 1
 
 

@@ -201,13 +201,22 @@ class DistributedLion(Lion):
         self._sync_buffer = None
 
     def add_param_group(self, param_group):
-        """`Lion.add_param_group`, refusing parameters outside host memory."""
+        """`Lion.add_param_group`, refusing parameters outside host memory and a parameter
+        listed twice in the group."""
         super().add_param_group(param_group)
-        for param in self.param_groups[-1]["params"]:
+        params = self.param_groups[-1]["params"]
+        for param in params:
             if param.device.type != "cpu":
                 self.param_groups.pop()
                 raise ValueError(f"DistributedLion exchanges host memory; a parameter is "
                                  f"on {param.device}")
+        # Torch only warns here; one process would then step the parameter twice, each step
+        # reading the momentum the first left, while the ranks' vote is taken once on the
+        # momentum before both, so P ranks would not reproduce one.
+        if len({id(param) for param in params}) != len(params):
+            self.param_groups.pop()
+            raise ValueError("DistributedLion takes each parameter once; a parameter group "
+                             "lists one twice")
 
     def __getstate__(self):
         """`Lion.__getstate__` and this optimizer's settings, counters and communicator."""
