@@ -969,6 +969,46 @@ def test_state_dict_resume_bit_for_bit(fisher, maker, schedule, layout, model_na
         assert torch.equal(e, p.detach())
 
 
+def test_low_rank_rows_of_a_transposed_input_resume_bit_for_bit_from_row_major_tensors():
+    """A Linear fed a transposed (column-major) batch keeps its input factor as rows; the
+    curvature is refreshed every 4 steps, so the steps after the save apply the saved rows.
+    Handed back row-major (as a checkpoint or a broadcast gives them), they resume bit for
+    bit: the rows are stored row-major, not with the strides of the input."""
+    x = torch.randn(100, 32, dtype=DTYPE, generator=torch.Generator().manual_seed(4)).T
+    t = torch.randint(0, 3, (32,), generator=torch.Generator().manual_seed(5))
+    config = P.PreconditioningConfig(data_size=32, damping=1e-3, curvature_upd_interval=4)
+
+    def fresh():
+        model = wide_mlp()
+        return model, P.KfacGradientMaker(model, config, fisher_type="emp")
+
+    def steps(model, gm, count):  # plain SGD: no optimizer state to carry over
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        for _ in range(count):
+            opt.zero_grad()
+            dy = gm.setup_model_call(model, x)
+            gm.setup_loss_call(F.cross_entropy, dy, t)
+            gm.forward_and_backward()
+            opt.step()
+
+    model, gm = fresh()
+    steps(model, gm, 4)
+    expected = [p.detach().clone() for p in model.parameters()]
+    model, gm = fresh()
+    steps(model, gm, 1)
+    saved = gm.state_dict()
+    assert "A_rows" in saved["factors"]["0"]
+    saved["factors"] = {name: {key: tensor.contiguous() for key, tensor in entry.items()}
+                        for name, entry in saved["factors"].items()}
+    weights = copy.deepcopy(model.state_dict())
+    model, gm = fresh()
+    model.load_state_dict(weights)
+    gm.load_state_dict(saved)
+    steps(model, gm, 3)
+    for e, p in zip(expected, model.parameters()):
+        assert torch.equal(e, p.detach())
+
+
 def test_load_state_dict_checks():
     gm = P.KfacGradientMaker(mlp(), P.PreconditioningConfig(data_size=32), fisher_type="emp")
     x, t = batch((32, 20))
@@ -1373,6 +1413,21 @@ def test_schedules():
     assert [by_ratio.do_update_preconditioner(k) for k in range(10)] == expected
     with pytest.warns(RuntimeWarning, match="past num_total_steps"):
         assert not by_ratio.do_update_preconditioner(10)
+
+
+def test_curvature_ratio_without_a_moving_average_is_refused_by_the_natural_makers_only():
+    """As in ASDL: the config takes ``curvature_upd_ratio`` without ``ema_decay``; Shampoo and
+    Jorge (statistics summed) follow its schedule, K-FAC and the diagonal Fisher refuse it."""
+    config = P.PreconditioningConfig(num_total_steps=10, curvature_upd_ratio=1.0,
+                                     preconditioner_upd_ratio=0.5)
+    for name in ("ShampooGradientMaker", "JorgeGradientMaker"):
+        gm = getattr(P, name)(mlp(), config)
+        assert [gm.do_update_curvature(k) for k in range(10)] == [True] * 10
+        assert [gm.do_update_preconditioner(k) for k in range(10)] == [True, False] * 5
+    for name in ("KfacGradientMaker", "DiagNaturalGradientMaker"):
+        with pytest.raises(ValueError, match=f"{name} needs ema_decay with curvature_upd_ratio"):
+            getattr(P, name)(mlp(), P.PreconditioningConfig(
+                data_size=4, num_total_steps=10, curvature_upd_ratio=1.0))
 
 
 def test_schedules_follow_the_config_as_it_changes():

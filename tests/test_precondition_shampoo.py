@@ -817,6 +817,36 @@ def test_overflowing_statistics_are_skipped(maker):
         assert max(float(g.abs().max()) for g in grads) > 1e15
 
 
+def _weighted_sum(y, weights, reduction="mean"):
+    return (y.float() * weights).sum()
+
+
+@pytest.mark.parametrize("maker", ["ShampooGradientMaker", "JorgeGradientMaker"])
+def test_half_precision_direction_that_overflows_leaves_the_gradient(maker):
+    """A float16 weight: roots from a tiny gradient in one direction, then a gradient of 100
+    in the direction their statistics never saw, which the roots scale by about
+    ``damping^-1/2 = 1e4``. The float32 direction is finite but overflows float16: a
+    RuntimeWarning, and the gradient stays as the backward left it (no inf)."""
+    model = nn.Linear(2, 2, bias=False).half()
+    gm = getattr(P, maker)(model, P.PreconditioningConfig(
+        damping=1e-8, curvature_upd_interval=1, preconditioner_upd_interval=100),
+        grafting=None)
+    x = torch.eye(2, dtype=torch.float16)
+    weights = torch.tensor([[1e-3, 0.0], [0.0, 100.0]])
+    for step in range(2):
+        model.zero_grad()
+        dy = gm.setup_model_call(model, x[step:step + 1])
+        gm.setup_loss_call(_weighted_sum, dy, weights[step:step + 1])
+        if step == 0:
+            gm.forward_and_backward()
+            continue
+        with pytest.warns(RuntimeWarning, match="step 1: preconditioned gradient that "
+                                                "overflows torch.float16 in parameter 'weight'"):
+            gm.forward_and_backward()
+    expected = torch.tensor([[0.0, 0.0], [0.0, 100.0]], dtype=torch.float16)
+    assert torch.equal(model.weight.grad, expected)
+
+
 def test_nan_gradient_skips_step_and_unchecked_nan_is_not_spread():
     """check_finite (default): a NaN input skips the step (the base loop's warning, gradients
     zeroed, statistics untouched). check_finite=False: the statistics refuse the NaN, the

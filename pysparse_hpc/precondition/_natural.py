@@ -141,6 +141,16 @@ class NaturalGradientMaker(PreconditionedGradientMaker):
     def _supported_names(self):
         return "nn.Linear, nn.Conv2d or nn.Embedding"
 
+    def _check_config(self):
+        super()._check_config()
+        # Here, not in PreconditioningConfig: ASDL's config accepts the ratio without a moving
+        # average, and its Shampoo uses it (its statistics are sums); its natural-gradient
+        # makers refuse it, as these do.
+        if self.config.curvature_upd_ratio is not None and not self.config.uses_ema:
+            raise ValueError(f"{type(self).__name__} needs ema_decay with "
+                             f"curvature_upd_ratio: without a moving average the curvature "
+                             f"is recomputed with every preconditioner update")
+
     # ------------------------------------------------------------------ step 1: compute
     def _curvature_forward_and_backward(self):
         self._pending = {}

@@ -424,6 +424,14 @@ class RootGradientMaker(PreconditionedGradientMaker):
             return
         if target is not None:
             direction = direction.mul(target / norm) if norm > 0 else torch.zeros_like(G)
+        if direction.dtype != grad.dtype:
+            # Rounded to the gradient's dtype first: a finite float32 direction can overflow a
+            # half-precision gradient (roots of small statistics against a larger gradient).
+            direction = direction.to(grad.dtype)
+            if not _all_finite(direction):
+                self._warn(name, (f"preconditioned gradient that overflows {grad.dtype}",
+                                  "the gradient is left unchanged"))
+                return
         grad.copy_(direction.view(grad.shape))
 
     @staticmethod

@@ -57,8 +57,9 @@ class PreconditioningConfig:
         The first this many steps all update the curvature.
     curvature_upd_ratio : float, optional
         With `num_total_steps`: the fraction of steps that update the curvature (``None``: the
-        curvature follows `curvature_upd_interval`, else the preconditioner's schedule). Needs
-        `ema_decay` (as in ASDL).
+        curvature follows `curvature_upd_interval`, else the preconditioner's schedule). K-FAC
+        and the diagonal Fisher need `ema_decay` with it (as in ASDL); Shampoo and Jorge,
+        whose statistics are sums without one, do not.
     curvature_warmup_ratio : float, default 0.0
         With `num_total_steps` and `curvature_upd_ratio`: the warm-up fraction.
     curvature_interval_type : {"constant"}
@@ -171,9 +172,6 @@ class PreconditioningConfig:
                 if not (isinstance(entry, (type, str)) or hasattr(entry, "named_modules")):
                     raise TypeError(f"ignore_modules entries must be module classes, modules "
                                     f"or strings, got {type(entry).__name__} ({entry!r})")
-        if self.curvature_upd_ratio is not None and self.ema_decay == _UNSET:
-            raise ValueError("curvature_upd_ratio needs ema_decay: without a moving average "
-                             "the curvature is recomputed with every preconditioner update")
 
     @property
     def uses_ema(self):

@@ -467,7 +467,10 @@ class KfacGradientMaker(NaturalGradientMaker):
             if name in rows:
                 if "A_woodbury_damping" in state and "A_woodbury_rows" not in state:
                     state["A_woodbury_rows"] = state["A_rows"]
-                state["A_rows"] = rows[name].mul(root)  # a view of the input: not in place
+                # Not in place: a view of the input. Row-major (see `_row_major`): the product
+                # keeps the strides of a transposed input, which a checkpoint hands back
+                # row-major, and the resumed run would round its products differently.
+                state["A_rows"] = rows[name].mul(root).contiguous()
                 state.pop("A", None)
             else:
                 # The rows' inverse goes with them (a rank that does not own the module under
