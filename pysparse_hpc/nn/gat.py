@@ -60,9 +60,10 @@ class GATConv(torch.nn.Module):
     lin : torch.nn.Linear
         The dense transform H = X W of all heads, bias-free (``lin.weight`` is
         ``heads * out_channels`` x ``in_channels``, as PyG's); gradient preconditioners
-        (`pysparse_hpc.precondition`) precondition it as a Linear. ``att_src``, ``att_dst``
-        (heads x out_channels) and ``bias`` keep their plain gradients there. A state dict
-        of PyG's ``GATConv`` of the same sizes loads as it is (its ``(1, heads,
+        (`pysparse_hpc.precondition`) precondition it as a Linear. ``bias`` keeps its plain
+        gradient there, as do ``att_src`` and ``att_dst`` (heads x out_channels) under K-FAC
+        and the diagonal Fisher; Shampoo and Jorge precondition those two as matrices. A
+        state dict of PyG's ``GATConv`` of the same sizes loads as it is (its ``(1, heads,
         out_channels)`` attention vectors are taken without the leading axis).
     att_src, att_dst : torch.nn.Parameter
     bias : torch.nn.Parameter or None
