@@ -132,8 +132,10 @@ class sparray:
                             f"a {type(other).__name__}); convert both with to_scipy()")
         left = other if is_torch_tensor(other) else np.asarray(other)
         if left.ndim not in (1, 2):
-            raise ValueError(f"the left operand of @ must be 1-D or 2-D, got {left.ndim}-D "
-                             f"(use * for a scalar)")
+            # No hint to use * instead: sparse arrays have no arithmetic operators.
+            found = ("0-D: a scalar, which @ does not take (scale the stored values instead)"
+                     if left.ndim == 0 else f"{left.ndim}-D with shape {tuple(left.shape)}")
+            raise ValueError(f"the left operand of @ must be 1-D or 2-D, got {found}")
         if left.shape[-1] != self.shape[0]:
             raise ValueError(f"dimension mismatch: the left operand of @ has shape "
                              f"{tuple(left.shape)} and A has shape {self.shape}; expected "

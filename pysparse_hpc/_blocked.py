@@ -201,6 +201,8 @@ class blocked_array(sparray):
         first = int(self.row_window_offset[window_id])
         stop = int(self.row_window_offset[window_id + 1])
         n_blocks = -(-(stop - first) // self.block_width)
+        # Checked as the window is: a float passed the range test and failed in the slicing.
+        block_id = check_integer(block_id, "block")
         if not 0 <= block_id < n_blocks:
             raise IndexError(f"block {block_id} out of range: window {window_id} has {n_blocks} "
                              "blocks")
@@ -402,7 +404,9 @@ def _check_blocked_arrays(values, col_idx, row_window_offset, vector_mask, shape
         )
     if not full_check:
         return
-    if np.any(np.diff(row_window_offset) < 0):
+    # Comparisons, not np.diff: a difference of unsigned indices wraps instead of going
+    # negative, and a decreasing pair would pass as a huge step.
+    if np.any(row_window_offset[1:] < row_window_offset[:-1]):
         raise ValueError("row_window_offset must be non-decreasing")
     if col_idx.size:
         if col_idx.min() < 0 or col_idx.max() >= n_cols:
@@ -410,8 +414,11 @@ def _check_blocked_arrays(values, col_idx, row_window_offset, vector_mask, shape
                 f"col_idx holds columns in [{col_idx.min()}, {col_idx.max()}], expected "
                 f"0 <= col < {n_cols}"
             )
-        same_window = np.repeat(np.arange(n_windows), np.diff(row_window_offset))
-        ascending = np.diff(col_idx) > 0
+        # Non-decreasing from 0 to len(col_idx): every offset fits in int64 (np.repeat
+        # refuses uint64 counts).
+        counts = np.diff(row_window_offset.astype(np.int64))
+        same_window = np.repeat(np.arange(n_windows), counts)
+        ascending = col_idx[1:] > col_idx[:-1]
         if np.any(~ascending & (same_window[1:] == same_window[:-1])):
             raise ValueError("col_idx must be strictly ascending within each window")
     if vector_mask is not None:

@@ -21,6 +21,8 @@ from ._sputils import (
 
 __all__ = ["csr_array", "CooTriplets", "as_csr"]
 
+_INT64_MAX = int(np.iinfo(np.int64).max)
+
 
 class CooTriplets(NamedTuple):
     """Coordinate view of a sparse array: entry ``k`` is ``data[k]`` at ``(row[k], col[k])``."""
@@ -196,8 +198,7 @@ class csr_array(sparray):
         if indptr.size == 0:
             raise ValueError("indptr has length 0, expected rows+1 >= 1")
         if shape is None:
-            n_cols = int(indices.max()) + 1 if indices.size else 0
-            shape = (indptr.size - 1, max(n_cols, 0))
+            shape = (indptr.size - 1, _inferred_extent(indices, "indices"))
         index_dtype = index_dtype or get_index_dtype((indices, indptr),
                                                      maxval=max(shape + (indices.size,)))
         check_index_dtype_holds(index_dtype, max(shape + (indices.size,)))
@@ -223,7 +224,7 @@ class csr_array(sparray):
             if coords.size and coords.min() < 0:
                 raise ValueError(f"{name} holds a negative index ({coords.min()})")
         if shape is None:
-            shape = (int(row.max()) + 1 if row.size else 0, int(col.max()) + 1 if col.size else 0)
+            shape = (_inferred_extent(row, "row"), _inferred_extent(col, "col"))
         for axis, (name, coords) in enumerate((("row", row), ("col", col))):
             if coords.size and coords.max() >= shape[axis]:
                 raise ValueError(
@@ -243,6 +244,9 @@ class csr_array(sparray):
             # The values, not the autograd graph NumPy cannot take, nor a lazy negation
             # (``z.conj().imag``) numpy() refuses; both resolve to the tensor itself otherwise.
             arg = arg.detach().cpu().resolve_neg().resolve_conj()
+            if str(arg.dtype) == "torch.bfloat16":  # NumPy has none: say so before it fails
+                raise TypeError("values of dtype torch.bfloat16 are not supported; expected "
+                                "float16, float32 or float64 (convert with .float())")
         try:
             dense = np.asarray(arg)
         except (TypeError, ValueError) as exc:
@@ -438,6 +442,20 @@ def _contiguous(array, dtype, copy):
     if copy:
         return np.array(array, dtype=dtype, order="C")
     return np.ascontiguousarray(array, dtype=dtype)
+
+
+def _inferred_extent(coords, name):
+    """The dimension that ``coords`` imply when no shape is given: the largest index + 1, at
+    least 0 (a negative index is refused later, by the range checks).
+
+    An unsigned index of 2**63 - 1 or more is refused here: it would imply a dimension beyond
+    int64, pass the range checks against it, and wrap negative in the cast to int64 indices.
+    """
+    extent = max(int(coords.max()) + 1, 0) if coords.size else 0
+    if extent > _INT64_MAX:
+        raise ValueError(f"{name} holds index {extent - 1}, beyond the largest that int64 "
+                         f"indices hold in a shape (2**63 - 2); expected {name} < 2**63 - 1")
+    return extent
 
 
 def _is_int(value):

@@ -309,6 +309,31 @@ def test_raw_values_without_a_mask_get_the_mask_checks():
     np.testing.assert_array_equal(built @ np.ones((4, 2)), np.ones((3, 2)))
 
 
+@pytest.mark.parametrize("index_dtype", [np.uint32, np.uint64])
+def test_raw_unsigned_indices_are_taken_and_checked(index_dtype):
+    """Unsigned raw indices are taken as csr_array takes them (uint64 ones failed in NumPy's
+    np.repeat), and their order is checked: a decreasing pair wrapped to a huge positive
+    difference and passed, so unsorted columns came back as a CSR flagged canonical."""
+    dense = np.zeros((16, 5))
+    dense[[0, 3, 9], [1, 4, 2]] = [1.0, 2.0, 3.0]
+    M = sph.csr_array(dense).to_mebcrs(block_width=1)
+    for mask in (M.vector_mask, None):
+        built = sph.mebcrs_array((M.values, M.col_idx.astype(index_dtype),
+                                  M.row_window_offset.astype(index_dtype), mask),
+                                 shape=(16, 5), block_width=1)
+        np.testing.assert_array_equal(built.toarray(), dense)
+    values = np.zeros(16)
+    values[[0, 9]] = [1.0, 2.0]   # vector 0 at row 0, vector 1 at row 1 (one per block)
+    with pytest.raises(ValueError, match="strictly ascending within each window"):
+        sph.mebcrs_array((values, np.array([3, 1], index_dtype), np.array([0, 2]), None),
+                         shape=(8, 5), block_width=1)
+    values = np.zeros(24)
+    values[[0, 8, 16]] = 1.0
+    with pytest.raises(ValueError, match="row_window_offset must be non-decreasing"):
+        sph.mebcrs_array((values, np.arange(3), np.array([0, 3, 2, 3], index_dtype), None),
+                         shape=(24, 5), block_width=1)
+
+
 @pytest.mark.parametrize("alpha, beta", [(np.inf, 0.0), (np.nan, 0.0), (1.0, np.inf)])
 def test_sddmm_keeps_the_padding_zero_for_infinite_scalars(rng, alpha, beta):
     A = sph.csr_array(random_scipy(rng, (10, 9), 0.3)).to_mebcrs()

@@ -36,6 +36,10 @@ def test_from_torch_tensor():
     # A lazily negated view (torch's negative bit), which numpy() refuses, reads as its values.
     z = torch.tensor([[1 + 2j, 0j], [0j, 3 - 1j]], dtype=torch.complex64)
     np.testing.assert_array_equal(sph.csr_array(z.conj().imag).toarray(), [[-2, 0], [0, 1]])
+    # bfloat16, which NumPy lacks, is refused by name with the way out (was NumPy's "Got
+    # unsupported ScalarType BFloat16"), as for a dense operand of @.
+    with pytest.raises(TypeError, match="torch.bfloat16 .* \\(convert with .float\\(\\)\\)"):
+        sph.csr_array(t.bfloat16())
 
 
 def test_from_raw_csr_shares_arrays_unless_copy():

@@ -135,6 +135,22 @@ def test_scipy_int64_columns_are_checked_before_an_int32_cast(column, message):
         sph.csr_array(S, index_dtype=np.int32)
 
 
+@pytest.mark.parametrize("make, message", [
+    (lambda big: (np.ones(1), np.array([big], np.uint64), np.array([0, 1])), "indices holds"),
+    (lambda big: (np.ones(1), (np.array([0], np.uint64), np.array([big], np.uint64))),
+     "col holds"),
+    (lambda big: (np.ones(1), (np.array([big], np.uint64), np.array([0], np.uint64))),
+     "row holds"),
+])
+@pytest.mark.parametrize("big", [2**63, 2**64 - 1])
+def test_unsigned_indices_beyond_int64_are_refused_without_a_shape(make, message, big):
+    """Without a shape, an unsigned index of 2**63 or more implied a shape beyond int64 that
+    passed its own range check, then wrapped to a negative column in the cast to int64 (a row
+    failed with an OverflowError from the conversion)."""
+    with pytest.raises(ValueError, match=f"{message} index {big}, beyond the largest"):
+        sph.csr_array(make(big))
+
+
 def test_a_requested_int32_index_dtype_must_hold_the_indices():
     """int32 requested for indices beyond its range would wrap them (past the range check)."""
     big = 2 ** 31 + 1
@@ -186,8 +202,13 @@ def test_operator_operands_are_named():
         scipy.sparse.csr_array(np.eye(2)) @ A
     with pytest.raises(TypeError, match="the left operand of @ must hold float16"):
         np.ones((2, 2), dtype=int) @ A
-    with pytest.raises(ValueError, match="use \\* for a scalar"):
+    # The message pointed scalars to *, which sparse arrays do not have either.
+    with pytest.raises(ValueError, match="got 0-D: a scalar, which @ does not take"):
         2.0 @ A
+    with pytest.raises(TypeError, match="unsupported operand"):
+        2.0 * A
+    with pytest.raises(ValueError, match="got 3-D with shape \\(2, 2, 2\\)$"):
+        np.ones((2, 2, 2)) @ A
     torch = pytest.importorskip("torch")
     product = torch.ones(3, 2, dtype=torch.float64) @ A
     assert isinstance(product, torch.Tensor) and product.shape == (3, 2)
@@ -206,6 +227,9 @@ def test_operator_operands_are_named():
     for window in (0.5, "a", True):
         with pytest.raises(TypeError, match="window must be an integer"):
             blocked.get_block(window, 0)
+        # The block passed its range test as a float and failed in NumPy's slicing.
+        with pytest.raises(TypeError, match="block must be an integer"):
+            blocked.get_block(0, window if window != 0.5 else 0.0)
     for threads in (1.5, True, None):
         with pytest.raises(TypeError, match="number of threads must be an integer"):
             sph.set_num_threads(threads)
