@@ -80,6 +80,27 @@ def test_one_rank_communicator():
         comm.Allreduce(np.zeros((3, 3))[:, 0])
 
 
+def test_one_rank_communicator_without_mpi_exchanges_with_itself_or_says_why_not():
+    """Without MPI, Sendrecv with rank 0 (which MPI makes on one rank) and the point-to-point
+    calls failed with an AttributeError of None, as did a bad argument of the constructor."""
+    comm = Communicator(None)
+    received = np.zeros(3)
+    assert comm.Sendrecv(np.arange(3.0), 0, received, 0) is received
+    assert received.tolist() == [0, 1, 2] and comm.stats() == {}
+    with pytest.raises(ValueError, match="expected 16 bytes from rank 0"):
+        comm.Sendrecv(np.ones(3), 0, np.zeros(2), 0)
+    with pytest.raises(ValueError, match="dest must be a rank in"):
+        comm.Sendrecv(np.ones(3), 1, np.zeros(3), 0)
+    for call in (comm.Isend, comm.Irecv):
+        with pytest.raises(RuntimeError, match="has no MPI"):
+            call(np.zeros(2), 0, 1, "x")
+    assert comm.stats() == {}
+    with pytest.raises(TypeError, match="already a pysparse_hpc Communicator"):
+        Communicator(comm)
+    with pytest.raises(TypeError, match="mpi4py communicator .* or None, got int"):
+        Communicator(3)
+
+
 def test_init_is_one_rank_without_mpiexec_and_made_once():
     comm = distributed.init()
     assert comm.size == 1 and comm.rank == 0
@@ -221,6 +242,20 @@ def test_one_rank_graph_is_the_whole_graph(cora, cora_graph):
     assert np.array_equal(scattered.local.indices, cora_graph.local.indices)
 
 
+def test_allreduce_sum_keeps_the_fractions_of_numpy_and_torch_numbers(cora_graph):
+    """A NumPy float32 scalar or a torch scalar is no Python float: it was summed as an
+    int64, so 0.5 came back as 0."""
+    assert cora_graph.allreduce_sum(np.float32(0.5)) == 0.5
+    assert cora_graph.allreduce_sum(torch.tensor(0.25)) == 0.25
+    assert cora_graph.allreduce_sum(2.5) == 2.5 and cora_graph.allreduce_sum(3) == 3
+    np.testing.assert_array_equal(cora_graph.allreduce_sum(torch.tensor([0.5, 1.5])),
+                                  [0.5, 1.5])
+    summed = cora_graph.allreduce_sum(np.array([[0.5], [2.0]], dtype=np.float32))
+    assert summed.shape == (2, 1) and summed.dtype == np.float64
+    with pytest.raises(TypeError, match="real numbers"):
+        cora_graph.allreduce_sum(1j)
+
+
 def test_bad_graph_input(cora):
     comm = Communicator(None)
     n = cora.adj.shape[0]
@@ -356,6 +391,8 @@ def test_data_parallel_on_one_rank():
         distributed.DataParallel(lambda x: x)
     with pytest.raises(ValueError, match="bucket_mb must be positive"):
         distributed.DataParallel(model, bucket_mb=0)
+    with pytest.raises(TypeError, match="bucket_mb must be a number of megabytes, got str"):
+        distributed.DataParallel(model, bucket_mb="25")
 
 
 def test_a_collected_data_parallel_leaves_its_module_as_it_was():

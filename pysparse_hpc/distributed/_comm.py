@@ -367,6 +367,14 @@ class Communicator:
     """
 
     def __init__(self, mpi_comm=None):
+        # Checked here: a library Communicator passed again, or anything else, failed with
+        # an AttributeError about Get_rank.
+        if isinstance(mpi_comm, Communicator):
+            raise TypeError("mpi_comm is already a pysparse_hpc Communicator: use it as it is")
+        if mpi_comm is not None and not (hasattr(mpi_comm, "Get_rank")
+                                         and hasattr(mpi_comm, "Get_size")):
+            raise TypeError(f"mpi_comm must be an mpi4py communicator (MPI.COMM_WORLD, or one "
+                            f"made from it) or None, got {type(mpi_comm).__name__}")
         self.mpi = mpi_comm
         self.rank = 0 if mpi_comm is None else mpi_comm.Get_rank()
         self.size = 1 if mpi_comm is None else mpi_comm.Get_size()
@@ -532,15 +540,25 @@ class Communicator:
                 self._count(kind, 0, 0, 1, view.nbytes)
         return buffer
 
+    def _no_messages(self, what):
+        """Refuse a point-to-point call of a one-rank communicator without MPI by name (it
+        failed with an AttributeError of None)."""
+        if self.mpi is None:
+            raise RuntimeError(f"{what}: this one-rank communicator has no MPI, so it has no "
+                               "messages to itself (Sendrecv with rank 0 copies); install "
+                               "mpi4py for self-messages")
+
     def Isend(self, buffer, dest, tag, kind):
         """Start sending ``buffer`` to rank ``dest``; keep the buffer alive until waited on."""
         view = _as_buffer(buffer)
+        self._no_messages("Isend")
         self._count(kind, 1, view.nbytes, 0, 0)
         return _Request(self.mpi.Isend(view, dest=dest, tag=tag), self, kind)
 
     def Irecv(self, buffer, source, tag, kind):
         """Start receiving into ``buffer`` from rank ``source``."""
         view = _as_buffer(buffer, written=True)
+        self._no_messages("Irecv")
         self._count(kind, 0, 0, 1, view.nbytes)
         return _Request(self.mpi.Irecv(view, source=source, tag=tag), self, kind,
                         receive=(source, view.nbytes))
@@ -549,6 +567,17 @@ class Communicator:
         """Send ``sendbuf`` to rank ``dest`` while receiving ``recvbuf`` from rank ``source``
         (one blocking exchange, deadlock-free between two partners); returns ``recvbuf``."""
         send, recv = _as_buffer(sendbuf, "sendbuf"), _as_buffer(recvbuf, "recvbuf", True)
+        if self.mpi is None:
+            # One rank without MPI: the exchange with itself is a copy, as MPI's would be
+            # (a one-rank communicator counts nothing).
+            check_rank(dest, 1, "dest")
+            check_rank(source, 1, "source")
+            if send.nbytes != recv.nbytes:
+                raise ValueError(f"rank 0 expected {recv.nbytes} bytes from rank 0 in "
+                                 f"{kind!r} but received {send.nbytes}: sendbuf and recvbuf "
+                                 f"differ in dtype or shape")
+            recv.reshape(-1).view(np.uint8)[:] = send.reshape(-1).view(np.uint8)
+            return recvbuf
         self._watched(f"Sendrecv ({kind!r}) with ranks {dest} and {source}", self.mpi.Sendrecv,
                       send, dest=dest, sendtag=tag, recvbuf=recv, source=source, recvtag=tag)
         self._count(kind, 1, send.nbytes, 1, recv.nbytes)

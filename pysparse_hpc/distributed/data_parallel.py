@@ -14,7 +14,9 @@ import weakref
 
 import numpy as np
 import torch
+from torch.utils.weak import WeakIdKeyDictionary
 
+from .._sputils import is_real_number
 from ._comm import PARTICIPATION_KIND, check_communicator, init
 from ._sparse_grads import allreduce_sparse, sparse_gradient_parameters
 
@@ -23,6 +25,17 @@ __all__ = ["DataParallel", "PARTICIPATION_KIND"]
 #: The wrapper of each wrapped module (weak on both sides: neither keeps the other alive, and
 #: the module pickles as it did).
 _WRAPPER_OF = weakref.WeakKeyDictionary()
+#: The wrapper that reduces each parameter, as a weak reference (keyed by identity: tensors
+#: compare element-wise). A parameter reduced by two wrappers (a wrapped submodule of a wrapped
+#: model) was summed twice where one wrapper's bucket copied the other's sum.
+_REDUCER_OF = WeakIdKeyDictionary()
+
+
+def _reducer_of(param):
+    """The live wrapper that reduces ``param``, or None."""
+    ref = _REDUCER_OF.get(param)
+    wrapper = None if ref is None else ref()
+    return None if wrapper is None or wrapper._retired else wrapper
 
 
 class _Bucket:
@@ -93,9 +106,11 @@ class DataParallel(torch.nn.Module):
     MPI context of its own (`~pysparse_hpc.distributed.Communicator.duplicate`), so several
     wrappers on one communicator (an encoder and a head, a GAN's two networks, a wrapped
     submodule of a wrapped model) never take each other's reductions; their traffic is
-    counted in ``comm``'s `~pysparse_hpc.distributed.Communicator.stats`. A backward that
-    raised part-way leaves its reductions unfinished: the wrapper's next ``forward`` waits
-    for those it started and starts afresh, with a warning.
+    counted in ``comm``'s `~pysparse_hpc.distributed.Communicator.stats`. A parameter that
+    two live wrappers hold (the submodule's) is reduced once, by the newer wrapper; the
+    earlier takes it back at its next ``forward`` once the newer is retired or collected.
+    A backward that raised part-way leaves its reductions unfinished: the wrapper's next
+    ``forward`` waits for those it started and starts afresh, with a warning.
 
     Examples
     --------
@@ -110,6 +125,9 @@ class DataParallel(torch.nn.Module):
         super().__init__()
         if not isinstance(module, torch.nn.Module):
             raise TypeError(f"module must be a torch.nn.Module, got {type(module).__name__}")
+        if not is_real_number(bucket_mb):   # a string failed with a bare comparison error
+            raise TypeError(f"bucket_mb must be a number of megabytes, got "
+                            f"{type(bucket_mb).__name__}")
         if not bucket_mb > 0:
             raise ValueError(f"bucket_mb must be positive, got {bucket_mb!r}")
         self.module = module
@@ -144,14 +162,16 @@ class DataParallel(torch.nn.Module):
             earlier()._retire()
         _WRAPPER_OF[module] = weakref.ref(self)
         self._params = []
-        self._reduce(self._newly_trainable())
+        self._reduce(self._newly_trainable(take_over=True))
         if broadcast_parameters:
             self.broadcast_parameters()
 
-    def _newly_trainable(self):
-        """Parameters that require grad and are not reduced yet."""
+    def _newly_trainable(self, take_over=False):
+        """Parameters that require grad and are not reduced yet by this wrapper, nor (unless
+        ``take_over``: wrapping hands them to the newest wrapper) by another live one."""
         return [p for p in self.module.parameters()
-                if p.requires_grad and not self._hooked(p)]
+                if p.requires_grad and not self._hooked(p)
+                and (take_over or _reducer_of(p) in (None, self))]
 
     def _hooked(self, parameter):
         """Whether ``parameter`` itself carries our hook: compared by identity through the
@@ -171,15 +191,17 @@ class DataParallel(torch.nn.Module):
             if p.device.type != "cpu":
                 raise ValueError(f"DataParallel reduces host memory; a parameter is on "
                                  f"{p.device}")
+        # One wrapper per parameter: another live one that reduces some of ``added`` hands
+        # them over (every rank wraps alike, so all hand over the same ones).
+        others = {}
+        for p in added:
+            other = _reducer_of(p)
+            if other is not None and other is not self:
+                others.setdefault(id(other), (other, []))[1].append(p)
+        for other, given in others.values():
+            other._hand_over(given)
         reduced = {id(p) for p in self._params + added}
-        params = [p for p in self.module.parameters() if id(p) in reduced]
-        sparse = sparse_gradient_parameters(self.module)
-        self._params = params
-        # Sparse gradients (Embedding(sparse=True)) are summed apart, after the buckets.
-        self._sparse = [p for p in params if id(p) in sparse]
-        self._buckets = self._make_buckets([p for p in params[::-1] if id(p) not in sparse],
-                                           self._bucket_mb * 2 ** 20)
-        self._bucket_of = {id(p): b for b in self._buckets for p in b.params}
+        self._set_params([p for p in self.module.parameters() if id(p) in reduced])
         wrapper = weakref.ref(self)
         for p in added:
             stale = self._hooks.pop(id(p), None)
@@ -187,6 +209,27 @@ class DataParallel(torch.nn.Module):
                 stale[1].remove()
             self._hooks[id(p)] = (weakref.ref(p), p.register_post_accumulate_grad_hook(
                 functools.partial(_on_gradient_of, wrapper)))
+            _REDUCER_OF[p] = wrapper
+
+    def _set_params(self, params):
+        """Reduce ``params`` (in module order): their buckets."""
+        sparse = sparse_gradient_parameters(self.module)
+        self._params = params
+        # Sparse gradients (Embedding(sparse=True)) are summed apart, after the buckets.
+        self._sparse = [p for p in params if id(p) in sparse]
+        self._buckets = self._make_buckets([p for p in params[::-1] if id(p) not in sparse],
+                                           self._bucket_mb * 2 ** 20)
+        self._bucket_of = {id(p): b for b in self._buckets for p in b.params}
+
+    def _hand_over(self, params):
+        """Stop reducing ``params``, which a newer wrapper reduces from now on (this one takes
+        them back at its next ``forward`` once that one is retired or collected)."""
+        given = {id(p) for p in params}
+        for p in params:
+            entry = self._hooks.pop(id(p), None)
+            if entry is not None:
+                entry[1].remove()
+        self._set_params([p for p in self._params if id(p) not in given])
 
     def _retire(self):
         self._retired = True

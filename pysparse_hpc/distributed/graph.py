@@ -460,9 +460,23 @@ class DistGraph:
 
 
 def comm_sum(comm, value, kind="allreduce"):
-    """Sum over the ranks of ``comm`` of a number or array (float64 or int64 arithmetic)."""
-    floating = isinstance(value, float) or (isinstance(value, np.ndarray)
-                                            and value.dtype.kind == "f")
-    array = np.array(value, dtype=np.float64 if floating else np.int64, ndmin=1)
+    """Sum over the ranks of ``comm`` of a number or array (float64 or int64 arithmetic):
+    a number comes back as a Python number, anything with a shape (an array, a list, a
+    tensor of several values) as a new NumPy array of that shape."""
+    is_array = isinstance(value, np.ndarray)
+    if hasattr(value, "detach") and hasattr(value, "numpy"):
+        # A torch tensor, through its own conversion (NumPy's asks torch's __array__ for a
+        # copy keyword it does not take, with a DeprecationWarning).
+        value = value.detach().cpu().numpy()
+    values = np.asarray(value)
+    # Floating by the value's dtype, not its Python type: a NumPy float32 scalar or a torch
+    # scalar is no Python float, and was summed as an int64 (0.5 became 0).
+    if values.dtype.kind not in "biuf":
+        raise TypeError(f"the sum over the ranks adds real numbers, got "
+                        f"{type(value).__name__} of dtype {values.dtype}")
+    floating = values.dtype.kind == "f"
+    array = np.array(values, dtype=np.float64 if floating else np.int64, ndmin=1)
     comm.Allreduce(array, kind=kind)
-    return array if isinstance(value, np.ndarray) else array[0].item()
+    if is_array or values.shape != ():
+        return array.reshape(values.shape)
+    return array[0].item()
