@@ -58,7 +58,8 @@ def test_plan_ops_edge_cases_data_parallel_and_bad_input(ranks):
                "data_parallel", "data_parallel_sparse", "bfloat16", "bad_input_on_every_rank",
                "fit_refuses_wrong_local_rows_on_every_rank", "review_fixes",
                "halo_exchange_of_mismatched_rows", "data_parallel_broadcasts_buffers",
-               "graph_values_changed_on_some_ranks", "separate_contexts",
+               "graph_values_changed_on_some_ranks", "features_written_on_some_ranks",
+               "separate_contexts",
                "unfrozen_after_wrapping", "errors_of_other_ranks", "many_wrappers_and_graphs")
 
 
@@ -84,6 +85,11 @@ def test_training_reproduces_one_process(ranks, dtype):
 def test_training_reproduces_one_process_on_4_ranks():
     run_checks(4, "training", "--dtype", "float32", "--datasets", "cora", "--models",
                "gcn,gat", timeout=600)
+
+
+@requires_mpi
+def test_a_parameter_of_two_wrappers_is_reduced_once():
+    run_checks(2, "wrapped_submodule_of_a_wrapped_model", timeout=120)
 
 
 @requires_mpi

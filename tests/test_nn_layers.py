@@ -208,6 +208,51 @@ def test_gcnconv_keeps_the_evaluation_input_across_training_steps(graph, monkeyp
     assert conv._propagated.value is kept
 
 
+@pytest.mark.parametrize("write", ["numpy", "data"])
+def test_gcnconv_sees_features_written_where_torch_does_not_count(graph, write):
+    """Features sharing a NumPy array's memory (torch.from_numpy), or written through .data,
+    change without their version counter moving: the kept Â X must not outlive them."""
+    conv = nn.GCNConv(40, 4).double()
+    array = np.random.default_rng(0).standard_normal((14, 40))
+    x = torch.from_numpy(array)
+    for _ in range(3):                          # the third call reuses the kept Â X
+        conv(x, graph)
+    assert conv.last_order == "propagate_first"
+    if write == "numpy":
+        array *= 2.0
+    else:
+        x.data.mul_(2.0)
+    fresh = nn.GCNConv(40, 4).double()
+    fresh.load_state_dict(conv.state_dict())
+    torch.testing.assert_close(conv(x, graph), fresh(x.clone(), graph))
+
+
+@pytest.mark.parametrize("layer", [lambda: nn.GCNConv(3, 2), lambda: nn.GATConv(3, 2),
+                                   lambda: nn.AGNNConv()])
+def test_an_edge_index_written_through_numpy_is_converted_again(graph, layer):
+    """An edge_index sharing a NumPy array's memory changes without its version counter
+    moving: the layer must not keep the adjacency of its old edges."""
+    conv = layer().double()
+    edges = edge_index_of(graph).numpy().copy()
+    edge_index = torch.from_numpy(edges)
+    x = features(14, 3)
+    conv(x, edge_index)
+    edges[0, :] = (edges[0, :] + 1) % 14       # other sources, written in place
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)   # repeated edges, if any
+        torch.testing.assert_close(conv(x, edge_index), conv(x, edge_index.clone()))
+
+
+@pytest.mark.parametrize("layer", [lambda: nn.GCNConv(3, 2), lambda: nn.GATConv(3, 2),
+                                   lambda: nn.AGNNConv()])
+def test_edge_weights_passed_as_in_pyg_are_refused_with_the_way_to_pass_them(graph, layer):
+    """PyG's layers take edge weights (attributes) third, where ours take num_nodes."""
+    edge_index = edge_index_of(graph)
+    with pytest.raises(TypeError, match="no per-edge weights.*csr_array"):
+        layer()(features(14, 3, dtype=torch.float32), edge_index,
+                torch.ones(edge_index.shape[1]))
+
+
 @pytest.mark.parametrize("fmt", ["edge_index", "mebcrs", "blocked16"])
 def test_gcnconv_accepts_every_graph_form(graph, fmt):
     torch.manual_seed(1)

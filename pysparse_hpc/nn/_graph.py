@@ -278,13 +278,16 @@ class EdgeIndexCache:
 
     The tensor is held weakly and its version counter recorded, so modifying it in place or
     passing another tensor rebuilds the adjacency, and nothing keeps the tensor alive. A
-    tensor made under ``torch.inference_mode()`` has no version counter: it is converted on
-    every call. Nothing of the cache is pickled or copied.
+    checksum of a CPU tensor's contents is compared too: writes the version counter does not
+    count (into a NumPy array sharing its memory, as ``torch.from_numpy`` gives, or through
+    ``.data``) rebuild it as well. A tensor made under ``torch.inference_mode()`` has no
+    version counter: it is converted on every call. Nothing of the cache is pickled or copied.
     """
 
     def __init__(self):
         self._key = None
         self._adj = None
+        self._contents = None
 
     def __getstate__(self):
         return {}
@@ -292,15 +295,25 @@ class EdgeIndexCache:
     def __setstate__(self, state):
         self.__init__()
 
+    @staticmethod
+    def _checksum(edge_index):
+        # 2 x E integers, a small part of the conversion this saves (a device tensor would
+        # have to come to the host for it: there only the version counter is followed).
+        if edge_index.device.type != "cpu":
+            return None
+        return checksum(edge_index.detach().numpy())
+
     def get(self, edge_index, num_nodes):
         if edge_index.is_inference():
             return _from_edge_index(edge_index, num_nodes)
         key = (edge_index._version, num_nodes, tuple(edge_index.shape))
-        if self._key is not None and self._key[0]() is edge_index and self._key[1:] == key:
+        if (self._key is not None and self._key[0]() is edge_index and self._key[1:] == key
+                and self._contents == self._checksum(edge_index)):
             return self._adj
         adj = _from_edge_index(edge_index, num_nodes)
         self._key = (weakref.ref(edge_index),) + key
         self._adj = adj
+        self._contents = self._checksum(edge_index)
         return adj
 
 
@@ -322,6 +335,15 @@ def as_graph(adj, num_nodes=None, edge_cache=None, default_num_nodes=None):
     """A pysparse_hpc sparse array for ``adj``: a sparse array is returned as it is; a torch
     ``[2, E]`` edge_index is converted (through ``edge_cache`` when given, so once) with
     ``num_nodes`` nodes, else ``default_num_nodes`` (a layer's number of input rows)."""
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(num_nodes, torch.Tensor) and num_nodes.ndim >= 1:
+        # PyG's layers take edge weights (GCNConv) or attributes (GATConv) third: a port
+        # of such a call would otherwise be told only that num_nodes is not an integer.
+        raise TypeError(f"num_nodes must be an integer, got a tensor of shape "
+                        f"{list(num_nodes.shape)}: the layers take no "
+                        "per-edge weights or attributes argument (PyG's edge_weight): put the "
+                        "weights in a sparse array, pysparse_hpc.csr_array((weight, "
+                        "(edge_index[1], edge_index[0])), shape=(n, n)), and pass it as adj")
     if num_nodes is not None:
         num_nodes = check_integer(num_nodes, "num_nodes")
     if isinstance(adj, DistGraph):
@@ -333,7 +355,6 @@ def as_graph(adj, num_nodes=None, edge_cache=None, default_num_nodes=None):
         if num_nodes is not None and adj.shape[0] != num_nodes:
             raise ValueError(f"adj has {adj.shape[0]} rows but num_nodes={num_nodes}")
         return adj
-    torch = sys.modules.get("torch")
     if torch is not None and isinstance(adj, torch.Tensor):
         _check_not_torch_sparse(adj)
         num_nodes = default_num_nodes if num_nodes is None else num_nodes

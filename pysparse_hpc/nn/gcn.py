@@ -7,6 +7,7 @@ the rule of Bazinska et al. (2023), `choose_order`. On top of it, when a layer s
 unchanged input (a first layer fed the raw features, or evaluation passes) with the same graph,
 ``Â X`` is computed once and reused: the layer is then a dense product, with no SpMM at all.
 """
+import functools
 import math
 import numbers
 import weakref
@@ -15,6 +16,8 @@ import numpy as np
 import torch
 
 from .._blocked import blocked_array
+from ..distributed.graph import DistGraph, comm_sum
+from ..kernels.cpu.checksum import checksum
 from . import functional
 from ._checks import check_features, warn_once_if_nan
 from ._graph import (EdgeIndexCache, as_graph, cached_on, check_graph_for, checked_once,
@@ -79,13 +82,33 @@ def dense_transform(linear, x):
     return torch.nn.functional.linear(x, linear.weight.to(x.dtype)).to(x.dtype)
 
 
+class _MemoToken:
+    """What stands for a (graph, X) pair in `_InputMemo`'s keys: the graph's `values_token`,
+    X's version counter and layout, and, made on first use, a checksum of X's contents."""
+
+    def __init__(self, graph, x):
+        self.graph, self.state, self._x = graph, _InputMemo.state(x), x
+
+    @functools.cached_property
+    def contents(self):
+        # The version counter moves on every in-place change made through torch; writes it
+        # does not see (into a NumPy array sharing X's memory, as torch.from_numpy gives, or
+        # through ``x.data``) change the checksum of X's bytes: one pass over X on the CPU,
+        # far less than the SpMM a kept Â X saves.
+        x = self._x
+        return checksum(x.detach().numpy()) if x.device.type == "cpu" else None
+
+
 class _InputMemo:
     """``Â X`` for a (graph, X) pair, valid while both are the same, unchanged objects.
 
     Inputs met once are noted as candidates (weakly, so the fresh dropped-out features of each
     training step die with the step and do not push out the features an evaluation pass
-    reuses); a candidate met again gets its ``Â X`` computed and kept. Nothing of it is
-    pickled or copied (a copy starts with an empty memo).
+    reuses); a candidate met again gets its ``Â X`` computed and kept. A candidate is keyed
+    by X's version counter, the kept ``Â X`` also by a checksum of X's contents, so that a
+    write torch does not count cannot return a stale ``Â X`` (a candidate only sets the order;
+    its ``Â X`` is computed when kept). Nothing of it is pickled or copied (a copy starts with
+    an empty memo).
     """
 
     _MAX_CANDIDATES = 4
@@ -109,18 +132,21 @@ class _InputMemo:
         return not (torch.is_inference_mode_enabled() or x.is_inference())
 
     @staticmethod
-    def _state(x):
+    def state(x):
         # The version counter moves on every in-place change, so a modified X is a new input.
         return (x._version, x.dtype, x.device, tuple(x.shape))
 
     @staticmethod
-    def token(graph):
-        """What stands for ``graph`` in the keys (pass it to the other methods)."""
-        return values_token(graph)
+    def token(graph, x):
+        """What stands for ``(graph, x)`` in the keys, made once per call (pass it to the
+        other methods with ``x``)."""
+        return _MemoToken(values_token(graph), x)
 
-    def _matches(self, key, token, x):
-        token_ref, x_ref, state = key
-        return token_ref() is token and x_ref() is x and state == self._state(x)
+    @staticmethod
+    def _matches(key, token, x):
+        token_ref, x_ref, state = key[:3]
+        return (token_ref() is token.graph and x_ref() is x and state == token.state
+                and (len(key) == 3 or key[3] == token.contents))
 
     def seen(self, token, x):
         """Whether (the graph of ``token``, x) was met before (noted, or with its ``Â X``
@@ -136,11 +162,11 @@ class _InputMemo:
     def note(self, token, x):
         """Remember (the graph of ``token``, x) as met once."""
         alive = [key for key in self._candidates if key[0]() is not None and key[1]() is not None]
-        alive.append((weakref.ref(token), weakref.ref(x), self._state(x)))
+        alive.append((weakref.ref(token.graph), weakref.ref(x), token.state))
         self._candidates = alive[-self._MAX_CANDIDATES:]
 
     def remember(self, token, x, value):
-        self._key = (weakref.ref(token), weakref.ref(x), self._state(x))
+        self._key = (weakref.ref(token.graph), weakref.ref(x), token.state, token.contents)
         self.value = value
 
 
@@ -232,14 +258,28 @@ class GCNConv(torch.nn.Module):
             return normalized
         return cached_on(graph, ("gcn_layer_norm", dtype.name), build, collective=True)
 
-    def _order_for(self, x, token, memo):
+    def _memo_lookup(self, graph, token, x):
+        """``(seen, kept)``: whether (graph, x) was met before, and its kept ``Â X`` or None.
+        On a `DistGraph`, agreed by the ranks in one allreduce (met, or kept, on every rank):
+        a rank whose features changed where its peers' did not (a write torch does not count)
+        would otherwise take the other order, or skip the SpMM whose halo exchange its peers
+        wait in."""
+        seen = self._propagated.seen(token, x)
+        kept = self._propagated.get(token, x)
+        if isinstance(graph, DistGraph) and graph.comm.size > 1:
+            missing = comm_sum(graph.comm, [int(not seen), int(kept is None)], "memo check")
+            seen = seen and missing[0] == 0
+            kept = kept if missing[1] == 0 else None
+        return seen, kept
+
+    def _order_for(self, x, seen):
         if self.lin._forward_hooks or self.lin._forward_pre_hooks:
             # Something watches the transform (a preconditioner gathering curvature): let it
             # see X and the gradient of X W, the same statistics whatever order is set.
             return "transform_first"
         if self.order != "auto":
             return self.order
-        if memo and self._propagated.seen(token, x):
+        if seen:
             return "propagate_first"  # the same input again: Â X is (or will be) kept
         return choose_order(self.in_channels, self.out_channels,
                             x.requires_grad and torch.is_grad_enabled())
@@ -266,15 +306,15 @@ class GCNConv(torch.nn.Module):
         graph = self._normalized_graph(graph, x)
         # Â X can be kept for an input that needs no gradient, outside inference mode
         memo = not (x.requires_grad and torch.is_grad_enabled()) and self._propagated.usable(x)
-        token = self._propagated.token(graph) if memo else None
-        order = self._order_for(x, token, memo)
+        token = self._propagated.token(graph, x) if memo else None
+        seen, propagated = self._memo_lookup(graph, token, x) if memo else (False, None)
+        order = self._order_for(x, seen)
         self.last_order = order
         if order == "transform_first":
             out = functional.spmm(graph, dense_transform(self.lin, x))
             if memo and not self._propagated.seen(token, x):
                 self._propagated.note(token, x)  # met again, it switches order
         else:
-            propagated = self._propagated.get(token, x) if memo else None
             if propagated is None:
                 propagated = functional.spmm(graph, x)
                 if memo:

@@ -475,6 +475,31 @@ def check_graph_values_changed_on_some_ranks():
                                expected.toarray()[graph.owned][:, graph.owned], rtol=0)
 
 
+def check_features_written_on_some_ranks():
+    """Features written through NumPy on rank 0 alone (no version counter moves): GCNConv's
+    kept Â X is dropped on every rank, which agree on the order and on the SpMM (rank 0
+    alone recomputing waited in a halo exchange its peers skipped)."""
+    import copy
+    from pysparse_hpc import nn
+    adj = sph.datasets.load("cora").adj.astype(np.float64)
+    parts = partition(adj, size, "contiguous")
+    graph = DistGraph(adj, parts, comm)
+    x = np.random.default_rng(0).random((adj.shape[0], 4))
+    local_x = torch.from_numpy(graph.local_rows(x))
+    torch.manual_seed(0)
+    layer = nn.GCNConv(4, 2).double()
+    with torch.no_grad():
+        layer(local_x, graph), layer(local_x, graph)   # the second keeps Â X
+        if rank == 0:
+            local_x.numpy()[:] *= 2
+        x[parts.owner == 0] *= 2
+        reference = copy.deepcopy(layer)(torch.from_numpy(x), adj)
+        out = layer(local_x, graph)
+    assert layer.last_order == "propagate_first"
+    np.testing.assert_allclose(out.numpy(), graph.local_rows(reference.numpy()), rtol=1e-10,
+                               atol=1e-14)
+
+
 def check_separate_contexts():
     """Two `DataParallel` wrappers on one communicator, a branch of one used on rank 0 only:
     their allreduces start in another order there, which paired one wrapper's buckets with
@@ -580,6 +605,60 @@ def check_unfrozen_after_wrapping():
     loss_of(wrapped, rank).backward()
     assert model[2].weight.grad is None
     torch.testing.assert_close(model[0].weight.grad, expected[0], rtol=1e-12, atol=0)
+
+
+def check_wrapped_submodule_of_a_wrapped_model():
+    """A head wrapped, then the whole model (unused layer included, so that the model's
+    bucket starts only at the end of the backward): the head's gradient was summed twice
+    (the model's bucket copied the head wrapper's sum), P times the sum. Each parameter is
+    now reduced once, by the newer wrapper, and the earlier takes it back once that one
+    is gone."""
+    import gc
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body, self.head = torch.nn.Linear(3, 3), torch.nn.Linear(3, 1)
+            self.unused = torch.nn.Linear(1, 1)
+
+        def forward(self, inputs):
+            return self.head(self.body(inputs))
+
+    def make():
+        torch.manual_seed(0)
+        return Model().double()
+
+    def loss_of(model, part):
+        inputs = torch.randn(4, 3, dtype=torch.float64,
+                             generator=torch.Generator().manual_seed(100 + part))
+        return model(inputs).pow(2).sum()
+
+    def reference():
+        model = make()
+        for part in range(size):
+            loss_of(model, part).backward()
+        return {name: param.grad for name, param in model.named_parameters()}
+    expected = on_root_then_broadcast(reference)
+    for newer_is_the_model in (True, False):
+        model = make()
+        head = distributed.DataParallel(model.head, comm, average=False)
+        whole = distributed.DataParallel(model, comm, average=False)
+        if not newer_is_the_model:
+            head = distributed.DataParallel(model.head, comm, average=False)
+        loss_of(whole, rank).backward()
+        for name, param in model.named_parameters():
+            if name.startswith("unused"):
+                assert param.grad is None
+            else:
+                torch.testing.assert_close(param.grad, expected[name], rtol=1e-12, atol=0,
+                                           msg=f"{name}, newer wrapper the model: "
+                                               f"{newer_is_the_model}")
+    del head
+    gc.collect()
+    model.zero_grad()
+    loss_of(whole, rank).backward()   # the model's wrapper reduces the head again
+    torch.testing.assert_close(model.head.weight.grad, expected["head.weight"], rtol=1e-12,
+                               atol=0)
 
 
 def check_errors_of_other_ranks():
