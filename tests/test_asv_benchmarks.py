@@ -74,3 +74,25 @@ def test_asv_benchmarks_run(module_name, asv_suite):
     if not ran:
         pytest.skip(f"every benchmark of {module_name} skipped itself ({skipped} cases): "
                     "shared data or an optional dependency missing")
+
+
+def test_asv_peers_get_the_index_dtype_scipy_picks(asv_suite):
+    # The shared files store int64 indices; scipy.sparse.load_npz gives int32 where they fit,
+    # and that is what scipy's and torch's users run on: ours and the peers alike get it.
+    import numpy as np
+
+    from benchmarks import bench_convert, bench_kernels
+    try:
+        matrix = bench_convert.load_matrix("pubmed")
+    except NotImplementedError:
+        pytest.skip("shared PubMed not present")
+    assert matrix.index_dtype == np.int32 and matrix.has_canonical_format
+    convert = bench_convert.Convert()
+    convert.setup("pubmed", "mebcrs8")
+    assert convert.scipy_csr.indices.dtype == np.int32
+    pytest.importorskip("torch")
+    spmm = bench_kernels.SpMM()
+    spmm.setup("pubmed", 32, "csr")
+    assert spmm.scipy_csr.indices.dtype == np.int32 and spmm.ours.index_dtype == np.int32
+    assert str(spmm.tensor.crow_indices().dtype) == "torch.int32"
+    assert str(spmm.tensor.col_indices().dtype) == "torch.int32"

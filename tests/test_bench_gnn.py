@@ -195,3 +195,19 @@ def test_torch_dropout_near_miss_and_gpu():
     gpu = verdicts([r for r in results if r.variant != "torch_dropout"], "cuda")
     assert not any("torch dropout" in line or "torch's dropout" in line for line in gpu)
     assert _line(gpu, "GPU: GCN").startswith("GPU: GCN 1.50x PyG's speed")
+
+
+@requires_pyg
+@pytest.mark.skipif(not (DATA_DIR / "pubmed_structure.npz").exists(),
+                    reason="shared PubMed not present")
+def test_pubmed_runs_on_the_index_dtype_scipy_picks():
+    """The shared file stores int64 indices; our models must run PubMed with int32 ones, as on
+    Cora and CiteSeer and as a user's scipy matrix has them, not on the file's int64."""
+    import numpy as np
+    import torch
+
+    from pysparse_hpc.bench.gnn import edge_index_of, load_graph
+    case = load_graph("pubmed", DATA_DIR)
+    assert case.adj.index_dtype == np.int32
+    assert case.adj.dtype == np.float32 and case.adj.has_canonical_format
+    assert edge_index_of(case.adj).dtype == torch.int64  # PyG's edge_index stays int64

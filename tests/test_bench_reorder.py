@@ -93,3 +93,55 @@ def test_reorder_names_the_threads_of_ours_against_scipy_single_thread(tmp_path,
     assert f"single-threaded, ours on {threads} thread{plural})" in out
     rcm = next(line for line in out.splitlines() if line.startswith("target: RCM"))
     assert f"(ours on {threads} thread{plural}, scipy's single-threaded) -> " in rcm
+
+
+def _graph_rows(seconds, spmm_ms, index_dtype="int32"):
+    from pysparse_hpc.bench.reorder import ReorderResult
+    return [ReorderResult("g", "graph", method, 64, 512, seconds[method], 10, 80, 80,
+                          spmm_ms.get(method, float("nan")) * 1e-3, index_dtype)
+            for method in seconds]
+
+
+def test_reorder_near_misses_never_read_as_the_target():
+    # 0.996x scipy's speed is not a 1.00x that failed, 1.0004 s per 1M nnz not a 1.000 s,
+    # a 1.296x cut not a 1.30x
+    from pysparse_hpc.bench.reorder import _planted_verdict, verdicts
+
+    seconds = {"none": 1e-6, "degree": 1e-4, "rcm": 1e-3, "rabbit": 1.0004 * 512e-6,
+               "scipy-rcm": 0.996e-3}
+    lines = verdicts(_graph_rows(seconds, {"none": 2.0, "rcm": 1.0, "rabbit": 1.0}))
+    rcm = next(line for line in lines if line.startswith("target: RCM"))
+    assert "geo-mean 0.99x scipy's speed" in rcm and rcm.endswith("NOT MET (slower on g)")
+    rabbit = next(line for line in lines if line.startswith("target: rabbit"))
+    assert rabbit.endswith("worst 1.001 s on g -> NOT MET")
+    rows = _rows({"none": 1296, "rabbit": 1000, "planted": 1000, "scipy-rcm": 1296},
+                 {"none": 2.0, "rabbit": 1.0, "planted": 1.0})
+    assert "rabbit cuts 8x1 vectors 1.29x (>= 1.3)" in _planted_verdict("g", rows)
+    assert "the planted order cuts 1.29x" in _planted_verdict("g", rows)
+    # met, or far from the target: rounded as usual
+    seconds["scipy-rcm"] = 1.004e-3
+    lines = verdicts(_graph_rows(seconds, {"none": 2.0, "rcm": 1.0, "rabbit": 1.0}))
+    assert "geo-mean 1.00x scipy's speed" in next(line for line in lines
+                                                  if line.startswith("target: RCM"))
+
+
+def test_reorder_csv_leaves_break_even_empty_where_no_spmm_ran(tmp_path):
+    # The peer's and the int64 rows' SpMM is not timed: the table shows "-", and the CSV must
+    # not say "inf" (never pays) there; an ordering whose SpMM is slower does read "inf".
+    import csv
+
+    from pysparse_hpc.bench.reorder import format_table, write_csv
+
+    seconds = {"none": 1e-6, "degree": 1e-4, "rcm": 1e-3, "rabbit": 1e-3, "scipy-rcm": 1e-3}
+    results = _graph_rows(seconds, {"none": 2.0, "degree": 3.0, "rcm": 1.0, "rabbit": 1.0})
+    results += _graph_rows({"rcm": 1e-3, "scipy-rcm": 1e-3}, {}, "int64")
+    path = tmp_path / "reorder.csv"
+    write_csv(results, path, 2, 1, 8)
+    rows = {(row["method"], row["index_dtype"]): row for row in csv.DictReader(open(path))}
+    assert rows["scipy-rcm", "int32"]["break_even_calls"] == "nan"
+    assert rows["rcm", "int64"]["break_even_calls"] == "nan"
+    assert rows["scipy-rcm", "int64"]["break_even_calls"] == "nan"
+    assert rows["degree", "int32"]["break_even_calls"] == "inf"
+    assert float(rows["rcm", "int32"]["break_even_calls"]) == 1.0
+    table = format_table(results)
+    assert "never" in next(line for line in table.splitlines() if " degree " in line)

@@ -2,12 +2,15 @@
 
 Matrices come from the shared data directory: ``$PYSPARSE_HPC_DATA`` if set, else
 ``../shared/data`` relative to the repository root. When it (or a matrix) is missing, ``setup``
-raises NotImplementedError and asv skips the benchmark. Threads follow the library's setting
-(``PYSPARSE_HPC_NUM_THREADS``); scipy's ``tocsc`` is single-threaded.
+raises NotImplementedError and asv skips the benchmark. Each matrix has the index dtype scipy
+picks for it (int32 where it fits, as ``scipy.sparse.load_npz`` gives it), ours and the peers
+alike. Threads follow the library's setting (``PYSPARSE_HPC_NUM_THREADS``); scipy's ``tocsc``
+is single-threaded.
 """
 import os
 from pathlib import Path
 
+from pysparse_hpc.bench._data import scipy_index_dtype
 from pysparse_hpc.io import load_npz
 
 #: Benchmark matrices by name: (file relative to the data directory, key prefix).
@@ -34,7 +37,8 @@ def data_dir():
 
 
 def load_matrix(name):
-    """Canonical csr_array of a benchmark matrix; NotImplementedError (asv: skip) if absent."""
+    """Canonical csr_array of a benchmark matrix with the index dtype scipy picks for it (int32
+    where it fits); NotImplementedError (asv: skip) if absent."""
     directory = data_dir()
     if directory is None:
         raise NotImplementedError("shared data directory not found; set PYSPARSE_HPC_DATA")
@@ -42,7 +46,13 @@ def load_matrix(name):
     path = directory / file_name
     if not path.is_file():
         raise NotImplementedError(f"matrix file {file_name} not found in the data directory")
-    matrix = load_npz(path, prefix=prefix).canonical()
+    matrix = load_npz(path, prefix=prefix)
+    # The files store int64 indices; scipy.sparse.load_npz gives int32 where they fit, which
+    # is what scipy's and torch's users run on, so every side gets that dtype.
+    index_dtype = scipy_index_dtype(matrix.shape, matrix.nnz)
+    if matrix.index_dtype != index_dtype:
+        matrix = type(matrix)(matrix, index_dtype=index_dtype)
+    matrix = matrix.canonical()
     if not matrix.has_canonical_format:  # computed and cached here, not in the timed code
         raise RuntimeError(f"{name} is not canonical")
     return matrix

@@ -36,14 +36,17 @@ def import_torch():
 
 
 def float32_operands(matrix, fmt):
-    """(float32 CSR, our operand in ``fmt``, torch CSR tensor with int64 indices, torch)."""
+    """(float32 CSR, our operand in ``fmt``, torch CSR tensor with the CSR's index dtype,
+    torch)."""
     torch = import_torch()
     csr = load_matrix(matrix).astype(np.float32, copy=False)
     ours = csr.to_mebcrs() if fmt == "mebcrs" else csr
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
-        tensor = torch.sparse_csr_tensor(torch.from_numpy(csr.indptr.astype(np.int64)),
-                                         torch.from_numpy(csr.indices.astype(np.int64)),
+        # The same index arrays as ours and scipy's (int32 where scipy picks it): torch keeps
+        # the dtype it is given, and its CPU kernels take int32.
+        tensor = torch.sparse_csr_tensor(torch.from_numpy(csr.indptr),
+                                         torch.from_numpy(csr.indices),
                                          torch.from_numpy(csr.data), size=csr.shape,
                                          check_invariants=False)
     return csr, ours, tensor, torch

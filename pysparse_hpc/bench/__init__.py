@@ -9,7 +9,7 @@ import gc
 import math
 import time
 
-__all__ = ["best_times", "geometric_mean", "positive_int", "write_outputs"]
+__all__ = ["best_times", "geometric_mean", "positive_int", "shown_ratio", "write_outputs"]
 
 
 def best_times(functions, repeat, warmup=1, statistic=min):
@@ -66,6 +66,37 @@ def geometric_mean(values):
     if not values:
         return math.nan
     return math.exp(sum(math.log(v) for v in values) / len(values))
+
+
+def shown_ratio(value, met, target, at_most=False, digits=2):
+    """``value`` as a verdict line prints it, ``digits`` decimals.
+
+    A miss that would round onto the target is rounded away from it instead (down for an "at
+    least" target, up for an "at most" one), so that 3.996 against "at least 4" does not read
+    as a 4.00 that failed, nor 2.004 against "at most 2" as a 2.00 that failed.
+
+    Parameters
+    ----------
+    value : float
+    met : bool
+        Whether ``value`` meets the target.
+    target : float
+    at_most : bool, default False
+        The target is an upper bound (``value <= target``), not a lower one.
+    digits : int, default 2
+
+    Returns
+    -------
+    str
+    """
+    shown = round(value, digits)
+    if not met:
+        scale = 10 ** digits
+        if at_most and shown <= target:
+            shown = math.ceil(value * scale) / scale
+        elif not at_most and shown >= target:
+            shown = math.floor(value * scale) / scale
+    return f"{shown:.{digits}f}"
 
 
 def positive_int(text):

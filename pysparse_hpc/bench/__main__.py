@@ -40,8 +40,9 @@ def _common_options():
                         help=f"shared data directory (default: ${DATA_ENV}, else ../shared/data "
                              "next to the repository)")
     common.add_argument("--repeat", type=positive_int, default=10, metavar="N",
-                        help="timed runs per measurement, best kept, after one warm-up "
-                             "(default: 10)")
+                        help="timed runs per measurement, after untimed warm-up calls; the "
+                             "best is kept, except by gnn (the median); firstrun takes "
+                             "--rounds instead (default: 10)")
     common.add_argument("--threads", type=positive_int, metavar="T",
                         help="threads of the parallel kernels (default: the library's setting)")
     common.add_argument("--csv", metavar="FILE", help="also write the results as CSV")

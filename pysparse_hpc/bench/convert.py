@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 from tqdm import tqdm
 
-from . import best_times, geometric_mean, write_outputs
+from . import best_times, geometric_mean, shown_ratio, write_outputs
 from ._data import find_matrices, index_variants, load_matrix, scipy_index_dtype
 
 __all__ = ["HELP", "TARGET_RATIO", "ConvertResult", "add_arguments", "measure", "run"]
@@ -165,10 +165,12 @@ def verdict(results):
     rows with scipy's index dtype; then the same mean with int64 indices, not judged."""
     judged = [r for r in results if r.judged]
     mean = geometric_mean(r.ratio("to_mebcrs") for r in judged)
-    status = "MET" if mean <= TARGET_RATIO else "NOT MET"
+    met = mean <= TARGET_RATIO
+    shown = shown_ratio(mean, met, TARGET_RATIO, at_most=True)
     picked = "/".join(_index_dtypes(judged))
     lines = [f"target CSR -> ME-BCRS <= {TARGET_RATIO:g}x scipy tocsc (geometric mean of "
-             f"{len(judged)}, {picked} indices as scipy picks them): {status} ({mean:.2f}x)"]
+             f"{len(judged)}, {picked} indices as scipy picks them): "
+             f"{'MET' if met else 'NOT MET'} ({shown}x)"]
     for index_dtype in _index_dtypes(results):
         rows = [r for r in results if r.index_dtype == index_dtype and not r.judged]
         if rows:

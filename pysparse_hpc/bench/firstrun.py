@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from tqdm import tqdm
 
-from . import positive_int, write_outputs
+from . import positive_int, shown_ratio, write_outputs
 from ._data import DATA_ENV
 
 __all__ = ["HELP", "JOBS", "TARGET_RATIO", "FirstRunResult", "add_arguments", "measure", "run"]
@@ -116,8 +116,10 @@ def verdict(results):
     if not demo:
         return ["target (cold demo <= 1.3x warm): not measured (run with --job demo)"]
     ratio = demo[0].ratio
-    state = "MET" if ratio <= TARGET_RATIO else "NOT MET"
-    return [f"target: cold demo at most {TARGET_RATIO}x the warm one: {ratio:.2f}x, {state}"]
+    met = ratio <= TARGET_RATIO
+    return [f"target: cold demo at most {TARGET_RATIO}x the warm one: "
+            f"{shown_ratio(ratio, met, TARGET_RATIO, at_most=True)}x, "
+            f"{'MET' if met else 'NOT MET'}"]
 
 
 def write_csv(results, path, threads, rounds):
