@@ -408,6 +408,26 @@ def _balance(text):
             f"expected rows, nnz, rows+nnz or a number, got {text!r}") from None
 
 
+def _scipy_matrix_file(path):
+    """Why ``--dataset path`` cannot be trained on when the file is one sparse matrix as
+    ``scipy.sparse.save_npz`` writes it (a graph file holds labels and a split too); None for
+    any other file, which the loader checks."""
+    if not (path.lower().endswith(".npz") and os.path.isfile(path)):
+        return None
+    try:
+        with np.load(path, allow_pickle=False) as archive:
+            keys = set(archive.files)
+    except Exception:   # not an archive: the loader says what is wrong with it
+        return None
+    if "adj_indptr" in keys or not {"indptr", "indices", "data", "shape"} <= keys:
+        return None
+    return (f"{path!r} holds one sparse matrix (the layout of scipy.sparse.save_npz), not a "
+            "graph: --dataset PATH.npz needs the adjacency with node labels and a "
+            "train/validation/test split, under the keys pysparse_hpc.datasets.load_file "
+            "reads (adj_indptr, adj_indices, adj_data, adj_shape, labels, train_mask, val_mask, "
+            "test_mask, num_classes, and feat_* or --random-features)")
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m pysparse_hpc",
                                      description="pysparse_hpc command line")
@@ -415,7 +435,7 @@ def main(argv=None):
     demo = commands.add_parser("demo", help="formats, kernels and GNN training on a bundled graph")
     demo.add_argument("--dataset", default="cora", type=str.lower,
                       choices=datasets.available(), help="bundled graph (default: cora)")
-    demo.add_argument("--model", action="append", choices=("gcn", "gat", "agnn"),
+    demo.add_argument("--model", action="append", type=str.lower, choices=("gcn", "gat", "agnn"),
                       help="GNN to train (repeatable; default: gcn and gat)")
     demo.add_argument("--no-train", action="store_true", help="skip the GNN training")
     demo.add_argument("--seeds", type=int, metavar="N",
@@ -429,10 +449,12 @@ def main(argv=None):
         "partitions the graph and every rank trains on its part with halo exchange; without "
         "mpiexec it is a one-rank run.")
     train.add_argument("--dataset", default="cora",
-                       help=f"{' | '.join(datasets.available())} | PATH.npz (default: cora)")
-    train.add_argument("--model", default="gcn", choices=("gcn", "gat", "agnn"),
+                       help=f"{' | '.join(datasets.available())} | PATH.npz, a graph file in "
+                            "the layout of pysparse_hpc.datasets.load_file (default: cora)")
+    train.add_argument("--model", default="gcn", type=str.lower, choices=("gcn", "gat", "agnn"),
                        help="default: gcn")
-    train.add_argument("--partition", default="metis", choices=("metis", "contiguous", "random"),
+    train.add_argument("--partition", default="metis", type=str.lower,
+                       choices=("metis", "contiguous", "random"),
                        help="how the graph is split over the ranks (default: metis)")
     train.add_argument("--balance", type=_balance,
                        help="what the partition balances: rows, nnz, rows+nnz (both at once, "
@@ -458,13 +480,14 @@ def main(argv=None):
                        help="of the features, weights and graph values (default: float32)")
     train.add_argument("--random-features", type=int, metavar="WIDTH",
                        help="seeded random features of this width (graphs without features)")
-    train.add_argument("--optimizer", default="adam",
+    train.add_argument("--optimizer", default="adam", type=str.lower,
                        choices=("adam", "sgd", "lion") + PRECONDITIONER_NAMES,
                        help="adam; sgd (momentum 0.9, lr 30x the model's Adam lr); lion (its "
                             "lr and decay scaled from the model's Adam settings); or gradients "
                             "preconditioned by K-FAC, Shampoo or Jorge (KAISA-style over the "
                             "ranks) and applied by --base-optimizer (default: adam)")
-    train.add_argument("--base-optimizer", default="adam", choices=("adam", "sgd"),
+    train.add_argument("--base-optimizer", default="adam", type=str.lower,
+                       choices=("adam", "sgd"),
                        help="with --optimizer kfac, shampoo or jorge: what applies the "
                             "preconditioned gradients; sgd, as Martens and Grosse apply K-FAC, "
                             "is the faster on Cora, its lr 30x the model's Adam lr (10x under "
@@ -537,6 +560,9 @@ def main(argv=None):
         if args.threads is not None and args.threads > numba.config.NUMBA_NUM_THREADS:
             train.error(f"--threads must be at most {numba.config.NUMBA_NUM_THREADS} (the "
                         f"kernels' thread pool, NUMBA_NUM_THREADS), got {args.threads}")
+        problem = _scipy_matrix_file(args.dataset)
+        if problem is not None:
+            train.error(problem)
         if args.checkpoint == "":
             train.error("--checkpoint needs a directory, got ''")
         for option in ("resume", "checkpoint_every"):

@@ -308,3 +308,36 @@ def test_train_refuses_a_bad_optimizer_before_taking_the_checkpoint_directory(tm
         with pytest.raises(ValueError, match=message):
             train(epochs=1, progress=False, checkpoint=tmp_path / "run", **bad)
         assert not (tmp_path / "run").exists()
+
+
+def test_train_names_a_scipy_matrix_file_given_as_the_dataset(tmp_path, capsys):
+    """A matrix saved by scipy.sparse.save_npz is a plausible --dataset PATH.npz: the error
+    says that it holds no labels or split and what a graph file holds, before anything runs."""
+    import scipy.sparse
+    import pysparse_hpc as sph
+    from pysparse_hpc.__main__ import main
+    path = tmp_path / "adjacency.npz"
+    scipy.sparse.save_npz(path, sph.datasets.load("cora").adj.to_scipy())
+    with pytest.raises(SystemExit) as stop:
+        main(["train", "--dataset", str(path), "--epochs", "1", "--no-progress"])
+    error = capsys.readouterr().err
+    assert stop.value.code == 2
+    assert "scipy.sparse.save_npz" in error and "pysparse_hpc.datasets.load_file" in error
+    assert "labels" in error and "train_mask" in error
+
+
+def test_train_choices_ignore_case(monkeypatch):
+    """The report names the model in capitals (GCN on cora, ...): --model GCN is taken, as the
+    demo's --dataset CORA is, and so are the other named choices."""
+    from pysparse_hpc import __main__ as cli
+    seen = {}
+    monkeypatch.setattr(cli, "run_train", lambda args: seen.update(vars(args)) or 0)
+    assert cli.main(["train", "--model", "GAT", "--partition", "Random", "--optimizer", "KFAC",
+                     "--base-optimizer", "SGD"]) == 0
+    assert (seen["model"], seen["partition"], seen["optimizer"], seen["base_optimizer"]) == (
+        "gat", "random", "kfac", "sgd")
+    demo = {}
+    monkeypatch.setattr(cli, "run_demo", lambda name, models, **options: demo.update(
+        models=models) or 0)
+    assert cli.main(["demo", "--model", "GCN", "--model", "Gat"]) == 0
+    assert demo["models"] == ("gcn", "gat")
