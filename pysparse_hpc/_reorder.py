@@ -172,7 +172,9 @@ def inverse_permutation(perm):
     >>> inverse_permutation(np.array([2, 0, 1]))
     array([1, 2, 0])
     """
-    return _inverse(_check_permutation(perm, np.size(perm)))
+    # Its length from the checked array: np.size of a torch tensor is its ``size`` method.
+    array = as_index_array(perm, "perm")
+    return _inverse(_check_permutation(array, array.size))
 
 
 def _inverse(perm):

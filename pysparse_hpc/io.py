@@ -14,6 +14,7 @@ import zlib
 
 import numpy as np
 import scipy.io
+import scipy.sparse
 
 from ._base import sparray
 from ._csr import csr_array
@@ -164,6 +165,16 @@ def _written_whole(path, extension):
         raise
 
 
+def _check_sparray(A):
+    if isinstance(A, sparray):
+        return
+    if scipy.sparse.issparse(A):
+        # scipy's classes share our names: "got csr_array" alone read as a contradiction
+        raise TypeError(f"expected a pysparse_hpc sparse array, got scipy.sparse's "
+                        f"{type(A).__name__}: convert it with pysparse_hpc.csr_array(A)")
+    raise TypeError(f"expected a pysparse_hpc sparse array, got {type(A).__name__}")
+
+
 def save_npz(path, A, compressed=True):
     """Save a sparse array in scipy's ``.npz`` CSR layout (readable by `load_npz` and by
     ``scipy.sparse.load_npz``, which returns a ``csr_array``).
@@ -188,8 +199,7 @@ def save_npz(path, A, compressed=True):
     FileNotFoundError
         If the directory of ``path`` does not exist.
     """
-    if not isinstance(A, sparray):
-        raise TypeError(f"expected a pysparse_hpc sparse array, got {type(A).__name__}")
+    _check_sparray(A)
     csr = A.tocsr()
     save = np.savez_compressed if compressed else np.savez
     with _written_whole(path, ".npz") as destination:
@@ -258,8 +268,7 @@ def write_matrix_market(path, A, comment="", symmetry=None):
         symmetry is checked first (the values are real: "hermitian" is "symmetric"), since
         only one triangle is written.
     """
-    if not isinstance(A, sparray):
-        raise TypeError(f"expected a pysparse_hpc sparse array, got {type(A).__name__}")
+    _check_sparray(A)
     if symmetry not in _SYMMETRIES:
         raise ValueError(f"symmetry must be one of {_SYMMETRIES}, got {symmetry!r}")
     coo = A.to_scipy().tocoo()

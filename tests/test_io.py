@@ -129,6 +129,10 @@ def test_missing_and_corrupt_files(tmp_path):
         load_npz(tmp_path)
     with pytest.raises(TypeError, match="pysparse_hpc sparse array"):
         save_npz(tmp_path / "x.npz", np.eye(2))
+    # scipy's arrays share our class names: said whose, and how to convert
+    for write in (save_npz, write_matrix_market):
+        with pytest.raises(TypeError, match="scipy.sparse's csr_array: convert it"):
+            write(tmp_path / "x.npz", scipy.sparse.csr_array(np.eye(2)))
 
 
 def _npy_bytes(array):

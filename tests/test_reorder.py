@@ -223,6 +223,9 @@ def test_inverse_permutation():
     np.testing.assert_array_equal(perm[inverse], np.arange(4))
     np.testing.assert_array_equal(inverse[perm], np.arange(4))
     assert sph.inverse_permutation(np.array([], dtype=np.int32)).dtype == np.int64
+    # A torch tensor, as permute takes it (its length was read from its size method)
+    torch = pytest.importorskip("torch")
+    np.testing.assert_array_equal(sph.inverse_permutation(torch.from_numpy(perm)), inverse)
 
 
 def test_bandwidth():

@@ -1,4 +1,5 @@
 """Graph normalization for GCN: ``D^-1/2 (A + I) D^-1/2``, self-loops added where missing."""
+import sys
 import warnings
 
 import numpy as np
@@ -31,10 +32,10 @@ def gcn_norm(adj, add_self_loops=True, num_nodes=None, dtype=None):
     num_nodes : int, optional
         Needed with an edge_index.
     dtype : {None, float32, float64}
-        The values' dtype (a NumPy dtype or its name). None: float32 unless ``adj`` holds
-        float64. The degrees and scales are computed in float64 either way, so float64 gives
-        the normalization of an unweighted or float32 graph without a float32 rounding (what
-        float64 features need).
+        The values' dtype (a NumPy dtype, its name, or torch's float32 or float64). None:
+        float32 unless ``adj`` holds float64. The degrees and scales are computed in float64
+        either way, so float64 gives the normalization of an unweighted or float32 graph
+        without a float32 rounding (what float64 features need).
 
     Returns
     -------
@@ -96,6 +97,10 @@ def _values_dtype(adj, dtype):
     if dtype is None:
         held = adj.local.dtype if isinstance(adj, DistGraph) else adj.dtype
         return np.dtype(np.float64 if held == np.float64 else np.float32)
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(dtype, torch.dtype):
+        # torch.float32 / torch.float64 name the same values (the layers' features are torch)
+        dtype = {torch.float32: np.float32, torch.float64: np.float64}.get(dtype, dtype)
     try:
         chosen = np.dtype(dtype)
     except TypeError:
