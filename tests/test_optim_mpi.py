@@ -29,3 +29,9 @@ def test_lion_modes(ranks):
 @pytest.mark.parametrize("ranks", [1, 2, 3])
 def test_lion_training_and_nonfinite_steps(ranks):
     run_optim_checks(ranks, "lion_training", "nonfinite_step_skipped_everywhere")
+
+
+@requires_mpi
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_lion_parameters_of_several_dtypes(ranks):
+    run_optim_checks(ranks, "lion_mixed_dtypes")

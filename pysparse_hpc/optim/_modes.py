@@ -32,7 +32,9 @@ def bytes_per_step(compression, size, ranks, rank=0, itemsize=4):
         Matters only for ``"1bit"`` on a number of ranks that is not a power of two (the ranks
         past the largest power of two hand their bits to a partner and get the result back).
     itemsize : int
-        Bytes per gradient element of ``"none"`` (4 for float32).
+        Bytes per gradient element of ``"none"`` as it crosses: 8 for float64, 4 for float32
+        and for bfloat16 (reduced in float32). Each dtype is summed in its own buffer: for
+        parameters of several dtypes add each dtype's bytes.
 
     Returns
     -------

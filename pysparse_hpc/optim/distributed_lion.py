@@ -5,7 +5,8 @@ communicator counts them (`bytes_per_step`), for ``d`` coordinates on ``P`` rank
 
 ``"none"``
     The gradients, full precision, allreduced: Lion under data parallelism, every rank taking
-    the step one process would. ``d * itemsize`` bytes.
+    the step one process would. ``d * itemsize`` bytes, one buffer per dtype: parameters of
+    several dtypes each send their own (bfloat16 crosses as float32, 4 bytes).
 ``"signs"``
     Distributed Lion (Liu et al., 2024): each rank's sign bits, packed and allgathered; the
     update is their majority. ``(P - 1) * ceil(d / 8)`` bytes.
@@ -112,6 +113,15 @@ def _one_bit_allreduce(comm, packed, kind, step):
     if rank + paired < comm.size:
         comm.Isend(packed, rank + paired, 8, kind).wait()
     return packed
+
+
+def _by_dtype(tensors):
+    """The indices of ``tensors`` grouped by dtype, in order of first appearance (the same
+    order on every rank, whose tensors have the same dtypes)."""
+    groups = {}
+    for index, tensor in enumerate(tensors):
+        groups.setdefault(tensor.dtype, []).append(index)
+    return groups
 
 
 def _with_offsets(entries):
@@ -271,15 +281,22 @@ class DistributedLion(Lion):
 
     def _step_on_reduced_gradients(self, entries):
         # A sparse gradient (an Embedding's) is summed densely: the ranks' rows differ.
-        grads = torch.cat([(param.grad.to_dense() if param.grad.is_sparse else param.grad)
-                           .reshape(-1) for _, param in entries])
-        self.comm.Allreduce(grads, "sum", kind=GRADIENT_KIND)
-        if self.average and self.comm.size > 1:
-            grads /= self.comm.size
-        start = 0
-        for group, param in entries:
-            grad = grads[start:start + param.numel()].view_as(param)
-            start += param.numel()
+        grads = [param.grad.to_dense() if param.grad.is_sparse else param.grad
+                 for _, param in entries]
+        # One buffer per dtype: a single concatenation promoted every gradient to the widest
+        # dtype, so one float64 parameter sent a float32 model's gradients at 8 bytes each.
+        reduced = [None] * len(grads)
+        for indices in _by_dtype(grads).values():
+            flat = torch.cat([grads[index].reshape(-1) for index in indices])
+            self.comm.Allreduce(flat, "sum", kind=GRADIENT_KIND)
+            if self.average and self.comm.size > 1:
+                flat /= self.comm.size
+            start = 0
+            for index in indices:
+                size = grads[index].numel()
+                reduced[index] = flat[start:start + size].view_as(grads[index])
+                start += size
+        for (group, param), grad in zip(entries, reduced):
             lion_step(param, self.momentum(param), grad, group["lr"], self.weight_decay(group),
                       *group["betas"])
 
@@ -359,19 +376,26 @@ class DistributedLion(Lion):
         return self.steps_taken >= self._next_sync
 
     def _synchronise_momenta(self, momenta):
-        size = sum(m.numel() for m in momenta)
-        dtype = functools.reduce(torch.promote_types, [m.dtype for m in momenta])
-        # One buffer for every sync: a fresh one would cost its page faults each time.
-        if self._sync_buffer is None or self._sync_buffer.numel() != size \
-                or self._sync_buffer.dtype != dtype:
-            self._sync_buffer = torch.empty(size, dtype=dtype)
-        flat = torch.cat([m.reshape(-1) for m in momenta], out=self._sync_buffer)
-        self.comm.Allreduce(flat, "sum", kind=MOMENTUM_KIND)
-        start = 0
-        for momentum in momenta:
-            total = flat[start:start + momentum.numel()].view_as(momentum)
-            torch.div(total, self.comm.size, out=momentum)  # the mean, written back in one pass
-            start += momentum.numel()
+        # One buffer per dtype, as the gradients of "none" (one promoted buffer sent float32
+        # momenta as float64), each kept for every sync: a fresh one would cost its page
+        # faults each time.
+        buffers = self._sync_buffer if self._sync_buffer is not None else {}
+        self._sync_buffer = {}
+        for dtype, indices in _by_dtype(momenta).items():
+            size = sum(momenta[index].numel() for index in indices)
+            buffer = buffers.get(dtype)
+            if buffer is None or buffer.numel() != size:
+                buffer = torch.empty(size, dtype=dtype)
+            self._sync_buffer[dtype] = buffer
+            flat = torch.cat([momenta[index].reshape(-1) for index in indices], out=buffer)
+            self.comm.Allreduce(flat, "sum", kind=MOMENTUM_KIND)
+            start = 0
+            for index in indices:
+                momentum = momenta[index]
+                total = flat[start:start + momentum.numel()].view_as(momentum)
+                # the mean, written back in one pass
+                torch.div(total, self.comm.size, out=momentum)
+                start += momentum.numel()
         self.momentum_syncs += 1
         gap = math.floor(2.0 ** (self.momentum_syncs / self.sync_doubling))
         self._next_sync = self.steps_taken + gap

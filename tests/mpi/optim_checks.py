@@ -206,6 +206,73 @@ def check_lion_unused_parameters():
                                        atol=1e-12)
 
 
+def _mixed_params():
+    """Parameters of float64, float32 and bfloat16 in three groups of their own lr, betas and
+    weight decay, of sizes that fill no packing lane."""
+    generator = torch.Generator().manual_seed(5)
+    params = [torch.nn.Parameter(torch.randn(n, dtype=torch.float64, generator=generator)
+                                 .to(dtype))
+              for n, dtype in ((7, torch.float64), (33, torch.float32), (65, torch.float32),
+                               (9, torch.bfloat16), (0, torch.float32))]
+    groups = [dict(params=params[:2], lr=LR, betas=(0.9, 0.99), weight_decay=DECAY),
+              dict(params=params[2:4], lr=3e-3, betas=(0.5, 0.9), weight_decay=0.0),
+              dict(params=params[4:], lr=2e-2, betas=(0.8, 0.95), weight_decay=0.3)]
+    return params, groups
+
+
+def _mixed_grads(params, on_rank, step):
+    generator = torch.Generator().manual_seed(100 * step + on_rank)
+    return [torch.randn(p.shape, dtype=torch.float64, generator=generator).to(p.dtype)
+            for p in params]
+
+
+def check_lion_mixed_dtypes():
+    """Parameters of three dtypes in groups of their own settings: uncompressed, P ranks take
+    one process's Lion step on the mean gradient, and each dtype crosses at its own size (a
+    float32 gradient or momentum as 4 bytes, not promoted to float64 by a float64 parameter;
+    bfloat16 as float32), as `bytes_per_step` says per dtype."""
+    steps = 3
+    wire = {torch.float64: 8, torch.float32: 4, torch.bfloat16: 4}
+    params, groups = _mixed_params()
+    expected_bytes = sum(bytes_per_step("none", p.numel(), size, rank=rank,
+                                        itemsize=wire[p.dtype]) for p in params)
+    optimizer = DistributedLion(groups, comm, compression="none")
+    comm.reset_stats()
+    for step in range(steps):
+        for param, grad in zip(params, _mixed_grads(params, rank, step)):
+            param.grad = grad
+        optimizer.step()
+    counted = comm.stats().get(GRADIENT_KIND, {"bytes_sent": 0})["bytes_sent"]
+    assert counted == steps * expected_bytes, (counted, steps * expected_bytes)
+
+    def one_process():
+        alone, groups = _mixed_params()
+        lion = Lion(groups)
+        for step in range(steps):
+            every = [_mixed_grads(alone, r, step) for r in range(size)]
+            for index, param in enumerate(alone):
+                param.grad = (sum(g[index].double() for g in every) / size).to(param.dtype)
+            lion.step()
+        return [p.detach().double() for p in alone]
+    reference = on_root_then_broadcast(one_process)
+    for param, expected in zip(params, reference):
+        tolerance = {torch.float64: 1e-12, torch.float32: 1e-6, torch.bfloat16: 1e-2}
+        torch.testing.assert_close(param.detach().double(), expected, rtol=0,
+                                   atol=tolerance[param.dtype], msg=str(param.dtype))
+    params, groups = _mixed_params()
+    optimizer = DistributedLion(groups, comm, compression="votes", momentum_sync="always")
+    comm.reset_stats()
+    for step in range(steps):
+        for param, grad in zip(params, _mixed_grads(params, rank, step)):
+            param.grad = grad
+        optimizer.step()
+    synced = comm.stats().get(MOMENTUM_KIND, {"bytes_sent": 0})["bytes_sent"]
+    per_sync = 0 if size == 1 else sum(p.numel() * wire[p.dtype] for p in params)
+    assert synced == steps * per_sync, (synced, steps * per_sync)
+    everyone = comm.allgather(torch.cat([p.detach().double() for p in params]).numpy())
+    assert all(np.array_equal(everyone[0], p) for p in everyone)
+
+
 def check_lion_training():
     """``train(optimizer="lion")``: uncompressed, P ranks give the one-rank losses (float64);
     every compressed mode trains and reports its vote bytes."""
