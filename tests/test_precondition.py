@@ -882,6 +882,34 @@ def test_bare_leaf_model():
 
 
 @pytest.mark.parametrize("maker", ["KfacGradientMaker", "DiagNaturalGradientMaker"])
+def test_a_module_with_an_empty_weight_keeps_the_plain_gradient(maker):
+    """``nn.Linear(0, n)`` (a branch of width 0) has no curvature: it keeps the plain
+    gradient, the rest is preconditioned (its factors failed to reshape)."""
+    class Branches(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.main, self.empty = nn.Linear(20, 3), nn.Linear(0, 3)
+
+        def forward(self, x):
+            return self.main(x) + self.empty(x[:, :0])
+
+    with warnings.catch_warnings():   # torch: "Initializing zero-element tensors is a no-op"
+        warnings.simplefilter("ignore", UserWarning)
+        model = Branches().to(DTYPE)
+    gm = getattr(P, maker)(model, P.PreconditioningConfig(data_size=32, damping=1e-3))
+    assert list(gm.preconditioned_modules()) == ["main"]
+    reason = "the module's weight is empty"
+    assert gm.unpreconditioned_parameters() == {"empty.weight": reason, "empty.bias": reason}
+    x, t = batch((32, 20))
+    gm.setup_loss_call(F.cross_entropy, gm.setup_model_call(model, x), t)
+    gm.forward_and_backward()
+    plain = torch.autograd.grad(F.cross_entropy(model(x), t), list(model.parameters()))
+    assert torch.equal(model.empty.bias.grad, plain[3])
+    assert torch.isfinite(model.main.weight.grad).all()
+    assert not torch.allclose(model.main.weight.grad, plain[0])
+
+
+@pytest.mark.parametrize("maker", ["KfacGradientMaker", "DiagNaturalGradientMaker"])
 def test_a_frozen_unsupported_convolution_keeps_the_plain_gradient(maker):
     """A grouped Conv2d whose weight is frozen (its bias alone trains) keeps the plain
     gradient, as any module with a frozen weight, instead of being refused for its groups

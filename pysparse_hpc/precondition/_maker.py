@@ -281,6 +281,10 @@ class PreconditionedGradientMaker:
                 # not be refused for a configuration its curvature cannot handle (a grouped
                 # Conv2d whose bias alone trains).
                 reason = "the module's weight is frozen"
+            elif self._weight_is_empty(module):
+                # No curvature to gather (a factor of a 0-wide side), and its bias has nothing
+                # to be preconditioned with.
+                reason = "the module's weight is empty"
             else:
                 kind = self._kind_for(name, module)
                 if kind is None:
@@ -316,6 +320,12 @@ class PreconditionedGradientMaker:
             warnings.warn(f"{type(self).__name__} leaves these modules with the plain gradient "
                           f"(unsupported type): {', '.join(unsupported)}; add them to "
                           f"ignore_modules to silence this", UserWarning, stacklevel=4)
+
+    @staticmethod
+    def _weight_is_empty(module):
+        """Whether ``module`` has a ``weight`` of no element (``nn.Linear(0, n)``)."""
+        weight = getattr(module, "weight", None)
+        return isinstance(weight, torch.Tensor) and weight.numel() == 0
 
     def _weight_is_frozen(self, module, params):
         """Whether `module` (a leaf with the trainable parameters `params`, ``[(name,

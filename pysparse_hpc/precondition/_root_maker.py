@@ -166,6 +166,12 @@ class RootGradientMaker(PreconditionedGradientMaker):
         return (super()._weight_is_frozen(module, params)
                 and not any(p.ndim >= 2 and p.numel() > 0 for _, p in params))
 
+    @staticmethod
+    def _weight_is_empty(module):
+        # Statistics are per parameter here: an empty one is left out where the matrices are
+        # chosen, and the module's other parameters still take part.
+        return False
+
     def _supported_names(self):
         return ("module whose weight has 2 or more dimensions (nn.Linear, nn.Conv2d, "
                 "nn.Embedding, ...)")

@@ -358,7 +358,9 @@ class KfacGradientMaker(NaturalGradientMaker):
         KAISA over the ranks (each holding part of the ``data_size`` examples): gradients and
         new factors are summed over the ranks, each module is inverted by one owner rank
         (greedy by cost), and the result is shared by `strategy`. Every rank then holds the
-        one-process preconditioned gradient (up to the order of float sums).
+        one-process preconditioned gradient (up to the order of float sums); with the
+        Monte Carlo Fisher, that of other sampled labels (each rank samples its own examples'
+        labels from its own generator; a `seed` seeds every rank's alike).
     strategy : {"inverse", "gradient"}, default "inverse"
         With `comm`: broadcast the inverses (every rank preconditions every module), or
         precondition on the owner and broadcast the preconditioned gradients (inverses stay
