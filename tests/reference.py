@@ -204,7 +204,7 @@ def reference_lion_agreement(directions, sizes, compression, step=0):
         levels, start = 127 // ranks, 0
         totals = [0] * size
         for n in sizes:
-            for c in directions:
+            for c in directions if n else ():   # an empty tensor has no scale and no vote
                 scale = sum(abs(v) for v in c[start:start + n]) / n
                 for i in range(start, start + n):
                     q = 0 if scale == 0 else round(c[i] / scale * levels / 2)
