@@ -476,9 +476,9 @@ def check_graph_values_changed_on_some_ranks():
 
 
 def check_features_written_on_some_ranks():
-    """Features written through NumPy on rank 0 alone (no version counter moves): GCNConv's
-    kept Â X is dropped on every rank, which agree on the order and on the SpMM (rank 0
-    alone recomputing waited in a halo exchange its peers skipped)."""
+    """Features written in place on rank 0 alone: GCNConv's kept Â X is dropped on every
+    rank, which agree on the order and on the SpMM (rank 0 alone recomputing left its peers
+    with Â X of its old rows, or waiting in a halo exchange it skipped)."""
     import copy
     from pysparse_hpc import nn
     adj = sph.datasets.load("cora").adj.astype(np.float64)
@@ -491,7 +491,7 @@ def check_features_written_on_some_ranks():
     with torch.no_grad():
         layer(local_x, graph), layer(local_x, graph)   # the second keeps Â X
         if rank == 0:
-            local_x.numpy()[:] *= 2
+            local_x.mul_(2)
         x[parts.owner == 0] *= 2
         reference = copy.deepcopy(layer)(torch.from_numpy(x), adj)
         out = layer(local_x, graph)
