@@ -11,6 +11,7 @@ from ._dense import is_torch_tensor
 from ._sputils import (
     as_index_array,
     as_value_array,
+    check_index_dtype,
     check_index_dtype_holds,
     check_shape,
     get_index_dtype,
@@ -87,10 +88,7 @@ class csr_array(sparray):
     _format_name = "csr_array"
 
     def __init__(self, arg, shape=None, dtype=None, copy=False, *, index_dtype=None):
-        if index_dtype is not None:
-            index_dtype = np.dtype(index_dtype)
-            if index_dtype not in (np.dtype(np.int32), np.dtype(np.int64)):
-                raise TypeError(f"index_dtype must be int32 or int64, got {index_dtype}")
+        index_dtype = check_index_dtype(index_dtype)
         if shape is not None:
             shape = check_shape(shape)
 

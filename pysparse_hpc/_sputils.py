@@ -7,6 +7,7 @@ kernels never validate. Messages say what was found and what was expected.
 import math
 import numbers
 import operator
+import sys
 
 import numpy as np
 
@@ -14,6 +15,8 @@ __all__ = [
     "VALUE_DTYPES",
     "check_shape",
     "get_index_dtype",
+    "as_numpy_dtype",
+    "check_index_dtype",
     "as_index_array",
     "as_value_array",
     "check_index_dtype_holds",
@@ -23,6 +26,7 @@ __all__ = [
     "check_real_number",
     "check_integer",
     "check_seed",
+    "described_sparse",
 ]
 
 #: Value dtypes a sparse array may hold. Integer and boolean input is converted to float64.
@@ -39,7 +43,8 @@ def check_shape(shape):
     Raises
     ------
     TypeError
-        If ``shape`` is not a sequence of integers (floats such as ``3.0`` included).
+        If ``shape`` is not a sequence of integers (floats such as ``3.0`` and booleans
+        included).
     ValueError
         If it does not have two entries or an entry is negative or beyond int64.
     """
@@ -51,6 +56,9 @@ def check_shape(shape):
     dims = []
     for dim in shape:
         try:
+            if isinstance(dim, (bool, np.bool_)):
+                # operator.index takes a bool: (True, 3) would give shape (1, 3) silently
+                raise TypeError
             dims.append(operator.index(dim))
         except TypeError:
             raise TypeError(
@@ -74,6 +82,40 @@ def get_index_dtype(arrays=(), maxval=0):
             if array.min() < np.iinfo(np.int32).min or array.max() > _INT32_MAX:
                 return np.dtype(np.int64)
     return np.dtype(np.int64) if maxval > _INT32_MAX else np.dtype(np.int32)
+
+
+def as_numpy_dtype(dtype, name="dtype"):
+    """``dtype`` as a NumPy dtype; torch's dtypes with a NumPy twin (``torch.float32``, ...)
+    are taken too, as the tensors the package accepts carry them.
+
+    Raises
+    ------
+    TypeError
+        Naming ``name``, for anything NumPy does not read as a dtype (its own message names
+        no argument).
+    """
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(dtype, torch.dtype):
+        try:
+            return np.dtype(torch.empty(0, dtype=dtype).numpy().dtype)
+        except (TypeError, RuntimeError):   # bfloat16, complex32, quantized: no NumPy twin
+            raise TypeError(f"{name} {dtype} has no NumPy equivalent") from None
+    try:
+        return np.dtype(dtype)
+    except TypeError as exc:
+        raise TypeError(f"{name} {dtype!r} is not understood: {exc}") from None
+
+
+def check_index_dtype(index_dtype):
+    """A requested ``index_dtype`` as NumPy's int32 or int64 (None stays None); TypeError
+    otherwise. Checked before any input is read, so that a bad argument is not reported as a
+    fault of the input."""
+    if index_dtype is None:
+        return None
+    index_dtype = as_numpy_dtype(index_dtype, "index_dtype")
+    if index_dtype not in (np.dtype(np.int32), np.dtype(np.int64)):
+        raise TypeError(f"index_dtype must be int32 or int64, got {index_dtype}")
+    return index_dtype
 
 
 def check_index_dtype_holds(index_dtype, maxval):
@@ -117,10 +159,7 @@ def value_dtype_for(dtype, requested=None):
     other dtypes raise TypeError.
     """
     if requested is not None:
-        try:
-            requested = np.dtype(requested)
-        except TypeError as exc:
-            raise TypeError(f"dtype {requested!r} is not understood: {exc}") from None
+        requested = as_numpy_dtype(requested)
         if requested not in VALUE_DTYPES:
             raise TypeError(
                 f"dtype {requested} is not supported; expected one of float16, float32, float64"
@@ -199,3 +238,14 @@ def check_integer(value, name):
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name} must be an integer, got {type(value).__name__} {value!r}")
     return int(value)
+
+
+def described_sparse(value):
+    """``value``'s type for an error that asked for a pysparse_hpc sparse array: scipy's classes
+    share the package's names, so a bare "got csr_array" would read as a contradiction."""
+    name = type(value).__name__
+    if type(value).__module__.startswith("scipy.sparse"):
+        return f"scipy.sparse's {name} (wrap it with pysparse_hpc.csr_array)"
+    if hasattr(value, "tocsr"):
+        return f"{name} (wrap it with pysparse_hpc.csr_array)"
+    return name

@@ -5,9 +5,16 @@ Each generator is deterministic for a given ``seed`` and returns a canonical `cs
 import numpy as np
 
 from ._csr import csr_array
-from ._sputils import check_integer, check_real_number, check_seed, get_index_dtype
+from ._sputils import (as_numpy_dtype, check_integer, check_real_number, check_seed,
+                       get_index_dtype, value_dtype_for)
 
 __all__ = ["planted_partition", "rmat"]
+
+
+def _value_dtype(dtype):
+    """The values' dtype, resolved before the graph is drawn (a torch dtype taken as its NumPy
+    twin; an unusable one refused up front, not by NumPy after the drawing)."""
+    return value_dtype_for(as_numpy_dtype(dtype))
 
 
 def rmat(scale, edge_factor=16, probabilities=(0.57, 0.19, 0.19, 0.05), seed=0,
@@ -60,6 +67,7 @@ def rmat(scale, edge_factor=16, probabilities=(0.57, 0.19, 0.19, 0.05), seed=0,
         raise ValueError(
             f"probabilities must be 4 non-negative numbers summing to 1, got {probabilities}")
     seed = check_seed(seed)
+    dtype = _value_dtype(dtype)
     n = 1 << int(scale)
     n_edges = int(edge_factor) * n
     rng = np.random.default_rng(seed)
@@ -140,6 +148,7 @@ def planted_partition(n_communities, community_size, internal_degree=8.0, extern
         if degree < 0:
             raise ValueError(f"{name} must be non-negative, got {degree}")
     seed = check_seed(seed)
+    dtype = _value_dtype(dtype)
     n = n_communities * community_size
     rng = np.random.default_rng(seed)
     labels = np.repeat(np.arange(n_communities, dtype=np.int64), community_size)

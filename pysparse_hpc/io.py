@@ -18,6 +18,7 @@ import scipy.sparse
 
 from ._base import sparray
 from ._csr import csr_array
+from ._sputils import check_index_dtype
 
 __all__ = ["load_npz", "save_npz", "read_matrix_market", "write_matrix_market"]
 
@@ -88,6 +89,8 @@ def load_npz(path, prefix=None, index_dtype=None):
     """
     if prefix is not None and not isinstance(prefix, str):
         raise TypeError(f"prefix must be a string, got {type(prefix).__name__}")
+    # Checked here: the csr_array below would report a bad argument as a fault of the file.
+    index_dtype = check_index_dtype(index_dtype)
     path = _existing_path(path)
     with _open_npz(path) as archive:
         keys = set(archive.files)

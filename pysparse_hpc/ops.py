@@ -15,7 +15,7 @@ from ._base import sparray
 from ._blocked import blocked_array, unpack_vector_mask, value_positions
 from ._config import get_num_threads, parallel_min_flops, spmm_tile
 from ._dense import as_dense, is_torch_tensor, wrap_like
-from ._sputils import is_real_number
+from ._sputils import described_sparse, is_real_number
 from .kernels.cpu import sddmm as _cpu_sddmm
 from .kernels.cpu import spmm as _cpu_spmm
 
@@ -34,8 +34,7 @@ def _compute_dtype(*dtypes):
 
 def _check_sparse(A):
     if not isinstance(A, sparray):
-        hint = " (wrap it with pysparse_hpc.csr_array)" if hasattr(A, "tocsr") else ""
-        raise TypeError(f"A must be a pysparse_hpc sparse array, got {type(A).__name__}{hint}")
+        raise TypeError(f"A must be a pysparse_hpc sparse array, got {described_sparse(A)}")
     return A
 
 

@@ -228,3 +228,13 @@ def test_writes_append_the_extension_and_keep_the_umask(tmp_path):
     assert np.load(buffer)["data"].tolist() == [1.0, 2.0, 3.0]
     with pytest.raises(FileNotFoundError, match="no directory"):
         save_npz(tmp_path / "missing" / "m.npz", A)
+
+
+def test_a_bad_index_dtype_is_blamed_on_the_argument_not_the_file(tmp_path):
+    path = tmp_path / "a.npz"
+    save_npz(path, sph.csr_array(np.eye(3)))
+    with pytest.raises(TypeError, match="index_dtype must be int32 or int64") as info:
+        load_npz(path, index_dtype=np.int16)
+    assert "invalid CSR matrix" not in str(info.value)
+    torch = pytest.importorskip("torch")
+    assert load_npz(str(path), index_dtype=torch.int64).index_dtype == np.int64

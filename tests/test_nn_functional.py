@@ -192,6 +192,18 @@ def test_dropout_statistics_repeatability_and_gradient():
     assert scalar.shape == () and float(scalar) in (0.0, 4.0)
     with pytest.raises(ValueError, match="row_ids needs an x with rows"):
         F.dropout(torch.tensor(2.0), 0.5, row_ids=np.arange(1))
+    # A cast truncated float ids (0.2 and 0.7 shared a mask) and wrapped huge unsigned ones
+    with pytest.raises(TypeError, match="row_ids must hold integers, got dtype float64"):
+        F.dropout(torch.ones(3, 2), 0.5, row_ids=np.array([0.2, 0.7, 1.5]))
+    with pytest.raises(TypeError, match="row_ids must hold integers, got dtype bool"):
+        F.dropout(torch.ones(3, 2), 0.5, row_ids=np.array([True, False, True]))
+    with pytest.raises(ValueError, match="row_ids holds ids beyond int64"):
+        F.dropout(torch.ones(3, 2), 0.5, row_ids=np.full(3, 2**63, dtype=np.uint64))
+    torch.manual_seed(3)
+    by_tensor = F.dropout(torch.ones(3, 2), 0.5, row_ids=torch.tensor([4, 5, 6]))
+    torch.manual_seed(3)
+    by_list = F.dropout(torch.ones(3, 2), 0.5, row_ids=[4, 5, 6])
+    assert torch.equal(by_tensor, by_list)
     leaf = torch.tensor([1.0, 2.0], requires_grad=True)   # p = 1 keeps nothing, as torch
     dropped = F.dropout(leaf, 1.0)
     dropped.sum().backward()

@@ -343,6 +343,18 @@ def test_rmat_takes_integers_only():
         rmat(3, edge_factor=-1)
 
 
+def test_generators_take_torch_dtypes_and_check_the_dtype_first():
+    torch = pytest.importorskip("torch")
+    from pysparse_hpc.generators import rmat
+    assert rmat(3, 2, dtype=torch.float64).dtype == np.float64
+    assert planted_partition(2, 4, dtype=torch.float32)[0].dtype == np.float32
+    # NumPy's "Cannot interpret ... as a data type", after the graph was drawn, named nothing
+    with pytest.raises(TypeError, match="dtype torch.bfloat16 has no NumPy equivalent"):
+        rmat(3, 2, dtype=torch.bfloat16)
+    with pytest.raises(TypeError, match="dtype 'junk' is not understood"):
+        planted_partition(2, 4, dtype="junk")
+
+
 def test_rmat_uses_int32_indices_when_they_fit():
     from pysparse_hpc.generators import rmat
     A = rmat(8, 4, seed=3)

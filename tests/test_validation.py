@@ -55,6 +55,26 @@ def test_bad_shape(shape, error, message):
         sph.csr_array(raw(), shape=shape)
 
 
+def test_a_bool_is_not_a_dimension():
+    # operator.index takes True as 1: (True, 3) built a 1 x 3 array without a word
+    with pytest.raises(TypeError, match="integers, got bool True"):
+        sph.csr_array((True, 3))
+    with pytest.raises(TypeError, match="integers, got bool"):
+        sph.csr_array(raw(), shape=(np.bool_(True), 3))
+
+
+def test_torch_dtypes_are_taken_where_dtypes_are():
+    torch = pytest.importorskip("torch")
+    A = sph.csr_array(np.eye(3), dtype=torch.float32, index_dtype=torch.int64)
+    assert A.dtype == np.float32 and A.index_dtype == np.int64
+    assert A.astype(torch.float16).dtype == np.float16
+    assert sph.blocked_array(np.eye(3), dtype=torch.float64).dtype == np.float64
+    with pytest.raises(TypeError, match="dtype torch.bfloat16 has no NumPy equivalent"):
+        sph.csr_array(np.eye(3), dtype=torch.bfloat16)
+    with pytest.raises(TypeError, match="index_dtype must be int32 or int64, got int16"):
+        sph.csr_array(np.eye(3), index_dtype=torch.int16)
+
+
 def test_shape_too_small_for_coo():
     with pytest.raises(ValueError, match="row index 4 out of range"):
         sph.csr_array((np.ones(2), (np.array([0, 4]), np.array([0, 1]))), shape=(3, 3))
@@ -247,6 +267,11 @@ def test_spmm_bad_operands():
         A @ np.ones((3, 2, 2))
     with pytest.raises(TypeError, match="sparse array"):
         sph.spmm(np.eye(3), np.ones((3, 2)))
+    # scipy's classes share the names: "got csr_array" alone read as a contradiction
+    with pytest.raises(TypeError, match="got scipy.sparse's csr_array"):
+        sph.spmm(scipy.sparse.csr_array(np.eye(3)), np.ones((3, 2)))
+    with pytest.raises(TypeError, match="got scipy.sparse's coo_array"):
+        sph.sddmm(scipy.sparse.coo_array(np.eye(3)), np.ones((3, 2)), np.ones((3, 2)))
 
 
 @pytest.mark.parametrize("value, status, expected", [

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from .._base import sparray
-from .._sputils import is_real_number
+from .._sputils import as_index_array, described_sparse, is_real_number
 from ..distributed.graph import DistGraph
 from . import _backend, _distributed, _graph
 
@@ -39,9 +39,8 @@ _FLOAT_DTYPES = (torch.float32, torch.float64)
 
 def _check_adj(adj):
     if not isinstance(adj, (sparray, DistGraph)):
-        hint = " (wrap it with pysparse_hpc.csr_array)" if hasattr(adj, "tocsr") else ""
         raise TypeError(f"adj must be a pysparse_hpc sparse array or DistGraph, got "
-                        f"{type(adj).__name__}{hint}")
+                        f"{described_sparse(adj)}")
 
 
 def _check_tensor(t, name, ndims=(2,)):
@@ -284,13 +283,26 @@ def dropout(x, p=0.5, training=True, row_ids=None):
     if not _backend.on_cpu(x) or x.dtype not in _FLOAT_DTYPES or x.dim() == 0:
         return torch.nn.functional.dropout(x, p, training=True)
     if row_ids is not None:
-        row_ids = np.ascontiguousarray(row_ids, dtype=np.int64)
+        row_ids = _as_row_ids(row_ids)
         if row_ids.shape != (x.shape[0],):
             raise ValueError(f"row_ids must have shape ({x.shape[0]},), one id per row of x, "
                              f"got {row_ids.shape}")
     # The seed comes from torch's generator, so torch.manual_seed makes runs repeatable.
     seed = int(torch.randint(0, 2 ** 62, (1,)))
     return _Dropout.apply(x, float(p), seed, row_ids)
+
+
+def _as_row_ids(row_ids):
+    """``row_ids`` as int64, refusing what a cast would change: float ids (truncated, so that
+    0.2 and 0.7 shared a mask), booleans and unsigned ids beyond int64 (wrapped to negative)."""
+    if isinstance(row_ids, torch.Tensor):
+        row_ids = row_ids.detach().cpu().numpy()
+    ids = np.asarray(row_ids)
+    if ids.ndim == 1:   # else the shape check names the expected shape
+        ids = as_index_array(ids, "row_ids")
+        if ids.dtype == np.uint64 and ids.size and ids.max() > np.iinfo(np.int64).max:
+            raise ValueError(f"row_ids holds ids beyond int64 (up to {int(ids.max())})")
+    return np.ascontiguousarray(ids, dtype=np.int64)
 
 
 def pattern(adj):
