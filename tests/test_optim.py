@@ -116,6 +116,8 @@ def test_lion_skips_parameters_without_gradient_and_zero_direction_stays():
     (dict(weight_decay=-1.0), "weight_decay must be"),
     (dict(weight_decay=float("inf")), "weight_decay must be"),
     (dict(lr=1.0, weight_decay=3.0), r"lr \* weight_decay must be at most 1"),
+    (dict(lr=torch.tensor(1e-3)), r"lr must be a Python or NumPy number, got a tensor"),
+    (dict(weight_decay=torch.tensor(0.1)), r"weight_decay must be a Python or NumPy number"),
 ])
 @pytest.mark.parametrize("where", ["constructor", "group", "added group"])
 def test_lion_rejects_bad_hyperparameters(kwargs, message, where):

@@ -38,6 +38,12 @@ def check_hyperparameters(lr, betas, weight_decay, *, zero_lr=False, init_lr=Non
     ``lr = 0``, where a learning-rate schedule starts or ends (a new optimizer refuses it, as
     lion-pytorch's does).
     """
+    for name, value in (("lr", lr), ("weight_decay", weight_decay)):
+        if isinstance(value, torch.Tensor):
+            # torch.optim takes a tensor lr (for capturable, compiled steps); the kernels here
+            # take numbers, and "must be a finite number, got tensor(0.001)" misled.
+            raise ValueError(f"{name} must be a Python or NumPy number, got a tensor "
+                             f"({value!r}): pass float({name})")
     if not (_finite_real(lr) and (lr >= 0 if zero_lr else lr > 0)):
         raise ValueError(f"lr must be a finite number {'>=' if zero_lr else '>'} 0, got {lr!r}")
     try:
