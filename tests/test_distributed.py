@@ -770,3 +770,38 @@ def test_a_job_past_its_timeout_is_stopped_with_every_process_under_it(tmp_path)
         pytest.fail("the job's child outlived the job")
     done = run_job([sys.executable, "-c", "print('ran')"], timeout=60)
     assert done.returncode == 0 and done.stdout == "ran\n"
+
+
+def test_a_one_rank_graph_and_model_pickle_and_deep_copy(cora):
+    """A DistGraph holds its communicator, which neither pickled nor deep-copied (an mpi4py
+    communicator, or a lambda in the counters): copies of a one-rank graph must run as it."""
+    import copy
+    import io
+    import pickle
+    comm = Communicator(None)
+    comm.set_timeout(60)
+    graph = DistGraph(cora.adj, distributed.partition(cora.adj, 1, "contiguous"), comm)
+    x = graph.local_rows(torch.from_numpy(cora.x))
+    torch.manual_seed(0)
+    model = sph.nn.models.GCN(x.shape[1], 8, 7).eval()
+    with torch.no_grad():
+        expected = model(x, graph)
+
+    def saved(value):
+        buffer = io.BytesIO()
+        torch.save(value, buffer)
+        buffer.seek(0)
+        return torch.load(buffer, weights_only=False)
+    for copier in (copy.deepcopy, lambda value: pickle.loads(pickle.dumps(value)), saved):
+        twin_model, twin = copier((model, graph))
+        assert twin.comm.size == 1 and twin.comm.timeout == 60
+        with torch.no_grad():
+            torch.testing.assert_close(twin_model(x, twin), expected)
+            torch.testing.assert_close(model(x, twin), expected)
+    assert copy.deepcopy(graph).comm is comm          # the same ranks, not a copy of them
+    twin = comm.duplicate()                            # a shallow copy still shares counters
+    assert twin._counters is comm._counters and twin._guard is comm._guard
+    with pytest.raises(TypeError, match="over 2 ranks cannot be pickled"):
+        fake = copy.copy(comm)
+        fake.size = 2
+        pickle.dumps(fake)

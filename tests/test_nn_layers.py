@@ -253,6 +253,31 @@ def test_an_edge_index_written_through_numpy_is_converted_again(graph, layer):
         torch.testing.assert_close(conv(x, edge_index), conv(x, edge_index.clone()))
 
 
+def test_an_edge_index_cache_replaced_during_a_lookup_returns_the_looked_up_graph(
+        graph, monkeypatch):
+    """A layer called from several threads: while one call checks that its edge_index is the
+    one kept (a checksum, which releases the GIL), another call stores the adjacency of its
+    own edge_index. The first must still get the adjacency of its edges, not the other's."""
+    from pysparse_hpc.nn._graph import EdgeIndexCache
+    cache = EdgeIndexCache()
+    edge_index = edge_index_of(graph)
+    other = edge_index.flip(0).contiguous()     # the reversed edges: another graph
+    kept = cache.get(edge_index, 14)
+    checksum = EdgeIndexCache._checksum
+    interleaved = []
+
+    def checksum_while_another_call_stores(tensor):
+        if tensor is edge_index and not interleaved:
+            interleaved.append(cache.get(other, 14))    # the other thread's call
+        return checksum(tensor)
+    monkeypatch.setattr(EdgeIndexCache, "_checksum",
+                        staticmethod(checksum_while_another_call_stores))
+    found = cache.get(edge_index, 14)
+    assert interleaved
+    np.testing.assert_array_equal(found.toarray(), kept.toarray())
+    np.testing.assert_array_equal(cache.get(other, 14).toarray(), kept.toarray().T)
+
+
 @pytest.mark.parametrize("layer", [lambda: nn.GCNConv(3, 2), lambda: nn.GATConv(3, 2),
                                    lambda: nn.AGNNConv()])
 def test_edge_weights_passed_as_in_pyg_are_refused_with_the_way_to_pass_them(graph, layer):

@@ -1104,6 +1104,10 @@ def test_bad_input():
         P.KfacGradientMaker(mlp(), config, fisher_type="fisher_kfe")
     with pytest.raises(NotImplementedError, match="swift"):
         P.KfacGradientMaker(mlp(), config, swift=True)
+    # torch.manual_seed's range: out of it torch raised its own ValueError at the first step
+    for seed in (2**64, -2**63 - 1):
+        with pytest.raises(ValueError, match=r"seed must be in \[-2\*\*63, 2\*\*64\)"):
+            P.KfacGradientMaker(mlp(), config, seed=seed)
     dilated = nn.Sequential(nn.Conv2d(2, 3, 3, dilation=2), nn.Flatten())
     with pytest.raises(NotImplementedError, match=r"dilation=\(2, 2\).*ignore_modules"):
         P.KfacGradientMaker(dilated, config)
@@ -1644,3 +1648,37 @@ def test_the_config_has_asdls_fields_in_asdls_order():
     assert ours[:len(theirs)] == theirs
     assert [name for name, _ in ours[len(theirs):]] == ["curvature_interval_type"]
     assert P.PreconditioningConfig(None, 2).preconditioner_upd_interval == 2
+
+
+@pytest.mark.parametrize("make", [
+    lambda m, c: P.KfacGradientMaker(m, c, fisher_type="fisher_emp"),
+    lambda m, c: P.DiagNaturalGradientMaker(m, c, fisher_type="fisher_emp"),
+    lambda m, c: P.ShampooGradientMaker(m, c),
+    lambda m, c: P.JorgeGradientMaker(m, c)])
+def test_a_maker_that_took_a_step_deep_copies_and_trains_on_as_the_original(make):
+    """The maker keeps the last output and loss, which are not autograd leaves: a deep copy
+    of it (alone, or with its model and optimizer) raised before."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 9), nn.Tanh(), nn.Linear(9, 3)).double()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    maker = make(model, P.PreconditioningConfig(data_size=16, damping=1e-3))
+
+    def train(model, optimizer, maker, steps):
+        generator = torch.Generator().manual_seed(3)
+        for _ in range(steps):
+            x = torch.randn(16, 6, generator=generator, dtype=torch.float64)
+            target = torch.randint(0, 3, (16,), generator=generator)
+            optimizer.zero_grad()
+            output = maker.setup_model_call(model, x)
+            maker.setup_loss_call(F.cross_entropy, output, target)
+            maker.forward_and_backward()
+            optimizer.step()
+        return [p.detach().clone() for p in model.parameters()]
+
+    train(model, optimizer, maker, 2)
+    twin_model, twin_optimizer, twin = copy.deepcopy((model, optimizer, maker))
+    torch.testing.assert_close(twin.loss, maker.loss.detach(), rtol=0, atol=0)
+    assert twin.model is twin_model and twin.step == maker.step
+    expected = train(model, optimizer, maker, 3)
+    assert all(torch.equal(e, g) for e, g in
+               zip(expected, train(twin_model, twin_optimizer, twin, 3)))

@@ -342,6 +342,14 @@ class _Guard:
         self.timeout, self.watchdog = None, None
 
 
+def _one_rank(timeout):
+    """A one-rank `Communicator` with ``timeout`` (what an unpickled one-rank one becomes)."""
+    comm = Communicator(None)
+    if timeout is not None:
+        comm.set_timeout(timeout)
+    return comm
+
+
 class Communicator:
     """A group of ranks and the collectives the library needs on it.
 
@@ -382,6 +390,28 @@ class Communicator:
         self._waited = defaultdict(float)
         # The timeout and its watchdog, shared with this communicator's duplicates.
         self._guard = _Guard()
+
+    def __copy__(self):
+        # Shallow, as `duplicate` needs (the counters and the guard shared): not through
+        # `__reduce__`, which builds a fresh communicator.
+        twin = type(self).__new__(type(self))
+        twin.__dict__.update(self.__dict__)
+        return twin
+
+    def __deepcopy__(self, memo):
+        # A communicator names a group of ranks, not data: a deep copy of what holds it (a
+        # DistGraph, a DataParallel model) talks to the same ranks, as the original does.
+        return self
+
+    def __reduce__(self):
+        """A one-rank communicator pickles as a fresh one (no MPI, the same timeout; its
+        traffic statistics start afresh); one over several ranks cannot be sent to another
+        process, which is not one of its ranks."""
+        if self.size > 1:
+            raise TypeError(f"a Communicator over {self.size} ranks cannot be pickled: "
+                            "pickle what holds it on each rank without it (a state_dict) and "
+                            "rebuild it there with that rank's communicator")
+        return _one_rank, (self.timeout,)
 
     def duplicate(self):
         """A communicator over the same ranks in a context of its own (``MPI_Comm_dup``): its

@@ -285,9 +285,11 @@ class EdgeIndexCache:
     """
 
     def __init__(self):
-        self._key = None
-        self._adj = None
-        self._contents = None
+        # One tuple (tensor reference, version, num_nodes, shape, checksum, adjacency),
+        # replaced whole and read once per call: a layer called from several threads at once
+        # (a thread pool serving a model) would otherwise match one tensor's key and return
+        # the adjacency another thread stored meanwhile (the checksum releases the GIL).
+        self._entry = None
 
     def __getstate__(self):
         return {}
@@ -307,13 +309,13 @@ class EdgeIndexCache:
         if edge_index.is_inference():
             return _from_edge_index(edge_index, num_nodes)
         key = (edge_index._version, num_nodes, tuple(edge_index.shape))
-        if (self._key is not None and self._key[0]() is edge_index and self._key[1:] == key
-                and self._contents == self._checksum(edge_index)):
-            return self._adj
+        entry = self._entry
+        if (entry is not None and entry[0]() is edge_index and entry[1:4] == key
+                and entry[4] == self._checksum(edge_index)):
+            return entry[5]
+        contents = self._checksum(edge_index)
         adj = _from_edge_index(edge_index, num_nodes)
-        self._key = (weakref.ref(edge_index),) + key
-        self._adj = adj
-        self._contents = self._checksum(edge_index)
+        self._entry = (weakref.ref(edge_index),) + key + (contents, adj)
         return adj
 
 

@@ -107,7 +107,15 @@ class _InputMemo:
         self.clear()
 
     def clear(self):
-        self._key, self.value, self._candidates = None, None, []
+        # The kept key and its Â X in one tuple, replaced whole and read once: a layer called
+        # from several threads must not pair one input's key with another's Â X.
+        self._kept, self._candidates = None, []
+
+    @property
+    def value(self):
+        """The kept ``Â X`` (None when nothing is kept)."""
+        kept = self._kept
+        return None if kept is None else kept[1]
 
     def __getstate__(self):
         return {}
@@ -140,12 +148,14 @@ class _InputMemo:
     def seen(self, token, x):
         """Whether (the graph of ``token``, x) was met before (noted, or with its ``Â X``
         kept)."""
-        keys = self._candidates + ([self._key] if self._key is not None else [])
+        kept = self._kept
+        keys = self._candidates + ([kept[0]] if kept is not None else [])
         return any(self._matches(key, token, x) for key in keys)
 
     def get(self, token, x):
-        if self._key is not None and self._matches(self._key, token, x):
-            return self.value
+        kept = self._kept
+        if kept is not None and self._matches(kept[0], token, x):
+            return kept[1]
         return None
 
     def note(self, token, x):
@@ -155,8 +165,7 @@ class _InputMemo:
         self._candidates = alive[-self._MAX_CANDIDATES:]
 
     def remember(self, token, x, value):
-        self._key = (weakref.ref(token.graph), weakref.ref(x), token.state)
-        self.value = value
+        self._kept = ((weakref.ref(token.graph), weakref.ref(x), token.state), value)
 
 
 class GCNConv(torch.nn.Module):

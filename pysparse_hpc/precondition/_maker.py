@@ -160,6 +160,19 @@ def _accepts_reduction(loss_fn):
         p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
 
 
+def _detached(value):
+    """``value`` with every tensor in it (in nested tuples, lists and dicts) detached."""
+    if isinstance(value, torch.Tensor):
+        return value.detach()
+    if isinstance(value, (tuple, list)):
+        items = [_detached(item) for item in value]
+        # A named tuple is rebuilt from its fields, a plain tuple or list from the sequence.
+        return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
+    if isinstance(value, dict):
+        return type(value)((key, _detached(item)) for key, item in value.items())
+    return value
+
+
 class PreconditionedGradientMaker:
     """Base class: ASDL's forward-backward-precondition loop over a model.
 
@@ -423,6 +436,16 @@ class PreconditionedGradientMaker:
     def loss(self):
         """The loss of the last ``forward_and_backward``."""
         return self._loss
+
+    def __getstate__(self):
+        """The maker's attributes, with the last output and loss (`model_output`, `loss`)
+        detached from their autograd graph: ``copy.deepcopy`` refuses a tensor that is not a
+        leaf, so a maker that had taken a step could not be copied (alone, or with its model
+        and optimizer), and a pickle would carry the graph's tensors for nothing."""
+        state = self.__dict__.copy()
+        state["_model_output"] = _detached(self._model_output)
+        state["_loss"] = _detached(self._loss)
+        return state
 
     @property
     def step(self):

@@ -112,12 +112,17 @@ class NaturalGradientMaker(PreconditionedGradientMaker):
         if seed is not None and (not isinstance(seed, numbers.Integral)
                                  or isinstance(seed, bool)):
             raise TypeError(f"seed must be an int or None, got {type(seed).__name__}")
+        # torch.manual_seed's range, checked here: out of it torch raises an OverflowError-like
+        # ValueError that names no argument, and only at the first curvature pass.
+        if seed is not None and not -2 ** 63 <= seed < 2 ** 64:
+            raise ValueError(f"seed must be in [-2**63, 2**64) (torch.manual_seed's range), "
+                             f"got {seed}")
         self.loss_type = loss_type
         self.scale = float(scale)
         self.grad_scale = float(grad_scale)
         self.n_mc_samples = int(n_mc_samples)
         self.var = float(var)
-        self.seed = seed
+        self.seed = None if seed is None else int(seed)
         if kl_clip is not None:
             check_real_number("kl_clip", kl_clip)
             if lr is None:
