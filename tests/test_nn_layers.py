@@ -679,7 +679,8 @@ def test_agnnconv_gradcheck_and_fixed_beta(graph):
     (lambda g, x: (x, torch.tensor([[0, -1], [2, 3]])), ValueError, "negative"),
     (lambda g, x: (x, torch.tensor([[0.0, 1.0], [2.0, 3.0]])), TypeError, "int64 or int32"),
     (lambda g, x: (x, torch.tensor([0, 1, 2])), ValueError, r"shape \[2, E\]"),
-    (lambda g, x: (x, g.to_scipy()), TypeError, "wrap it with pysparse_hpc.csr_array"),
+    (lambda g, x: (x, g.to_scipy()), TypeError,
+     "got scipy.sparse's csr_array .wrap it with pysparse_hpc.csr_array"),
 ])
 def test_layers_reject_bad_input_clearly(graph, layer, make, error, message):
     x, adj = make(graph, features(14, 3, dtype=torch.float32))
@@ -687,6 +688,8 @@ def test_layers_reject_bad_input_clearly(graph, layer, make, error, message):
         layer()(x, adj)
     with pytest.raises(TypeError, match="num_nodes must be an integer, got float 14.0"):
         layer()(features(14, 3, dtype=torch.float32), edge_index_of(graph), num_nodes=14.0)
+    with pytest.raises(ValueError, match="num_nodes must be non-negative, got -1"):
+        nn.gcn_norm(edge_index_of(graph), num_nodes=-1)
 
 
 @pytest.mark.parametrize("layer", [lambda: nn.GCNConv(3, 2), lambda: nn.GATConv(3, 2),

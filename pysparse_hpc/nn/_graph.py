@@ -18,7 +18,7 @@ import numpy as np
 from .._base import sparray
 from .._blocked import blocked_array
 from .._csr import csr_array
-from .._sputils import check_integer, get_index_dtype
+from .._sputils import check_integer, described_sparse, get_index_dtype
 from .._cy import convert as _convert
 from ..kernels.cpu.checksum import checksum
 from ..distributed.graph import DistGraph, comm_sum
@@ -348,6 +348,8 @@ def as_graph(adj, num_nodes=None, edge_cache=None, default_num_nodes=None):
                         "(edge_index[1], edge_index[0])), shape=(n, n)), and pass it as adj")
     if num_nodes is not None:
         num_nodes = check_integer(num_nodes, "num_nodes")
+        if num_nodes < 0:
+            raise ValueError(f"num_nodes must be non-negative, got {num_nodes}")
     if isinstance(adj, DistGraph):
         if num_nodes is not None and adj.n_local != num_nodes:
             raise ValueError(f"rank {adj.comm.rank} owns {adj.n_local} nodes of the distributed "
@@ -363,9 +365,8 @@ def as_graph(adj, num_nodes=None, edge_cache=None, default_num_nodes=None):
         if edge_cache is not None:
             return edge_cache.get(adj, num_nodes)
         return _from_edge_index(adj, num_nodes)
-    hint = " (wrap it with pysparse_hpc.csr_array)" if hasattr(adj, "tocsr") else ""
     raise TypeError("adj must be a pysparse_hpc sparse array or a [2, E] edge_index tensor, got "
-                    f"{type(adj).__name__}{hint}")
+                    f"{described_sparse(adj)}")
 
 
 def check_graph_for(adj, x, name="x"):
