@@ -771,3 +771,87 @@ def test_a_renamed_or_hand_made_manifest_is_damaged_not_loaded(tmp_path):
     with pytest.warns(UserWarning, match=r"step 3 .* manifest.json is not one this library "
                                          r"writes: has_nodes is None"):
         assert checkpoints.load().step == 2
+
+
+def test_a_load_while_another_run_commits_and_prunes_finds_its_newer_checkpoint(tmp_path):
+    """Loading takes no lock, so a job may read the checkpoints another one is writing: the
+    writer committed the save in flight when the reader listed the directory and pruned the
+    one it was reading, and the reader failed with "no usable checkpoint" although a good
+    checkpoint was there. It now lists the directory again, and what was pruned under it is
+    not reported as damaged."""
+    writer = make(tmp_path, keep=1)
+    writer.save(1, {"s": np.full(4, 1.0)}, blocking=True)
+    writer.save(2, {"s": np.full(4, 2.0)})   # in flight: its files, no manifest yet
+    while writer.writing:
+        threading.Event().wait(0.001)
+    reader = make(tmp_path)
+    read = reader._read
+    calls = []
+
+    def read_while_the_writer_commits(step, step_dir, node_ids):
+        calls.append(step)
+        try:
+            return read(step, step_dir, node_ids)
+        finally:
+            if len(calls) == 1:   # step 2, torn: the writer commits it and prunes step 1
+                writer.close()
+
+    reader._read = read_while_the_writer_commits
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        loaded = reader.load()
+    assert calls == [2, 1, 2]
+    assert loaded.step == 2 and loaded.skipped == []
+    assert_same(loaded.shard, {"s": np.full(4, 2.0)})
+
+
+def test_a_failed_directory_fsync_is_an_error_not_a_commit(tmp_path, monkeypatch):
+    """The fsync of a directory made a renamed file's name durable, but its errors (EIO,
+    ENOSPC) were swallowed: a commit whose manifest a crash could still take back was reported
+    done. Every directory fsync of a save fails in turn; each is raised, naming the save."""
+    import errno
+    import stat
+    fsync = os.fsync
+    for fail_at in range(1, 4):   # the shard's directory entry, the manifest's, the step's
+        directory = tmp_path / str(fail_at)
+        checkpoints = make(directory)
+        count = [0]
+
+        def failing_fsync(fd):
+            if stat.S_ISDIR(os.fstat(fd).st_mode):
+                count[0] += 1
+                if count[0] == fail_at:
+                    raise OSError(errno.EIO, "Input/output error")
+            return fsync(fd)
+
+        monkeypatch.setattr(os, "fsync", failing_fsync)
+        with pytest.raises(OSError, match="Input/output error") as caught:
+            checkpoints.save(1, {"w": np.ones(3)}, blocking=True)
+        monkeypatch.setattr(os, "fsync", fsync)
+        assert any("checkpoint step 1" in note and str(directory) in note
+                   for note in caught.value.__notes__), (fail_at, caught.value.__notes__)
+        checkpoints.close()
+    # A file system that cannot fsync a directory at all (EINVAL) still saves.
+    monkeypatch.setattr(os, "fsync", lambda fd: fsync(fd) if not stat.S_ISDIR(
+        os.fstat(fd).st_mode) else (_ for _ in ()).throw(OSError(errno.EINVAL, "Invalid")))
+    checkpoints = make(tmp_path / "einval")
+    checkpoints.save(1, {"w": np.ones(3)}, blocking=True)
+    assert checkpoints.load().step == 1
+    checkpoints.close()
+
+
+def test_a_second_run_keeps_the_marker_the_first_took_back(tmp_path):
+    """Two jobs opened one new directory; the one that made its CHECKPOINTS file failed before
+    saving and took the file back, and the other's checkpoints then lay in a directory refused
+    as "not a checkpoint directory" when it resumed. The run that saves writes it again."""
+    first = make(tmp_path, fingerprint={"run": 1})
+    second = make(tmp_path, fingerprint={"run": 1})
+    first.release()
+    second.save(1, {"w": np.ones(3)}, blocking=True)
+    second.close()
+    assert sorted(os.listdir(tmp_path)) == [".lock", "CHECKPOINTS", "step-000000001"]
+    resumed = make(tmp_path, fingerprint={"run": 1})
+    assert resumed.load().step == 1
+    with pytest.raises(ValueError, match=r"fingerprint differs in 'run' \(saved 1, given 2\)"):
+        make(tmp_path, fingerprint={"run": 2})
+    resumed.close()

@@ -6,6 +6,7 @@ its final name, and the directory fsync'd, so a crash leaves either the old file
 one, never a mixture. Each file is hashed in blocks of `BLOCK` bytes, one SHA-256 each, so that
 several threads can hash (and verify) one file, and a damaged file says where.
 """
+import errno
 import hashlib
 import json
 import os
@@ -72,15 +73,27 @@ def unlock_directory(handle):
         handle.close()
 
 
+#: What ``fsync`` of a directory answers where the file system or platform cannot do it.
+_NO_DIRECTORY_FSYNC = frozenset(getattr(errno, name) for name in (
+    "EINVAL", "ENOTSUP", "EOPNOTSUPP", "EBADF") if hasattr(errno, name))
+
+
 def fsync_directory(path):
+    """Make the names just created, renamed or removed in directory ``path`` durable.
+
+    Raises the ``OSError`` of a failed ``fsync`` (EIO, ENOSPC, ...): those names may not be on
+    disk, and a commit that went on would report a checkpoint that a crash can still take
+    back. A file system that cannot fsync a directory at all is passed over.
+    """
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError:  # platforms that cannot open a directory have nothing to fsync
         return
     try:
         os.fsync(fd)
-    except OSError:
-        pass
+    except OSError as exc:
+        if exc.errno not in _NO_DIRECTORY_FSYNC:
+            raise
     finally:
         os.close(fd)
 

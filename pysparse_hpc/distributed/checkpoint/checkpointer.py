@@ -25,6 +25,9 @@ MARKER = "CHECKPOINTS"
 SHARED = "shared.ckpt"
 _STEP_DIR = re.compile(r"^step-([0-9]+)$")
 _MARKER_TEMPORARY = re.compile(rf"^\.{MARKER}\.[0-9]+\.tmp$")  # `_files.write_atomic`'s name
+#: How many times `Checkpointer.load` lists the directory again when every checkpoint it
+#: listed failed while another run was committing (and pruning) checkpoints there.
+_RELISTS = 8
 
 
 def _step_name(step):
@@ -345,6 +348,18 @@ class Checkpointer:
             return type(exc)(exc.errno, f"cannot use {path} as a checkpoint directory: "
                              f"{exc.strerror or exc}")
 
+    def _restore_marker(self):
+        """Write the ``CHECKPOINTS`` file again where it is gone (rank 0, the lock taken): a
+        run that made it and failed before its first save takes it back, though another
+        `Checkpointer` opened on the directory meanwhile, which now saves; without it, that
+        run's checkpoints would lie in a directory refused as not a checkpoint directory."""
+        marker = os.path.join(self.directory, MARKER)
+        if not os.path.isfile(marker):
+            _files.write_json(marker, {"format": FORMAT, "version": VERSION,
+                                       "fingerprint": self.fingerprint})
+            # Ours now: taken back in turn if this run saves nothing after all.
+            self._wrote_marker = True
+
     def _step_dirs(self):
         """``{step: path}`` of every step directory, committed or not."""
         try:
@@ -471,6 +486,7 @@ class Checkpointer:
                     # file too (not at exit: `_finish_at_exit` commits under the lock first).
                     self._unlock = weakref.finalize(self, _files.unlock_directory, self._lock)
                     self._unlock.atexit = False
+                    self._restore_marker()
                 self._refuse_rollback(step, None if previous is None else previous[0])
                 self._clear_step(step)
         except Exception as exc:  # raised below on every rank, not just here
@@ -591,6 +607,11 @@ class Checkpointer:
             try:
                 self._commit(*collected)
             except Exception as exc:
+                # A bare "[Errno 28] No space left on device" would not say which save failed,
+                # nor that its files are written but it has no manifest.
+                if hasattr(exc, "add_note"):
+                    exc.add_note(f"while committing checkpoint step {collected[0]} in "
+                                 f"{self.directory} (writing its {MANIFEST})")
                 error = exc
         error = self.comm.bcast(error)
         if error is not None:  # every rank holds rank 0's error
@@ -671,7 +692,11 @@ class Checkpointer:
             except OSError as exc:
                 warnings.warn(f"could not delete old checkpoint {path}: {exc}", stacklevel=2)
         if doomed:
-            _files.fsync_directory(self.directory)
+            try:
+                _files.fsync_directory(self.directory)
+            except OSError as exc:  # old checkpoints, not this run's new one: a warning
+                warnings.warn(f"could not make the deletion of old checkpoints in "
+                              f"{self.directory} durable: {exc}", stacklevel=2)
 
     def _join_pruning(self):
         if self._pruning is not None:
@@ -851,27 +876,50 @@ class Checkpointer:
             raise FileNotFoundError(f"no committed checkpoint{which} in {self.directory}"
                                     + (f" (steps {torn} were never committed)" if torn else ""))
         problems = []
-        for candidate in candidates:
-            problem, error, result = None, None, None
-            try:
-                result = self._read(candidate, dirs[candidate], node_ids)
-            except Damaged as exc:
-                problem = str(exc)
-            except Exception as exc:
-                error = exc
-            comm.raise_if_any(error)
-            reports = comm.allgather(problem)
-            bad = [(rank, p) for rank, p in enumerate(reports) if p is not None]
-            if not bad:
-                for damaged, what in problems if comm.rank == 0 else ():
-                    warnings.warn(f"checkpoint step {damaged} in {self.directory} is damaged: "
-                                  f"{what}; loading step {candidate} instead", stacklevel=2)
-                result.skipped = problems
-                return result
-            problems.append((candidate, "; ".join(p if comm.size == 1 else f"rank {r}: {p}"
-                                                  for r, p in bad)))
-            if os.path.isfile(os.path.join(dirs[candidate], MANIFEST)):
-                self._damaged.add(candidate)
+        for _ in range(_RELISTS + 1):
+            for candidate in candidates:
+                problem, error, result = None, None, None
+                try:
+                    result = self._read(candidate, dirs[candidate], node_ids)
+                except Damaged as exc:
+                    problem = str(exc)
+                except Exception as exc:
+                    error = exc
+                comm.raise_if_any(error)
+                reports = comm.allgather(problem)
+                bad = [(rank, p) for rank, p in enumerate(reports) if p is not None]
+                if not bad:
+                    # Only the newer ones were passed over for it (a second listing may have
+                    # found it newer than some tried before).
+                    problems = sorted(((s, what) for s, what in problems if s > candidate),
+                                      reverse=True)
+                    for damaged, what in problems if comm.rank == 0 else ():
+                        warnings.warn(f"checkpoint step {damaged} in {self.directory} is "
+                                      f"damaged: {what}; loading step {candidate} instead",
+                                      stacklevel=2)
+                    result.skipped = problems
+                    return result
+                problems.append((candidate, "; ".join(p if comm.size == 1 else f"rank {r}: {p}"
+                                                      for r, p in bad)))
+                if os.path.isfile(os.path.join(dirs[candidate], MANIFEST)):
+                    self._damaged.add(candidate)
+            if step is not None:
+                break
+            # Every checkpoint listed failed. Loading takes no lock, so a run writing this
+            # directory meanwhile may have committed newer ones and pruned those listed (their
+            # files deleted as they were read): list again, and try what was committed since.
+            # Rank 0's listing, so that every rank tries the same steps.
+            before = set(committed)
+            dirs, committed = comm.bcast((self._step_dirs(), self.steps()) if comm.rank == 0
+                                         else None)
+            candidates = sorted(set(committed) - before, reverse=True)
+            # A step committed when listed and not now was pruned, not damaged; one committed
+            # since is tried again.
+            problems = [(s, what) for s, what in problems
+                        if not (s in before and s not in committed) and s not in candidates]
+            if not candidates:
+                break
+        problems.sort(reverse=True)
         raise ValueError(f"no usable checkpoint in {self.directory}: "
                          + "; ".join(f"step {s}: {what}" for s, what in problems))
 
