@@ -778,12 +778,13 @@ def test_a_one_rank_graph_and_model_pickle_and_deep_copy(cora):
     import copy
     import io
     import pickle
+    from pysparse_hpc.nn import models   # not imported by pysparse_hpc.nn itself
     comm = Communicator(None)
     comm.set_timeout(60)
     graph = DistGraph(cora.adj, distributed.partition(cora.adj, 1, "contiguous"), comm)
     x = graph.local_rows(torch.from_numpy(cora.x))
     torch.manual_seed(0)
-    model = sph.nn.models.GCN(x.shape[1], 8, 7).eval()
+    model = models.GCN(x.shape[1], 8, 7).eval()
     with torch.no_grad():
         expected = model(x, graph)
 

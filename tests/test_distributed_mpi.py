@@ -88,6 +88,11 @@ def test_training_reproduces_one_process_on_4_ranks():
 
 
 @requires_mpi
+def test_deep_copies_of_a_graph_and_a_wrapper_outlive_the_original():
+    run_checks(2, "deep_copies_outlive_the_original", timeout=120)
+
+
+@requires_mpi
 def test_a_parameter_of_two_wrappers_is_reduced_once():
     run_checks(2, "wrapped_submodule_of_a_wrapped_model", timeout=120)
 

@@ -24,6 +24,7 @@ import sys
 import threading
 import time
 import traceback
+import weakref
 from collections import defaultdict
 
 import numpy as np
@@ -342,6 +343,13 @@ class _Guard:
         self.timeout, self.watchdog = None, None
 
 
+def _free_context(mpi_comm):
+    """Free an MPI communicator that `Communicator.duplicate` made (not after MPI ended)."""
+    from mpi4py import MPI
+    if not MPI.Is_finalized():
+        mpi_comm.Free()
+
+
 def _one_rank(timeout):
     """A one-rank `Communicator` with ``timeout`` (what an unpickled one-rank one becomes)."""
     comm = Communicator(None)
@@ -401,6 +409,11 @@ class Communicator:
     def __deepcopy__(self, memo):
         # A communicator names a group of ranks, not data: a deep copy of what holds it (a
         # DistGraph, a DataParallel model) talks to the same ranks, as the original does.
+        if self.__dict__.pop("_duplicated", False):
+            # A context of its own (`duplicate`) is freed by its holder when that is released
+            # (a DistGraph's plan collected, a DataParallel retired), which would leave the
+            # copy on a freed context. Shared from now on, it is freed once nothing holds it.
+            weakref.finalize(self, _free_context, self.mpi).atexit = False
         return self
 
     def __reduce__(self):
@@ -429,11 +442,10 @@ class Communicator:
 
     def free(self):
         """Release the MPI context of a communicator made by `duplicate` (a no-op for any
-        other, and when MPI was finalized); it must not be used afterwards."""
+        other, and when MPI was finalized); it must not be used afterwards. One that a deep
+        copy of its holder shares is released when it is collected instead."""
         if self.__dict__.pop("_duplicated", False):
-            from mpi4py import MPI
-            if not MPI.Is_finalized():
-                self.mpi.Free()
+            _free_context(self.mpi)
 
     # ---------------------------------------------------------------- timeout
     @property

@@ -166,8 +166,9 @@ class DistributedLion(Lion):
     Notes
     -----
     A deep copy (`copy.deepcopy`) shares the communicator, whose MPI handle cannot be
-    copied, and copies the rest; pickling is refused for the same reason (save
-    `state_dict` instead).
+    copied, and copies the rest. Pickling is refused over several ranks for the same reason
+    (save `state_dict` instead); over one rank the unpickled optimizer gets a fresh one-rank
+    communicator (its traffic counters start afresh).
 
     Examples
     --------

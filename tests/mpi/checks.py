@@ -573,6 +573,31 @@ def check_many_wrappers_and_graphs():
                                   graph.halo)
 
 
+def check_deep_copies_outlive_the_original():
+    """A deep copy of a graph or of a DataParallel model shares the original's MPI context
+    (a duplicate of the communicator): it must still work once the original is collected,
+    whose release freed that context under the copy ("Invalid communicator")."""
+    import copy
+    import gc
+    adj = sph.datasets.load("cora").adj.astype(np.float64)
+    graph = DistGraph(adj, partition(adj, size, "contiguous"), comm)
+    x = np.random.default_rng(0).random((adj.shape[0], 3))
+    expected = graph.halo_exchange(graph.local_rows(x))
+    torch.manual_seed(0)
+    model = distributed.DataParallel(torch.nn.Linear(3, 2).double(), comm, average=False)
+    twins = copy.deepcopy((graph, model))
+    del graph, model
+    gc.collect()
+    twin_graph, twin_model = twins
+    np.testing.assert_array_equal(twin_graph.halo_exchange(twin_graph.local_rows(x)), expected)
+    twin_model(torch.full((1, 3), float(rank + 1), dtype=torch.float64)).sum().backward()
+    total = size * (size + 1) / 2
+    torch.testing.assert_close(twin_model.module.weight.grad,
+                               torch.full((2, 3), total, dtype=torch.float64))
+    del twins, twin_graph, twin_model
+    gc.collect()   # the shared contexts are freed with their last holder
+
+
 def check_unfrozen_after_wrapping():
     """A layer frozen when the model was wrapped and unfrozen later (fine-tuning): its
     gradient is reduced from the next forward on (it had no hook, and each rank stepped with
