@@ -1,12 +1,11 @@
 """Graph normalization for GCN: ``D^-1/2 (A + I) D^-1/2``, self-loops added where missing."""
-import sys
 import warnings
 
 import numpy as np
 import scipy.sparse
 
 from .._csr import csr_array
-from .._sputils import get_index_dtype
+from .._sputils import as_numpy_dtype, get_index_dtype
 from ..distributed.graph import DistGraph
 from ._graph import as_graph, cached_on, nodes_without_loop
 
@@ -97,12 +96,8 @@ def _values_dtype(adj, dtype):
     if dtype is None:
         held = adj.local.dtype if isinstance(adj, DistGraph) else adj.dtype
         return np.dtype(np.float64 if held == np.float64 else np.float32)
-    torch = sys.modules.get("torch")
-    if torch is not None and isinstance(dtype, torch.dtype):
-        # torch.float32 / torch.float64 name the same values (the layers' features are torch)
-        dtype = {torch.float32: np.float32, torch.float64: np.float64}.get(dtype, dtype)
     try:
-        chosen = np.dtype(dtype)
+        chosen = as_numpy_dtype(dtype)   # torch's float32 / float64 too
     except TypeError:
         chosen = None
     if chosen not in (np.float32, np.float64):
