@@ -234,7 +234,13 @@ def check_seed(seed):
 
 def check_integer(value, name):
     """``value`` as a Python int; TypeError for bools, floats and anything else that is not an
-    integer (a float would otherwise be truncated silently)."""
+    integer (a float would otherwise be truncated silently). A 0-d integer tensor of torch
+    (``x.shape[0]`` of a traced shape, ``t.sum()``) is taken, as NumPy takes it."""
+    torch = sys.modules.get("torch")
+    if (torch is not None and isinstance(value, torch.Tensor) and value.ndim == 0
+            and not value.is_floating_point() and not value.is_complex()
+            and value.dtype != torch.bool):
+        return int(value)
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name} must be an integer, got {type(value).__name__} {value!r}")
     return int(value)

@@ -293,3 +293,16 @@ def test_the_thread_variable_is_checked_at_import(value, status, expected):
     assert expected in result.stderr
     if status == 0:
         assert result.stdout.strip() == "2"
+
+
+def test_zero_dim_integer_tensors_are_integers():
+    """A 0-d integer tensor is taken where an int is (NumPy takes it through __index__); a
+    float, bool or 1-element 1-d tensor is not."""
+    torch = pytest.importorskip("torch")
+    from pysparse_hpc._sputils import check_integer
+    assert check_integer(torch.tensor(4), "n") == 4
+    assert type(check_integer(torch.tensor(4, dtype=torch.int32), "n")) is int
+    for bad in (torch.tensor(4.0), torch.tensor(True), torch.tensor([4])):
+        with pytest.raises(TypeError, match="n must be an integer"):
+            check_integer(bad, "n")
+    assert sph.generators.rmat(torch.tensor(4), seed=0).shape == (16, 16)
