@@ -63,9 +63,9 @@ def batch(shape, classes=3, seed=1, dtype=DTYPE):
 
 
 def train(maker, model, x, t, steps, loss_fn=F.cross_entropy, lr=0.01, rng_seed=123,
-          index=None):
+          index=None, momentum=0.9):
     """Run `steps` SGD steps; the preconditioned gradients of every step."""
-    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
     grads = []
     torch.manual_seed(rng_seed)
     for _ in range(steps):
@@ -1011,13 +1011,7 @@ def test_low_rank_rows_of_a_transposed_input_resume_bit_for_bit_from_row_major_t
         return model, P.KfacGradientMaker(model, config, fisher_type="emp")
 
     def steps(model, gm, count):  # plain SGD: no optimizer state to carry over
-        opt = torch.optim.SGD(model.parameters(), lr=0.01)
-        for _ in range(count):
-            opt.zero_grad()
-            dy = gm.setup_model_call(model, x)
-            gm.setup_loss_call(F.cross_entropy, dy, t)
-            gm.forward_and_backward()
-            opt.step()
+        train(gm, model, x, t, count, momentum=0.0)
 
     model, gm = fresh()
     steps(model, gm, 4)

@@ -598,6 +598,14 @@ def check_deep_copies_outlive_the_original():
     gc.collect()   # the shared contexts are freed with their last holder
 
 
+def _squares_of(model, part):
+    """The loss of batch ``part`` (4 x 3 float64 inputs, the same on every rank) for the
+    DataParallel checks: the sum of the squared outputs."""
+    inputs = torch.randn(4, 3, dtype=torch.float64,
+                         generator=torch.Generator().manual_seed(100 + part))
+    return model(inputs).pow(2).sum()
+
+
 def check_unfrozen_after_wrapping():
     """A layer frozen when the model was wrapped and unfrozen later (fine-tuning): its
     gradient is reduced from the next forward on (it had no hook, and each rank stepped with
@@ -607,27 +615,22 @@ def check_unfrozen_after_wrapping():
         return torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.Tanh(),
                                    torch.nn.Linear(3, 1)).double()
 
-    def loss_of(model, part):
-        inputs = torch.randn(4, 3, dtype=torch.float64,
-                             generator=torch.Generator().manual_seed(100 + part))
-        return model(inputs).pow(2).sum()
-
     def reference():
         model = make()
         for part in range(size):
-            loss_of(model, part).backward()
+            _squares_of(model, part).backward()
         return [param.grad for param in model.parameters()]
     expected = on_root_then_broadcast(reference)
     model = make()
     model[0].requires_grad_(False)
     wrapped = distributed.DataParallel(model, comm, average=False)
     model[0].requires_grad_(True)
-    loss_of(wrapped, rank).backward()
+    _squares_of(wrapped, rank).backward()
     for param, grad in zip(model.parameters(), expected):
         torch.testing.assert_close(param.grad, grad, rtol=1e-12, atol=0)
     model.zero_grad()
     model[2].requires_grad_(False)            # frozen again: its gradient stays None
-    loss_of(wrapped, rank).backward()
+    _squares_of(wrapped, rank).backward()
     assert model[2].weight.grad is None
     torch.testing.assert_close(model[0].weight.grad, expected[0], rtol=1e-12, atol=0)
 
@@ -653,15 +656,10 @@ def check_wrapped_submodule_of_a_wrapped_model():
         torch.manual_seed(0)
         return Model().double()
 
-    def loss_of(model, part):
-        inputs = torch.randn(4, 3, dtype=torch.float64,
-                             generator=torch.Generator().manual_seed(100 + part))
-        return model(inputs).pow(2).sum()
-
     def reference():
         model = make()
         for part in range(size):
-            loss_of(model, part).backward()
+            _squares_of(model, part).backward()
         return {name: param.grad for name, param in model.named_parameters()}
     expected = on_root_then_broadcast(reference)
     for newer_is_the_model in (True, False):
@@ -670,7 +668,7 @@ def check_wrapped_submodule_of_a_wrapped_model():
         whole = distributed.DataParallel(model, comm, average=False)
         if not newer_is_the_model:
             head = distributed.DataParallel(model.head, comm, average=False)
-        loss_of(whole, rank).backward()
+        _squares_of(whole, rank).backward()
         for name, param in model.named_parameters():
             if name.startswith("unused"):
                 assert param.grad is None
@@ -681,7 +679,7 @@ def check_wrapped_submodule_of_a_wrapped_model():
     del head
     gc.collect()
     model.zero_grad()
-    loss_of(whole, rank).backward()   # the model's wrapper reduces the head again
+    _squares_of(whole, rank).backward()   # the model's wrapper reduces the head again
     torch.testing.assert_close(model.head.weight.grad, expected["head.weight"], rtol=1e-12,
                                atol=0)
 

@@ -226,6 +226,15 @@ def _mixed_grads(params, on_rank, step):
             for p in params]
 
 
+def _step_on_mixed_grads(optimizer, params, steps):
+    """``steps`` steps of ``optimizer`` on this rank's `_mixed_grads`, counters reset first."""
+    comm.reset_stats()
+    for step in range(steps):
+        for param, grad in zip(params, _mixed_grads(params, rank, step)):
+            param.grad = grad
+        optimizer.step()
+
+
 def check_lion_mixed_dtypes():
     """Parameters of three dtypes in groups of their own settings: uncompressed, P ranks take
     one process's Lion step on the mean gradient, and each dtype crosses at its own size (a
@@ -237,11 +246,7 @@ def check_lion_mixed_dtypes():
     expected_bytes = sum(bytes_per_step("none", p.numel(), size, rank=rank,
                                         itemsize=wire[p.dtype]) for p in params)
     optimizer = DistributedLion(groups, comm, compression="none")
-    comm.reset_stats()
-    for step in range(steps):
-        for param, grad in zip(params, _mixed_grads(params, rank, step)):
-            param.grad = grad
-        optimizer.step()
+    _step_on_mixed_grads(optimizer, params, steps)
     counted = comm.stats().get(GRADIENT_KIND, {"bytes_sent": 0})["bytes_sent"]
     assert counted == steps * expected_bytes, (counted, steps * expected_bytes)
 
@@ -261,11 +266,7 @@ def check_lion_mixed_dtypes():
                                    atol=tolerance[param.dtype], msg=str(param.dtype))
     params, groups = _mixed_params()
     optimizer = DistributedLion(groups, comm, compression="votes", momentum_sync="always")
-    comm.reset_stats()
-    for step in range(steps):
-        for param, grad in zip(params, _mixed_grads(params, rank, step)):
-            param.grad = grad
-        optimizer.step()
+    _step_on_mixed_grads(optimizer, params, steps)
     synced = comm.stats().get(MOMENTUM_KIND, {"bytes_sent": 0})["bytes_sent"]
     per_sync = 0 if size == 1 else sum(p.numel() * wire[p.dtype] for p in params)
     assert synced == steps * per_sync, (synced, steps * per_sync)
