@@ -31,6 +31,7 @@ warp owns 16 output columns of a row window (FlashSparse's 4 warps x 16 columns)
 across thread blocks that combine with atomics (FlashSparse's threshold), so the long windows of
 power-law graphs do not hold up the grid.
 """
+import contextlib
 import ctypes
 import os
 import threading
@@ -53,8 +54,8 @@ def _openmp_runtime():
 _OPENMP = _openmp_runtime()
 _OPENMP_THREADS = None if _OPENMP is None else _OPENMP.omp_get_max_threads()
 
-__all__ = ["get_num_threads", "set_num_threads", "parallel_min_flops", "spmm_tile",
-           "buffer_cache_bytes", "cuda_warps_per_block", "cuda_split_blocks"]
+__all__ = ["get_num_threads", "set_num_threads", "parallel_launch", "parallel_min_flops",
+           "spmm_tile", "buffer_cache_bytes", "cuda_warps_per_block", "cuda_split_blocks"]
 
 
 def _initial_threads():
@@ -145,6 +146,34 @@ def get_num_threads():
         numba.set_num_threads(_num_threads)
         _applied.threads = _num_threads
     return numba.get_num_threads()
+
+
+#: Held around a parallel kernel while Numba's threading layer may be ``workqueue`` (its
+#: fallback where neither OpenMP nor TBB loads), which aborts the whole process when two threads
+#: launch parallel kernels at once; OpenMP's and TBB's layers take concurrent launches.
+_WORKQUEUE_LOCK = threading.Lock()
+_layer_takes_threads = False
+
+
+def parallel_launch():
+    """The context to run a parallel Numba kernel in: a lock while Numba's threading layer is
+    ``workqueue`` or not chosen yet (before the first parallel kernel has run), nothing once
+    the layer is one that takes launches from several threads at once.
+
+    Under ``workqueue`` the kernels called from several threads (a thread pool serving one
+    model) run one at a time, each on the process's threads, instead of aborting.
+    """
+    global _layer_takes_threads
+    if _layer_takes_threads:
+        return contextlib.nullcontext()
+    try:
+        layer = numba.threading_layer()
+    except ValueError:  # no parallel kernel has run yet, so no layer is chosen
+        return _WORKQUEUE_LOCK
+    if layer == "workqueue":
+        return _WORKQUEUE_LOCK
+    _layer_takes_threads = True
+    return contextlib.nullcontext()
 
 
 def set_num_threads(n):

@@ -13,7 +13,7 @@ import numpy as np
 from . import _buffers
 from ._base import sparray
 from ._blocked import blocked_array, unpack_vector_mask, value_positions
-from ._config import get_num_threads, parallel_min_flops, spmm_tile
+from ._config import get_num_threads, parallel_launch, parallel_min_flops, spmm_tile
 from ._dense import as_dense, is_torch_tensor, wrap_like
 from ._sputils import described_sparse, is_real_number
 from .kernels.cpu import sddmm as _cpu_sddmm
@@ -66,7 +66,8 @@ def _launch(parallel_kernel, serial_kernel, owner, offsets, flops, *args):
     if cached is None or cached[0] is not offsets or cached[1] != n_parts:
         cached = (offsets, n_parts, _cpu_spmm.balanced_parts(offsets, n_parts))
         owner._partition = cached
-    parallel_kernel(*args, cached[2])
+    with parallel_launch():
+        parallel_kernel(*args, cached[2])
 
 
 _NO_PARTS = np.zeros(2, dtype=np.int64)  # the serial drivers take (and ignore) a partition

@@ -1,4 +1,5 @@
 """pysparse_hpc.nn.functional: values against dense torch references, gradients by gradcheck."""
+import os
 import numpy as np
 import pytest
 import scipy.sparse
@@ -351,3 +352,53 @@ def test_the_thread_count_holds_in_a_new_thread(square, operation):
     finally:
         set_num_threads(original)
     assert seen == [1]
+
+
+def test_kernels_from_several_threads_under_numba_workqueue_layer():
+    """Numba's ``workqueue`` threading layer (its fallback where neither OpenMP nor TBB loads)
+    aborts the whole process when two threads launch parallel kernels at once: a thread pool
+    serving one model died with SIGABRT. The library's parallel kernels take turns under it,
+    from the first launch on (before any kernel has run, Numba has not chosen its layer)."""
+    import subprocess
+    import sys
+    import textwrap
+    code = textwrap.dedent("""
+        from concurrent.futures import ThreadPoolExecutor
+
+        import numba
+        import numpy as np
+        import scipy.sparse
+        import torch
+
+        import pysparse_hpc as sph
+        from pysparse_hpc.nn import functional as F
+
+        A = sph.csr_array(scipy.sparse.random(300, 300, density=0.05, format="csr",
+                                              random_state=0))
+        X = np.random.default_rng(0).random((300, 8))
+        nodes = torch.from_numpy(X[:, :2]).requires_grad_()
+
+        def work(_):
+            product = A @ X
+            sampled = sph.sddmm(A, X, X).data
+            alpha = F.gat_attention(A, nodes, nodes)
+            (grad,) = torch.autograd.grad(alpha.square().sum(), nodes)
+            # The mask's seed comes from torch's generator, shared by the threads: check
+            # only that each element is dropped or doubled.
+            dropped = F.dropout(torch.from_numpy(X), 0.5).numpy()
+            assert ((dropped == 0) | (dropped == 2 * X)).all()
+            return product, sampled, alpha.detach(), grad
+
+        with ThreadPoolExecutor(4) as pool:
+            results = list(pool.map(work, range(60)))
+        reference = work(0)
+        assert all(np.array_equal(np.asarray(a), np.asarray(b))
+                   for result in results for a, b in zip(result, reference))
+        print(numba.threading_layer())
+        """)
+    env = dict(os.environ, NUMBA_THREADING_LAYER="workqueue", NUMBA_NUM_THREADS="2",
+               PYSPARSE_HPC_NUM_THREADS="2", PYSPARSE_HPC_PARALLEL_MIN_FLOPS="0")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=env, timeout=240)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["workqueue"]

@@ -11,7 +11,7 @@ import sys
 import numpy as np
 
 from .. import ops
-from .._config import get_num_threads
+from .._config import get_num_threads, parallel_launch
 from ..kernels.cpu import edge_softmax as _softmax_kernels
 from . import _graph
 
@@ -99,53 +99,57 @@ def torch_edge_softmax(csr, scores):
     return exp / total[rows]
 
 
-def _use_process_threads():
-    """Hand the library's thread count to Numba in the calling thread before a parallel
-    kernel: Numba keeps one count per thread and starts a thread it has not seen on its whole
-    pool (`pysparse_hpc.set_num_threads`; the products of `ops` do the same)."""
+def _parallel_kernel():
+    """The context to run a parallel kernel in (`pysparse_hpc._config.parallel_launch`), with
+    the library's thread count handed to Numba in the calling thread first: Numba keeps one
+    count per thread and starts a thread it has not seen on its whole pool
+    (`pysparse_hpc.set_num_threads`; the products of `ops` do the same)."""
     get_num_threads()
+    return parallel_launch()
 
 
 def softmax_rows(csr, scores):
     """Row softmax of (nnz, heads) scores on the CPU: the probabilities as a tensor."""
-    _use_process_threads()
     alpha = np.empty(scores.shape, dtype=numpy_dtype(scores))
-    _softmax_kernels.softmax_rows(csr.indptr, host(scores), alpha)
+    with _parallel_kernel():
+        _softmax_kernels.softmax_rows(csr.indptr, host(scores), alpha)
     return _torch().from_numpy(alpha)
 
 
 def softmax_backward(csr, alpha, grad_alpha):
-    _use_process_threads()
     grad_scores = np.empty(alpha.shape, dtype=numpy_dtype(alpha))
-    _softmax_kernels.softmax_backward_rows(csr.indptr, host(alpha), host(grad_alpha),
-                                           grad_scores)
+    with _parallel_kernel():
+        _softmax_kernels.softmax_backward_rows(csr.indptr, host(alpha), host(grad_alpha),
+                                               grad_scores)
     return _torch().from_numpy(grad_scores)
 
 
 def gat_softmax(csr, s_dst, s_src, negative_slope):
     """GAT's attention on the CPU: probabilities (tensor) and the LeakyReLU sign (NumPy)."""
-    _use_process_threads()
     dtype = numpy_dtype(s_dst)
     alpha = np.empty((csr.nnz, s_dst.shape[1]), dtype=dtype)
     positive = np.empty(alpha.shape, dtype=np.bool_)
-    _softmax_kernels.gat_softmax_rows(csr.indptr, csr.indices, host(s_dst), host(s_src),
-                                      dtype.type(negative_slope), alpha, positive)
+    with _parallel_kernel():
+        _softmax_kernels.gat_softmax_rows(csr.indptr, csr.indices, host(s_dst), host(s_src),
+                                          dtype.type(negative_slope), alpha, positive)
     return _torch().from_numpy(alpha), positive
 
 
 def gat_softmax_backward(csr, alpha, positive, grad_alpha, negative_slope):
     """Gradients of ``s_dst`` and ``s_src`` from that of the probabilities."""
-    _use_process_threads()
     dtype = numpy_dtype(alpha)
     n_heads = alpha.shape[1]
     grad_z = np.empty(alpha.shape, dtype=dtype)
     grad_s_dst = np.empty((csr.shape[0], n_heads), dtype=dtype)
-    _softmax_kernels.gat_softmax_backward_rows(csr.indptr, host(alpha), host(grad_alpha),
-                                               positive, dtype.type(negative_slope), grad_z,
-                                               grad_s_dst)
+    with _parallel_kernel():
+        _softmax_kernels.gat_softmax_backward_rows(csr.indptr, host(alpha), host(grad_alpha),
+                                                   positive, dtype.type(negative_slope), grad_z,
+                                                   grad_s_dst)
     transposed = _graph.transpose(csr)
     grad_s_src = np.empty((csr.shape[1], n_heads), dtype=dtype)
-    _softmax_kernels.column_sums(transposed.matrix.indptr, transposed.order, grad_z, grad_s_src)
+    with _parallel_kernel():
+        _softmax_kernels.column_sums(transposed.matrix.indptr, transposed.order, grad_z,
+                                     grad_s_src)
     torch = _torch()
     return torch.from_numpy(grad_s_dst), torch.from_numpy(grad_s_src)
 
@@ -164,17 +168,18 @@ def dropout(x, p, seed, row_ids=None):
 
     Element ``(r, c)`` of ``x`` viewed as rows (its first dimension) is hashed at counter
     ``row_ids[r] * row_size + c``; without ``row_ids`` that is its flat index."""
-    _use_process_threads()
     from ..kernels.cpu import dropout as _dropout_kernels
     dtype = numpy_dtype(x)
     source = host(x)
     out = np.empty_like(source)
     scale = dtype.type(1.0 / (1.0 - p))
     if row_ids is None:
-        _dropout_kernels.dropout(source.reshape(-1), out.reshape(-1), np.uint64(seed),
-                                 dropout_threshold(p), scale)
+        with _parallel_kernel():
+            _dropout_kernels.dropout(source.reshape(-1), out.reshape(-1), np.uint64(seed),
+                                     dropout_threshold(p), scale)
     else:
         shape = (source.shape[0], int(np.prod(source.shape[1:])))  # exact for empty x too
-        _dropout_kernels.dropout_rows(source.reshape(shape), out.reshape(shape), row_ids,
-                                      np.uint64(seed), dropout_threshold(p), scale)
+        with _parallel_kernel():
+            _dropout_kernels.dropout_rows(source.reshape(shape), out.reshape(shape), row_ids,
+                                          np.uint64(seed), dropout_threshold(p), scale)
     return _torch().from_numpy(out)
