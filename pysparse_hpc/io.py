@@ -18,7 +18,7 @@ import scipy.sparse
 
 from ._base import sparray
 from ._csr import csr_array
-from ._sputils import check_index_dtype
+from ._sputils import check_index_dtype, described_sparse
 
 __all__ = ["load_npz", "save_npz", "read_matrix_market", "write_matrix_market"]
 
@@ -169,13 +169,8 @@ def _written_whole(path, extension):
 
 
 def _check_sparray(A):
-    if isinstance(A, sparray):
-        return
-    if scipy.sparse.issparse(A):
-        # scipy's classes share our names: "got csr_array" alone read as a contradiction
-        raise TypeError(f"expected a pysparse_hpc sparse array, got scipy.sparse's "
-                        f"{type(A).__name__}: convert it with pysparse_hpc.csr_array(A)")
-    raise TypeError(f"expected a pysparse_hpc sparse array, got {type(A).__name__}")
+    if not isinstance(A, sparray):
+        raise TypeError(f"expected a pysparse_hpc sparse array, got {described_sparse(A)}")
 
 
 def save_npz(path, A, compressed=True):
