@@ -11,14 +11,18 @@ Convention (scipy's, as in ``scipy.sparse.csgraph.reverse_cuthill_mckee``): ``pe
 The reordered matrix is ``A[perm][:, perm]``, dense node features go along as ``X[perm]``, and
 a result computed in the new order returns to the original one as ``Y[inverse_permutation(perm)]``.
 """
+import sys
+
 import numpy as np
 import scipy.sparse
 
+from ._base import sparray
 from ._config import get_num_threads
 from ._csr import as_csr, csr_array
 from ._cy import convert as _convert
 from ._cy import rabbit as _rabbit
 from ._cy import reorder as _reorder
+from ._dense import is_torch_tensor
 from ._sputils import as_index_array, upcast_for_sum
 
 __all__ = [
@@ -37,6 +41,12 @@ REORDER_METHODS = ("rabbit", "rcm", "degree", "none")
 
 def _as_csr(A):
     """`as_csr`, with a TypeError that names what ``A`` must be."""
+    if is_torch_tensor(A) and A.layout != sys.modules["torch"].strided:
+        # NumPy's refusal suggested to_dense(), which for a graph can need terabytes
+        raise TypeError(
+            f"A is a torch sparse tensor (layout {A.layout}), which is not taken: convert it "
+            "with pysparse_hpc.csr_array((values, (rows, cols)), shape=A.shape) from "
+            "A.to_sparse_coo().coalesce()'s values() and indices()")
     try:
         return as_csr(A)
     except (TypeError, ValueError) as exc:
@@ -45,11 +55,22 @@ def _as_csr(A):
         raise TypeError(f"A must be a sparse array or matrix: {exc}") from None
 
 
-def _check_square(A, what):
+def _looks_like_edge_index(A):
+    """Whether ``A`` is a dense ``[2, E]`` array of integers: most likely an edge_index."""
+    shape = getattr(A, "shape", None)
+    return (not scipy.sparse.issparse(A) and not isinstance(A, sparray) and shape is not None
+            and len(shape) == 2 and shape[0] == 2 and "int" in str(getattr(A, "dtype", "")))
+
+
+def _check_square(A, what, given=None):
     if A.shape[0] != A.shape[1]:
-        raise ValueError(
-            f"{what} needs a square matrix (a graph), got shape {A.shape}; permute the rows and "
-            "columns of a rectangular matrix separately with permute_rows/permute_columns")
+        hint = ("permute the rows and columns of a rectangular matrix separately with "
+                "permute_rows/permute_columns")
+        if _looks_like_edge_index(given):
+            hint = ("if it is an edge_index (source and target ids), which is not taken, build "
+                    "the adjacency with pysparse_hpc.csr_array((np.ones(E), (edge_index[1], "
+                    "edge_index[0])), shape=(n, n))")
+        raise ValueError(f"{what} needs a square matrix (a graph), got shape {A.shape}; {hint}")
 
 
 def _symmetric_graph(A):
@@ -67,8 +88,10 @@ def reorder(A, method="rabbit"):
     A : sparse array or matrix
         Square: a graph's adjacency or a structurally meaningful operator (a dense 2-D array
         is converted, its nonzeros being the pattern). Only the pattern of
-        ``A + A^T`` without the diagonal is used (values, explicit zeros and direction do not
-        matter), so directed graphs work as their undirected version.
+        ``A + A^T`` without the diagonal is used: every stored entry is an edge whatever its
+        value, an explicit zero included (as `bandwidth` and the blocked formats count it; scipy's
+        ``eliminate_zeros`` drops them beforehand), and directed graphs work as their undirected
+        version. An edge_index is not taken: build the adjacency from it first.
     method : {"rabbit", "rcm", "degree", "none"}, default "rabbit"
         - ``"rabbit"``: community ordering after Rabbit Order (Arai et al., IPDPS 2016):
           vertices, in ascending degree, join the neighbouring community of largest modularity
@@ -93,7 +116,8 @@ def reorder(A, method="rabbit"):
     ValueError
         If ``A`` is not square or ``method`` is unknown.
     TypeError
-        If ``A`` is neither a sparse array or matrix nor convertible to a `csr_array`.
+        If ``A`` is neither a sparse array or matrix nor convertible to a `csr_array` (a torch
+        sparse tensor is not), or ``method`` is not a string.
 
     See Also
     --------
@@ -109,10 +133,15 @@ def reorder(A, method="rabbit"):
     >>> after.n_vectors < before.n_vectors
     True
     """
+    # A non-string (an array of names) would reach the comparisons below as an array
+    if not isinstance(method, str):
+        raise TypeError(f"method must be a string, one of {', '.join(REORDER_METHODS)}; got "
+                        f"{type(method).__name__} ({method!r})")
     if method not in REORDER_METHODS:
         raise ValueError(f"unknown method {method!r}; expected one of {', '.join(REORDER_METHODS)}")
+    given = A
     A = _as_csr(A)
-    _check_square(A, "reordering")
+    _check_square(A, "reordering", given)
     if method == "none":
         return np.arange(A.shape[0], dtype=np.int64)
     indptr, indices = _symmetric_graph(A)
@@ -239,7 +268,22 @@ def permute(A, perm):
 def permute_rows(A, perm):
     """``P A``: the rows of ``A`` in the order ``perm`` (``A[perm]``); any shape.
 
-    ``perm`` has one entry per row (``perm[new] = old``). Returns a `csr_array`; see `permute`.
+    Parameters
+    ----------
+    A : sparse array or matrix
+        Any shape.
+    perm : array_like of int
+        One entry per row, ``perm[new] = old``.
+
+    Returns
+    -------
+    csr_array
+        ``A[perm]``; see `permute`.
+
+    Raises
+    ------
+    TypeError, ValueError
+        If ``perm`` is not a 1-D integer permutation of ``range(A.shape[0])``.
     """
     A = _as_csr(A)
     return _permuted(A, _check_permutation(perm, A.shape[0]), None)
@@ -248,8 +292,22 @@ def permute_rows(A, perm):
 def permute_columns(A, perm):
     """``A P^T``: the columns of ``A`` in the order ``perm`` (``A[:, perm]``); any shape.
 
-    ``perm`` has one entry per column (``perm[new] = old``). Returns a `csr_array` with sorted
-    rows; see `permute`.
+    Parameters
+    ----------
+    A : sparse array or matrix
+        Any shape.
+    perm : array_like of int
+        One entry per column, ``perm[new] = old``.
+
+    Returns
+    -------
+    csr_array
+        ``A[:, perm]`` with sorted rows; see `permute`.
+
+    Raises
+    ------
+    TypeError, ValueError
+        If ``perm`` is not a 1-D integer permutation of ``range(A.shape[1])``.
     """
     A = _as_csr(A)
     return _permuted(A, None, _check_permutation(perm, A.shape[1]))
@@ -258,7 +316,15 @@ def permute_columns(A, perm):
 def bandwidth(A):
     """The largest ``|i - j|`` over the stored entries ``(i, j)`` of ``A`` (0 when empty).
 
-    Explicit zeros count: this measures the pattern, which is what `reorder` changes.
+    Parameters
+    ----------
+    A : sparse array or matrix
+        Any shape. Explicit zeros count: this measures the pattern, which is what `reorder`
+        changes.
+
+    Returns
+    -------
+    int
 
     Examples
     --------

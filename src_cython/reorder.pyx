@@ -411,7 +411,9 @@ def rcm_order(const int64_t[::1] indptr, const index_t[::1] indices, int num_thr
     does not depend on the thread count.
     """
     cdef Py_ssize_t n = indptr.shape[0] - 1
-    cdef int threads = max(1, num_threads) if n >= PARALLEL_MIN_COMPONENT else 1
+    # No component has more than MAX_STARTS starts to share out, and each thread holds three
+    # rows of n words: more threads would only cost memory (17 bytes a vertex each).
+    cdef int threads = min(max(1, num_threads), MAX_STARTS) if n >= PARALLEL_MIN_COMPONENT else 1
     index_dtype = np.int32 if index_t is int32_t else np.int64
     order_np = np.empty(n, dtype=np.int64)
     cdef int64_t[::1] order = order_np

@@ -118,6 +118,26 @@ def test_rcm_does_not_depend_on_the_thread_count(threads):
                                       reference_rcm(symmetric_neighbours(A.to_scipy())))
 
 
+def test_rcm_thread_buffers_do_not_grow_past_the_starts():
+    # Each thread holds 17 bytes a vertex; a component has at most 10 starts, so threads past
+    # 10 only cost memory (64 threads took 1.1 kB a vertex, an out-of-memory on many cores).
+    import tracemalloc
+
+    from pysparse_hpc._cy.reorder import rcm_order
+    from pysparse_hpc._reorder import _symmetric_graph
+
+    n = 4096
+    indptr, indices = _symmetric_graph(grid_graph(64, n // 64))
+    expected = rcm_order(indptr, indices, 1)
+    tracemalloc.start()
+    try:
+        np.testing.assert_array_equal(rcm_order(indptr, indices, 64), expected)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 300 * n
+
+
 def test_degree_order_is_descending_and_stable(rng):
     S = random_scipy(rng, (300, 300), 0.01)
     perm = sph.reorder(S, "degree")
@@ -261,6 +281,43 @@ def test_reorder_rejects_bad_input(rng):
                                          np.array([0, 1, 2, 3])), shape=(3, 3))
     with pytest.raises(ValueError, match="A is not a valid sparse matrix"):
         sph.reorder(unchecked)
+
+
+def test_reorder_names_the_method_type():
+    A = sph.csr_array(np.eye(3, k=1))
+    # An array of names was compared element by element: "truth value ... is ambiguous"
+    with pytest.raises(TypeError, match="method must be a string"):
+        sph.reorder(A, method=np.array(["rcm", "degree"]))
+    with pytest.raises(TypeError, match="method must be a string"):
+        sph.reorder(A, method=None)
+    np.testing.assert_array_equal(sph.reorder(A, method=np.str_("rcm")), sph.reorder(A, "rcm"))
+
+
+@pytest.mark.filterwarnings("ignore:Sparse CSR tensor support is in beta")
+def test_reorder_says_what_to_pass_for_an_edge_index_or_a_torch_sparse_tensor():
+    edge_index = np.array([[0, 1, 1, 2], [1, 0, 2, 1]])
+    with pytest.raises(ValueError, match="edge_index .* not taken"):
+        sph.reorder(edge_index)
+    with pytest.raises(ValueError, match="permute_rows/permute_columns"):
+        sph.reorder(np.ones((2, 4)))                     # a rectangular matrix, as before
+    torch = pytest.importorskip("torch")
+    with pytest.raises(ValueError, match="edge_index .* not taken"):
+        sph.reorder(torch.from_numpy(edge_index))
+    adjacency = torch.tensor([[0.0, 1.0], [1.0, 0.0]])
+    for layout in (adjacency.to_sparse_coo(), adjacency.to_sparse_csr()):
+        # NumPy's refusal advised to_dense(): for a large graph, more memory than any machine
+        with pytest.raises(TypeError, match=r"torch sparse tensor .*csr_array\(\(values"):
+            sph.reorder(layout)
+
+
+def test_explicit_zeros_are_edges():
+    """As documented: a stored zero is an edge, as in `bandwidth` and the blocked formats."""
+    rows, cols = np.array([0, 1, 1, 2, 2, 3, 0]), np.array([1, 0, 2, 1, 3, 2, 3])
+    zero, one = (scipy.sparse.csr_array((np.r_[np.ones(6), value], (rows, cols)), shape=(4, 4))
+                 for value in (0.0, 1.0))
+    assert zero.nnz == 7
+    for method in ("rabbit", "rcm", "degree"):
+        np.testing.assert_array_equal(sph.reorder(zero, method), sph.reorder(one, method))
 
 
 def test_empty_permutations_of_an_empty_graph():
