@@ -17,6 +17,28 @@ def _value_dtype(dtype):
     return value_dtype_for(as_numpy_dtype(dtype))
 
 
+def _check_flag(value, name):
+    """``value`` as a bool; TypeError for anything else (a string such as ``"no"`` is truthy and
+    would silently ask for the opposite)."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
+    return bool(value)
+
+
+def _check_probabilities(probabilities):
+    """The four quadrant probabilities as float64; TypeError naming the argument for what is not
+    four numbers (NumPy's own conversion error names nothing), ValueError for bad values."""
+    values = np.asarray(probabilities) if not isinstance(probabilities, (str, bytes)) else None
+    if values is None or values.dtype.kind not in "biuf":
+        raise TypeError(f"probabilities must be 4 numbers, got {type(probabilities).__name__} "
+                        f"{probabilities!r}")
+    values = values.astype(np.float64)
+    if values.shape != (4,) or np.any(values < 0) or not np.isclose(values.sum(), 1):
+        raise ValueError(
+            f"probabilities must be 4 non-negative numbers summing to 1, got {values}")
+    return values
+
+
 def rmat(scale, edge_factor=16, probabilities=(0.57, 0.19, 0.19, 0.05), seed=0,
          dtype=np.float32, symmetric=False, self_loops=True):
     """A power-law graph from the recursive matrix (R-MAT / Graph500) model.
@@ -61,11 +83,9 @@ def rmat(scale, edge_factor=16, probabilities=(0.57, 0.19, 0.19, 0.05), seed=0,
         raise ValueError(f"scale must be in [1, 40], got {scale}")
     if edge_factor < 0:
         raise ValueError(f"edge_factor must be >= 0, got {edge_factor}")
-    probabilities = np.asarray(probabilities, dtype=np.float64)
-    if (probabilities.shape != (4,) or np.any(probabilities < 0)
-            or not np.isclose(probabilities.sum(), 1)):
-        raise ValueError(
-            f"probabilities must be 4 non-negative numbers summing to 1, got {probabilities}")
+    probabilities = _check_probabilities(probabilities)
+    symmetric = _check_flag(symmetric, "symmetric")
+    self_loops = _check_flag(self_loops, "self_loops")
     seed = check_seed(seed)
     dtype = _value_dtype(dtype)
     n = 1 << int(scale)
@@ -147,6 +167,7 @@ def planted_partition(n_communities, community_size, internal_degree=8.0, extern
         check_real_number(name, degree, positive=False)
         if degree < 0:
             raise ValueError(f"{name} must be non-negative, got {degree}")
+    shuffle = _check_flag(shuffle, "shuffle")
     seed = check_seed(seed)
     dtype = _value_dtype(dtype)
     n = n_communities * community_size

@@ -1,4 +1,6 @@
 """The bundled citation graphs."""
+import os
+
 import numpy as np
 import pytest
 
@@ -78,3 +80,88 @@ def test_a_damaged_label_or_mask_member_names_its_file(tmp_path):
         archive.writestr("val_mask.npy", b"1 0 1")
     with pytest.raises(ValueError, match="foreign.npz' has a member 'val_mask' that is not"):
         datasets.load_file(tmp_path / "foreign.npz")
+
+
+def test_bundled_split_is_planetoids():
+    # Kipf & Welling: the first 20 per class train, the next 500 validate, 1000 test; disjoint.
+    for name in datasets.available():
+        data = datasets.load(name)
+        c = data.num_classes
+        np.testing.assert_array_equal(np.flatnonzero(data.train_mask), np.arange(20 * c))
+        np.testing.assert_array_equal(np.flatnonzero(data.val_mask), 20 * c + np.arange(500))
+        assert not np.any(data.test_mask[:20 * c + 500])
+        np.testing.assert_array_equal(np.bincount(data.y[data.train_mask], minlength=c),
+                                      np.full(c, 20))
+        assert data.y.min() >= -1 and data.y.max() < c
+
+
+def _small_graph(path, **changes):
+    """A 4-node graph file in the bundled layout, with ``changes`` applied to its arrays."""
+    arrays = dict(adj_indptr=np.array([0, 1, 2, 3, 4]), adj_indices=np.array([1, 0, 3, 2]),
+                  adj_data=np.ones(4, np.float32), adj_shape=np.array([4, 4]),
+                  labels=np.array([0, 1, 0, 1]), train_mask=np.array([1, 1, 0, 0], bool),
+                  val_mask=np.array([0, 0, 1, 0], bool), test_mask=np.array([0, 0, 0, 1], bool),
+                  num_classes=np.array(2))
+    arrays.update(changes)
+    np.savez(path, **{k: v for k, v in arrays.items() if v is not None})
+    return path
+
+
+def test_load_file_gives_a_canonical_float32_adjacency(tmp_path):
+    # Unsorted rows, a duplicate and float64 weights were kept as stored, against the
+    # Dataset's documented float32 canonical adjacency.
+    path = _small_graph(tmp_path / "g.npz", adj_indptr=np.array([0, 1, 4, 4, 4]),
+                        adj_indices=np.array([1, 2, 0, 2]), adj_data=np.ones(4))
+    adj = datasets.load_file(path, random_features=2).adj
+    assert adj.dtype == np.float32 and adj.has_canonical_format
+    np.testing.assert_array_equal(adj.indptr, [0, 1, 3, 3, 3])
+    np.testing.assert_array_equal(adj.indices, [1, 0, 2])
+    np.testing.assert_array_equal(adj.data, [1, 1, 2])     # duplicates summed
+
+
+def test_load_file_refuses_overlapping_masks(tmp_path):
+    # A node both trained and validated on gave a silently optimistic validation accuracy.
+    path = _small_graph(tmp_path / "g.npz", val_mask=np.array([0, 1, 1, 0], bool))
+    with pytest.raises(ValueError, match="g.npz': 1 nodes are in both train_mask and val_mask"):
+        datasets.load_file(path, random_features=2)
+
+
+def test_load_file_checks_every_label(tmp_path):
+    # Outside the masks a label of num_classes (or a uint64 wrapped to -1 by the cast) passed,
+    # though Dataset promises 0..num_classes - 1 or -1.
+    path = tmp_path / "g.npz"
+    for labels in (np.array([0, 1, 0, 2]), np.array([0, 1, 0, 2**64 - 1], np.uint64)):
+        _small_graph(path, labels=labels, test_mask=np.zeros(4, bool))
+        with pytest.raises(ValueError, match=r"g.npz': labels range over 0..\d+; expected 0..1, "
+                                             r"or -1 for a node without a label"):
+            datasets.load_file(path, random_features=2)
+    _small_graph(path, labels=np.array([0, 1, 0, -1]), test_mask=np.zeros(4, bool))
+    assert datasets.load_file(path, random_features=2).y[3] == -1
+
+
+def test_load_file_names_what_a_wrong_file_lacks(tmp_path):
+    import scipy.sparse
+    # Features stored without feat_indptr were reported as "no features" at all.
+    path = _small_graph(tmp_path / "g.npz", feat_indices=np.array([0], np.int32),
+                        feat_data=np.ones(1, np.float32), feat_shape=np.array([4, 3]))
+    with pytest.raises(ValueError, match=r"missing keys \['feat_indptr'\]"):
+        datasets.load_file(path)
+    # One bare matrix (scipy's layout, the SuiteSparse files') is told as such.
+    scipy.sparse.save_npz(tmp_path / "m.npz", scipy.sparse.eye(4, format="csr"))
+    with pytest.raises(ValueError, match="m.npz' holds one sparse matrix .* not a graph"):
+        datasets.load_file(tmp_path / "m.npz")
+    # Every missing key at once, not the adjacency's first and the labels' on the next try.
+    _small_graph(path, adj_indptr=None, labels=None)
+    with pytest.raises(ValueError, match="g.npz' lacks adj_indptr, labels "):
+        datasets.load_file(path, random_features=2)
+
+
+def test_load_file_checks_its_arguments(tmp_path):
+    path = _small_graph(tmp_path / "g.npz")
+    # A bytes path named the dataset b'g'.
+    assert datasets.load_file(os.fsencode(path), random_features=2).name == "g"
+    with pytest.raises(TypeError, match="name must be a string, got int"):
+        datasets.load_file(path, random_features=2, name=3)
+    # A bad width is the caller's fault, said before (not instead of after) reading the file.
+    with pytest.raises(ValueError, match="random_features must be a positive width"):
+        datasets.load_file(tmp_path / "missing.npz", random_features=0)

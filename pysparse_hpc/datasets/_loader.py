@@ -6,7 +6,7 @@ import numpy as np
 
 from .._csr import csr_array
 from .._sputils import check_integer, check_seed
-from ..io import _open_npz, _read_member, load_npz
+from ..io import _existing_path, _open_npz, _read_member, load_npz
 
 __all__ = ["Dataset", "available", "load", "load_file"]
 
@@ -23,7 +23,8 @@ class Dataset:
     ----------
     name : str
     adj : csr_array
-        N x N adjacency, float32, symmetric, unit weights, no self-loops.
+        N x N adjacency, float32, canonical (sorted rows, no duplicates). The bundled graphs'
+        is symmetric with unit weights and no self-loops; `load_file` keeps a file's as stored.
     x : ndarray of float32, shape (N, F)
         Raw node features (not row-normalized).
     y : ndarray of int64, shape (N,)
@@ -111,12 +112,35 @@ def _load_matrix(path, prefix, what):
         raise type(exc)(f"{exc} (reading the {what})") from None
 
 
+_ADJ_KEYS = tuple(f"adj_{key}" for key in ("indptr", "indices", "data", "shape"))
+_NODE_KEYS = ("labels", "num_classes") + tuple(f"{split}_mask" for split in _SPLITS)
+
+
+def _check_keys(path, files):
+    """Refuse a file without the keys of a graph, naming every missing one at once (a file
+    that holds one bare matrix, as scipy and the SuiteSparse files store it, is told so)."""
+    missing = [key for key in _ADJ_KEYS + _NODE_KEYS if key not in files]
+    if not missing:
+        return
+    if not any(key.startswith("adj_") for key in files) and {
+            "indptr", "indices", "data", "shape"} <= files:
+        raise ValueError(f"{path!r} holds one sparse matrix (the layout of "
+                         "scipy.sparse.save_npz), not a graph: pysparse_hpc.io.load_npz reads "
+                         "it; a graph file holds the adjacency under adj_* with labels, the "
+                         "three masks and num_classes")
+    raise ValueError(f"{path!r} lacks {', '.join(missing)} (a node-classification graph file "
+                     "needs adj_indptr, adj_indices, adj_data, adj_shape, labels, the three "
+                     "masks and num_classes)")
+
+
 def load_file(path, random_features=None, seed=0, name=None):
     """Load a node-classification graph from an ``.npz`` file of the bundled layout.
 
     Keys: ``adj_indptr``, ``adj_indices``, ``adj_data``, ``adj_shape`` (the adjacency),
     ``labels``, ``train_mask``, ``val_mask``, ``test_mask``, ``num_classes``, and the features
-    as CSR under ``feat_*`` (optional with ``random_features``).
+    as CSR under ``feat_*`` (optional with ``random_features``). The adjacency is taken as
+    stored, in canonical form (sorted rows, duplicate entries summed) with float32 weights; it
+    is not made symmetric, nor are self-loops dropped.
 
     Parameters
     ----------
@@ -138,25 +162,31 @@ def load_file(path, random_features=None, seed=0, name=None):
     FileNotFoundError
         No such file.
     ValueError
-        The file lacks a key (named), its arrays disagree in length, the labels are not
-        integers in ``0..num_classes - 1`` on the masked nodes, a mask is not boolean, or the
-        adjacency is not square.
+        The file lacks a key (named), its arrays disagree in length, a label is not an integer
+        in ``0..num_classes - 1`` (or -1, on a node outside the masks), a mask is not boolean,
+        the masks overlap, or the adjacency is not square.
     """
     import os
-    path = os.fspath(path)
-    adj = _load_matrix(path, "adj_", "adjacency")
+    if name is not None and not isinstance(name, str):
+        raise TypeError(f"name must be a string, got {type(name).__name__}")
+    # The arguments first, so that a bad one is not reported after (or as) a fault of the file.
+    if random_features is not None:
+        random_features = check_integer(random_features, "random_features")
+        if random_features < 1:
+            raise ValueError(f"random_features must be a positive width, got {random_features!r}")
+        seed = check_seed(seed)
+    path = _existing_path(path)
     # The same checked reads as the matrices': a damaged or non-array member is a ValueError
     # that names the file and the key.
     with _open_npz(path) as archive:
-        missing = [key for key in ("labels", "num_classes") + tuple(f"{s}_mask" for s in _SPLITS)
-                   if key not in archive.files]
-        if missing:
-            raise ValueError(f"{path!r} lacks {', '.join(missing)} (a node-classification "
-                             "graph file needs labels, the three masks and num_classes)")
-        has_features = "feat_indptr" in archive.files
+        _check_keys(path, set(archive.files))
+        # Any feat_* key means the file meant to hold features: load_npz then names the keys
+        # that are missing, where "no features" would mislead.
+        has_features = any(key.startswith("feat_") for key in archive.files)
         y = _read_member(archive, "labels", path)
         masks = [_read_member(archive, f"{split}_mask", path) for split in _SPLITS]
         num_classes = _read_member(archive, "num_classes", path)
+    adj = _load_matrix(path, "adj_", "adjacency")
     # Cast without a check, float labels were truncated and index masks read as 0/1 masks.
     if y.ndim != 1 or not np.issubdtype(y.dtype, np.integer):
         raise ValueError(f"{path!r}: labels must be a 1-D integer array, got {y.ndim}-D {y.dtype}")
@@ -166,7 +196,7 @@ def load_file(path, random_features=None, seed=0, name=None):
                              f"{mask.dtype}")
     if num_classes.ndim or not np.issubdtype(num_classes.dtype, np.integer) or num_classes < 1:
         raise ValueError(f"{path!r}: num_classes must be an integer >= 1, got {num_classes!r}")
-    y, num_classes = y.astype(np.int64), int(num_classes)
+    num_classes = int(num_classes)
     if adj.shape[0] != adj.shape[1]:
         raise ValueError(f"{path!r}: the adjacency is {adj.shape[0]} x {adj.shape[1]}; a graph's "
                          f"is square")
@@ -174,10 +204,6 @@ def load_file(path, random_features=None, seed=0, name=None):
     if not np.isfinite(adj.data).all():
         raise ValueError(f"{path!r}: the adjacency holds NaN or infinite weights")
     if random_features is not None:
-        random_features = check_integer(random_features, "random_features")
-        if random_features < 1:
-            raise ValueError(f"random_features must be a positive width, got {random_features!r}")
-        seed = check_seed(seed)
         rng = np.random.default_rng(seed)
         x = rng.standard_normal((n, random_features), dtype=np.float32)
     elif has_features:
@@ -187,14 +213,32 @@ def load_file(path, random_features=None, seed=0, name=None):
                          "(random_features=WIDTH, --random-features WIDTH on the command line)")
     if not np.isfinite(x).all():
         raise ValueError(f"{path!r}: the features hold NaN or infinite values")
-    for label, array in [("features", x), ("labels", y)] + list(zip(_SPLITS, masks)):
+    lengths = [("the features have", x, "rows"), ("labels has", y, "entries")]
+    lengths += [(f"{split}_mask has", mask, "entries") for split, mask in zip(_SPLITS, masks)]
+    for label, array, unit in lengths:
         if array.shape[0] != n:
-            raise ValueError(f"{path!r}: {label} have {array.shape[0]} rows but the graph has {n}"
+            raise ValueError(f"{path!r}: {label} {array.shape[0]} {unit} but the graph has {n}"
                              " nodes")
     labelled = masks[0] | masks[1] | masks[2]
-    if labelled.any() and not (0 <= y[labelled].min() and y[labelled].max() < num_classes):
-        raise ValueError(f"{path!r}: labels of the masked nodes range over "
-                         f"{y[labelled].min()}..{y[labelled].max()}; expected 0..{num_classes - 1}"
-                         f" (num_classes {num_classes})")
-    name = os.path.splitext(os.path.basename(path))[0] if name is None else name
+    # Ranges in Python ints: an unsigned label past int64 would wrap to a negative one.
+    if labelled.any():
+        low, high = int(y[labelled].min()), int(y[labelled].max())
+        if not (0 <= low and high < num_classes):
+            raise ValueError(f"{path!r}: labels of the masked nodes range over {low}..{high}; "
+                             f"expected 0..{num_classes - 1} (num_classes {num_classes})")
+    if n and not (-1 <= int(y.min()) and int(y.max()) < num_classes):
+        raise ValueError(f"{path!r}: labels range over {int(y.min())}..{int(y.max())}; expected "
+                         f"0..{num_classes - 1}, or -1 for a node without a label")
+    # A node in two splits is trained and evaluated on (or validated and tested on) at once.
+    for i, j in ((0, 1), (0, 2), (1, 2)):
+        both = int(np.count_nonzero(masks[i] & masks[j]))
+        if both:
+            raise ValueError(f"{path!r}: {both} nodes are in both {_SPLITS[i]}_mask and "
+                             f"{_SPLITS[j]}_mask; the splits must be disjoint")
+    # The Dataset's documented form, whatever the file stored: float32 weights (as the features)
+    # and canonical rows, which kernels and reorderings expect.
+    adj = adj.astype(np.float32, copy=False)
+    adj.sum_duplicates()
+    y = y.astype(np.int64)
+    name = os.path.splitext(os.path.basename(os.fsdecode(path)))[0] if name is None else name
     return Dataset(name, adj, x, y, *masks, num_classes)
