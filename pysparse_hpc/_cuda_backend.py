@@ -97,16 +97,17 @@ def _numpy_dtype(array):
                         f"{array.dtype} (convert it on the device first)") from None
 
 
-def _on_device(cuda, host_or_device, dtypes, name):
+def _on_device(cuda, host_or_device, dtypes, name, why=""):
     """A device view of an operand: zero-copy for device data of one of ``dtypes``, a transfer
-    (as ``dtypes[0]``) for host data."""
+    (as ``dtypes[0]``) for host data. ``why`` opens the TypeError for device data of another
+    dtype (where the needed dtype comes from)."""
     if is_device_array(host_or_device):
         view = (host_or_device if not hasattr(host_or_device, "__cuda_array_interface__")
                 else cuda.as_cuda_array(host_or_device))
         if _numpy_dtype(view) not in dtypes:
             needed = " or ".join(str(dtype) for dtype in dtypes)
-            raise TypeError(f"{name} on the device has dtype {view.dtype}; this precision needs "
-                            f"{needed} (convert it on the device first)")
+            raise TypeError(f"{name} on the device has dtype {view.dtype}; {why}this precision "
+                            f"needs {needed} (convert it on the device first)")
         return view
     return cuda.to_device(_host_as(host_or_device, dtypes[0], name))
 
@@ -168,29 +169,78 @@ def _empty_like_kind(cuda, operand, shape, dtype):
 
 
 def spmm_cuda(A, operand, precision):
-    """``A @ B`` on the GPU; ``operand`` is the validated dense B (see `ops.spmm`)."""
+    """``A @ B`` on the GPU; ``operand`` is the validated dense B (see `ops.spmm`). A 1-D B
+    gives a matrix-vector product of shape (M,), as on the CPU."""
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
     cuda = require_gpu()
     _check_devices(cuda, [("B", operand.device, operand.original)])
     B = operand.original if operand.device == "cuda" else operand.array
-    if len(B.shape) != 2:
-        raise ValueError(f"the CUDA backend takes a 2-D B, got shape {tuple(B.shape)}")
+    if len(B.shape) not in (1, 2):
+        raise ValueError(f"B must be 1-D or 2-D, got {len(B.shape)}-D with shape "
+                         f"{tuple(B.shape)}")
     if B.shape[0] != A.shape[1]:
         raise ValueError(f"dimension mismatch: A has shape {A.shape} but B has {B.shape[0]} "
                          f"rows; expected B.shape[0] == {A.shape[1]}")
     if _numpy_dtype(B) not in (np.float16, np.float32, np.float64):
         raise TypeError(f"B must hold float16, float32 or float64 values on the GPU, got {B.dtype}")
+    vector = len(B.shape) == 1
+    if vector and operand.device == "cpu":
+        B = B[:, None]
     dtype = (np.result_type(A.dtype, _numpy_dtype(B), np.float32) if precision == "fp32"
              else np.dtype(np.float32))
     launch = spmm_launcher(A, precision, dtype)
-    device_B = _on_device(cuda, B, launch.operand_dtypes, "B")
-    result, device_out = _result(cuda, operand, (A.shape[0], B.shape[1]), launch.result_dtype)
+    why = (f"precision='fp32' computes in {dtype} (A holds {A.dtype}); " if precision == "fp32"
+           else "")
+    device_B = _on_device(cuda, B, launch.operand_dtypes, "B", why)
+    if vector and operand.device == "cuda":
+        device_B = _column_view(cuda, device_B)
+    n_cols = 1 if vector else B.shape[1]
+    result, device_out = _result(cuda, operand, (A.shape[0], n_cols), launch.result_dtype)
     launch(device_B, device_out)
     if operand.device == "cuda":
-        return result
+        # the (M, 1) result is contiguous: (M,) is a view of it
+        return result.reshape(A.shape[0]) if vector else result
     host = device_out.copy_to_host()
+    if vector:
+        host = host.reshape(A.shape[0])
     return sys.modules["torch"].from_numpy(host) if operand.kind == "torch" else host
+
+
+class _InterfaceView:
+    """An interface for `cuda.as_cuda_array` that keeps the parent array alive with the view."""
+
+    def __init__(self, parent, interface):
+        self.parent = parent
+        self.__cuda_array_interface__ = interface
+
+
+def column_interface(interface, itemsize):
+    """The CUDA array interface of ``array[:, None]`` from that of a 1-D ``array``.
+
+    Parameters
+    ----------
+    interface : dict
+        ``__cuda_array_interface__`` of a 1-D array (``strides`` None when contiguous).
+    itemsize : int
+        Bytes per element.
+
+    Returns
+    -------
+    dict
+        A version-3 interface of shape (n, 1) on the same data, no stream.
+    """
+    strides = interface.get("strides") or (itemsize,)
+    return {"shape": (interface["shape"][0], 1), "strides": (strides[0], itemsize),
+            "typestr": interface["typestr"], "version": 3, "data": interface["data"]}
+
+
+def _column_view(cuda, view):
+    """The 1-D device array ``view`` as an (n, 1) one on the same memory, in constant time."""
+    if not hasattr(view, "__cuda_array_interface__"):  # the simulator's arrays: host memory
+        return view.reshape(view.shape[0], 1)
+    return cuda.as_cuda_array(_InterfaceView(view, column_interface(
+        view.__cuda_array_interface__, view.dtype.itemsize)), sync=False)
 
 
 class _SpmmLauncher:
@@ -239,7 +289,7 @@ def spmm_launcher(A, precision, dtype=np.float32):
                                                                        kernel, parts),
                              operand_dtypes, result_dtype)
     dtype = np.dtype(dtype)
-    csr = A.tocsr()  # duplicates are fine: the kernel sums every stored entry
+    csr = _csr_operand(A)  # duplicates are fine: the kernel sums every stored entry
     indptr, indices = _device_arrays(cuda, csr, ("indptr", "indices"))
     data = cuda.to_device(csr.data.astype(dtype))
     return _SpmmLauncher(lambda B, out: kernels.launch_csr_spmm(indptr, indices, data, B, out),
@@ -313,6 +363,28 @@ def _mma_operand(A, precision, allow_window16=False):
     return current
 
 
+def _csr_operand(A):
+    """A as CSR for the CUDA-core kernels: A itself, or for a blocked A its `tocsr` form.
+
+    A blocked A's conversion is done once and kept with A, like `_mma_operand`'s: a fresh
+    ``A.tocsr()`` on every call sent its index arrays to the device anew and left one more
+    slot map in A's cache per call (memory that grew without bound in a training loop). The
+    values are gathered from A's on every call, since they may have changed in place.
+    """
+    if not isinstance(A, blocked_array):
+        return A.tocsr()
+
+    def build():
+        csr = A.tocsr()
+        return csr, _slot_map(A, csr)
+    csr, slot_of_entry = _cached(A, "csr", A.col_idx, build)
+    from .ops import _with_values
+    current = _with_values(csr, A.values[slot_of_entry])
+    # Same structure arrays, so the device copies kept for csr serve this array too.
+    current.__dict__["_device_cache"] = csr.__dict__.setdefault("_device_cache", {})
+    return current
+
+
 def sddmm_cuda(A, x_operand, y_operand, alpha, beta, precision):
     """`ops.sddmm` on the GPU, single- or multi-head (shapes already checked by `ops.sddmm`).
 
@@ -333,9 +405,11 @@ def sddmm_cuda(A, x_operand, y_operand, alpha, beta, precision):
 
     if precision == "fp32":
         dtype = np.result_type(A.dtype, np.float32, _numpy_dtype(X), _numpy_dtype(Y))
-        device_X = _on_device(cuda, X, (dtype,), "X")
-        device_Y = _on_device(cuda, Y, (dtype,), "Y")
-        stored = A.tocsr()
+        why = (f"precision='fp32' computes in {dtype}, the promotion of A's {A.dtype}, X's "
+               f"{X.dtype} and Y's {Y.dtype}; ")
+        device_X = _on_device(cuda, X, (dtype,), "X", why)
+        device_Y = _on_device(cuda, Y, (dtype,), "Y", why)
+        stored = _csr_operand(A)
         device_rows, indices = _csr_sddmm_arrays(cuda, stored)
         result, device_out = _result(cuda, x_operand, (stored.nnz,) + X.shape[1:-1], dtype)
         kernels.launch_csr_sddmm(device_rows, indices, device_X, device_Y, device_out)
@@ -366,7 +440,7 @@ def sddmm_cuda(A, x_operand, y_operand, alpha, beta, precision):
     # A's duplicates each keep their own).
     in_kernel_order = on_device or stored is A
     add_on_device = beta != 0 and in_kernel_order
-    addend = (cuda.to_device(stored_values.astype(dtype)) if add_on_device else device_out)
+    addend = cuda.to_device(stored_values.astype(dtype)) if add_on_device else None
     kernels.launch_scale_add(device_out, addend, dtype.type(alpha),
                              dtype.type(beta) if add_on_device else dtype.type(0))
     if on_device:
@@ -421,8 +495,11 @@ def _slot_map(source, target):
 
 def _in_storage_order(A, stored, values):
     """Kernel results ``values`` in ``stored``'s slots rearranged into A's (padding gets 0)."""
-    source = stored.col_idx if isinstance(stored, blocked_array) else stored.indices
-    slot_in_stored = _cached(A, ("slots_in", id(source)), source, lambda: _slot_map(stored, A))
+    blocked = isinstance(stored, blocked_array)
+    source = stored.col_idx if blocked else stored.indices
+    # One entry per form: a key holding id(source) added an entry whenever the form was
+    # rebuilt, where this one replaces it.
+    slot_in_stored = _cached(A, ("slots_in", blocked), source, lambda: _slot_map(stored, A))
     gathered = values[slot_in_stored.clip(min=0)]
     gathered[slot_in_stored < 0] = 0
     return gathered
@@ -569,7 +646,7 @@ def sddmm_launcher(A, precision, heads=None, dtype=np.float32):
     per_slot = () if heads is None else (int(heads),)
     if precision == "fp32":
         dtype = np.dtype(dtype)
-        stored = A.tocsr()
+        stored = _csr_operand(A)
         device_rows, indices = _csr_sddmm_arrays(cuda, stored)
         return _SddmmLauncher(
             lambda X, Y, out: kernels.launch_csr_sddmm(device_rows, indices, X, Y, out),

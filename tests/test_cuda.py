@@ -146,3 +146,61 @@ def test_head_views_address_the_right_elements(shape, h):
         class View:
             __array_interface__ = head_interface(interface, h)
         np.testing.assert_array_equal(np.asarray(View()), source[:, h])
+
+
+def test_column_views_address_the_right_elements():
+    """A 1-D device B is read as an (n, 1) view built from the CUDA array interface; the same
+    arithmetic on NumPy's array interface must give ``vector[:, None]``."""
+    import numpy as np
+
+    from pysparse_hpc._cuda_backend import column_interface
+    matrix = np.arange(15, dtype=np.float32).reshape(5, 3)
+    for vector in (matrix[:, 0].copy(), matrix[:, 2]):  # contiguous (no strides), strided
+        interface = dict(vector.__array_interface__)
+        if vector.flags.c_contiguous:
+            interface["strides"] = None
+
+        class View:
+            __array_interface__ = column_interface(interface, 4)
+        np.testing.assert_array_equal(np.asarray(View()), vector[:, None])
+
+
+class _CompilingLaunch:
+    """Stands in for ``scale_add``: each launch compiles the kernel for a real target with the
+    argument types it was given (what the driver path does, and the simulator skips), and
+    refuses an empty grid as the driver does."""
+
+    def __init__(self, cc):
+        self.cc = cc
+        self.launches = 0
+
+    def __getitem__(self, config):
+        grid, _ = config
+        assert grid >= 1, f"a launch with grid {grid}: the driver refuses it"
+
+        def launch(*args):
+            import numba
+
+            from pysparse_hpc.kernels.cuda import sddmm
+            _ptx(self.cc, sddmm._scale_add, tuple(numba.typeof(a) for a in args))
+            self.launches += 1
+        return launch
+
+
+@pytest.mark.parametrize("heads", [None, 3, 0])
+def test_scale_add_compiles_for_multi_head_results(heads, monkeypatch):
+    """`sddmm_cuda` scales a multi-head result (slots, heads) with ``beta == 0`` and no stored
+    values to add; the kernel, typed for a 1-D addend, must still compile (passing the 2-D
+    result as the unread addend failed to type on a real GPU), and (slots, 0 heads) launches
+    nothing."""
+    import numpy as np
+
+    from pysparse_hpc.kernels.cuda import sddmm
+    launch = _CompilingLaunch((8, 0))
+    monkeypatch.setattr(sddmm, "scale_add", launch)
+    out = np.ones((5,) if heads is None else (5, heads), np.float32)
+    # beta == 0 with the result itself as the unread addend (what `sddmm_cuda` passed), or none
+    sddmm.launch_scale_add(out, out, np.float32(2.0), np.float32(0.0))
+    sddmm.launch_scale_add(out, None, np.float32(2.0), np.float32(0.0))
+    sddmm.launch_scale_add(out, np.ones(5, np.float32), np.float32(2.0), np.float32(0.5))
+    assert launch.launches == (0 if heads == 0 else 3)

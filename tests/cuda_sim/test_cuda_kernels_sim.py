@@ -287,6 +287,30 @@ def test_cuda_backend_reads_values_changed_in_place():
     np.testing.assert_allclose(values.data, A.data, rtol=1e-6)
 
 
+@pytest.mark.parametrize("precision", ["fp32", "tf32"])
+def test_spmm_backend_cuda_takes_a_vector(precision):
+    """A 1-D B gives the matrix-vector product (M,), as on the CPU (the CUDA backend refused
+    it): host NumPy, torch CPU, and device vectors, contiguous or a strided column."""
+    import torch
+    rng = np.random.default_rng(23)
+    S = random_scipy(rng, (11, 9), 0.4)
+    A = sph.csr_array(S, dtype=np.float32)
+    matrix = rng.standard_normal((9, 3)).astype(np.float32)
+    b = np.ascontiguousarray(matrix[:, 1])
+    expected = S @ b.astype(np.float64)
+    rtol = 1e-5 if precision == "fp32" else 2e-3
+    scale = np.abs(S) @ np.abs(b.astype(np.float64)) + 1e-6
+    results = [sph.spmm(A, b, backend="cuda", precision=precision),
+               sph.spmm(A, matrix[:, 1], backend="cuda", precision=precision),
+               sph.spmm(A, torch.from_numpy(b), backend="cuda", precision=precision)]
+    assert isinstance(results[2], torch.Tensor)
+    for device_b in (cuda.to_device(b), cuda.to_device(matrix)[:, 1]):
+        results.append(sph.spmm(A, device_b, precision=precision).copy_to_host())
+    for got in results:
+        assert tuple(got.shape) == (11,) and got.dtype in (np.float32, torch.float32)
+        assert np.all(np.abs(np.asarray(got) - expected) <= rtol * scale)
+
+
 def test_spmm_backend_cuda_bad_input():
     A = sph.csr_array(np.eye(10, dtype=np.float32))
     B = np.ones((10, 3), np.float32)
@@ -298,6 +322,11 @@ def test_spmm_backend_cuda_bad_input():
         sph.spmm(A, cuda.to_device(np.ones((4, 3), np.float32)), backend="cuda")
     with pytest.raises(TypeError, match="float32"):
         sph.spmm(A, cuda.to_device(np.ones((10, 3), np.float64)), backend="cuda", precision="tf32")
+    with pytest.raises(ValueError, match="B must be 1-D or 2-D, got 3-D"):
+        sph.spmm(A, np.ones((10, 3, 2), np.float32), backend="cuda")
+    # a float64 A makes "fp32" compute in float64: the error says so, not only "needs float64"
+    with pytest.raises(TypeError, match="computes in float64 .A holds float64.*needs float64"):
+        sph.spmm(A.astype(np.float64), cuda.to_device(B), backend="cuda")
 
 
 SDDMM_TOLERANCE = {"fp32": 1e-5, "tf32": 5e-3, "fp16": 5e-3}

@@ -177,3 +177,25 @@ def test_tensor_core_sddmm_launches_only_tiles_with_work(precision, monkeypatch)
     assert len(recorder.grids) == 3  # one launch for 2-D operands, one per head for 2 heads
     for grid in recorder.grids:
         assert int(np.prod(grid)) == tiles
+
+
+def test_a_blocked_operand_keeps_one_csr_form_across_calls():
+    """"fp32" runs a blocked A's CSR form: converted once and kept, so repeated calls neither
+    send the structure anew nor grow A's cache (each call added a slot map that was never
+    dropped), and values changed in place are still read anew, by SpMM and SDDMM alike."""
+    rng = np.random.default_rng(9)
+    M = sph.csr_array(random_scipy(rng, (10, 7), 0.4), dtype=np.float32).to_mebcrs(8)
+    X = rng.standard_normal((10, 3)).astype(np.float32)
+    Y = rng.standard_normal((7, 3)).astype(np.float32)
+    B = rng.standard_normal((7, 2)).astype(np.float32)
+    sizes = []
+    for call in range(4):
+        got = sph.sddmm(M, X, Y, alpha=0.5, beta=1.0, backend="cuda")
+        np.testing.assert_allclose(got.values, sph.sddmm(M, X, Y, alpha=0.5, beta=1.0).values,
+                                   rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(sph.spmm(M, B, backend="cuda"), sph.spmm(M, B), rtol=1e-5,
+                                   atol=1e-5)
+        sizes.append(len(M.__dict__["_device_cache"]))
+        if call == 1:
+            M.values *= 2  # seen by the next calls
+    assert len(set(sizes)) == 1, sizes

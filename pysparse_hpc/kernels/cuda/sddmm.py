@@ -261,7 +261,14 @@ def launch_mebcrs_sddmm(A, X, Y, out, tiles, precision):
 
 def launch_scale_add(out, addend, alpha, beta, threads=128):
     """Apply ``alpha`` and ``beta`` to a contiguous result, (slots,) or (slots, heads); the
-    stored values ``addend`` (slots,) are shared by every head."""
-    if out.shape[0] == 0 or (alpha == 1.0 and beta == 0.0):
+    stored values ``addend`` (slots,) are shared by every head. With ``beta == 0`` ``addend``
+    is not read and may be None."""
+    if out.size == 0 or (alpha == 1.0 and beta == 0.0):
+        # out.size, not out.shape[0]: (slots, 0 heads) would launch an empty grid, which the
+        # driver refuses (the simulator does not)
         return
+    if beta == 0:
+        # The kernel is typed for a 1-D addend whichever branch runs: a (slots, heads) one
+        # fails to compile on a real target. Any 1-D array of out's dtype serves.
+        addend = out.reshape(out.size)
     scale_add[math.ceil(out.size / threads), threads](_as_columns(out), addend, alpha, beta)
