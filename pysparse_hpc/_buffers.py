@@ -10,8 +10,11 @@ A large result is a view of a pooled buffer through a small owner object (the ar
 ``base``). When the last array or tensor sharing that memory is collected, the owner's
 finalizer puts the buffer back on an idle list, and the next request of the same rounded size
 takes it instead of fresh pages. Idle buffers are capped by ``PYSPARSE_HPC_BUFFER_CACHE_MB``
-(default 1024; 0 turns reuse off); `empty_cache` hands them all back to the system.
+(default 1024; 0 turns reuse off); `empty_cache` hands them all back to the system. A forked
+child starts with an empty pool of its own.
 """
+import operator
+import os
 import threading
 import weakref
 from collections import OrderedDict, deque
@@ -48,6 +51,12 @@ class _BufferOwner:
         address += -address % _ALIGNMENT
         self.__array_interface__ = {"shape": shape, "typestr": dtype.str, "version": 3,
                                     "data": (address, False)}
+
+    def __reduce_ex__(self, protocol):
+        # A copy would share (shallow) or point at (pickled) this buffer without the finalizer
+        # that knows when it is free: the pool would hand the memory out under it.
+        raise TypeError("a pooled result's buffer owner cannot be copied or pickled; copy or "
+                        "pickle the array instead")
 
 
 def _rounded(nbytes):
@@ -95,6 +104,24 @@ def _give_back(raw):
             _lock.release()
 
 
+def _after_fork_in_child():
+    """A fresh lock and an empty pool in a forked child.
+
+    Another thread of the parent may have held the lock at the fork, and no thread of the
+    child would ever release it; its idle buffers are the parent's pages, shared copy-on-write,
+    so reusing one would copy each page anyway.
+    """
+    global _lock, _idle_bytes
+    _lock = threading.Lock()
+    _idle.clear()
+    _returned.clear()
+    _idle_bytes = 0
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def empty(shape, dtype):
     """An uninitialised C-contiguous array, like `numpy.empty`; large ones reuse freed results.
 
@@ -102,20 +129,29 @@ def empty(shape, dtype):
     ----------
     shape : tuple of int
     dtype : numpy.dtype
+        Any dtype `numpy.empty` takes; one holding Python objects is never pooled (its
+        elements must start as None, not as a freed result's bytes).
 
     Returns
     -------
     numpy.ndarray
-        Owns its memory when smaller than `MIN_POOLED_BYTES` or when reuse is off; otherwise a
-        64-byte-aligned view whose buffer returns to the pool once nothing refers to it.
+        Owns its memory when smaller than `MIN_POOLED_BYTES`, when reuse is off or for object
+        dtypes; otherwise a 64-byte-aligned view whose buffer returns to the pool once nothing
+        refers to it.
     """
     dtype = np.dtype(dtype)
     nbytes = dtype.itemsize
     for extent in shape:   # not np.prod: this runs on every call, small ones included
         nbytes *= extent
-    if nbytes < MIN_POOLED_BYTES or buffer_cache_bytes() == 0:
+    if nbytes < MIN_POOLED_BYTES or buffer_cache_bytes() == 0 or dtype.hasobject:
         return np.empty(shape, dtype=dtype)
-    shape = tuple(int(extent) for extent in shape)
+    # operator.index: a float extent is refused as numpy.empty refuses it, not truncated
+    shape = tuple(operator.index(extent) for extent in shape)
+    if min(shape, default=0) < 0:   # two negative extents multiply to a positive size
+        return np.empty(shape, dtype=dtype)   # numpy.empty's own error
+    if dtype.subdtype is not None:   # as numpy.empty: (3,) of (float64, (2,)) is (3, 2) float64
+        dtype, extra = dtype.subdtype
+        shape += extra
     capacity = _rounded(nbytes + _ALIGNMENT)
     raw = _take_idle(capacity)
     if raw is None:
@@ -123,7 +159,11 @@ def empty(shape, dtype):
     owner = _BufferOwner(raw, shape, dtype)
     finalizer = weakref.finalize(owner, _give_back, raw)
     finalizer.atexit = False   # nothing to keep at exit
-    return np.asarray(owner)
+    array = np.asarray(owner)
+    if array.dtype is not dtype:
+        # the typestr says only "|V16" for a record, and nothing of a dtype's metadata
+        array = array.view(dtype)
+    return array
 
 
 def cached_bytes():

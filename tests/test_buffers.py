@@ -1,8 +1,12 @@
 """Large results reuse the memory of freed ones; live results never share it."""
+import copy
 import gc
+import multiprocessing
 import os
+import pickle
 import subprocess
 import sys
+import threading
 
 import numpy as np
 import pytest
@@ -124,6 +128,87 @@ def test_empty_cache_releases_idle_buffers(pooled):
     assert sph.cached_bytes() > 0
 
 
+def test_object_dtype_is_never_pooled(pooled):
+    stale = _buffers.empty((40,), np.float64)
+    stale.fill(0.0)   # zeros, not junk: on failure the stale bytes would read as pointers
+    del stale
+    array = _buffers.empty((40,), object)
+    owns = array.flags.owndata   # asserted alone: showing the array would read the pointers
+    assert owns
+    assert all(item is None for item in array)
+
+
+@pytest.mark.parametrize("dtype, shape", [
+    (np.dtype([("x", np.float64), ("k", np.int32)], align=True), (5,)),
+    (np.dtype([("x", np.float32), ("y", np.float32, (2,))]), (4, 3)),
+    (np.dtype((np.float64, (3,))), (5,)),
+    (np.dtype(np.float64, metadata={"unit": "m"}), (6, 2)),
+])
+def test_dtypes_as_numpy_empty_gives_them(pooled, dtype, shape):
+    expected = np.empty(shape, dtype)
+    array = _buffers.empty(shape, dtype)
+    assert array.shape == expected.shape and array.dtype == expected.dtype
+    assert array.dtype.names == expected.dtype.names
+    assert array.dtype.metadata == expected.dtype.metadata
+    assert array.ctypes.data % 64 == 0 and array.flags.c_contiguous
+
+
+def test_extents_are_checked_as_numpy_checks_them(pooled):
+    with pytest.raises(TypeError):
+        _buffers.empty((3.7, 40), np.float64)   # not truncated to 3 rows
+    with pytest.raises(ValueError, match="negative"):
+        _buffers.empty((-40, -40), np.float64)  # a positive size, from two negative extents
+
+
+@pytest.mark.parametrize("duplicate", [copy.copy, copy.deepcopy,
+                                       lambda owner: pickle.loads(pickle.dumps(owner))])
+def test_the_buffer_owner_is_not_copied(pooled, duplicate):
+    """A copy of a result's base would refer to its buffer without the finalizer that knows
+    when the buffer is free: the pool would hand the memory out again under the copy."""
+    array = _buffers.empty(SHAPE, np.float32)
+    with pytest.raises(TypeError, match="copy or pickle the array"):
+        duplicate(array.base)
+    assert np.array_equal(pickle.loads(pickle.dumps(array)).shape, SHAPE)  # the array pickles
+
+
+def _allocate_and_exit():
+    assert sph.cached_bytes() == 0   # the parent's idle pages are not the child's to reuse
+    result = _buffers.empty(SHAPE, np.float32)
+    del result
+    assert sph.cached_bytes() > 0
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs the fork start method")
+def test_a_forked_child_does_not_wait_for_a_parent_thread(pooled):
+    """A thread of the parent holds the pool's lock when another forks; no thread of the child
+    would ever release that copy of it."""
+    held, release = threading.Event(), threading.Event()
+
+    def hold_the_lock():
+        with _buffers._lock:
+            held.set()
+            release.wait()
+
+    idle = _buffers.empty(SHAPE, np.float32)
+    del idle   # an idle buffer in the parent at the fork
+    holder = threading.Thread(target=hold_the_lock)
+    holder.start()
+    held.wait()
+    child = multiprocessing.get_context("fork").Process(target=_allocate_and_exit)
+    try:
+        child.start()
+    finally:
+        release.set()
+        holder.join()
+    child.join(20)
+    if child.is_alive():
+        child.kill()
+        child.join()
+        pytest.fail("the forked child deadlocked on the pool's lock")
+    assert child.exitcode == 0
+    assert sph.cached_bytes() > 0    # the parent keeps its own
+
+
 def _poison_pool(shape, dtype):
     """Leave an idle buffer full of NaN where the next result of ``shape`` will be placed."""
     stale = _buffers.empty(shape, dtype)
@@ -171,6 +256,7 @@ def test_multi_head_spmm_overwrites_reused_memory(pooled, kernel_mode, rng):
 
 @pytest.mark.parametrize("setting, expected", [
     ("0", "0"),
+    ("-1", "0"),                       # negative: off, as 0
     ("37", "0"),                       # the 38 MiB buffer is over the cap: not kept
     ("64", str(38 << 20)),             # 36 MiB and the alignment, in 2 MiB steps
     ("ten", "must be an integer, got 'ten'"),
