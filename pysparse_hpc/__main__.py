@@ -339,9 +339,12 @@ def report_train(result, threads):
     elif result.best_epoch < 0:
         outcome = f"  no finite model to measure, final training loss {result.losses[-1]:.4f}"
     else:
-        outcome = (f"  test accuracy {100 * result.test_accuracy:.1f}% (best validation "
-                   f"accuracy {100 * result.val_accuracy:.1f}% at epoch "
-                   f"{result.best_epoch + 1}), final training loss {result.losses[-1]:.4f}")
+        # No test nodes: no accuracy (NaN), where "0.0%" read as a model wrong on every node.
+        tested = ("no test nodes" if math.isnan(result.test_accuracy)
+                  else f"test accuracy {100 * result.test_accuracy:.1f}%")
+        outcome = (f"  {tested} (best validation accuracy {100 * result.val_accuracy:.1f}% at "
+                   f"epoch {result.best_epoch + 1}), final training loss "
+                   f"{result.losses[-1]:.4f}")
     lines = [f"{result.model.upper()} on {result.dataset}, {ranks} x {threads} "
              f"thread{'s' if threads > 1 else ''}, {result.partition_method} partition, "
              f"{result.epochs} epoch{'s' if result.epochs != 1 else ''}, "
@@ -353,7 +356,10 @@ def report_train(result, threads):
               f"({'median' if result.preconditioner is None else 'mean'}), "
               if math.isfinite(result.seconds_per_epoch) else "  ")
              + f"{result.seconds_total:.1f} s in all"]
-    if result.ranks > 1:
+    if result.ranks > 1 and math.isnan(result.halo_bytes_per_epoch):
+        # This run trained no epoch: no traffic per epoch was measured.
+        lines.append(f"  partition: {result.partition_summary}")
+    elif result.ranks > 1:
         share = (100 * result.halo_bytes_per_epoch / result.cagnet_bytes_per_epoch
                  if result.cagnet_bytes_per_epoch else 0.0)
         lines += [f"  halo exchange per epoch: {_format_mb(result.halo_bytes_per_epoch)} "

@@ -341,3 +341,63 @@ def test_train_choices_ignore_case(monkeypatch):
         models=models) or 0)
     assert cli.main(["demo", "--model", "GCN", "--model", "Gat"]) == 0
     assert demo["models"] == ("gcn", "gat")
+
+
+def test_a_graph_without_test_nodes_has_no_test_accuracy(monkeypatch, capsys):
+    """An empty test split reports NaN, and the command says so: it printed "test accuracy
+    0.0%", a model wrong on every test node."""
+    import math
+
+    import torch
+
+    import pysparse_hpc as sph
+    from pysparse_hpc.__main__ import main
+    from pysparse_hpc.nn import models
+    from pysparse_hpc.nn.train import fit, node_tensors
+    cora = sph.datasets.load("cora")
+    x, y, train_mask, val_mask, test_mask = node_tensors(cora)
+    torch.manual_seed(0)
+    result = fit(models.GCN(x.shape[1], 16, cora.num_classes), x, cora.adj, y,
+                 (train_mask, val_mask, torch.zeros_like(test_mask)), epochs=2, progress=False)
+    assert math.isnan(result.test_accuracy) and 0 < result.val_accuracy <= 1, result
+    _fake_training(monkeypatch, test_accuracy=float("nan"))
+    assert main(["train", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "no test nodes (best validation accuracy 80.0% at epoch 12)" in out, out
+
+
+def test_a_run_that_trained_no_epoch_reports_no_traffic_per_epoch(monkeypatch, capsys):
+    """0 epochs, or a resumed run already finished, measured no epoch's traffic: NaN, and no
+    traffic lines. It printed a halo exchange of "0.00 MB per epoch, 0.0% of CAGNET's"."""
+    import math
+
+    from pysparse_hpc.__main__ import main
+    from pysparse_hpc.distributed.training import train
+    result = train("cora", epochs=0, progress=False)
+    assert all(math.isnan(value) for value in (
+        result.halo_bytes_per_epoch, result.cagnet_bytes_per_epoch,
+        result.allreduce_bytes_per_epoch, result.optimizer_bytes_per_epoch)), result
+    nan = float("nan")
+    _fake_training(monkeypatch, ranks=2, resumed_after=12, halo_bytes_per_epoch=nan,
+                   cagnet_bytes_per_epoch=nan, allreduce_bytes_per_epoch=nan,
+                   partition_summary="<Partition>")
+    assert main(["train", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "per epoch" not in out and "partition: <Partition>" in out, out
+
+
+def test_fit_names_node_arrays_that_are_not_tensors():
+    """NumPy features failed inside the model ("'str' object has no attribute 'type'"), and
+    NumPy labels were refused as "got 1-D int64", the dtype asked for."""
+    import pysparse_hpc as sph
+    from pysparse_hpc.nn import models
+    from pysparse_hpc.nn.train import fit, node_tensors
+    cora = sph.datasets.load("cora")
+    x, y, *masks = node_tensors(cora)
+    model = models.GCN(x.shape[1], 16, cora.num_classes)
+    with pytest.raises(TypeError, match="x must be a torch.Tensor of node features, got "
+                                        "ndarray"):
+        fit(model, x.numpy(), cora.adj, y, masks, epochs=1, progress=False)
+    with pytest.raises(TypeError, match="y must be a 1-D int64 torch.Tensor of class ids, got "
+                                        "ndarray"):
+        fit(model, x, cora.adj, y.numpy(), masks, epochs=1, progress=False)

@@ -32,6 +32,11 @@ def test_resume_is_bit_exact_on_as_many_ranks():
 
 
 @requires_mpi
+def test_resume_with_a_dataset_read_on_rank_0_only():
+    run_resume_checks(2, "resume_with_a_dataset_on_rank_0_only", timeout=120)
+
+
+@requires_mpi
 @pytest.mark.parametrize("saved, resumed", [(2, 3), (3, 1)])
 def test_resume_on_another_number_of_ranks(tmp_path, saved, resumed):
     directory = str(tmp_path / "checkpoints")

@@ -42,13 +42,17 @@ class DistributedTrainResult:
     losses : list of float
         Training loss of every epoch.
     seconds_per_epoch : float
-        Each rank's median training step, averaged over the ranks (every step ends in the
-        gradient allreduce, so the ranks' steps differ only by how long each waited).
+        Each rank's median training step (with a preconditioner the mean,
+        `pysparse_hpc.nn.train.TrainResult`), averaged over the ranks (every step ends in the
+        gradient allreduce, so the ranks' steps differ only by how long each waited). A resumed
+        run's include the steps before its checkpoint, as its losses do.
     seconds_total : float
-        Wall time of the whole training (evaluation included).
+        Wall time of this run's training (evaluation included; after the checkpoint, when
+        resumed).
     halo_bytes_per_epoch : float
         Bytes all ranks received in halo and reverse-halo exchanges per epoch (training and
-        evaluation passes).
+        evaluation passes) of the epochs this run trained (after its checkpoint, when
+        resumed). This and the other ``*_bytes_per_epoch`` are NaN when it trained none.
     cagnet_bytes_per_epoch : float
         What CAGNET's 1D scheme (every rank receives all of H for each product) would move for
         the same exchanges: ``(P - 1) * n`` rows of each exchanged width.
@@ -214,6 +218,9 @@ def train(dataset="cora", model="gcn", partition="metis", *, epochs=None, lr=Non
     from ..optim._modes import default_momentum_sync
 
     comm = init() if comm is None else check_communicator(comm)
+    # Rank 0's: a Dataset is read there only (the other ranks may pass None), and a
+    # fingerprint naming "None" on them refused the run's own checkpoints on resuming.
+    dataset_name = comm.bcast(_dataset_name(dataset))
     # Every rank checks the same arguments and reads rank 0's view of the checkpoints.
     with raising_alike():
         if not isinstance(model, str) or model not in models.MODELS:
@@ -244,7 +251,7 @@ def train(dataset="cora", model="gcn", partition="metis", *, epochs=None, lr=Non
             damping = default_damping(preconditioner, optimizer)
         if optimizer == "lion" and momentum_sync is None:
             momentum_sync = default_momentum_sync(compression)
-        fingerprint = dict(dataset=_dataset_name(dataset), model=model,
+        fingerprint = dict(dataset=dataset_name, model=model,
                            optimizer=optimizer, preconditioner=preconditioner,
                            damping=damping, compression=compression,
                            momentum_sync=momentum_sync, dtype=dtype, seed=seed,
@@ -295,7 +302,10 @@ def train(dataset="cora", model="gcn", partition="metis", *, epochs=None, lr=Non
     received = comm_sum(comm, received)
     row_bytes = graph.plan.exchanged_row_bytes - row_bytes_before
     # Traffic counted in this run: the epochs it trained, not those before its checkpoint.
-    n_epochs = max(settings["epochs"] - (0 if state is None else state.step), 1)
+    # None trained (0 epochs, or resumed at or past them) measured no epoch's traffic: NaN,
+    # where 0 bytes per epoch read as a halo exchange that moved nothing.
+    n_epochs = settings["epochs"] - (0 if state is None else state.step)
+    n_epochs = n_epochs if n_epochs > 0 else float("nan")
     seconds = comm_sum(comm, np.array([result.seconds_per_epoch]))  # mean over ranks
     return DistributedTrainResult(
         dataset=piece.name, model=model,

@@ -34,7 +34,8 @@ class TrainResult:
     ----------
     test_accuracy, val_accuracy : float
         At the epoch of best validation accuracy (ties: lower validation loss); without
-        validation nodes, at the last epoch. NaN when no epoch ran.
+        validation nodes, at the last epoch, whose validation accuracy is then 0. NaN when no
+        epoch ran; the test accuracy is NaN too without test nodes.
     best_epoch : int
         That epoch (-1 when no epoch ran).
     seconds_per_epoch : float
@@ -123,6 +124,13 @@ class _Totals:
 def _check_node_tensors(graph, x, y, masks):
     # An integer 0/1 mask would index rows 0 and 1 over and over; float labels or one-hot
     # rows would broadcast in the accuracy: both ran and reported nonsense.
+    # A NumPy x failed inside the model on an attribute, and a NumPy int64 y was refused as
+    # "got 1-D int64": name the type that is wrong.
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x must be a torch.Tensor of node features, got {type(x).__name__}")
+    if not isinstance(y, torch.Tensor):
+        raise TypeError(f"y must be a 1-D int64 torch.Tensor of class ids, got "
+                        f"{type(y).__name__}")
     if y.dtype != torch.int64 or y.dim() != 1:
         raise TypeError(f"y must be a 1-D int64 tensor of class ids, got {y.dim()}-D "
                         f"{y.dtype}")
@@ -195,6 +203,9 @@ def fit(model, x, adj, y, masks, *, epochs=200, lr=0.01, weight_decay=5e-4, prog
         calls `fit` with its own rows); only rank 0 shows a progress bar.
     y : torch.Tensor of int64
     masks : (train, val, test) boolean tensors
+        1-D, one entry per row of ``x``; the training mask selects at least one node (of
+        any rank). An empty validation mask selects the last epoch's model; without test
+        nodes the test accuracy is NaN.
     epochs : int
     lr, weight_decay : float
     progress : bool
@@ -262,7 +273,7 @@ def fit(model, x, adj, y, masks, *, epochs=200, lr=0.01, weight_decay=5e-4, prog
     if n_train == 0:
         raise ValueError("the training mask selects no node")
     select_last = n_val == 0   # no validation to select by: the last epoch is the model
-    n_val, n_test = max(n_val, 1.0), max(n_test, 1.0)  # empty splits report accuracy 0
+    n_val = max(n_val, 1.0)   # an empty validation split reports accuracy 0
     _check_positive_int(checkpoint_every, "checkpoint_every")
     _check_schedule(epochs, lr, weight_decay)
     _check_kl_clip(preconditioner, kl_clip)
@@ -327,7 +338,7 @@ def fit(model, x, adj, y, masks, *, epochs=200, lr=0.01, weight_decay=5e-4, prog
                     if run.diverged < 0:
                         run.diverged = epoch
                 elif select_last or (val_accuracy, -val_loss) > (best[0], -best[1]):
-                    best = (val_accuracy, val_loss, test_correct / n_test, epoch)
+                    best = (val_accuracy, val_loss, _ratio(test_correct, n_test), epoch)
             bar.set_postfix(loss=f"{losses[-1]:.3f}", val=f"{val_accuracy:.3f}", refresh=False)
             run.best, run.epochs_done = best, epoch + 1
             if checkpointer is not None and (run.epochs_done % checkpoint_every == 0
@@ -530,6 +541,12 @@ def _preconditioner(name, model, graph, n_train, curvature_interval, optimizer, 
         options.update(kl_clip=kl_clip, lr=lambda: step_optimizer.param_groups[0]["lr"])
     return getattr(precondition, maker_name)(
         model, config, comm=None if graph is None else graph.comm, **options)
+
+
+def _ratio(total, count):
+    """``total / count`` over a split's nodes; NaN for an empty test split, which has no
+    accuracy (0 read as a model that got every test node wrong)."""
+    return total / count if count else float("nan")
 
 
 def _correct(logits, y, mask):

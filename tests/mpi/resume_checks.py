@@ -48,6 +48,22 @@ def check_resume_is_bit_exact():
         assert finished.resumed_after == epochs and finished.losses == whole.losses, label
 
 
+def check_resume_with_a_dataset_on_rank_0_only():
+    """A `Dataset` passed on rank 0 and None on the others (train reads it on rank 0 only):
+    its checkpoints name the dataset alike on every rank, and resuming them continues the run
+    bit for bit. The other ranks' fingerprint named the dataset "None", and resuming was refused
+    as another run's on them."""
+    import pysparse_hpc as sph
+
+    data = sph.datasets.load("cora") if rank == 0 else None
+    options = dict(dtype="float64", progress=False, comm=comm)
+    directory = str(Path(_shared_directory()) / "dataset")
+    whole = train("cora", "gcn", epochs=4, **options)
+    train(data, "gcn", epochs=2, checkpoint=directory, **options)
+    resumed = train(data, "gcn", epochs=4, checkpoint=directory, resume=True, **options)
+    assert resumed.resumed_after == 2 and resumed.losses == whole.losses, resumed
+
+
 #: Runs resumed on another number of ranks: Adam, and Jorge applied by SGD, whose owner ranks
 #: alone keep each parameter's statistics (curvature every 3 epochs, so the checkpoint at 10
 #: falls between two updates and the resumed roots need the saved statistics).
