@@ -418,6 +418,33 @@ def test_a_collected_data_parallel_leaves_its_module_as_it_was():
     second(torch.ones(1, 4)).sum().backward()
 
 
+def test_copies_and_pickles_of_a_data_parallel_reduce_their_own_module():
+    """A deep copy kept the original's hook handles and a dead finalizer: wrapping the copy's
+    module again left the retired copy's hooks on it (every gradient reduced twice); pickling
+    failed on a weak reference. Both give a live wrapper of a copy of the module now."""
+    import copy
+    import pickle
+    model = torch.nn.Linear(4, 2)
+    wrapped = distributed.DataParallel(model, Communicator(None), average=False).eval()
+    twin = copy.deepcopy(wrapped)
+    assert twin.module is not model and twin.comm is wrapped.comm and not twin.training
+    twin(torch.ones(3, 4)).sum().backward()
+    torch.testing.assert_close(twin.module.weight.grad, torch.full((2, 4), 3.0))
+    rewrapped = distributed.DataParallel(twin.module, Communicator(None))
+    assert twin._retired
+    assert all(len(p._post_accumulate_grad_hooks) == 1 for p in twin.module.parameters())
+    rewrapped(torch.ones(1, 4)).sum().backward()
+    unpickled = pickle.loads(pickle.dumps(wrapped))
+    assert isinstance(unpickled, distributed.DataParallel) and not unpickled.average
+    assert not unpickled.training and unpickled.comm.size == 1
+    assert all(torch.equal(a, b) for a, b in zip(unpickled.parameters(), model.parameters()))
+    unpickled(torch.ones(2, 4)).sum().backward()
+    torch.testing.assert_close(unpickled.module.bias.grad, torch.full((2,), 2.0))
+    with pytest.raises(TypeError, match="cannot be copied shallowly"):
+        copy.copy(wrapped)
+    wrapped(torch.ones(1, 4)).sum().backward()   # the original still reduces its own
+
+
 def test_data_parallel_keeps_a_frozen_parameter_in_its_bucket():
     """Freezing and unfreezing a layer in turn (a GAN's discriminator) rebuilds the buckets
     once, when the layer first trains, not at every change."""

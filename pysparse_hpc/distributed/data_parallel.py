@@ -8,6 +8,7 @@ the same order on every rank (a bucket waits for the ones before it), as MPI req
 collectives. The full-graph GNN trainer uses it, and so can any data-parallel torch model.
 """
 import contextlib
+import copy
 import functools
 import warnings
 import weakref
@@ -112,6 +113,11 @@ class DataParallel(torch.nn.Module):
     A backward that raised part-way leaves its reductions unfinished: the wrapper's next
     ``forward`` waits for those it started and starts afresh, with a warning.
 
+    ``copy.deepcopy`` gives a wrapper of a copy of the module on the same ranks (no
+    collective: one rank alone may copy). A wrapper pickles, and ``torch.save`` saves it,
+    on one rank; over several, save its module's ``state_dict``, as with torch's
+    ``DistributedDataParallel``.
+
     Examples
     --------
     >>> import torch
@@ -130,15 +136,23 @@ class DataParallel(torch.nn.Module):
                             f"{type(bucket_mb).__name__}")
         if not bucket_mb > 0:
             raise ValueError(f"bucket_mb must be positive, got {bucket_mb!r}")
-        self.module = module
-        self.comm = init() if comm is None else check_communicator(
+        comm = init() if comm is None else check_communicator(
             comm, ("rank", "size", "Iallreduce", "Bcast"))
         # The wrapper's collectives run in a context of their own: its buckets start when
         # this rank's gradients are ready, so two wrappers reducing during one backward
         # interleave their allreduces differently on different ranks, which in one context
         # paired one wrapper's buckets with the other's (wrong sums, or MPI's abort).
-        self._reducing = self.comm.duplicate() if hasattr(self.comm, "duplicate") \
-            else self.comm
+        reducing = comm.duplicate() if hasattr(comm, "duplicate") else comm
+        self._attach(module, comm, reducing, bucket_mb, average, broadcast_buffers)
+        if broadcast_parameters:
+            self.broadcast_parameters()
+
+    def _attach(self, module, comm, reducing, bucket_mb, average, broadcast_buffers):
+        """Reduce the gradients of ``module`` over ``comm``, in the MPI context ``reducing``
+        (``comm`` itself or a duplicate of it)."""
+        self.module = module
+        self.comm = comm
+        self._reducing = reducing
         # The parameters' hooks, ``{id: (weak parameter, handle)}``: they call this wrapper
         # through a weak reference, so that it can be collected, and its release then removes
         # them and frees its context (MPI has about 2000 per process: a loop that wraps new
@@ -163,8 +177,34 @@ class DataParallel(torch.nn.Module):
         _WRAPPER_OF[module] = weakref.ref(self)
         self._params = []
         self._reduce(self._newly_trainable(take_over=True))
-        if broadcast_parameters:
-            self.broadcast_parameters()
+
+    # ------------------------------------------------------------- copies
+    def __deepcopy__(self, memo):
+        # A field-by-field copy kept the original's hook handles and a dead finalizer: once
+        # its module was wrapped again, the retired copy's hooks stayed on the parameters and
+        # every gradient was reduced twice. The copy is wrapped afresh around a copy of the
+        # module, in the original's MPI context (shared, as a deep copy of the communicator
+        # is; no collective, so one rank alone may copy its model).
+        twin = type(self).__new__(type(self))
+        memo[id(self)] = twin
+        kept = {name: value for name, value in self.__dict__.items()
+                if name not in _WRAPPING_STATE}
+        twin.__dict__.update(copy.deepcopy(kept, memo))
+        twin._attach(twin.module, twin.comm, copy.deepcopy(self._reducing, memo),
+                     self._bucket_mb, self.average, self.broadcast_buffers)
+        return twin
+
+    def __copy__(self):
+        raise TypeError("a DataParallel cannot be copied shallowly: the copy would share its "
+                        "module, whose gradients one wrapper reduces; use copy.deepcopy")
+
+    def __reduce_ex__(self, protocol):
+        # Python's own pickling failed on the wrapper's weak references ("cannot pickle
+        # 'weakref.ReferenceType' object"). The module and the settings travel, and are
+        # wrapped afresh where they are loaded; the communicator pickles by its own rule (a
+        # one-rank one as a fresh one; one over several ranks refuses, naming what to save).
+        return _rebuilt, (self.module, self.comm, self._bucket_mb, self.average,
+                          self.broadcast_buffers, self.training)
 
     def _newly_trainable(self, take_over=False):
         """Parameters that require grad and are not reduced yet by this wrapper, nor (unless
@@ -411,6 +451,22 @@ class DataParallel(torch.nn.Module):
         for bucket in self._buckets:
             bucket.ready, bucket.request = 0, None
         self._launched, self._in_backward = 0, False
+
+
+#: What `DataParallel._attach` makes for the wrapper's module (hooks, buckets, state of a
+#: backward): made afresh for a copy, never copied. The module and the communicator are
+#: copied as any attribute (a communicator's deep copy is itself: the same ranks).
+_WRAPPING_STATE = frozenset((
+    "_reducing", "_hooks", "_release", "_launched", "_in_backward", "_enabled", "_retired",
+    "_params", "_sparse", "_buckets", "_bucket_of"))
+
+
+def _rebuilt(module, comm, bucket_mb, average, broadcast_buffers, training):
+    """A wrapper of ``module`` as an unpickled `DataParallel` was (its communicator has one
+    rank: one over several refuses to be pickled)."""
+    wrapper = DataParallel(module, comm, bucket_mb, average, broadcast_parameters=False,
+                           broadcast_buffers=broadcast_buffers)
+    return wrapper.train(training)
 
 
 def _on_gradient_of(wrapper, param):
