@@ -223,6 +223,14 @@ def check_real_number(name, value, positive=True):
                          f"got {value}")
 
 
+def check_flag(value, name):
+    """``value`` as a bool; TypeError naming ``name`` for anything else (a string such as
+    ``"no"`` is truthy and would silently ask for the opposite)."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
+    return bool(value)
+
+
 def check_seed(seed):
     """``seed`` as a non-negative Python int (NumPy's own errors for a bad seed do not name
     the argument); TypeError or ValueError naming ``seed`` otherwise."""

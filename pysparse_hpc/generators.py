@@ -5,8 +5,8 @@ Each generator is deterministic for a given ``seed`` and returns a canonical `cs
 import numpy as np
 
 from ._csr import csr_array
-from ._sputils import (as_numpy_dtype, check_integer, check_real_number, check_seed,
-                       get_index_dtype, value_dtype_for)
+from ._sputils import (as_numpy_dtype, check_flag, check_integer, check_real_number,
+                       check_seed, get_index_dtype, value_dtype_for)
 
 __all__ = ["planted_partition", "rmat"]
 
@@ -15,14 +15,6 @@ def _value_dtype(dtype):
     """The values' dtype, resolved before the graph is drawn (a torch dtype taken as its NumPy
     twin; an unusable one refused up front, not by NumPy after the drawing)."""
     return value_dtype_for(as_numpy_dtype(dtype))
-
-
-def _check_flag(value, name):
-    """``value`` as a bool; TypeError for anything else (a string such as ``"no"`` is truthy and
-    would silently ask for the opposite)."""
-    if not isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
-    return bool(value)
 
 
 def _check_probabilities(probabilities):
@@ -84,8 +76,8 @@ def rmat(scale, edge_factor=16, probabilities=(0.57, 0.19, 0.19, 0.05), seed=0,
     if edge_factor < 0:
         raise ValueError(f"edge_factor must be >= 0, got {edge_factor}")
     probabilities = _check_probabilities(probabilities)
-    symmetric = _check_flag(symmetric, "symmetric")
-    self_loops = _check_flag(self_loops, "self_loops")
+    symmetric = check_flag(symmetric, "symmetric")
+    self_loops = check_flag(self_loops, "self_loops")
     seed = check_seed(seed)
     dtype = _value_dtype(dtype)
     n = 1 << int(scale)
@@ -167,7 +159,7 @@ def planted_partition(n_communities, community_size, internal_degree=8.0, extern
         check_real_number(name, degree, positive=False)
         if degree < 0:
             raise ValueError(f"{name} must be non-negative, got {degree}")
-    shuffle = _check_flag(shuffle, "shuffle")
+    shuffle = check_flag(shuffle, "shuffle")
     seed = check_seed(seed)
     dtype = _value_dtype(dtype)
     n = n_communities * community_size

@@ -393,6 +393,9 @@ def test_data_parallel_on_one_rank():
         distributed.DataParallel(model, bucket_mb=0)
     with pytest.raises(TypeError, match="bucket_mb must be a number of megabytes, got str"):
         distributed.DataParallel(model, bucket_mb="25")
+    for flag in ("average", "broadcast_parameters", "broadcast_buffers"):
+        with pytest.raises(TypeError, match=f"{flag} must be a bool, got str 'no'"):
+            distributed.DataParallel(model, **{flag: "no"})
 
 
 def test_a_collected_data_parallel_leaves_its_module_as_it_was():

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
-from .._sputils import is_real_number
+from .._sputils import check_flag, is_real_number
 from ._comm import PARTICIPATION_KIND, check_communicator, init
 from ._sparse_grads import allreduce_sparse, sparse_gradient_parameters
 
@@ -136,6 +136,10 @@ class DataParallel(torch.nn.Module):
                             f"{type(bucket_mb).__name__}")
         if not bucket_mb > 0:
             raise ValueError(f"bucket_mb must be positive, got {bucket_mb!r}")
+        # A string such as "no" is truthy: average=False would have been read as True.
+        average = check_flag(average, "average")
+        broadcast_parameters = check_flag(broadcast_parameters, "broadcast_parameters")
+        broadcast_buffers = check_flag(broadcast_buffers, "broadcast_buffers")
         comm = init() if comm is None else check_communicator(
             comm, ("rank", "size", "Iallreduce", "Bcast"))
         # The wrapper's collectives run in a context of their own: its buckets start when
