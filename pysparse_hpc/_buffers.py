@@ -135,15 +135,17 @@ def empty(shape, dtype):
     Returns
     -------
     numpy.ndarray
-        Owns its memory when smaller than `MIN_POOLED_BYTES`, when reuse is off or for object
-        dtypes; otherwise a 64-byte-aligned view whose buffer returns to the pool once nothing
-        refers to it.
+        Owns its memory when smaller than `MIN_POOLED_BYTES`, larger than the cap on idle
+        buffers (or reuse is off) or for object dtypes; otherwise a 64-byte-aligned view
+        whose buffer returns to the pool once nothing refers to it.
     """
     dtype = np.dtype(dtype)
     nbytes = dtype.itemsize
     for extent in shape:   # not np.prod: this runs on every call, small ones included
         nbytes *= extent
-    if nbytes < MIN_POOLED_BYTES or buffer_cache_bytes() == 0 or dtype.hasobject:
+    # A buffer above the cap could never be kept once freed: no owner, no finalizer for it.
+    if (nbytes < MIN_POOLED_BYTES or _rounded(nbytes + _ALIGNMENT) > buffer_cache_bytes()
+            or dtype.hasobject):
         return np.empty(shape, dtype=dtype)
     # operator.index: a float extent is refused as numpy.empty refuses it, not truncated
     shape = tuple(operator.index(extent) for extent in shape)

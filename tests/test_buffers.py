@@ -116,6 +116,16 @@ def test_zero_limit_turns_reuse_off(pooled, monkeypatch):
     assert sph.cached_bytes() == 0
 
 
+def test_a_result_above_the_cap_owns_its_memory(pooled, monkeypatch):
+    """A buffer the pool could never keep once freed is not handed out through it."""
+    capacity = _buffers.empty(SHAPE, np.float32).base._raw.nbytes
+    monkeypatch.setattr(_config, "_BUFFER_CACHE_BYTES", capacity - 1)
+    array = _buffers.empty(SHAPE, np.float32)
+    assert array.flags.owndata and array.shape == SHAPE
+    monkeypatch.setattr(_config, "_BUFFER_CACHE_BYTES", capacity)
+    assert not _buffers.empty(SHAPE, np.float32).flags.owndata
+
+
 def test_empty_cache_releases_idle_buffers(pooled):
     array = _buffers.empty(SHAPE, np.float32)
     in_use = _buffers.empty(SHAPE, np.float32)
