@@ -119,6 +119,18 @@ def test_load_file_gives_a_canonical_float32_adjacency(tmp_path):
     np.testing.assert_array_equal(adj.data, [1, 1, 2])     # duplicates summed
 
 
+def test_load_file_keeps_int64_indices_only_where_int32_cannot_hold_them(tmp_path,
+                                                                         monkeypatch):
+    # int32 was forced: a graph of more than 2**31 - 1 entries failed to load. The limit is
+    # lowered to 3 here to stand for that graph.
+    from pysparse_hpc import _sputils
+    path = _small_graph(tmp_path / "g.npz")
+    assert datasets.load_file(path, random_features=2).adj.index_dtype == np.int32
+    monkeypatch.setattr(_sputils, "_INT32_MAX", 3)
+    adj = datasets.load_file(path, random_features=2).adj
+    assert adj.index_dtype == np.int64 and adj.nnz == 4
+
+
 def test_load_file_refuses_overlapping_masks(tmp_path):
     # A node both trained and validated on gave a silently optimistic validation accuracy.
     path = _small_graph(tmp_path / "g.npz", val_mask=np.array([0, 1, 1, 0], bool))

@@ -5,7 +5,7 @@ from importlib import resources
 import numpy as np
 
 from .._csr import csr_array
-from .._sputils import check_integer, check_seed
+from .._sputils import check_integer, check_seed, get_index_dtype
 from ..io import _existing_path, _open_npz, _read_member, load_npz
 
 __all__ = ["Dataset", "available", "load", "load_file"]
@@ -107,9 +107,15 @@ def _load_matrix(path, prefix, what):
     """The CSR matrix under ``prefix`` of an ``.npz`` file; its errors (which name the file and
     the prefix) say which matrix of the dataset it was."""
     try:
-        return load_npz(path, prefix=prefix, index_dtype=np.int32)
+        matrix = load_npz(path, prefix=prefix)
     except (ValueError, TypeError) as exc:
         raise type(exc)(f"{exc} (reading the {what})") from None
+    # int32 indices where they fit (scipy's rule, and the bundled graphs'); a graph of more
+    # than 2**31 - 1 entries keeps the int64 it needs.
+    if (matrix.index_dtype == np.int64
+            and get_index_dtype(maxval=max(*matrix.shape, matrix.nnz)) == np.int32):
+        matrix = csr_array(matrix, index_dtype=np.int32)
+    return matrix
 
 
 _ADJ_KEYS = tuple(f"adj_{key}" for key in ("indptr", "indices", "data", "shape"))
