@@ -375,13 +375,126 @@ def test_kernel_benchmark_progress_counts_the_cases_that_run(tmp_path, monkeypat
     assert set(bars) == {(2, 2)}  # (close may run twice: once more on leaving the block)
 
 
-def test_repeat_help_names_the_statistic_each_command_keeps():
-    # gnn keeps the median of its steps and firstrun ignores --repeat: the shared help must not
-    # say "best kept" alone.
+def _repeat_help(command):
     from pysparse_hpc.bench.__main__ import build_parser
 
     parser = build_parser()
     commands = next(action for action in parser._actions if action.dest == "command")
-    gnn = commands.choices["gnn"]
-    repeat = next(action for action in gnn._actions if action.dest == "repeat")
-    assert "median" in repeat.help and "--rounds" in repeat.help
+    sub = commands.choices[command]
+    return next(action for action in sub._actions if action.dest == "repeat").help
+
+
+def test_repeat_help_names_the_statistic_each_command_keeps():
+    # gnn, checkpoint and precondition keep the median, convert and reorder the best; a shared
+    # help of "best kept, except by gnn" misreported the others.
+    import argparse
+
+    for command in ("gnn", "checkpoint", "precondition"):
+        assert "the median is kept" in _repeat_help(command)
+        assert "best is kept" not in _repeat_help(command)
+    for command in ("convert", "reorder"):
+        assert "the best is kept" in _repeat_help(command)
+    assert "--backend cuda: the median" in _repeat_help("spmm")
+    # commands that do not use --repeat do not list it
+    for command in ("firstrun", "convergence"):
+        assert _repeat_help(command) == argparse.SUPPRESS
+
+
+@pytest.mark.parametrize("command, option, reason", [
+    ("firstrun", ["--repeat", "3"], "--repeat does not apply to firstrun: it times --rounds"),
+    ("firstrun", ["--data", "{data}"], "--data does not apply to firstrun"),
+    ("convergence", ["--repeat", "2"], "--repeat does not apply to convergence"),
+    ("checkpoint", ["--data", "{data}"], "--data does not apply to checkpoint"),
+    ("lion", ["--data", "{data}"], "--data does not apply to lion"),
+    ("lion", ["--threads", "1"], "--threads does not apply to lion: every MPI rank"),
+])
+def test_shared_options_a_command_ignores_are_refused(command, option, reason, tmp_path,
+                                                      monkeypatch, capsys):
+    # An option that silently does nothing reads as if it had been applied.
+    import importlib
+
+    from pysparse_hpc.bench.__main__ import main
+
+    module = importlib.import_module(f"pysparse_hpc.bench.{command}")
+    monkeypatch.setattr(module, "run", lambda args, out=None: 0)  # nothing is measured
+    with pytest.raises(SystemExit) as exc:
+        main([command] + [part.format(data=tmp_path) for part in option])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert reason in err and f"python -m pysparse_hpc.bench {command}: error:" in err
+    # without the option the command runs, with the default --repeat
+    seen = {}
+    monkeypatch.setattr(module, "run", lambda args, out=None: seen.setdefault("args", args) and 0)
+    assert main([command]) == 0 and seen["args"].repeat == 10
+
+
+def test_output_files_are_checked_before_measuring(tmp_path, monkeypatch, capsys):
+    # The plot must not overwrite the table, and a file that cannot be replaced must be
+    # refused at once, not after the measurements.
+    import os
+
+    from pysparse_hpc.bench import convert
+    from pysparse_hpc.bench.__main__ import main
+
+    monkeypatch.setattr(convert, "run", lambda args, out=None: 0)
+    same = str(tmp_path / "out.png")
+    with pytest.raises(SystemExit):
+        main(["convert", "--csv", same, "--plot", same])
+    assert "--csv and --plot name the same file" in capsys.readouterr().err
+    locked = tmp_path / "locked.csv"
+    locked.write_text("kept\n")
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode: (
+        False if str(path) == str(locked) and mode == os.W_OK else real_access(path, mode)))
+    with pytest.raises(SystemExit):
+        main(["convert", "--csv", str(locked)])
+    assert f"--csv: {locked} exists and is not writable" in capsys.readouterr().err
+    assert main(["convert", "--csv", str(tmp_path / "new.csv")]) == 0
+
+
+@pytest.mark.parametrize("data, message", [
+    ("", "benchmark data directory is an empty path"),
+    ("{file}", "is a file, not a directory"),
+])
+def test_data_option_names_what_is_wrong(data, message, tmp_path, monkeypatch, capsys):
+    # An empty --data was the working directory; a file was reported as missing.
+    from pysparse_hpc.bench import convert
+    from pysparse_hpc.bench.__main__ import main
+
+    monkeypatch.setattr(convert, "run", lambda args, out=None: 0)
+    (tmp_path / "a.npz").write_bytes(b"")
+    with pytest.raises(SystemExit):
+        main(["convert", "--data", data.format(file=tmp_path / "a.npz")])
+    assert message in capsys.readouterr().err
+
+
+def test_shared_setting_errors_name_the_command(capsys):
+    from pysparse_hpc.bench.__main__ import main
+
+    with pytest.raises(SystemExit):
+        main(["convert", "--threads", "1000000"])
+    assert "python -m pysparse_hpc.bench convert: error: --threads:" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("outcome, message", [
+    ("fails", "error: the product job failed (exit status 1):\nboom"),
+    ("times out", "error: the product job ran past its 600 s limit"),
+    ("prints nothing", "error: the product job printed no time"),
+])
+def test_firstrun_reports_a_failed_job_without_a_traceback(outcome, message, monkeypatch,
+                                                           capsys):
+    import subprocess
+
+    from pysparse_hpc.bench import firstrun
+    from pysparse_hpc.bench.__main__ import main
+
+    def fake_run(command, **kwargs):
+        if outcome == "times out":
+            raise subprocess.TimeoutExpired(command, kwargs["timeout"])
+        return subprocess.CompletedProcess(command, 1 if outcome == "fails" else 0, stdout="",
+                                           stderr="boom")
+
+    monkeypatch.setattr(firstrun.subprocess, "run", fake_run)
+    assert main(["firstrun", "--job", "product", "--rounds", "1"]) == 1
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err

@@ -145,3 +145,61 @@ def test_reorder_csv_leaves_break_even_empty_where_no_spmm_ran(tmp_path):
     assert float(rows["rcm", "int32"]["break_even_calls"]) == 1.0
     table = format_table(results)
     assert "never" in next(line for line in table.splitlines() if " degree " in line)
+
+
+def test_reorder_csv_gives_the_baseline_no_break_even(tmp_path):
+    # The unordered row is the baseline: it has nothing to pay back. The table shows "-"
+    # there; the CSV wrote "inf" (never pays).
+    import csv
+
+    from pysparse_hpc.bench.reorder import format_table, write_csv
+
+    seconds = {"none": 1e-6, "degree": 1e-4, "rcm": 1e-3, "rabbit": 1e-3, "scipy-rcm": 1e-3}
+    results = _graph_rows(seconds, {"none": 2.0, "degree": 3.0, "rcm": 1.0, "rabbit": 1.0})
+    path = tmp_path / "reorder.csv"
+    write_csv(results, path, 2, 1, 8)
+    rows = {row["method"]: row for row in csv.DictReader(open(path))}
+    assert rows["none"]["break_even_calls"] == "nan"
+    assert rows["degree"]["break_even_calls"] == "inf"
+    none = next(line for line in format_table(results).splitlines() if " none " in line)
+    assert none.split()[-1] == "-"
+
+
+def test_reorder_skips_a_rectangular_matrix(tmp_path, capsys):
+    # An ordering permutes rows and columns alike: a rectangular matrix in the data directory
+    # is skipped with a note, not a traceback, and alone it is an error.
+    import numpy as np
+    import scipy.sparse
+
+    from pysparse_hpc.bench.__main__ import main
+
+    (tmp_path / "suitesparse").mkdir()
+    scipy.sparse.save_npz(tmp_path / "suitesparse" / "wide.npz",
+                          scipy.sparse.random(12, 20, density=0.3, format="csr", random_state=1,
+                                              dtype=np.float32))
+    scipy.sparse.save_npz(tmp_path / "suitesparse" / "square.npz",
+                          scipy.sparse.random(16, 16, density=0.3, format="csr", random_state=2,
+                                              dtype=np.float32))
+    options = ["reorder", "--data", str(tmp_path), "--no-planted", "--n", "4", "--repeat", "1"]
+    assert main(options) == 0
+    captured = capsys.readouterr()
+    assert "note: wide is not square (12 x 20), skipped" in captured.err
+    assert "square " in captured.out and "wide " not in captured.out
+    assert main(options + ["--matrix", "wide"]) == 2
+    assert "error: no square matrix to order" in capsys.readouterr().err
+
+
+def test_reorder_plot_leaves_pyplot_alone(tmp_path):
+    # Called from a session (a notebook, a test), the plot must neither switch matplotlib's
+    # backend nor leave a figure open in pyplot.
+    matplotlib = pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+
+    from pysparse_hpc.bench.reorder import write_plot
+
+    seconds = {"none": 1e-6, "degree": 1e-4, "rcm": 1e-3, "rabbit": 1e-3, "scipy-rcm": 1e-3}
+    results = _graph_rows(seconds, {"none": 2.0, "degree": 3.0, "rcm": 1.0, "rabbit": 1.0})
+    backend, figures = matplotlib.get_backend(), plt.get_fignums()
+    write_plot(results, tmp_path / "reorder.png", 2, 1, 8)
+    assert (tmp_path / "reorder.png").stat().st_size > 0
+    assert plt.get_fignums() == figures and matplotlib.get_backend() == backend

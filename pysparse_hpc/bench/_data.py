@@ -73,6 +73,9 @@ def data_dir(path=None, must_exist=True):
         If the resolved directory does not exist (the message says how to point at it).
     """
     if path is not None:
+        if isinstance(path, str) and not path:  # Path("") would be the working directory
+            raise DataDirectoryMissing(f"benchmark data directory is an empty path; pass "
+                                       f"--data DIR or set {DATA_ENV}")
         source, resolved = "the given path", Path(path)
     elif os.environ.get(DATA_ENV):
         source, resolved = f"${DATA_ENV}", Path(os.environ[DATA_ENV])
@@ -85,6 +88,10 @@ def data_dir(path=None, must_exist=True):
 
 
 def _require_directory(directory, source=""):
+    if Path(directory).exists() and not Path(directory).is_dir():
+        raise DataDirectoryMissing(
+            f"benchmark data directory {str(directory)!r}{source} is a file, not a directory; "
+            f"pass --data DIR or set {DATA_ENV}")
     if not Path(directory).is_dir():
         raise DataDirectoryMissing(
             f"benchmark data directory {str(directory)!r}{source} does not exist; pass "

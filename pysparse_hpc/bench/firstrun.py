@@ -28,7 +28,8 @@ from tqdm import tqdm
 from . import positive_int, shown_ratio, write_outputs
 from ._data import DATA_ENV
 
-__all__ = ["HELP", "JOBS", "TARGET_RATIO", "FirstRunResult", "add_arguments", "measure", "run"]
+__all__ = ["HELP", "JOBS", "TARGET_RATIO", "FirstRunResult", "JobFailed", "add_arguments",
+           "measure", "run"]
 
 HELP = "first run of a fresh install: the first A @ X and the demo, cold cache against warm"
 
@@ -74,21 +75,44 @@ def _environment(cache_dir, data_dir, threads):
                 PYSPARSE_HPC_NUM_THREADS=str(threads))
 
 
+class JobFailed(RuntimeError):
+    """A job's process failed, timed out or printed no time: the command stops with status 1."""
+
+
+#: Seconds a run of each job may take before it is stopped.
+TIMEOUTS = {"product": 600, "demo": 1800}
+
+
 def _run_once(job, environment):
-    """Seconds of one run of ``job``."""
+    """Seconds of one run of ``job``.
+
+    Raises
+    ------
+    JobFailed
+        The process exited with an error, ran past `TIMEOUTS`, or (``product``) printed no
+        time; the message holds the end of its standard error.
+    """
     if job == "product":
-        done = subprocess.run([sys.executable, "-c", _PRODUCT], capture_output=True, text=True,
-                              env=environment, timeout=600)
-        if done.returncode != 0:
-            raise RuntimeError(f"the product job failed:\n{done.stderr[-2000:]}")
-        return json.loads(done.stdout.strip().splitlines()[-1])["seconds"]
+        command = [sys.executable, "-c", _PRODUCT]
+    else:
+        command = [sys.executable, "-m", "pysparse_hpc", "demo", "--no-progress"]
     start = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "pysparse_hpc", "demo", "--no-progress"],
-                          capture_output=True, text=True, env=environment, timeout=1800)
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, env=environment,
+                              timeout=TIMEOUTS[job])
+    except subprocess.TimeoutExpired:
+        raise JobFailed(f"the {job} job ran past its {TIMEOUTS[job]} s limit") from None
     seconds = time.perf_counter() - start
     if done.returncode != 0:
-        raise RuntimeError(f"the demo failed:\n{done.stderr[-2000:]}")
-    return seconds
+        raise JobFailed(f"the {job} job failed (exit status {done.returncode}):\n"
+                        f"{done.stderr[-2000:]}")
+    if job == "demo":
+        return seconds
+    try:
+        return float(json.loads(done.stdout.strip().splitlines()[-1])["seconds"])
+    except (IndexError, KeyError, TypeError, ValueError):
+        raise JobFailed(f"the product job printed no time; its output ends with:\n"
+                        f"{(done.stdout + done.stderr)[-2000:]}") from None
 
 
 def measure(job, rounds, data_dir, threads, progress=None):
@@ -169,7 +193,12 @@ def run(args, out=None):
     with tqdm(total=len(jobs) * args.rounds, desc="firstrun", unit="pair") as progress:
         for job in jobs:
             progress.set_postfix_str(job)
-            results.append(measure(job, args.rounds, args.data_dir, args.threads, progress))
+            try:
+                results.append(measure(job, args.rounds, args.data_dir, args.threads, progress))
+            except JobFailed as exc:
+                progress.close()
+                print(f"error: {exc}", file=sys.stderr)
+                return 1
     print(f"First run against later runs, {args.threads} threads, fastest of {args.rounds} "
           "cold/warm pairs (each pair with a new Numba cache directory)", file=out)
     print(format_table(results), file=out)

@@ -286,9 +286,12 @@ def _derived(row, baseline, peer):
     speedup = baseline.spmm_seconds / row.spmm_seconds
     saved = baseline.spmm_seconds - row.spmm_seconds
     # inf: the ordering never pays; NaN: its SpMM was not timed (the peer, the int64 rows),
-    # which the table shows as "-" and the CSV must not write as "never"
-    break_even = (row.seconds / saved if saved > 0
-                  else math.nan if math.isnan(saved) else math.inf)
+    # or the row is the baseline itself, which has nothing to pay back: the table shows "-"
+    # there and the CSV must not write "never"
+    if row.method == "none" or math.isnan(saved):
+        break_even = math.nan
+    else:
+        break_even = row.seconds / saved if saved > 0 else math.inf
     versus_peer = peer.seconds / row.seconds if row.method == "rcm" else math.nan
     return cut, speedup, break_even, versus_peer
 
@@ -414,9 +417,9 @@ def write_csv(results, path, threads, repeat, width):
 
 def write_plot(results, path, threads, repeat, width):
     """Two bar charts per matrix and method: 8x1 vector cut and ME-BCRS SpMM speedup."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    # A figure of its own, not pyplot's: the caller's backend and open figures stay as they were
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # lazy: optional dependency
+    from matplotlib.figure import Figure
 
     table = _by_method(results)
     names = list(table)
@@ -424,7 +427,9 @@ def write_plot(results, path, threads, repeat, width):
                and any(m in table[n] for n in names)]
     positions = np.arange(len(names))
     bar = 0.8 / len(methods)
-    figure, axes = plt.subplots(2, 1, figsize=(max(8, 0.7 * len(names)), 7), sharex=True)
+    figure = Figure(figsize=(max(8, 0.7 * len(names)), 7))
+    FigureCanvasAgg(figure)
+    axes = figure.subplots(2, 1, sharex=True)
     for k, method in enumerate(methods):
         derived = [_derived(table[n][method], table[n]["none"], table[n][PEER])
                    if method in table[n] else (math.nan, math.nan) for n in names]
@@ -458,6 +463,12 @@ def run(args, out=None):
         for case in cases:
             progress.set_postfix_str(case.name)
             A = case.load()
+            if A.shape[0] != A.shape[1]:  # an ordering permutes rows and columns alike
+                print(f"note: {case.name} is not square ({A.shape[0]} x {A.shape[1]}), "
+                      "skipped: an ordering needs a square matrix", file=sys.stderr)
+                del A
+                progress.update()
+                continue
             if case.note:
                 notes.append(f"{case.name}: {case.note}: {A.shape[0]} nodes, {A.nnz} stored "
                              "entries")
@@ -473,6 +484,9 @@ def run(args, out=None):
             del variants
             gc.collect()
             progress.update()
+    if not results:
+        print("error: no square matrix to order among those selected", file=sys.stderr)
+        return 2
     print(f"reorder: orderings of each matrix, then C = permute(A, perm).to_mebcrs() @ X[perm] "
           f"with X {args.n} columns (float32, {args.threads} threads); best of {args.repeat}; "
           f"data: {args.data_dir}", file=out)
