@@ -402,3 +402,64 @@ def test_kernels_from_several_threads_under_numba_workqueue_layer():
                           env=env, timeout=240)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split() == ["workqueue"]
+
+
+def _per_edge_operation(operation, adj, x, values):
+    """One of the operations whose backward reads ``adj``'s pattern, on ``x`` (3, 2)."""
+    if operation == "spmm_values":
+        return F.spmm(adj, x, values=values)
+    if operation == "sddmm":
+        return F.sddmm(adj, x, x)
+    if operation == "edge_softmax":
+        return F.edge_softmax(adj, values * x.sum())
+    return F.gat_attention(adj, x[:, :1], x[:, 1:])
+
+
+@pytest.mark.parametrize("operation", ["spmm_values", "sddmm", "edge_softmax", "gat_attention"])
+@pytest.mark.parametrize("change", ["indices in place", "indptr in place", "indices rebound"])
+def test_a_pattern_changed_between_forward_and_backward_makes_a_per_edge_backward_raise(
+        operation, change):
+    """The backward passes of the per-edge operations read the pattern again (its transpose,
+    its row bounds): an entry moved to another column after the forward pass gave the gradient
+    of the operation on the new pattern, silently, where `spmm` with A's own values raises."""
+    adj = sph.csr_array(np.array([[0.0, 1.0, 2.0], [0.0, 0.0, 3.0], [4.0, 0.0, 0.0]]))
+    x, values = f64(3, 2), f64(4, seed=1)
+    out = _per_edge_operation(operation, adj, x, values)
+    if change == "indices in place":
+        adj.indices[2] = 1
+    elif change == "indptr in place":
+        adj.indptr[1] = 1
+    else:
+        adj.indices = np.array([1, 2, 1, 0], dtype=adj.indices.dtype)
+    with pytest.raises(RuntimeError, match="pattern of the sparse array of .* was changed"):
+        torch.autograd.grad(out.square().sum(), x)
+
+
+@pytest.mark.parametrize("operation", ["spmm_values", "sddmm", "edge_softmax", "gat_attention"])
+def test_values_written_between_forward_and_backward_leave_a_per_edge_backward_exact(operation):
+    """The per-edge operations read only the pattern: new values are no reason to refuse."""
+    adj = sph.csr_array(np.array([[0.0, 1.0, 2.0], [0.0, 0.0, 3.0], [4.0, 0.0, 0.0]]))
+    x, values = f64(3, 2), f64(4, seed=1)
+    expected, = torch.autograd.grad(_per_edge_operation(operation, adj, x, values).square().sum(),
+                                    x)
+    out = _per_edge_operation(operation, adj, x, values)
+    adj.data *= -3.0
+    got, = torch.autograd.grad(out.square().sum(), x)
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("values, error, message", [
+    ([1.0, 1.0, 1.0], TypeError, "values must be a torch.Tensor, got list"),
+    (torch.ones(3, 1, 1, dtype=torch.float64), ValueError,
+     r"values must be 1-D or 2-D, got shape \(3, 1, 1\)"),
+])
+def test_spmm_on_a_distgraph_checks_values_as_on_a_sparse_array(values, error, message):
+    """On a DistGraph, values were read (``values.ndim``) before being checked: a list raised
+    AttributeError, and 3-D values were reported as "x must be 4-D"."""
+    from pysparse_hpc import distributed
+    adj = sph.csr_array(np.array([[0.0, 1.0], [1.0, 1.0]]))
+    dist = distributed.DistGraph(adj, np.zeros(2, np.int64), distributed.Communicator(None))
+    x = f64(2, 3, grad=False)
+    for graph in (adj, dist):
+        with pytest.raises(error, match=message):
+            F.spmm(graph, x, values=values)

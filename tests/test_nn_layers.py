@@ -114,6 +114,21 @@ def test_gcn_norm_warns_of_negative_degrees():
     assert normalized[0, 0] == pytest.approx(0.5)
 
 
+@pytest.mark.parametrize("route", ["gcn_norm", "GCNConv", "DistGraph"])
+def test_gcn_norm_warns_of_negative_degrees_at_the_callers_line(route):
+    """Reached through a layer or a DistGraph's cached normalization, the warning pointed into
+    the library (gcn.py, norm.py): shown once for every caller, and not at any of them."""
+    from pysparse_hpc import distributed
+    signed = sph.csr_array(np.array([[0.0, 1.0, 0.0], [1.0, 0.0, -5.0], [0.0, -5.0, 0.0]]))
+    calls = {"gcn_norm": lambda: nn.gcn_norm(signed),
+             "GCNConv": lambda: nn.GCNConv(2, 2)(torch.ones(3, 2), signed),
+             "DistGraph": lambda: nn.gcn_norm(distributed.DistGraph(
+                 signed, np.zeros(3, np.int64), distributed.Communicator(None)))}
+    with pytest.warns(RuntimeWarning, match="negative degree") as caught:
+        calls[route]()
+    assert [w.filename for w in caught if "negative degree" in str(w.message)] == [__file__]
+
+
 def test_gcn_norm_in_a_chosen_dtype(graph):
     """float64 values of an unweighted (float32) graph carry no float32 rounding."""
     pattern_only = sph.csr_array((np.ones(graph.nnz), graph.indices, graph.indptr),
@@ -832,3 +847,43 @@ print("compiled layers agree")
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0 and "compiled layers agree" in done.stdout, done.stderr[-3000:]
+
+
+# -- models -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", sorted(models.MODELS))
+@pytest.mark.parametrize("options, error, message", [
+    (dict(hidden=0), ValueError, "hidden must be a positive int, got 0"),
+    (dict(hidden=-1), ValueError, "hidden must be a positive int, got -1"),
+    (dict(in_channels=0), ValueError, "in_channels must be a positive int, got 0"),
+    (dict(out_channels=-2), ValueError, "out_channels must be a positive int, got -2"),
+    (dict(hidden=4.0), TypeError, "hidden must be an integer, got float 4.0"),
+    (dict(dropout=1.5), ValueError, r"dropout must be in \[0, 1\], got 1.5"),
+    (dict(dropout=-0.1), ValueError, r"dropout must be in \[0, 1\], got -0.1"),
+    (dict(dropout=float("nan")), ValueError, r"dropout must be in \[0, 1\], got nan"),
+    (dict(dropout="0.5"), TypeError, "dropout must be a float, got str"),
+])
+def test_models_refuse_bad_sizes_and_dropout_when_built(name, options, error, message):
+    """An AGNN of width 0 was built and ignored its input; a negative width failed in torch
+    without the argument's name; GCN named its hidden width "out_channels"; a dropout rate
+    outside [0, 1] was refused only by the first training step (never in evaluation)."""
+    arguments = dict(in_channels=5, hidden=4, out_channels=3, dropout=0.5)
+    arguments.update(options)
+    with pytest.raises(error, match=message):
+        models.MODELS[name](**arguments)
+
+
+@pytest.mark.parametrize("name", sorted(models.MODELS))
+def test_models_reset_parameters_as_a_new_model(graph, name):
+    """``model.reset_parameters()`` (PyG's models have it) draws what a new model draws."""
+    torch.manual_seed(3)
+    fresh = models.MODELS[name](6, 4, 3)
+    model = models.MODELS[name](6, 4, 3)
+    with torch.no_grad():
+        for tensor in model.state_dict().values():
+            tensor.add_(0.25)
+        model(features(14, 6, dtype=torch.float32), graph).sum()
+    torch.manual_seed(3)
+    model.reset_parameters()
+    for key, value in fresh.state_dict().items():
+        assert torch.equal(model.state_dict()[key], value), key

@@ -10,6 +10,9 @@ Gradients (docs/gnn.rst): for ``Y = A @ X``, ``dX = A^T @ dY`` and, for per-edge
 that require grad, ``dA_ij = <dY_i, X_j>`` (an SDDMM); for ``s = SDDMM(A; X, Y)``,
 ``dX = S @ Y`` and ``dY = S^T @ X`` with S holding ``ds`` on A's pattern.
 
+A backward pass reads the adjacency again: one whose pattern (or, for `spmm` with its own values,
+its values) was changed after the forward pass raises, as torch does for its own tensors.
+
 Second derivatives (``create_graph=True``: gradient penalties, Hessian-vector products):
 `spmm` with A's own values and `dropout` are linear, and their backward passes run through
 the same operations, so they differentiate as often as asked (a GCN does). The other
@@ -109,6 +112,7 @@ def _once_differentiable(name):
         @functools.wraps(backward)
         def wrapper(ctx, *grad_outputs):
             with torch.no_grad(), _graph.graphs_unchanged():
+                _check_pattern_unchanged(ctx, name)
                 outputs = backward(ctx, *grad_outputs)
             if not torch.is_grad_enabled():  # no create_graph: nothing can differentiate them
                 return outputs
@@ -120,6 +124,29 @@ def _once_differentiable(name):
                          if isinstance(out, torch.Tensor) else out for out in outputs)
         return wrapper
     return decorate
+
+
+def _pattern_state(csr):
+    """``csr``'s index arrays, each with its checksum: what the backward pass of an operation on
+    its pattern compares with what it then finds (`_check_pattern_unchanged`). The checksum is
+    `_graph`'s, taken once per array in one call of the library's code, which the lookups of
+    what is kept on ``csr`` (its transpose) share."""
+    return tuple((array, _graph._checksum(array)) for array in (csr.indptr, csr.indices))
+
+
+def _check_pattern_unchanged(ctx, name):
+    """Raise when the pattern ``ctx.csr`` held at the forward pass has since been written in
+    place or had an index array rebound: the backward pass reads it again (the row bounds, the
+    transpose), and would return the gradient of an operation on another graph. Its values
+    are not compared: the per-edge operations read only the pattern."""
+    csr = ctx.csr
+    for (array, total), now in zip(ctx.pattern_state, (csr.indptr, csr.indices)):
+        if now is not array or _graph._checksum(now) != total:
+            raise RuntimeError(f"the pattern of the sparse array of {name} was changed (its "
+                               "indptr or indices written in place, or rebound) after the "
+                               "forward pass and before this backward, which would then not "
+                               "be the gradient of the output: change it before the forward "
+                               "pass or after the backward")
 
 
 class _SpMMFixed(torch.autograd.Function):
@@ -161,7 +188,7 @@ class _SpMMValues(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, values, x, csr):
-        ctx.csr = csr
+        ctx.csr, ctx.pattern_state = csr, _pattern_state(csr)
         ctx.save_for_backward(values, x)
         return _backend.spmm_values(csr, values, x)
 
@@ -182,7 +209,7 @@ class _SDDMM(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, y, csr):
-        ctx.csr = csr
+        ctx.csr, ctx.pattern_state = csr, _pattern_state(csr)
         ctx.save_for_backward(x, y)
         return _backend.sddmm_values(csr, x, y)
 
@@ -201,7 +228,7 @@ class _SDDMM(torch.autograd.Function):
 class _EdgeSoftmax(torch.autograd.Function):
     @staticmethod
     def forward(ctx, scores, csr):
-        ctx.csr = csr
+        ctx.csr, ctx.pattern_state = csr, _pattern_state(csr)
         alpha = _backend.softmax_rows(csr, scores)
         ctx.save_for_backward(alpha)
         return alpha
@@ -217,6 +244,7 @@ class _GATAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, s_dst, s_src, csr, negative_slope, keep):
         ctx.csr, ctx.negative_slope, ctx.keep = csr, negative_slope, keep
+        ctx.pattern_state = _pattern_state(csr)
         alpha, positive = _backend.gat_softmax(csr, s_dst, s_src, negative_slope)
         if keep == "alpha":
             ctx.positive = positive
@@ -393,6 +421,8 @@ def spmm(adj, x, values=None):
 
 
 def _spmm_distributed(graph, x, values):
+    if values is not None:  # first: x's expected shape is read from it
+        _check_tensor(values, "values", ndims=(1, 2))
     _check_tensor(x, "x", ndims=(2,) if values is None else (values.ndim + 1,))
     _distributed.check_local_rows(graph, x, "x")
     if values is None:

@@ -10,12 +10,27 @@ drops the same features whatever the number of ranks (torch's draws depend on th
 import torch
 import torch.nn.functional as F
 
+from .._sputils import check_integer, is_real_number
 from . import functional
 from .agnn import AGNNConv
 from .gat import GATConv
 from .gcn import GCNConv
 
 __all__ = ["GCN", "GAT", "AGNN", "MODELS"]
+
+
+def _check_options(dropout, **sizes):
+    """Refuse, when the model is built, what its layers would take or refuse only later: a
+    width of 0 (``torch.nn.Linear`` builds it, and the model then ignores its input) or a
+    negative one (refused by torch without the argument's name), and a dropout rate outside
+    [0, 1] (refused only by the first training step, never in evaluation)."""
+    for name, value in sizes.items():
+        if check_integer(value, name) < 1:
+            raise ValueError(f"{name} must be a positive int, got {value!r}")
+    if not is_real_number(dropout):
+        raise TypeError(f"dropout must be a float, got {type(dropout).__name__} ({dropout!r})")
+    if not 0.0 <= dropout <= 1.0:
+        raise ValueError(f"dropout must be in [0, 1], got {dropout!r}")
 
 
 def _feature_dropout(model, x, adj):
@@ -44,6 +59,8 @@ class GCN(torch.nn.Module):
     def __init__(self, in_channels, hidden, out_channels, dropout=0.5, input_dropout=True,
                  fast_dropout=True, **layer_options):
         super().__init__()
+        _check_options(dropout, in_channels=in_channels, hidden=hidden,
+                       out_channels=out_channels)
         self.dropout, self.input_dropout = dropout, input_dropout
         self.fast_dropout = fast_dropout
         self.conv1 = GCNConv(in_channels, hidden, **layer_options)
@@ -55,6 +72,11 @@ class GCN(torch.nn.Module):
         x = F.relu(self.conv1(x, adj))
         x = _feature_dropout(self, x, adj)
         return self.conv2(x, adj)
+
+    def reset_parameters(self):
+        """Draw the weights afresh, as a new model would (PyG's models offer the same)."""
+        self.conv1.reset_parameters()
+        self.conv2.reset_parameters()
 
     def param_groups(self, weight_decay):
         """Weight decay on the first layer only, as in Kipf and Welling's code."""
@@ -72,6 +94,8 @@ class GAT(torch.nn.Module):
     def __init__(self, in_channels, hidden, out_channels, heads=8, dropout=0.6, fast_dropout=True,
                  **layer_options):
         super().__init__()
+        _check_options(dropout, in_channels=in_channels, hidden=hidden,
+                       out_channels=out_channels)
         self.dropout = dropout
         self.fast_dropout = fast_dropout
         self.conv1 = GATConv(in_channels, hidden, heads=heads, dropout=dropout, **layer_options)
@@ -83,6 +107,11 @@ class GAT(torch.nn.Module):
         x = F.elu(self.conv1(x, adj))
         x = _feature_dropout(self, x, adj)
         return self.conv2(x, adj)
+
+    def reset_parameters(self):
+        """Draw the weights afresh, as a new model would."""
+        self.conv1.reset_parameters()
+        self.conv2.reset_parameters()
 
     def param_groups(self, weight_decay):
         return [dict(params=self.parameters(), weight_decay=weight_decay)]
@@ -97,6 +126,8 @@ class AGNN(torch.nn.Module):
     def __init__(self, in_channels, hidden, out_channels, dropout=0.5, fast_dropout=True,
                  **layer_options):
         super().__init__()
+        _check_options(dropout, in_channels=in_channels, hidden=hidden,
+                       out_channels=out_channels)
         self.dropout = dropout
         self.fast_dropout = fast_dropout
         self.lin1 = torch.nn.Linear(in_channels, hidden)
@@ -111,6 +142,11 @@ class AGNN(torch.nn.Module):
         x = self.prop2(x, adj)
         x = _feature_dropout(self, x, adj)
         return self.lin2(x)
+
+    def reset_parameters(self):
+        """Draw the weights afresh and set both temperatures back to 1, as a new model."""
+        for module in (self.lin1, self.prop1, self.prop2, self.lin2):
+            module.reset_parameters()
 
     def param_groups(self, weight_decay):
         return [dict(params=self.parameters(), weight_decay=weight_decay)]

@@ -7,6 +7,7 @@ import scipy.sparse
 from .._csr import csr_array
 from .._sputils import as_numpy_dtype, get_index_dtype
 from ..distributed.graph import DistGraph
+from ._checks import user_stacklevel
 from ._graph import as_graph, cached_on, nodes_without_loop
 
 __all__ = ["gcn_norm"]
@@ -89,7 +90,9 @@ def _warn_if_negative(degree):
         warnings.warn(f"gcn_norm: {negative.size} rows of A + I sum to a negative degree (the "
                       f"first: row {negative[0]}, {degree[negative[0]]:g}); D^-1/2 is not real "
                       f"there, and their rows and columns are set to zero", RuntimeWarning,
-                      stacklevel=3)
+                      # at the user's line, also when reached through a layer or a DistGraph's
+                      # cached build (a fixed level pointed into the library there)
+                      stacklevel=user_stacklevel())
 
 
 def _values_dtype(adj, dtype):
