@@ -880,9 +880,42 @@ def test_a_copied_or_unpickled_lion_steps_as_the_original():
     (("signs", -8, 2), ValueError, "size must be at least 0"),
     (("none", 1000, 2, 0, 0), ValueError, "itemsize must be at least 1"),
     (("1bit", 1000, 2.0), TypeError, "ranks must be an integer"),
+    # int8's levels are 0 from 128 ranks: DistributedLion refuses it, this counted bytes
+    (("int8", 1000, 128), ValueError, "'int8' works on at most 127 ranks.*got ranks=128"),
 ])
 def test_bytes_per_step_refuses_bad_counts(args, kind, message):
     with pytest.raises(kind, match=message):
         bytes_per_step(*args)
     with pytest.raises(ValueError, match="ranks must be at least 1"):
         _votes.vote_base(0)
+
+
+@pytest.mark.parametrize("optimizer_class", [Lion, DistributedLion])
+@pytest.mark.parametrize("momentum, found", [
+    (None, "NoneType"), (0.5, "float"), ([1.0, 2.0, 3.0], "list"),
+    (torch.ones(3).to_sparse(), "torch.sparse_coo tensor")])
+def test_lion_refuses_a_momentum_that_is_not_a_dense_tensor(optimizer_class, momentum, found):
+    """A state dict's exp_avg that is no dense tensor: None loaded and failed at the step,
+    a number or a list raised AttributeError and stayed loaded, a sparse tensor loaded and
+    failed at the step. Now each is refused and the optimizer left as it was."""
+    param = torch.nn.Parameter(torch.ones(3))
+    optimizer = optimizer_class([param], lr=0.1)
+    state = optimizer.state_dict()
+    state["state"] = {0: {"exp_avg": momentum}}
+    with pytest.raises(ValueError, match=f"must be a dense tensor, got (a )?{found}"):
+        optimizer.load_state_dict(state)
+    assert len(optimizer.state) == 0
+    optimizer.state[param]["exp_avg"] = momentum   # set by hand
+    param.grad = torch.ones(3)
+    with pytest.raises(ValueError, match="must be a dense tensor"):
+        optimizer.step()
+    assert torch.equal(param, torch.ones(3))
+
+
+def test_int8_levels_of_a_tensor_whose_mean_is_above_half_the_largest_float():
+    """levels / (2 mean) doubled a mean above half the largest float64 to infinity (a
+    one-coordinate tensor of such a c), so the tensor got level 0 and had no say."""
+    for ranks, c in ((2, 1e308), (3, -1.2e308)):
+        bound = _votes.int8_levels(ranks)
+        levels = _votes.quantize_int8(np.array([c]), np.array([0, 1]), ranks)
+        assert levels[0] == np.sign(c) * np.rint(bound / 2)

@@ -46,7 +46,7 @@ def bytes_per_step(compression, size, ranks, rank=0, itemsize=4):
         For a count or a rank that is not an integer.
     ValueError
         For an unknown ``compression``, ``size < 0``, ``ranks < 1``, a ``rank`` outside
-        ``0..ranks - 1`` or ``itemsize < 1``.
+        ``0..ranks - 1``, ``itemsize < 1``, or ``"int8"`` on more than 127 ranks.
     """
     if compression not in COMPRESSIONS:
         raise ValueError(f"compression must be one of {COMPRESSIONS}, got {compression!r}")
@@ -59,6 +59,10 @@ def bytes_per_step(compression, size, ranks, rank=0, itemsize=4):
             raise ValueError(f"{name} must be at least {low}, got {value}")
     if not 0 <= rank < ranks:
         raise ValueError(f"rank must be in 0..{ranks - 1}, got {rank}")
+    # As `DistributedLion` refuses it: a count for a mode that cannot run read as a plan.
+    if compression == "int8" and _votes.int8_levels(ranks) == 0:
+        raise ValueError(f"compression='int8' works on at most 127 ranks (its levels are at "
+                         f"most floor(127 / P)), got ranks={ranks}")
     if ranks == 1:
         return 0
     sign_bytes = -(-size // 8)

@@ -210,7 +210,8 @@ class Lion(torch.optim.Optimizer):
                         raise ValueError(f"the state dict holds {', '.join(others)} for a "
                                          f"parameter, which Lion does not keep (only exp_avg): "
                                          f"the state of another optimizer")
-                    _check_momentum(state.get("exp_avg"), param)
+                    if "exp_avg" in state:
+                        _check_momentum(state["exp_avg"], param)
         except (TypeError, ValueError):
             super().load_state_dict(before)
             raise
@@ -285,8 +286,17 @@ def _check_group(group, where="a parameter group", *, zero_lr=False, init_lr=Non
 
 
 def _check_momentum(momentum, param):
-    """``momentum`` when it has ``param``'s shape (the kernels index both alike), else raise."""
-    if momentum is not None and momentum.shape != param.shape:
+    """``momentum`` when it is a dense tensor of ``param``'s shape (the kernels index both
+    alike), else raise ValueError (the state is bad, whatever is wrong with it, as for its
+    groups' settings)."""
+    # A state dict's exp_avg may be anything (None, a number, a list, a sparse tensor): it
+    # failed at the step, or with an AttributeError that left a bad state loaded.
+    if not isinstance(momentum, torch.Tensor) or momentum.layout != torch.strided:
+        found = (f"a {momentum.layout} tensor" if isinstance(momentum, torch.Tensor)
+                 else type(momentum).__name__)
+        raise ValueError(f"the momentum (exp_avg) of a parameter must be a dense tensor, got "
+                         f"{found}: not a Lion state")
+    if momentum.shape != param.shape:
         raise ValueError(f"the momentum (exp_avg) of a parameter of shape {tuple(param.shape)} "
                          f"has shape {tuple(momentum.shape)}: a state of another model")
     return momentum

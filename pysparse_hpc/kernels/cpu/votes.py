@@ -335,8 +335,10 @@ def pack_int8_levels(momentum, grad, beta1, rest1, levels, out, start):
             out[start + i] = 0
         return
     # A subnormal mean overflows levels / (2 mean), and 0 * inf is NaN: divide first there
-    # (|c| / mean stays below the tensor's size).
-    factor = levels / (2.0 * scale)
+    # (|c| / mean stays below the tensor's size). Halving the levels, not doubling the mean,
+    # which overflowed above half the largest float64 and gave every coordinate level 0 (the
+    # same quotient, rounded once, everywhere else).
+    factor = (levels / 2.0) / scale
     divide = not np.isfinite(factor)
     for i in range(size):
         direction = _interpolation(momentum, grad, i, beta1, rest1)
