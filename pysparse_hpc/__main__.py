@@ -342,9 +342,11 @@ def report_train(result, threads):
         # No test nodes: no accuracy (NaN), where "0.0%" read as a model wrong on every node.
         tested = ("no test nodes" if math.isnan(result.test_accuracy)
                   else f"test accuracy {100 * result.test_accuracy:.1f}%")
-        outcome = (f"  {tested} (best validation accuracy {100 * result.val_accuracy:.1f}% at "
-                   f"epoch {result.best_epoch + 1}), final training loss "
-                   f"{result.losses[-1]:.4f}")
+        chosen = ("no validation nodes: the last epoch's model"
+                  if math.isnan(result.val_accuracy) else
+                  f"best validation accuracy {100 * result.val_accuracy:.1f}%")
+        outcome = (f"  {tested} ({chosen} at epoch {result.best_epoch + 1}), final training "
+                   f"loss {result.losses[-1]:.4f}")
     lines = [f"{result.model.upper()} on {result.dataset}, {ranks} x {threads} "
              f"thread{'s' if threads > 1 else ''}, {result.partition_method} partition, "
              f"{result.epochs} epoch{'s' if result.epochs != 1 else ''}, "

@@ -366,6 +366,17 @@ def test_a_graph_without_test_nodes_has_no_test_accuracy(monkeypatch, capsys):
     assert "no test nodes (best validation accuracy 80.0% at epoch 12)" in out, out
 
 
+def test_a_graph_without_validation_nodes_reports_the_last_epochs_model(monkeypatch, capsys):
+    """No validation nodes: fit keeps the last epoch and measures no validation accuracy
+    (NaN); the command said "best validation accuracy nan%"."""
+    from pysparse_hpc.__main__ import main
+    _fake_training(monkeypatch, val_accuracy=float("nan"))
+    assert main(["train", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert ("test accuracy 80.0% (no validation nodes: the last epoch's model at epoch 12)"
+            in out), out
+
+
 def test_a_run_that_trained_no_epoch_reports_no_traffic_per_epoch(monkeypatch, capsys):
     """0 epochs, or a resumed run already finished, measured no epoch's traffic: NaN, and no
     traffic lines. It printed a halo exchange of "0.00 MB per epoch, 0.0% of CAGNET's"."""

@@ -34,8 +34,8 @@ class TrainResult:
     ----------
     test_accuracy, val_accuracy : float
         At the epoch of best validation accuracy (ties: lower validation loss); without
-        validation nodes, at the last epoch, whose validation accuracy is then 0. NaN when no
-        epoch ran; the test accuracy is NaN too without test nodes.
+        validation nodes, at the last epoch, whose validation accuracy is then NaN (none was
+        measured), as the test accuracy is without test nodes. NaN when no epoch ran.
     best_epoch : int
         That epoch (-1 when no epoch ran).
     seconds_per_epoch : float
@@ -273,7 +273,6 @@ def fit(model, x, adj, y, masks, *, epochs=200, lr=0.01, weight_decay=5e-4, prog
     if n_train == 0:
         raise ValueError("the training mask selects no node")
     select_last = n_val == 0   # no validation to select by: the last epoch is the model
-    n_val = max(n_val, 1.0)   # an empty validation split reports accuracy 0
     _check_positive_int(checkpoint_every, "checkpoint_every")
     _check_schedule(epochs, lr, weight_decay)
     _check_kl_clip(preconditioner, kl_clip)
@@ -332,7 +331,9 @@ def fit(model, x, adj, y, masks, *, epochs=200, lr=0.01, weight_decay=5e-4, prog
                     float(F.cross_entropy(logits[val_mask], y[val_mask], reduction="sum")),
                     _correct(logits, y, val_mask), _correct(logits, y, test_mask),
                     float((~torch.isfinite(logits)).sum()))
-                val_loss, val_accuracy = val_loss / n_val, val_correct / n_val
+                # No validation nodes: no accuracy (NaN), where 0 read as a model wrong on
+                # every node.
+                val_loss, val_accuracy = _ratio(val_loss, n_val), _ratio(val_correct, n_val)
                 if nonfinite:
                     # NaN outputs predict class 0 everywhere: an accuracy, but not a model's
                     if run.diverged < 0:
@@ -544,8 +545,8 @@ def _preconditioner(name, model, graph, n_train, curvature_interval, optimizer, 
 
 
 def _ratio(total, count):
-    """``total / count`` over a split's nodes; NaN for an empty test split, which has no
-    accuracy (0 read as a model that got every test node wrong)."""
+    """``total / count`` over a split's nodes; NaN for an empty split, which has no accuracy
+    (0 read as a model that got every node wrong)."""
     return total / count if count else float("nan")
 
 
