@@ -74,7 +74,7 @@ import warnings
 import numpy as np
 import torch
 
-from .._sputils import check_integer
+from .._sputils import check_flag, check_integer
 from ..distributed._comm import check_communicator, init
 from ..kernels.cpu import votes as vote_kernels
 from . import _votes
@@ -196,8 +196,7 @@ class DistributedLion(Lion):
         sync_doubling = check_integer(sync_doubling, "sync_doubling")
         if sync_doubling < 1:
             raise ValueError(f"sync_doubling must be a positive int, got {sync_doubling!r}")
-        if not isinstance(average, (bool, np.bool_)):
-            raise TypeError(f"average must be a bool, got {type(average).__name__}")
+        average = check_flag(average, "average")
         super().__init__(params, lr=lr, betas=betas, weight_decay=weight_decay,
                          decoupled_weight_decay=decoupled_weight_decay)
         self.comm = init() if comm is None else check_communicator(comm)
