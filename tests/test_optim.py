@@ -108,21 +108,43 @@ def test_lion_skips_parameters_without_gradient_and_zero_direction_stays():
     assert torch.equal(model[0].bias, bias)  # sign(0) = 0: no move without weight decay
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    (dict(lr=0.0), "lr must be"), (dict(lr=-1.0), "lr must be"),
-    (dict(lr=float("inf")), "lr must be"), (dict(lr=True), "lr must be"),
-    (dict(betas=(0.9, 1.5)), "betas must be"), (dict(betas=(0.9,)), "betas must be"),
-    (dict(betas=0.9), "betas must be"), (dict(betas=(0.9, float("nan"))), "betas must be"),
-    (dict(weight_decay=-1.0), "weight_decay must be"),
-    (dict(weight_decay=float("inf")), "weight_decay must be"),
-    (dict(lr=1.0, weight_decay=3.0), r"lr \* weight_decay must be at most 1"),
-    (dict(lr=torch.tensor(1e-3)), r"lr must be a Python or NumPy number, got a tensor"),
-    (dict(weight_decay=torch.tensor(0.1)), r"weight_decay must be a Python or NumPy number"),
+def test_lion_takes_a_group_frozen_by_lr_zero_but_not_a_zero_default():
+    """A group's own lr = 0 (frozen, as torch's optimizers allow) was refused; the
+    constructor's lr, every group's default, must be > 0 as lion-pytorch's."""
+    model = _mlp()
+    with pytest.raises(ValueError, match="lr must be a finite number > 0, got 0.0"):
+        Lion(model.parameters(), lr=0.0)
+    optimizer = Lion([{"params": model[0].parameters(), "lr": 0.0}], lr=0.1)
+    optimizer.add_param_group({"params": model[2].parameters(), "lr": 0.0})
+    frozen = [p.detach().clone() for p in model.parameters()]
+    model(torch.randn(4, 6, dtype=torch.float64)).sum().backward()
+    optimizer.step()
+    assert all(torch.equal(a, b) for a, b in zip(frozen, model.parameters()))
+
+
+@pytest.mark.parametrize("kwargs, kind, message", [
+    (dict(lr=-1.0), ValueError, "lr must be"),
+    (dict(lr=float("inf")), ValueError, "lr must be"),
+    (dict(betas=(0.9, 1.5)), ValueError, "betas must be"),
+    (dict(betas=(0.9, float("nan"))), ValueError, "betas must be"),
+    (dict(weight_decay=-1.0), ValueError, "weight_decay must be"),
+    (dict(weight_decay=float("inf")), ValueError, "weight_decay must be"),
+    (dict(lr=1.0, weight_decay=3.0), ValueError, r"lr \* weight_decay must be at most 1"),
+    # wrong types are TypeErrors, as everywhere in the library (they were ValueErrors)
+    (dict(lr=True), TypeError, "lr must be a number, got bool"),
+    (dict(lr="1e-3"), TypeError, "lr must be a number, got str"),
+    (dict(weight_decay=None), TypeError, "weight_decay must be a number, got NoneType"),
+    (dict(betas=(0.9,)), TypeError, "betas must be two numbers"),
+    (dict(betas=0.9), TypeError, "betas must be two numbers"),
+    (dict(betas=(0.9, "0.99")), TypeError, "betas must be two numbers"),
+    (dict(lr=torch.tensor(1e-3)), TypeError, r"lr must be a Python or NumPy number, got a tensor"),
+    (dict(weight_decay=torch.tensor(0.1)), TypeError,
+     r"weight_decay must be a Python or NumPy number"),
 ])
 @pytest.mark.parametrize("where", ["constructor", "group", "added group"])
-def test_lion_rejects_bad_hyperparameters(kwargs, message, where):
+def test_lion_rejects_bad_hyperparameters(kwargs, kind, message, where):
     model = _mlp()
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(kind, match=message):
         if where == "constructor":
             Lion(model.parameters(), **kwargs)
         elif where == "group":

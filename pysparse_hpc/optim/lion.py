@@ -24,13 +24,10 @@ __all__ = ["Lion", "check_hyperparameters", "lion_step"]
 _KERNEL_DTYPES = {torch.float32: np.float32, torch.float64: np.float64}
 
 
-def _finite_real(value):
-    return is_real_number(value) and math.isfinite(value)
-
-
 def check_hyperparameters(lr, betas, weight_decay, *, zero_lr=False, init_lr=None):
-    """Raise ValueError naming the first of Lion's hyper-parameters that is out of range;
-    return ``betas`` as a tuple (read once: an iterator is accepted).
+    """Raise TypeError naming the first of Lion's hyper-parameters that is not a number (or,
+    for ``betas``, not two), ValueError for one out of range; return ``betas`` as a tuple (read
+    once: an iterator is accepted).
 
     ``lr * weight_decay`` above 1 is refused too: the decay multiplies the parameters by
     ``1 - lr * weight_decay``, which would flip their signs (``lr * weight_decay / init_lr``
@@ -42,17 +39,21 @@ def check_hyperparameters(lr, betas, weight_decay, *, zero_lr=False, init_lr=Non
         if isinstance(value, torch.Tensor):
             # torch.optim takes a tensor lr (for capturable, compiled steps); the kernels here
             # take numbers, and "must be a finite number, got tensor(0.001)" misled.
-            raise ValueError(f"{name} must be a Python or NumPy number, got a tensor "
-                             f"({value!r}): pass float({name})")
-    if not (_finite_real(lr) and (lr >= 0 if zero_lr else lr > 0)):
+            raise TypeError(f"{name} must be a Python or NumPy number, got a tensor "
+                            f"({value!r}): pass float({name})")
+        if not is_real_number(value):   # a string, a bool, None: a wrong type, not a value
+            raise TypeError(f"{name} must be a number, got {type(value).__name__} ({value!r})")
+    if not (math.isfinite(lr) and (lr >= 0 if zero_lr else lr > 0)):
         raise ValueError(f"lr must be a finite number {'>=' if zero_lr else '>'} 0, got {lr!r}")
     try:
         betas = tuple(betas)
     except TypeError:
-        raise ValueError(f"betas must be two numbers in [0, 1], got {betas!r}") from None
-    if len(betas) != 2 or not all(_finite_real(b) and 0.0 <= b <= 1.0 for b in betas):
+        raise TypeError(f"betas must be two numbers in [0, 1], got {betas!r}") from None
+    if len(betas) != 2 or not all(is_real_number(b) for b in betas):
+        raise TypeError(f"betas must be two numbers in [0, 1], got {betas!r}")
+    if not all(math.isfinite(b) and 0.0 <= b <= 1.0 for b in betas):
         raise ValueError(f"betas must be two numbers in [0, 1], got {betas!r}")
-    if not (_finite_real(weight_decay) and weight_decay >= 0):
+    if not (math.isfinite(weight_decay) and weight_decay >= 0):
         raise ValueError(f"weight_decay must be a finite number >= 0, got {weight_decay!r}")
     decay = weight_decay if init_lr is None else weight_decay / init_lr
     if lr * decay > 1:
@@ -184,11 +185,14 @@ class Lion(torch.optim.Optimizer):
 
     def add_param_group(self, param_group):
         """Torch's, with the group's ``lr``, ``betas`` and ``weight_decay`` checked (the
-        constructor's groups come through here too) and complex parameters refused."""
+        constructor's groups come through here too) and complex parameters refused. A group
+        may set its own ``lr`` to 0 (frozen, as torch's optimizers allow); the constructor's
+        ``lr``, every group's default, must be > 0, as lion-pytorch's."""
+        own_lr = isinstance(param_group, dict) and "lr" in param_group
         super().add_param_group(param_group)
         group = self.param_groups[-1]
         try:
-            _check_group(group, init_lr=self._init_lr)
+            _check_group(group, zero_lr=own_lr, init_lr=self._init_lr)
         except (TypeError, ValueError):
             self.param_groups.pop()
             raise
@@ -212,9 +216,11 @@ class Lion(torch.optim.Optimizer):
                                          f"the state of another optimizer")
                     if "exp_avg" in state:
                         _check_momentum(state["exp_avg"], param)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError) as error:
             super().load_state_dict(before)
-            raise
+            # What a state dict holds are values: a wrong one, of whatever type, is a bad
+            # state (ValueError, which a resumed run reports as a bad checkpoint).
+            raise ValueError(str(error)) from None
 
     def momentum(self, param):
         """The momentum of ``param``, made (zeros) on first use."""
@@ -277,8 +283,8 @@ def _check_group(group, where="a parameter group", *, zero_lr=False, init_lr=Non
         group["betas"] = check_hyperparameters(group["lr"], group["betas"],
                                                group["weight_decay"], zero_lr=zero_lr,
                                                init_lr=init_lr)
-    except ValueError as error:
-        raise ValueError(f"{where}: {error}") from None
+    except (TypeError, ValueError) as error:
+        raise type(error)(f"{where}: {error}") from None
     for param in group["params"]:
         if param.is_complex():
             raise TypeError(f"Lion takes real parameters, got one of {param.dtype} (view it "
