@@ -543,3 +543,126 @@ def test_the_graph_digest_is_the_same_hashed_in_chunks(chunk, monkeypatch):
     for other in (shuffled, duplicated):
         assert partition_module.graph_digest(other.indptr, other.indices, 40) == \
             whole.hexdigest()
+
+
+@pytest.mark.parametrize("n, nparts", [(40, 20), (69, 34), (107, 52), (200, 150), (30, 29)])
+def test_metis_with_few_nodes_per_part_stays_balanced(n, nparts):
+    """Fewer than about 2 nodes per part (k-way, nparts > 8): METIS's k-way printed "Cannot
+    bisect a graph with 0 vertices!" and put every node in one part."""
+    complete = scipy.sparse.csr_array(np.ones((n, n)))
+    for balance in ("rows", "nnz", "rows+nnz"):
+        part = partition(complete, nparts, "metis", balance=balance, seed=1)
+        assert_valid_owner(part, n, nparts)
+        assert part.owned_rows.max() <= 2 * -(-n // nparts), (balance, part.owned_rows)
+    rng = np.random.default_rng(4)
+    sparse = random_scipy(rng, (n, n), 0.3)
+    part = partition(sparse, nparts, "metis", seed=1)
+    assert part.owned_rows.max() <= 2 * -(-n // nparts), part.owned_rows
+
+
+def test_metis_uses_k_way_from_3_nodes_per_part():
+    """The fallback to recursive bisection is for few nodes per part only: k-way balances
+    better where it works."""
+    from pysparse_hpc.distributed import _metis
+    assert _metis._recursive(100, 8) and not _metis._recursive(100, 9)
+    assert _metis._recursive(89, 30) and not _metis._recursive(90, 30)
+    path = scipy.sparse.diags_array([np.ones(403)], offsets=[1], shape=(404, 404))
+    assert partition(path, 134, "metis", seed=3).owned_rows.max() == 4  # bisection: 5
+
+
+_INVALID_CSC = """
+import numpy as np, scipy.sparse
+from pysparse_hpc.distributed.partition import Partition, partition
+for rows, indptr in (([1, 0, 50_000_000], [0, 1, 2, 3]), ([1, 0, -7], [0, 1, 2, 3]),
+                     ([1, 0, 2], [0, 2, 1, 3])):
+    unchecked = scipy.sparse.csc_matrix((np.ones(3), np.array(rows), np.array(indptr)),
+                                        shape=(3, 3))
+    for make in (lambda: partition(unchecked, 2, "contiguous"),
+                 lambda: Partition.from_owner(unchecked, [0, 1, 0])):
+        try:
+            make()
+        except ValueError as exc:
+            assert "adj is not a valid sparse matrix" in str(exc), exc
+        else:
+            raise AssertionError("an invalid CSC matrix was taken")
+print("refused")
+"""
+
+
+def test_an_invalid_csc_matrix_is_refused_before_conversion():
+    """scipy's tocsr trusts a CSC matrix's row indices: one out of range crashed the process
+    (a segmentation fault) before the converted matrix was checked. Run apart, so that a crash
+    fails this test rather than ending the test run."""
+    import subprocess
+    result = subprocess.run([sys.executable, "-c", _INVALID_CSC], capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0 and "refused" in result.stdout, (result.returncode,
+                                                                   result.stderr[-2000:])
+
+
+def test_a_number_of_parts_beyond_any_communicator_is_refused():
+    """An owner array with a garbage entry made that entry + 1 parts, and `partition` took
+    any nparts: both tried to allocate terabytes for the per-part figures (MemoryError)."""
+    adj = scipy.sparse.csr_array(np.ones((3, 3)))
+    with pytest.raises(ValueError, match=r"owner\[1\] is 1099511627776, beyond any number of "
+                                         r"parts; expected part numbers 0 <= owner < 2\*\*31"):
+        Partition.from_owner(adj, [0, 2**40, 1])
+    with pytest.raises(ValueError, match=r"owner\[2\] is 2147483647, beyond"):
+        Partition.from_owner(adj, np.array([0, 1, 2**31 - 1], dtype=np.uint32))
+    for method in METHODS:
+        with pytest.raises(ValueError, match=r"nparts must be at most 2\*\*31 - 1 \(the "
+                                             r"largest number of MPI ranks\), got 1099511627776"):
+            partition(adj, 2**40, method=method)
+    with pytest.raises(ValueError, match=r"nparts must be at most 2\*\*31 - 1"):
+        Partition.from_owner(adj, [0, 0, 0], nparts=2**31)
+
+
+def test_odd_balances_get_the_balance_messages(cora):
+    """An int beyond float's range failed in np.isfinite with a TypeError about casting rules,
+    and an array of balances with NumPy's "truth value of an array is ambiguous"."""
+    for method in ("metis", "contiguous"):
+        with pytest.raises(ValueError, match=r"must be finite and in \[0, 1e\+09\], got 1000"):
+            partition(cora, 2, method, balance=10**400)
+        with pytest.raises(ValueError, match=r"balance must be 'rows', 'nnz'.* got array"):
+            partition(cora, 2, method, balance=np.array([1.0, 2.0]))
+    with pytest.raises(ValueError, match=r"balance must be 'rows' for method 'random', got "
+                                         r"array"):
+        partition(cora, 2, "random", balance=np.array(["rows", "rows"]))
+    with pytest.raises(ValueError, match="must be finite"):
+        partition(cora, 2, "contiguous", balance=np.float32("nan"))
+    assert partition(cora, 2, "metis", balance=np.str_("nnz")).nparts == 2
+
+
+class _BrokenPymetis:
+    """An import hook under which pymetis is installed but its extension fails to load."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name == "pymetis":
+            raise ImportError("libmetis.so: cannot open shared object file")
+        return None
+
+
+def test_a_broken_pymetis_is_not_reported_missing(monkeypatch, cora):
+    """pymetis failing to load (a missing library, an ABI mismatch) was reported as "not
+    installed: pip install pymetis", which does not help."""
+    monkeypatch.delitem(sys.modules, "pymetis", raising=False)
+    monkeypatch.setattr(sys, "meta_path", [_BrokenPymetis()] + sys.meta_path)
+    with pytest.raises(ImportError, match="installed but failed to import: libmetis.so") as info:
+        partition(cora, 2, method="metis")
+    assert not isinstance(info.value, ModuleNotFoundError)
+    assert "pip install" not in str(info.value)
+
+
+def test_a_partition_sent_to_other_ranks_stays_read_only(cora):
+    """Rank 0 may partition and send the result (comm.bcast pickles it): the unpickled
+    arrays were writeable, so an owner changed on one rank left stale figures."""
+    import copy
+    import pickle
+    part = partition(cora, 3, "random", seed=2)
+    for received in (pickle.loads(pickle.dumps(part)), copy.deepcopy(part)):
+        for name in ("owner", "owned_rows", "owned_nnz", "halo_sizes", "peers"):
+            array = getattr(received, name)
+            assert not array.flags.writeable, name
+            np.testing.assert_array_equal(array, getattr(part, name))
+        assert received.edge_cut == part.edge_cut and received.nparts == 3
+        np.testing.assert_array_equal(received.rows_of(1), part.rows_of(1))

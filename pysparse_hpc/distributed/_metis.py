@@ -20,15 +20,35 @@ _METIS_ERRORS = {-2: "METIS_ERROR_INPUT (invalid input)", -3: "METIS_ERROR_MEMOR
                  "memory)", -4: "METIS_ERROR (an error in METIS)"}
 #: Entries of METIS's options array (``METIS_NOPTIONS`` is 40 in every METIS 5 release).
 _METIS_NOPTIONS = 40
-#: pymetis uses recursive bisection up to this many parts and k-way beyond; so do we.
+#: pymetis uses recursive bisection up to this many parts and k-way beyond; so do we, except
+#: on graphs of few nodes per part (`_KWAY_MIN_NODES_PER_PART`).
 _MAX_RECURSIVE_PARTS = 8
+#: METIS's k-way partitioning needs more than about 2 nodes per part. With fewer, the initial
+#: partitioning of its coarsened graph bisects empty graphs ("Cannot bisect a graph with 0
+#: vertices!", printed, not returned as an error) and the result can put every node in one
+#: part: seen up to 2.06 nodes per part on random, clustered and complete graphs, never from
+#: 2.1 on. Recursive bisection has no such limit but balances worse than k-way where both
+#: work, so it takes over only below this many nodes per part.
+_KWAY_MIN_NODES_PER_PART = 3
+
+
+def _recursive(n, nparts):
+    """Whether METIS partitions ``n`` nodes into ``nparts`` parts by recursive bisection
+    (rather than k-way)."""
+    return nparts <= _MAX_RECURSIVE_PARTS or n < _KWAY_MIN_NODES_PER_PART * nparts
 
 
 def import_pymetis():
-    """The ``pymetis`` module, or a ModuleNotFoundError that says how to get it."""
+    """The ``pymetis`` module, or a ModuleNotFoundError that says how to get it (an
+    ImportError that says why it failed, where pymetis is installed but does not load)."""
     try:
         import pymetis
     except ImportError as exc:
+        if not (isinstance(exc, ModuleNotFoundError) and exc.name == "pymetis"):
+            # Installed but broken (its METIS library missing, an ABI mismatch): "pip
+            # install pymetis" would not help, the original error does.
+            raise ImportError(f"partition(method='metis') needs pymetis, which is installed "
+                              f"but failed to import: {exc}") from exc
         raise ModuleNotFoundError(
             "partition(method='metis') needs pymetis, which is not installed: "
             "pip install pymetis (or the pysparse_hpc[mpi] extra); method='contiguous' "
@@ -109,7 +129,7 @@ def _multi_constraint(pymetis, xadj, adjncy, weights, nparts, seed):
     scalars = {name: np.array([value], dtype=idx)
                for name, value in (("n", n), ("ncon", ncon), ("nparts", nparts), ("cut", 0))}
     owner = np.empty(n, dtype=idx)
-    function = library.recursive if nparts <= _MAX_RECURSIVE_PARTS else library.kway
+    function = library.recursive if _recursive(n, nparts) else library.kway
     # tpwgts and ubvec NULL: equal parts, METIS's default tolerance per constraint (their
     # real_t width is not published by pymetis, so they are not passed).
     status = function(_pointer(scalars["n"]), _pointer(scalars["ncon"]), _pointer(xadj),
@@ -149,12 +169,15 @@ def part_graph(xadj, adjncy, weights, nparts, seed):
         adjncy = np.ascontiguousarray(adjncy, dtype=idx)
         vweights = None if weights is None else np.ascontiguousarray(weights[:, 0], dtype=idx)
         options = pymetis.Options(seed=int(seed))
+        # pymetis's own choice looks at nparts only; k-way fails on few nodes per part.
+        recursive = _recursive(n, nparts)
         if hasattr(pymetis, "CSRAdjacency"):
             result = pymetis.part_graph(nparts, pymetis.CSRAdjacency(xadj, adjncy),
-                                        vweights=vweights, options=options)
+                                        vweights=vweights, options=options,
+                                        recursive=recursive)
         else:  # pymetis before 2025.2
             result = pymetis.part_graph(nparts, xadj=xadj, adjncy=adjncy, vweights=vweights,
-                                        options=options)
+                                        options=options, recursive=recursive)
         owner = result[1]
     owner = np.asarray(owner, dtype=np.int64)
     if owner.shape != (n,) or (n and (owner.min() < 0 or owner.max() >= nparts)):

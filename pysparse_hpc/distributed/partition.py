@@ -33,6 +33,10 @@ __all__ = ["PARTITION_METHODS", "Partition", "partition"]
 PARTITION_METHODS = ("metis", "contiguous", "random")
 
 _MAX_SEED = 2**63
+#: The most parts: one per rank, and an MPI communicator's size is a C int. Every figure holds
+#: arrays of ``nparts`` entries, so a larger count (a garbage owner array's largest entry, say)
+#: would only fail to allocate terabytes.
+_MAX_PARTS = 2**31 - 1
 
 
 # -- validation -----------------------------------------------------------------------------
@@ -46,13 +50,16 @@ def _as_pattern(adj):
             raise ValueError(f"adj must be 2-D, got {adj.ndim}-D with shape {adj.shape}")
         if adj.format == "coo":
             return _coo_pattern(adj)
+        # scipy builds a compressed matrix from raw arrays without checking its indices, and
+        # its own conversions trust them (tocsr writes out of bounds for a CSC row index out
+        # of range), as do the pattern's kernels. Checked before any conversion; O(nnz), as
+        # reading the pattern is.
+        if adj.format in ("csr", "csc", "bsr"):
+            try:
+                adj.check_format(full_check=True)
+            except ValueError as exc:
+                raise ValueError(f"adj is not a valid sparse matrix: {exc}") from None
         csr = adj.tocsr()
-        # scipy builds a matrix from raw arrays without checking its indices; the pattern's
-        # kernels trust them. O(nnz), as reading the pattern is.
-        try:
-            csr.check_format(full_check=True)
-        except ValueError as exc:
-            raise ValueError(f"adj is not a valid sparse matrix: {exc}") from None
     else:
         raise TypeError(
             f"adj must be a sparse array (pysparse_hpc or scipy.sparse), got "
@@ -132,6 +139,9 @@ def _check_nparts(nparts):
         raise ValueError(f"{exc}; expected a positive integer") from None
     if nparts < 1:
         raise ValueError(f"nparts must be a positive integer, got {nparts}")
+    if nparts > _MAX_PARTS:
+        raise ValueError(f"nparts must be at most 2**31 - 1 (the largest number of MPI "
+                         f"ranks), got {nparts}")
     return nparts
 
 
@@ -152,9 +162,11 @@ def _check_owner(owner, n, nparts, name="owner", parts="nparts"):
         raise ValueError(
             f"partition has {array.size} owners but the graph has {n} nodes; expected one owner "
             "per node")
-    if array.dtype == np.uint64 and n and array.max() > np.iinfo(np.int64).max:
-        bad = int(np.flatnonzero(array > np.iinfo(np.int64).max)[0])
-        raise ValueError(f"{name}[{bad}] is {array[bad]}, beyond any number of parts")
+    if nparts is None and n and array.max() >= _MAX_PARTS:
+        # The default nparts would be beyond any communicator (or int64, for uint64 owners).
+        bad = int(np.flatnonzero(array >= _MAX_PARTS)[0])
+        raise ValueError(f"{name}[{bad}] is {array[bad]}, beyond any number of parts; "
+                         f"expected part numbers 0 <= {name} < 2**31 - 1")
     if nparts is None:
         nparts = int(array.max()) + 1 if n else 1
         nparts = max(nparts, 1)  # all owners negative: the range check below reports it
@@ -247,8 +259,8 @@ class Partition:
     owner : array_like of int, shape (n,)
         ``owner[i]`` is the part (rank) that owns node ``i``, in ``[0, nparts)``.
     nparts : int, optional
-        Number of parts; ``owner.max() + 1`` by default (1 for an empty graph). Parts that own
-        no node are allowed.
+        Number of parts, at most ``2**31 - 1`` (the most MPI ranks); ``owner.max() + 1`` by
+        default (1 for an empty graph). Parts that own no node are allowed.
     method : str, default "given"
         A label recorded in `method` (`partition` passes its method).
 
@@ -339,6 +351,14 @@ class Partition:
         self.cagnet_volume = (nparts - 1) * n
         self._order = None
 
+    def __setstate__(self, state):
+        # Unpickled arrays come back writeable (a Partition that rank 0 made and sent to the
+        # others with comm.bcast, say); the figures describe the owners they were computed
+        # from, so they stay read-only there too.
+        self.__dict__.update(state)
+        for name in ("owner", "owned_rows", "owned_nnz", "halo_sizes", "peers"):
+            _read_only(getattr(self, name))
+
     @classmethod
     def from_owner(cls, adj, owner, nparts=None, method="given"):
         """Validate an owner array for ``adj`` and compute the partition's figures.
@@ -351,7 +371,7 @@ class Partition:
             ``owner[i]`` is the part that owns node ``i``.
         nparts : int, optional
             Number of parts, at least ``owner.max() + 1``; that is the default (1 when
-            ``n == 0``).
+            ``n == 0``). At most ``2**31 - 1``.
         method : str, default "given"
             Recorded in `method`.
 
@@ -366,7 +386,8 @@ class Partition:
             refused).
         ValueError
             If ``adj`` is not square, ``owner`` is not 1-D or its length is not ``n``, an owner
-            lies outside ``[0, nparts)``, or ``nparts`` is not a positive integer.
+            lies outside ``[0, nparts)``, or ``nparts`` is not an integer in
+            ``[1, 2**31 - 1]``.
         """
         return cls(adj, owner, nparts=nparts, method=method)
 
@@ -516,10 +537,12 @@ def partition(adj, nparts, method="metis", seed=0, balance=None):
         `blocked_array`) or a scipy.sparse array/matrix. Row ``i`` holds the edges into node
         ``i``. Only the pattern matters; explicit duplicates and self loops are fine.
     nparts : int
-        Number of parts, at least 1. It may exceed ``n``; some parts are then empty.
+        Number of parts, from 1 to ``2**31 - 1`` (the most MPI ranks). It may exceed ``n``;
+        some parts are then empty.
     method : {"metis", "contiguous", "random"}, default "metis"
         - ``"metis"``: METIS's multilevel k-way partitioning (recursive bisection for
-          ``nparts <= 8``, as pymetis does) of the undirected graph, the pattern of
+          ``nparts <= 8``, as pymetis does, and for fewer than 3 nodes per part, where k-way
+          can put every node in one part) of the undirected graph, the pattern of
           ``A + A^T`` without the diagonal, through the optional ``pymetis`` package.
           Minimises the edge cut with balanced node counts: the standard for GNN training
           (BNS-GCN, DistDGL). Deterministic for a given ``seed``. Special cases, which never
@@ -574,10 +597,13 @@ def partition(adj, nparts, method="metis", seed=0, balance=None):
     TypeError
         If ``adj`` is not a sparse array or matrix, or ``seed`` is not an integer.
     ValueError
-        If ``adj`` is not square, ``nparts`` is not a positive integer (bools refused),
+        If ``adj`` is not square or not a valid sparse matrix, ``nparts`` is not an integer
+        in ``[1, 2**31 - 1]`` (bools refused),
         ``seed`` is negative, or ``method`` or ``balance`` is unknown.
     ModuleNotFoundError
         If ``method="metis"`` and ``pymetis`` is not installed.
+    ImportError
+        If ``method="metis"`` and ``pymetis`` is installed but fails to import.
     RuntimeError
         If METIS fails, or ``balance="rows+nnz"`` and the installed pymetis does not expose
         METIS's C functions.
@@ -604,14 +630,18 @@ def partition(adj, nparts, method="metis", seed=0, balance=None):
     balance = _DEFAULT_BALANCE[method] if balance is None else balance
     numeric = isinstance(balance, (int, float, np.integer, np.floating)) and not isinstance(
         balance, (bool, np.bool_))
-    if numeric and not (np.isfinite(balance) and 0 <= balance <= _MAX_ROW_WORK):
+    # Compared, not converted: NaN fails the comparison, and an int too large for a float is
+    # out of range rather than a casting error.
+    if numeric and not 0 <= balance <= _MAX_ROW_WORK:
         raise ValueError(f"a numeric balance (work per row, in stored entries) must be finite "
                          f"and in [0, {_MAX_ROW_WORK:.0e}], got {balance!r} (a larger one is "
                          f"'rows' in effect, and the summed weights would overflow)")
     allowed = {"random": "'rows'", "contiguous": "'rows', 'nnz' or a number >= 0"}.get(
         method, "'rows', 'nnz', 'rows+nnz' or a number >= 0")
-    if ((not numeric and balance not in BALANCES) or (method == "random" and balance != "rows")
-            or (method == "contiguous" and balance == ROWS_AND_NNZ)):
+    # Names are compared as str only: an array's == is elementwise, with no truth value.
+    named = balance if isinstance(balance, str) else None
+    if ((not numeric and named not in BALANCES) or (method == "random" and named != "rows")
+            or (method == "contiguous" and named == ROWS_AND_NNZ)):
         raise ValueError(f"balance must be {allowed} for method {method!r}, got "
                          f"{balance!r}")
     indptr, indices, n = _as_pattern(adj)
