@@ -136,6 +136,7 @@ class csr_array(sparray):
             raise ValueError(
                 f"shape {shape} does not match the input's shape {tuple(matrix.shape)}")
         value_dtype = value_dtype_for(matrix.dtype, dtype)
+        _check_scipy_indices(matrix)
         csr = matrix.tocsr()  # scipy's COO -> CSR sums duplicates; CSR input is kept as is
         # scipy canonicalizes a non-canonical matrix in place whenever an operation needs it
         # (abs, matmul, ...), rewriting indptr under any array that shares it: share scipy's
@@ -432,6 +433,27 @@ def as_csr(A):
     """``A`` as a `csr_array`: itself when it is one, other formats converted, anything else
     (scipy sparse, dense) through the `csr_array` constructor."""
     return A.tocsr() if isinstance(A, sparray) else csr_array(A)
+
+
+def _check_scipy_indices(matrix):
+    """Refuse a scipy CSC, BSR or COO matrix whose indices are out of range before scipy
+    converts it: its constructors from raw arrays do not check them, and its conversions trust
+    them (a CSC row index out of range was written outside the CSR it converted to: memory
+    corrupted, or a segfault). CSR input is checked after, without a conversion."""
+    if matrix.format in ("csc", "bsr"):
+        try:
+            matrix.check_format(full_check=True)
+        except ValueError as exc:
+            raise ValueError(f"the scipy {matrix.format.upper()} input is not a valid sparse "
+                             f"matrix: {exc}") from None
+    elif matrix.format == "coo":
+        for name, coordinates, extent in (("row", matrix.row, matrix.shape[0]),
+                                          ("col", matrix.col, matrix.shape[1])):
+            if coordinates.size and (coordinates.min() < 0 or coordinates.max() >= extent):
+                bad = int(np.flatnonzero((coordinates < 0) | (coordinates >= extent))[0])
+                raise ValueError(f"the scipy COO input's {name}[{bad}] is "
+                                 f"{int(coordinates[bad])}, out of range for {extent} "
+                                 f"{'rows' if name == 'row' else 'columns'}")
 
 
 def _contiguous(array, dtype, copy):

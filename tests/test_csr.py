@@ -1,4 +1,6 @@
 """csr_array against scipy.sparse as the oracle."""
+import re
+
 import numpy as np
 import pytest
 import scipy.sparse
@@ -162,6 +164,33 @@ def test_malformed_scipy_input_is_refused(indices, indptr, message):
     S = scipy.sparse.csr_array((np.ones(3), np.array(indices), np.array(indptr)), shape=(3, 3))
     with pytest.raises(ValueError, match=message):
         sph.csr_array(S)
+
+
+@pytest.mark.parametrize("build, message", [
+    ("scipy.sparse.csc_matrix((np.ones(2), np.array([0, 99]), np.array([0, 1, 2])), (2, 2))",
+     "CSC input is not a valid sparse matrix: indices must be < 2"),
+    ("scipy.sparse.csc_array((np.ones(2), np.array([0, -5]), np.array([0, 1, 2])), (2, 2))",
+     "CSC input is not a valid sparse matrix: indices must be >= 0"),
+    ("scipy.sparse.bsr_array((np.ones((2, 1, 1)), np.array([0, 7]), np.array([0, 1, 2])), "
+     "(2, 2))", "BSR input is not a valid sparse matrix"),
+    ("scipy.sparse.coo_matrix(np.eye(2)); S.row[1] = 10**6", r"COO input's row\[1\] is 1000000, "
+     "out of range for 2 rows"),
+    ("scipy.sparse.coo_array(np.eye(2)); S.col[0] = -1", r"COO input's col\[0\] is -1"),
+])
+def test_scipy_input_out_of_range_is_refused_before_scipy_converts_it(build, message):
+    """scipy converts a CSC, BSR or COO matrix to CSR trusting its indices: one out of range
+    was written outside the result (accepted with memory corrupted, or a segfault). Run in a
+    child process, so that a crash fails this test rather than the test run."""
+    import subprocess
+    import sys
+    code = ("import numpy as np, scipy.sparse, pysparse_hpc as sph\n"
+            f"S = {build}\n"
+            "try:\n    sph.csr_array(S)\nexcept ValueError as exc:\n    print(exc)\n"
+            "else:\n    print('accepted')\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert re.search(message, done.stdout), done.stdout
 
 
 def test_inplace_ops_do_not_touch_caller_arrays(rng):
