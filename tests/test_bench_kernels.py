@@ -498,3 +498,16 @@ def test_firstrun_reports_a_failed_job_without_a_traceback(outcome, message, mon
     assert main(["firstrun", "--job", "product", "--rounds", "1"]) == 1
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+
+
+@requires_cora
+def test_matrix_does_not_drop_the_rmat_graphs_asked_for():
+    """``--matrix cora --rmat 8:4`` ran Cora alone: the graph generated on request was
+    dropped silently because --matrix did not name it."""
+    import argparse
+    from pysparse_hpc.bench import _kernels
+    args = argparse.Namespace(data_dir=DATA_DIR, matrix=["cora"], no_rmat=False,
+                              rmat=[(8, 4, 1)])
+    assert [case.name for case in _kernels.select_cases(args)] == ["cora", "rmat-s8-e4"]
+    args.rmat = None   # the default R-MAT graphs are filtered by --matrix as before
+    assert [case.name for case in _kernels.select_cases(args)] == ["cora"]

@@ -203,3 +203,18 @@ def test_reorder_plot_leaves_pyplot_alone(tmp_path):
     write_plot(results, tmp_path / "reorder.png", 2, 1, 8)
     assert (tmp_path / "reorder.png").stat().st_size > 0
     assert plt.get_fignums() == figures and matplotlib.get_backend() == backend
+
+
+@requires_cora
+def test_matrix_does_not_drop_the_planted_graphs_asked_for():
+    """``--matrix cora --planted ...`` ordered Cora alone: the graph generated on request
+    was dropped silently because --matrix did not name it."""
+    import argparse
+    import io
+    from pysparse_hpc.bench import reorder
+    args = argparse.Namespace(data_dir=DATA_DIR, matrix=["cora"], no_planted=False,
+                              planted=[(40, 8, 6, 1)])
+    names = [case.name for case in reorder._select_cases(args, io.StringIO())]
+    assert names == ["cora", "planted-c8-i6-e1"]
+    args.planted = None
+    assert [case.name for case in reorder._select_cases(args, io.StringIO())] == ["cora"]

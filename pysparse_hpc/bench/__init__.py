@@ -9,7 +9,13 @@ import gc
 import math
 import time
 
-__all__ = ["best_times", "geometric_mean", "positive_int", "shown_ratio", "write_outputs"]
+__all__ = ["best_times", "counted", "geometric_mean", "positive_int", "shown_ratio",
+           "write_outputs"]
+
+
+def counted(count, noun):
+    """``"1 thread"``, ``"2 threads"``: ``count`` and ``noun``, plural unless it is 1."""
+    return f"{count} {noun}{'' if count == 1 else 's'}"
 
 
 def best_times(functions, repeat, warmup=1, statistic=min):

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from tqdm import tqdm
 
-from . import best_times, geometric_mean, positive_int
+from . import best_times, counted, geometric_mean, positive_int
 from ._data import (DataDirectoryMissing, find_matrices, index_variants, load_matrix,
                     scipy_index_dtype)
 
@@ -253,12 +253,18 @@ def select_cases(args, err=None):
         if len(set(pairs)) != len(pairs):
             print("error: --rmat lists a SCALE:EDGE_FACTOR pair twice", file=err)
             return None
-        cases += [_rmat_case(*spec) for spec in rmat_specs]
+        generated = [_rmat_case(*spec) for spec in rmat_specs]
+        cases += generated
+        # graphs generated on request (--rmat given) are run whatever --matrix names
+        requested = {case.name for case in generated} if args.rmat is not None else set()
+        return keep_requested(cases, args, err, requested)
     return keep_requested(cases, args, err)
 
 
-def keep_requested(cases, args, err=None):
-    """The cases named by ``--matrix`` (all without it), or None after an error message."""
+def keep_requested(cases, args, err=None, requested=()):
+    """The cases named by ``--matrix`` (all without it) and those named in ``requested`` (the
+    graphs an option asked to generate, which ``--matrix`` does not drop), or None after an
+    error message."""
     err = sys.stderr if err is None else err
     if args.matrix:
         unknown = sorted(set(args.matrix) - {case.name for case in cases})
@@ -266,7 +272,8 @@ def keep_requested(cases, args, err=None):
             print(f"error: unknown matrices {unknown}; available: {[c.name for c in cases]}",
                   file=err)
             return None
-        cases = [case for case in cases if case.name in args.matrix]
+        cases = [case for case in cases
+                 if case.name in args.matrix or case.name in requested]
     if not cases:
         print(f"error: no matrices found in {args.data_dir}", file=err)
         return None
@@ -554,7 +561,8 @@ def write_plot(bench, results, path, threads, repeat, title=None):
     panels[-1].set_xticks(positions, names, rotation=45, ha="right")
     indices = f", {' / '.join(dtypes)} indices" if len(dtypes) > 1 else ""
     panels[0].set_title(title or f"{bench.kernel} speedup of ours over the peers, float32"
-                                 f"{indices} ({threads} threads, best of {repeat} rounds)")
+                                 f"{indices} ({counted(threads, 'thread')}, best of {repeat} "
+                                 "rounds)")
     figure.savefig(path, dpi=120)
 
 
@@ -607,9 +615,9 @@ def run_benchmark(args, bench, prepare, measure, out=None):
                 # the next case (R-MAT: hundreds of MB of operands) starts clean
                 del A, operands
                 gc.collect()
-    rounds = f"{args.repeat} round{'' if args.repeat == 1 else 's'}"
-    print(f"{bench.kernel}: {bench.operation}; float32; ours: {args.threads} threads; best of "
-          f"{rounds}, each timed call right after an untimed one; data: {args.data_dir}", file=out)
+    print(f"{bench.kernel}: {bench.operation}; float32; ours: "
+          f"{counted(args.threads, 'thread')}; best of {counted(args.repeat, 'round')}, each "
+          f"timed call right after an untimed one; data: {args.data_dir}", file=out)
     print(bench.peers_note, file=out)
     print(f"to_meb ms: one A.to_mebcrs() before timing, not included in the ME-BCRS times; "
           f"{_best_note()}", file=out)

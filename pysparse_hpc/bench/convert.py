@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 from tqdm import tqdm
 
-from . import best_times, geometric_mean, shown_ratio, write_outputs
+from . import best_times, counted, geometric_mean, shown_ratio, write_outputs
 from ._data import find_matrices, index_variants, load_matrix, scipy_index_dtype
 
 __all__ = ["HELP", "TARGET_RATIO", "ConvertResult", "add_arguments", "measure", "run"]
@@ -250,7 +250,7 @@ def write_plot(results, path, threads, repeat):
     axes.set_xticks(positions, names, rotation=45, ha="right")
     axes.set_ylabel("time / scipy csr.tocsc() time")
     axes.set_title(f"Conversion time relative to scipy tocsc on the same index dtype "
-                   f"({threads} threads, best of {repeat})")
+                   f"({counted(threads, 'thread')}, best of {repeat})")
     axes.legend(fontsize="small")
     figure.savefig(path, dpi=120)
 
@@ -276,8 +276,9 @@ def run(args, out=None):
         for spec in progress:
             progress.set_postfix_str(spec.name)
             results += measure(spec, args.repeat)
-    print(f"CSR conversions, {args.threads} threads (scipy's tocsc is single-threaded), best of "
-          f"{args.repeat} after 1 warm-up; data: {args.data_dir}", file=out)
+    print(f"CSR conversions, {counted(args.threads, 'thread')} (scipy's tocsc is "
+          f"single-threaded), best of {args.repeat} after 1 warm-up; data: {args.data_dir}",
+          file=out)
     print("index: the index dtype of the arrays ours and scipy's tocsc both ran on; first the one "
           "scipy picks (int32 where it fits, as scipy.sparse.load_npz gives it), then int64",
           file=out)

@@ -35,7 +35,7 @@ from tqdm import tqdm
 
 from .._reorder import bandwidth, inverse_permutation, permute, reorder
 from .._stats import block_stats
-from . import best_times, geometric_mean, positive_int, shown_ratio
+from . import best_times, counted, geometric_mean, positive_int, shown_ratio
 from ._data import index_variants, scipy_index_dtype
 from ._kernels import (MatrixCase, _warm_up_runtime, check_close, keep_requested, shared_cases,
                        steady_best_times)
@@ -178,6 +178,9 @@ def _select_cases(args, err):
                   f"community size and degrees); measure them in separate runs", file=err)
             return None
         cases += planted
+        # graphs generated on request (--planted given) are run whatever --matrix names
+        requested = {case.name for case in planted} if args.planted else set()
+        return keep_requested(cases, args, err, requested)
     return keep_requested(cases, args, err)
 
 
@@ -443,8 +446,8 @@ def write_plot(results, path, threads, repeat, width):
     axes[1].set_xticks(positions, names, rotation=45, ha="right")
     dtypes = "/".join(dict.fromkeys(row.index_dtype for rows in table.values()
                                     for row in rows.values()))
-    axes[0].set_title(f"Reordering gains ({dtypes} indices, {threads} threads; scipy's RCM "
-                      f"single-threaded; best of {repeat})")
+    axes[0].set_title(f"Reordering gains ({dtypes} indices, {counted(threads, 'thread')}; "
+                      f"scipy's RCM single-threaded; best of {repeat})")
     figure.tight_layout()
     figure.savefig(path, dpi=120)
 
@@ -488,8 +491,8 @@ def run(args, out=None):
         print("error: no square matrix to order among those selected", file=sys.stderr)
         return 2
     print(f"reorder: orderings of each matrix, then C = permute(A, perm).to_mebcrs() @ X[perm] "
-          f"with X {args.n} columns (float32, {args.threads} threads); best of {args.repeat}; "
-          f"data: {args.data_dir}", file=out)
+          f"with X {args.n} columns (float32, {counted(args.threads, 'thread')}); best of "
+          f"{args.repeat}; data: {args.data_dir}", file=out)
     # scipy's RCM has no threads while ours tries its starts on the library's: say so, since
     # 'v scipy' compares the two as their users run them, not at equal threads.
     print(f"peer: scipy.sparse.csgraph.reverse_cuthill_mckee (symmetrizes, as ours does; "
