@@ -12,6 +12,7 @@ import numpy as np
 from ._blocked import blocked_array, unpack_vector_mask, value_positions
 from ._config import cuda_split_blocks, cuda_warps_per_block
 from ._dense import is_device_array
+from ._sputils import as_numpy_dtype
 
 __all__ = ["PRECISIONS", "pattern_spmm_cuda", "require_gpu", "spmm_cuda", "spmm_launcher",
            "sddmm_cuda", "sddmm_launcher"]
@@ -262,6 +263,20 @@ class _SpmmLauncher:
         self._run(device_B, device_out)
 
 
+def _launcher_dtype(precision, dtype):
+    """A launcher's ``dtype``, checked before any kernel is built: "fp32" computes in float32
+    or float64; the tensor-core precisions accumulate in float32 whatever is asked (another
+    dtype was ignored there, and built a kernel typed for it with "fp32")."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    dtype = as_numpy_dtype(dtype)
+    allowed = (np.float32, np.float64) if precision == "fp32" else (np.float32,)
+    if dtype not in allowed:
+        raise TypeError(f"precision={precision!r} computes in "
+                        f"{' or '.join(np.dtype(d).name for d in allowed)}, got dtype {dtype}")
+    return dtype
+
+
 def spmm_launcher(A, precision, dtype=np.float32):
     """The kernel of ``precision`` for A, with A's arrays on the device (kernel launches only).
 
@@ -270,6 +285,7 @@ def spmm_launcher(A, precision, dtype=np.float32):
     float64); "tf32" and "fp16" read float32 (fp16: float16 or float32) B and give float32.
     The benchmark builds one launcher per matrix, so its timings hold the kernels alone.
     """
+    dtype = _launcher_dtype(precision, dtype)
     cuda = require_gpu()
     from .kernels.cuda import spmm as kernels
 
@@ -288,7 +304,6 @@ def spmm_launcher(A, precision, dtype=np.float32):
         return _SpmmLauncher(lambda B, out: kernels.launch_mebcrs_spmm(device_M, B, out, warps,
                                                                        kernel, parts),
                              operand_dtypes, result_dtype)
-    dtype = np.dtype(dtype)
     csr = _csr_operand(A)  # duplicates are fine: the kernel sums every stored entry
     indptr, indices = _device_arrays(cuda, csr, ("indptr", "indices"))
     data = cuda.to_device(csr.data.astype(dtype))
@@ -633,11 +648,12 @@ def sddmm_launcher(A, precision, heads=None, dtype=np.float32):
     ------
     ValueError
         An unknown precision, a bad ``heads``, or a blocked A of another shape.
+    TypeError
+        A ``dtype`` the precision does not compute in.
     RuntimeError
         No GPU (and no simulator).
     """
-    if precision not in PRECISIONS:
-        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    dtype = _launcher_dtype(precision, dtype)
     if heads is not None and (isinstance(heads, bool) or not isinstance(heads, (int, np.integer))
                               or heads < 1):
         raise ValueError(f"heads must be None or a positive integer, got {heads!r}")
@@ -645,7 +661,6 @@ def sddmm_launcher(A, precision, heads=None, dtype=np.float32):
     from .kernels.cuda import sddmm as kernels
     per_slot = () if heads is None else (int(heads),)
     if precision == "fp32":
-        dtype = np.dtype(dtype)
         stored = _csr_operand(A)
         device_rows, indices = _csr_sddmm_arrays(cuda, stored)
         return _SddmmLauncher(

@@ -204,3 +204,23 @@ def test_scale_add_compiles_for_multi_head_results(heads, monkeypatch):
     sddmm.launch_scale_add(out, None, np.float32(2.0), np.float32(0.0))
     sddmm.launch_scale_add(out, np.ones(5, np.float32), np.float32(2.0), np.float32(0.5))
     assert launch.launches == (0 if heads == 0 else 3)
+
+
+@pytest.mark.parametrize("launcher", ["spmm_launcher", "sddmm_launcher"])
+@pytest.mark.parametrize("precision, dtype, message", [
+    ("fp32", "float16", "precision='fp32' computes in float32 or float64, got dtype float16"),
+    ("fp32", "int32", "computes in float32 or float64, got dtype int32"),
+    ("tf32", "float64", "precision='tf32' computes in float32, got dtype float64"),
+])
+def test_benchmark_launchers_check_their_dtype(launcher, precision, dtype, message):
+    """A launcher built a kernel typed for any dtype (or ignored it for the tensor-core
+    precisions): refused before any kernel or GPU is needed."""
+    import numpy as np
+
+    import pysparse_hpc as sph
+    from pysparse_hpc import _cuda_backend
+    A = sph.csr_array(np.eye(8, dtype=np.float32))
+    with pytest.raises(TypeError, match=message):
+        getattr(_cuda_backend, launcher)(A, precision, dtype=np.dtype(dtype))
+    with pytest.raises(ValueError, match="precision must be one of"):
+        getattr(_cuda_backend, launcher)(A, "fp64")
