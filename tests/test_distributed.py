@@ -836,3 +836,126 @@ def test_a_one_rank_graph_and_model_pickle_and_deep_copy(cora):
         fake = copy.copy(comm)
         fake.size = 2
         pickle.dumps(fake)
+
+
+class _ThreadRank:
+    """One of ``size`` ranks run as threads of this process: ``Allreduce`` sums the ranks'
+    buffers as MPI does, each rank reading every buffer's bytes with its own dtype."""
+
+    def __init__(self, rank, size, shared):
+        self.rank, self.size, self._shared = rank, size, shared
+
+    def Allreduce(self, buffer, op="sum", kind="allreduce"):
+        deposits, barrier = self._shared
+        deposits[self.rank] = buffer.tobytes()
+        barrier.wait()
+        total = sum(np.frombuffer(raw, dtype=buffer.dtype) for raw in deposits)
+        barrier.wait()  # every rank has read the deposits before the next call writes them
+        buffer[...] = total.reshape(buffer.shape)
+        return buffer
+
+
+def _on_thread_ranks(values, run):
+    """``run(comm, value)`` on one thread-rank per value; the list of their results."""
+    import threading
+    size = len(values)
+    shared = ([None] * size, threading.Barrier(size, timeout=30))
+    results = [None] * size
+
+    def rank_main(rank):
+        results[rank] = run(_ThreadRank(rank, size, shared), values[rank])
+    threads = [threading.Thread(target=rank_main, args=(rank,)) for rank in range(size)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return results
+
+
+def test_sums_of_ints_on_some_ranks_and_floats_on_others_agree():
+    """A rank summing the int 0 (nothing counted) beside ranks summing floats reduced int64
+    bits with float64 bits: each rank got another wrong number."""
+    from pysparse_hpc.distributed.graph import comm_sum
+    assert _on_thread_ranks([3, 2.5], comm_sum) == [5.5, 5.5]
+    assert _on_thread_ranks([0, np.float32(0.5), True], comm_sum) == [1.5] * 3
+    halves = [torch.tensor([0.5, 1.0]), np.array([1, 2])]
+    for summed in _on_thread_ranks(halves, comm_sum):
+        np.testing.assert_array_equal(summed, [1.5, 3.0])
+    # Integers stay exact integers, also beyond float64's 2**53.
+    exact = _on_thread_ranks([2 ** 60 + 1, 2 ** 60 + 2], comm_sum)
+    assert exact == [2 ** 61 + 3] * 2 and all(type(total) is int for total in exact)
+
+
+def test_halo_exchanges_take_strided_rows(cora):
+    """A column slice or a transpose was refused as not C-contiguous, but a rank owning one
+    row has contiguous slices: it exchanged while the others raised, and waited for ever."""
+    owner = np.zeros(cora.adj.shape[0], np.int64)
+    graph = DistGraph(cora.adj, owner, Communicator(None))
+    wide = np.arange(graph.n_local * 3.0).reshape(-1, 3)
+    assert graph.halo_exchange(wide[:, :1]).shape == (0, 1)
+    assert graph.halo_exchange(torch.from_numpy(wide).T.contiguous().T).shape == (0, 3)
+    add_into = graph.start_reverse_exchange(np.zeros((3, graph.n_halo)).T).wait()
+    assert add_into(wide) is wide
+
+
+def test_rows_sent_back_are_added_into_rows_of_their_dtype_and_shape_only(cora):
+    """The addition failed (torch) or cast (NumPy) only on ranks that received something:
+    never on one rank, and on some ranks only of several."""
+    graph = DistGraph(cora.adj, np.zeros(cora.adj.shape[0], np.int64), Communicator(None))
+    add_into = graph.start_reverse_exchange(np.zeros((graph.n_halo, 2), np.float32)).wait()
+    with pytest.raises(TypeError, match="owned rows are torch.float64 but the rows sent "
+                                        "back are float32"):
+        add_into(torch.zeros(graph.n_local, 2, dtype=torch.float64))
+    with pytest.raises(TypeError, match="owned rows are float64 but"):
+        add_into(np.zeros((graph.n_local, 2)))
+    with pytest.raises(ValueError, match=rf"shape \({graph.n_local}, 2\).*got \(3, 2\)"):
+        add_into(np.zeros((3, 2), np.float32))
+    rows = torch.ones(graph.n_local, 2)
+    assert add_into(rows) is rows
+
+
+def test_different_errors_of_several_ranks_are_each_told():
+    """Every failing rank was named beside the first one's message alone."""
+    comm = Communicator(None)
+    comm.size = 2
+    comm.allgather = lambda report: [("builtins", "KeyError", "'lost'"), report]
+    with pytest.raises(KeyError) as raised:
+        comm.raise_if_any(ValueError("bad value"))
+    assert str(raised.value) == ("\"rank 0: 'lost'; rank 1 raised ValueError: bad value\"")
+    comm.allgather = lambda report: [report, report]
+    with pytest.raises(ValueError, match="^ranks 0, 1: same$"):
+        comm.raise_if_any(ValueError("same"))
+
+
+def test_abort_ends_the_process_where_mpi_refuses_to(monkeypatch):
+    """A freed duplicate's Abort raises, and the watchdog's rank waited on."""
+    class Freed:
+        def Abort(self, code):
+            raise RuntimeError("Invalid communicator")
+    comm = Communicator(None)
+    comm.mpi = Freed()
+    ended = []
+    monkeypatch.setattr(_comm.os, "_exit", ended.append)
+    with pytest.raises(RuntimeError, match="Invalid communicator"):
+        comm.Abort(3)
+    assert ended == [3]
+
+
+def test_a_job_ignoring_sigterm_is_killed_with_every_process_under_it(tmp_path):
+    """The group was sent SIGKILL only when the launcher outlived SIGTERM: a rank that
+    ignores or handles SIGTERM outlived a launcher that did not."""
+    import os
+    import subprocess
+
+    from pysparse_hpc.distributed._jobs import run_job
+    pid_file = tmp_path / "child.pid"
+    script = f"(trap '' TERM; exec sleep 60) & echo $! > {pid_file}; wait"
+    with pytest.raises(subprocess.TimeoutExpired):
+        run_job(["sh", "-c", script], timeout=2)
+    child = int(pid_file.read_text())
+    try:
+        os.kill(child, 0)
+    except ProcessLookupError:
+        return
+    os.kill(child, 9)
+    pytest.fail("a process of the job that ignores SIGTERM outlived it")

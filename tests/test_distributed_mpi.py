@@ -64,6 +64,11 @@ def test_plan_ops_edge_cases_data_parallel_and_bad_input(ranks):
 
 
 @requires_mpi
+def test_gather_rows_refuses_unlike_rows_on_every_rank():
+    run_checks(3, "gather_rows_of_unlike_ranks", timeout=120)
+
+
+@requires_mpi
 @pytest.mark.parametrize("ranks", [2, 3])
 def test_preconditioning_reproduces_one_process(ranks):
     """KAISA K-FAC (both strategies), the diagonal Fisher, Shampoo and Jorge on a split batch

@@ -825,16 +825,33 @@ class Communicator:
             return
         if error is not None and len(failed) == 1:
             raise _alike(error)
-        module, name, message = failed[0][1]
-        ranks = ", ".join(str(rank) for rank, _ in failed)
-        raise _alike(_rebuilt(module, name, f"rank{'s' if len(failed) > 1 else ''} {ranks}",
-                              message))
+        # Ranks that raised the same error are named together; each different error is told
+        # too (only the first rank's was, under every failing rank's number).
+        groups = {}
+        for rank, report in failed:
+            groups.setdefault(report, []).append(rank)
+        ((module, name, message), first_ranks), *others = groups.items()
+        for (other_module, other_name, other_message), ranks in others:
+            qualified = other_name if other_module == "builtins" \
+                else f"{other_module}.{other_name}"
+            message += f"; {_ranks_label(ranks)} raised {qualified}: {other_message}"
+        raise _alike(_rebuilt(module, name, _ranks_label(first_ranks), message))
 
     def Abort(self, errorcode=1):
         """End the whole job now (every rank), with exit status ``errorcode``."""
-        if self.mpi is not None:
-            self.mpi.Abort(errorcode)
-        os._exit(errorcode)
+        try:
+            if self.mpi is not None:
+                self.mpi.Abort(errorcode)
+        finally:
+            # Reached where MPI refuses to abort (a `duplicate` freed since, whose timeout
+            # watchdog still ends the job): the rank ends all the same instead of waiting on,
+            # and the launcher ends the job of a rank that died.
+            os._exit(errorcode)
+
+
+def _ranks_label(ranks):
+    """``"rank 2"`` or ``"ranks 0, 2"``."""
+    return f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"
 
 
 def _rebuilt(module, name, ranks, message):

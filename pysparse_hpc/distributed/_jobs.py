@@ -8,25 +8,45 @@ import contextlib
 import os
 import signal
 import subprocess
+import time
 
 __all__ = ["run_job", "stop_job"]
 
 
-def stop_job(process, grace=5.0):
-    """End ``process`` and its process group: SIGTERM, then SIGKILL after ``grace`` seconds.
+def _group_alive(pgid):
+    """Whether a process of group ``pgid`` is left (signal 0 tests without sending)."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # a member that changed its user: still there
+        return True
+    return True
 
-    ``process`` must have been started with ``start_new_session=True``.
+
+def stop_job(process, grace=5.0):
+    """End ``process`` and its process group: SIGTERM, then SIGKILL after ``grace`` seconds
+    unless every process of the group has ended.
+
+    ``process`` must have been started with ``start_new_session=True``. The whole group is
+    waited for, not the launcher alone: a launcher that ends on SIGTERM may leave a rank that
+    ignores or handles it (blocked in MPI, its Python handler never runs) running for ever.
     """
     for sig in (signal.SIGTERM, signal.SIGKILL):
         try:
             os.killpg(process.pid, sig)
         except ProcessLookupError:
             return
-        try:
-            process.wait(timeout=grace)
-            return
-        except subprocess.TimeoutExpired:
-            continue
+        deadline = time.monotonic() + grace
+        while True:
+            # Reaped first: the launcher, once ended, is a member of the group until then.
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(timeout=max(0.0, min(0.05, deadline - time.monotonic())))
+            if not _group_alive(process.pid):
+                return
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(0.05)
 
 
 def run_job(command, timeout, env=None):

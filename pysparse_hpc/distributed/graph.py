@@ -16,7 +16,7 @@ from .._base import sparray
 from .._csr import csr_array
 from .._sputils import get_index_dtype
 from . import _plan
-from ._comm import _as_buffer, _is_bfloat16, _Request, check_communicator, init
+from ._comm import _alike, _as_buffer, _is_bfloat16, _Request, check_communicator, init
 from .partition import Partition, _check_owner, graph_digest
 
 __all__ = ["DistGraph", "HaloPlan"]
@@ -145,7 +145,8 @@ class HaloPlan:
     def start_reverse_exchange(self, halo_values):
         """Send each halo row's value back to its owner: a `_Pending` whose ``wait()``
         returns a function ``add_into(local)`` that adds the received values into the owned
-        rows (in place; the sum over peers is taken in rank order, so it is reproducible)."""
+        rows (in place; the sum over peers is taken in rank order, so it is reproducible).
+        ``local`` must be (n_local, ...) of ``halo_values``'s row shape and dtype."""
         halo_values = _rows_buffer(halo_values, "halo rows")
         if halo_values.shape[0] != self.n_halo:
             raise ValueError(f"expected the {self.n_halo} halo rows of this rank, got "
@@ -161,6 +162,7 @@ class HaloPlan:
                      for q in self.recv_peers]
 
         def add_into(local):
+            _check_add_target(local, (self.n_local,) + row_shape, halo_values.dtype)
             for q, buffer in incoming.items():
                 _add_rows(local, self.send_index[q], buffer)
             return local
@@ -173,10 +175,37 @@ def _rows_buffer(rows, name):
     if _is_bfloat16(rows):
         raise TypeError(f"{name} are bfloat16, which the halo exchange's NumPy arrays cannot "
                         "hold; convert them to float32")
+    # Copied where they are strided (a column slice, a transpose): whether a view is
+    # contiguous depends on how many rows a rank owns (a slice of one row is), so refusing
+    # it failed on some ranks only, and left their peers waiting for their messages.
+    if isinstance(rows, np.ndarray) and not rows.flags.c_contiguous:
+        rows = np.ascontiguousarray(rows)
+    elif hasattr(rows, "is_contiguous") and not rows.is_contiguous():
+        rows = rows.contiguous()
     rows = _as_buffer(rows, name)
     if rows.ndim == 0:
         raise ValueError(f"{name} must have one row per node, got a 0-d array")
     return rows
+
+
+def _check_add_target(target, shape, dtype):
+    """Refuse owned rows that the received rows cannot be added into, on every rank: the
+    addition itself fails (a torch dtype) or casts (NumPy) only on the ranks that received
+    something, and never on one rank."""
+    if not hasattr(target, "shape") or not hasattr(target, "dtype"):
+        raise TypeError(f"the owned rows must be a NumPy array or a CPU torch tensor, got "
+                        f"{type(target).__name__}")
+    if tuple(target.shape) != shape:
+        raise ValueError(f"the owned rows must have shape {shape} (the owned nodes and the "
+                         f"sent rows' shape), got {tuple(target.shape)}")
+    if isinstance(target, np.ndarray):
+        same = target.dtype == dtype
+    else:
+        import torch
+        same = target.dtype == torch.from_numpy(np.empty(0, dtype)).dtype
+    if not same:
+        raise TypeError(f"the owned rows are {target.dtype} but the rows sent back are "
+                        f"{dtype}; add into rows of the sent rows' dtype")
 
 
 def _add_rows(target, index, rows):
@@ -426,15 +455,33 @@ class DistGraph:
 
     def gather_rows(self, local, root=0):
         """The global array of every rank's owned rows, in node order, on ``root`` (None on
-        the other ranks). ``local`` is a NumPy array or CPU tensor of ``n_local`` rows."""
-        if _is_bfloat16(local):
-            raise TypeError("the local rows are bfloat16, which the gathered NumPy array "
-                            "cannot hold; convert them to float32")
-        local = np.asarray(local.detach().cpu().numpy() if hasattr(local, "detach") else local)
-        if local.ndim == 0 or local.shape[0] != self.n_local:
-            raise ValueError(f"expected the {self.n_local} owned rows of this rank, got "
-                             f"shape {local.shape}")
-        pieces = self.comm.gather((self.owned, local), root=root)
+        the other ranks). ``local`` is a NumPy array or CPU tensor of ``n_local`` rows.
+
+        Every rank must pass rows of one dtype and row shape; a rank whose rows are wrong
+        makes every rank raise (the others waited in the gather for ever, and the root cast
+        other ranks' rows to its own dtype)."""
+        comm = self.comm
+        error, layout = None, None
+        try:
+            if _is_bfloat16(local):
+                raise TypeError("the local rows are bfloat16, which the gathered NumPy array "
+                                "cannot hold; convert them to float32")
+            local = np.asarray(local.detach().cpu().numpy() if hasattr(local, "detach")
+                               else local)
+            if local.ndim == 0 or local.shape[0] != self.n_local:
+                raise ValueError(f"expected the {self.n_local} owned rows of this rank, got "
+                                 f"shape {local.shape}")
+            layout = (local.shape[1:], local.dtype.str)
+        except Exception as exc:  # noqa: BLE001 -- re-raised on every rank below
+            error = exc
+        comm.raise_if_any(error)
+        layouts = comm.allgather(layout)
+        if any(other != layouts[0] for other in layouts):
+            found = "; ".join(f"rank {q}: row shape {shape}, dtype {np.dtype(dtype)}"
+                              for q, (shape, dtype) in enumerate(layouts))
+            raise _alike(ValueError(f"the ranks' rows differ ({found}); gather rows of one "
+                                    f"dtype and row shape"))
+        pieces = comm.gather((self.owned, local), root=root)
         if pieces is None:
             return None
         result = np.empty((self.shape[0],) + local.shape[1:], dtype=local.dtype)
@@ -462,7 +509,11 @@ class DistGraph:
 def comm_sum(comm, value, kind="allreduce"):
     """Sum over the ranks of ``comm`` of a number or array (float64 or int64 arithmetic):
     a number comes back as a Python number, anything with a shape (an array, a list, a
-    tensor of several values) as a new NumPy array of that shape."""
+    tensor of several values) as a new NumPy array of that shape.
+
+    Each rank may pass integers or floats whatever the others pass (a rank with nothing to
+    count often holds the int 0 where the others hold floats): the sum is a float when any
+    rank passed one, else an exact integer. The ranks must pass the same shape."""
     is_array = isinstance(value, np.ndarray)
     if hasattr(value, "detach") and hasattr(value, "numpy"):
         # A torch tensor, through its own conversion (NumPy's asks torch's __array__ for a
@@ -475,8 +526,30 @@ def comm_sum(comm, value, kind="allreduce"):
         raise TypeError(f"the sum over the ranks adds real numbers, got "
                         f"{type(value).__name__} of dtype {values.dtype}")
     floating = values.dtype.kind == "f"
-    array = np.array(values, dtype=np.float64 if floating else np.int64, ndmin=1)
-    comm.Allreduce(array, kind=kind)
+    flat = values.reshape(-1)
+    # One float64 buffer on every rank, whatever this rank's values are: a rank reducing
+    # int64 while another reduced float64 added the bits of one to those of the other (both
+    # 8 bytes, so MPI cannot tell). Two counters follow the values: ranks that passed floats,
+    # and ranks whose integers are too large to be summed exactly in float64.
+    exact_below = 2.0 ** 53 / comm.size  # P such terms, and every partial sum, are exact
+    buffer = np.zeros(flat.size + 2, dtype=np.float64)
+    if floating:
+        buffer[:-2] = flat
+        buffer[-2] = 1
+    else:
+        ints = flat.astype(np.int64)
+        buffer[:-2] = ints
+        buffer[-1] = bool(ints.size) and float(np.abs(buffer[:-2]).max()) > exact_below
+    comm.Allreduce(buffer, kind=kind)
+    if buffer[-2]:
+        total = buffer[:-2]
+    elif buffer[-1]:
+        # Every rank passed integers (no float was counted), some too large for float64:
+        # agreed by every rank from the same counters, so all take this second reduction.
+        total = flat.astype(np.int64)
+        comm.Allreduce(total, kind=kind)
+    else:
+        total = buffer[:-2].astype(np.int64)
     if is_array or values.shape != ():
-        return array.reshape(values.shape)
-    return array[0].item()
+        return total.reshape(values.shape)
+    return total[0].item()

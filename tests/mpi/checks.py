@@ -766,6 +766,35 @@ def check_halo_exchange_of_mismatched_rows():
     np.testing.assert_array_equal(graph.halo_exchange(local), features[graph.halo])
 
 
+def check_gather_rows_of_unlike_ranks():
+    """Rows of the wrong length on one rank made that rank raise and the others wait in the
+    gather for ever; rows of another dtype were cast to the root's (ints truncated). Both now
+    raise on every rank, naming the rank at fault. Sums agree when some ranks pass ints."""
+    from pysparse_hpc.distributed._comm import raised_on_every_rank
+    from pysparse_hpc.distributed.graph import comm_sum
+    import scipy.sparse as sp
+    n = 2 * size
+    path = sp.csr_array(sp.diags([np.ones(n - 1), np.ones(n - 1)], [-1, 1], shape=(n, n)))
+    graph = DistGraph(path, np.arange(n) // 2, comm)
+    features = np.arange(n * 2, dtype=np.float64).reshape(n, 2)
+    local = graph.local_rows(features)
+    last = rank == size - 1
+    for rows, message in ((local[:-1] if last else local, "expected the 2 owned rows"),
+                          (local.astype(np.int64) if last else local, "the ranks' rows differ")):
+        try:
+            graph.gather_rows(rows)
+        except ValueError as exc:
+            assert message in str(exc) and raised_on_every_rank(exc), str(exc)
+            assert last or f"rank {size - 1}" in str(exc), str(exc)
+        else:
+            raise AssertionError("gather_rows took unlike rows")
+    gathered = graph.gather_rows(local)
+    assert (gathered is None) == (rank != 0)
+    if rank == 0:
+        np.testing.assert_array_equal(gathered, features)
+    assert comm_sum(comm, 0 if last else 0.5) == 0.5 * (size - 1)
+
+
 def check_fit_refuses_wrong_local_rows_on_every_rank():
     """fit's input check is agreed over the ranks: all raise, naming the rank at fault."""
     from pysparse_hpc.nn import models
