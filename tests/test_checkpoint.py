@@ -1,10 +1,12 @@
 """Checkpoints on one rank: bit-exact round trips, the asynchronous copy, atomic commits,
 verification and fallback, keep-k, clear errors, and gathering per-node rows by global id."""
+import gc
 import hashlib
 import json
 import os
 import random
 import shutil
+import signal
 import threading
 import warnings
 from collections import OrderedDict
@@ -855,3 +857,123 @@ def test_a_second_run_keeps_the_marker_the_first_took_back(tmp_path):
     with pytest.raises(ValueError, match=r"fingerprint differs in 'run' \(saved 1, given 2\)"):
         make(tmp_path, fingerprint={"run": 2})
     resumed.close()
+
+
+def in_forked_child(function, seconds=20):
+    """Run ``function()`` in a forked child; its exit status (0: it returned; 1: it raised;
+    SIGALRM: it hung for ``seconds``)."""
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into pytest
+        status = 1
+        try:
+            signal.alarm(seconds)
+            function()
+            status = 0
+        except BaseException:
+            import traceback
+            traceback.print_exc()
+        finally:
+            os._exit(status)
+    _, status = os.waitpid(pid, 0)
+    return status
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_loads_with_its_own_hashing_threads(tmp_path):
+    checkpoints = make(tmp_path, threads=4)
+    checkpoints.save(1, {"w": torch.arange(5.0)}, blocking=True)
+    checkpoints.load()   # the parent's hashing threads exist now
+    checkpoints.close()
+
+    def load_in_child():
+        child = make(tmp_path, threads=4)
+        assert torch.equal(child.load().shard["w"], torch.arange(5.0))
+        child.close()
+
+    # The child handed its blocks to the parent's pool, whose threads it does not have, and
+    # waited for ever.
+    assert in_forked_child(load_in_child) == 0
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_is_refused_its_parents_checkpointer(tmp_path, monkeypatch):
+    release = threading.Event()
+    original = ckpt._files.write_atomic
+
+    def held_write(path, chunks, threads=1):
+        assert release.wait(30)
+        return original(path, chunks, threads)
+
+    checkpoints = make(tmp_path)
+    checkpoints.save(1, {"w": torch.ones(3)}, blocking=True)
+    monkeypatch.setattr(ckpt._files, "write_atomic", held_write)
+    checkpoints.save(2, {"w": torch.zeros(3)})   # pending while the child runs
+
+    for method in ("wait", "load", "close", "release"):
+        def use_in_child():
+            with pytest.raises(RuntimeError, match="belongs to process .* forked process"):
+                getattr(checkpoints, method)()
+
+        # The child waited for ever for a background thread only the parent has.
+        assert in_forked_child(use_in_child) == 0, method
+    release.set()
+    assert checkpoints.wait() == 2
+    checkpoints.close()
+
+    # A child that drops its copy leaves the parent's lock, and the holder's name, alone.
+    checkpoints = make(tmp_path)
+    checkpoints.save(3, {"w": torch.ones(3)}, blocking=True)
+    lock = tmp_path / ".lock"
+    held = lock.read_text()
+    assert held.startswith(f"PID {os.getpid()} ")
+
+    def forget_in_child():
+        nonlocal checkpoints
+        checkpoints = None
+        gc.collect()
+
+    assert in_forked_child(forget_in_child) == 0
+    assert lock.read_text() == held
+    with pytest.raises(BlockingIOError, match=f"PID {os.getpid()} "):
+        make(tmp_path).save(4, {})
+    checkpoints.close()
+
+
+def test_values_that_would_not_load_as_saved_are_refused(tmp_path):
+    class Tagged(np.ndarray):
+        pass
+
+    checkpoints = make(tmp_path)
+    with pytest.raises(TypeError, match=r"shard\['m'\] is a numpy.ma.MaskedArray"):
+        checkpoints.save(1, {"m": np.ma.masked_array([1, 2], mask=[0, 1])})  # lost its mask
+    with pytest.raises(TypeError, match=r"nodes\['h'\] is a .*Tagged, a NumPy array subclass"):
+        checkpoints.save(1, {}, nodes={"node_ids": np.arange(1), "h": np.zeros((1, 2)).view(
+            Tagged)})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # nested tensors are a prototype
+        nested = torch.nested.nested_tensor([torch.ones(2), torch.ones(3)])
+    with pytest.raises(TypeError, match=r"shard\[0\] is a torch.strided tensor on cpu \(nested"):
+        checkpoints.save(1, [nested])   # torch's internal RuntimeError
+    assert checkpoints.steps() == []
+    mapped = np.memmap(tmp_path.parent / "mapped.bin", mode="w+", shape=(3,), dtype="<f4")
+    mapped[:] = [1, 2, 3]
+    checkpoints.save(1, {"m": mapped}, blocking=True)   # a memmap is an array: loaded as one
+    loaded = checkpoints.load().shard["m"]
+    assert type(loaded) is np.ndarray and loaded.tolist() == [1, 2, 3]
+    checkpoints.close()
+
+
+def test_gathered_per_node_tensors_are_leaves_as_saved(tmp_path):
+    checkpoints = make(tmp_path)
+    hidden = torch.randn(4, 2, requires_grad=True)
+    checkpoints.save(1, {}, nodes={"node_ids": np.arange(4), "h": hidden,
+                                   "p": torch.nn.Parameter(torch.arange(4.0)),
+                                   "c": torch.arange(4)}, blocking=True)
+    nodes = checkpoints.load(node_ids=[3, 1]).nodes
+    # The rows of a tensor that requires grad came back as a non-leaf with a grad_fn (which no
+    # optimizer takes), a Parameter as a plain tensor.
+    assert nodes["h"].is_leaf and nodes["h"].requires_grad and nodes["h"].grad_fn is None
+    assert torch.equal(nodes["h"], hidden.detach()[[3, 1]])
+    assert type(nodes["p"]) is torch.nn.Parameter and nodes["p"].tolist() == [3.0, 1.0]
+    assert not nodes["c"].requires_grad and nodes["c"].tolist() == [3, 1]
+    checkpoints.close()

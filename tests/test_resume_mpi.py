@@ -55,6 +55,11 @@ def test_a_job_ending_without_close_keeps_the_save_before_its_last(tmp_path):
     run_resume_checks(2, "exit_finished_the_saves", "--dir", directory, timeout=120)
 
 
+@requires_mpi
+def test_load_arguments_are_checked_on_every_rank():
+    run_resume_checks(2, "load_arguments_agree", timeout=60)
+
+
 def _train_command(*options):
     return [mpiexec_path(), "-n", "2", sys.executable, "-m", "pysparse_hpc", "train",
             "--epochs", "150", "--no-progress", "--threads", "1", *options]

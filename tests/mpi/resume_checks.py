@@ -138,5 +138,27 @@ def check_exit_finished_the_saves():
     checkpoints.close()
 
 
+def check_load_arguments_agree():
+    """Node ids wrong on one rank, and steps that differ between ranks, are errors on every
+    rank. The rank with wrong ids raised alone while the others went on into the next
+    collective (a hang), and ranks given different steps each loaded their own."""
+    import pytest
+
+    from pysparse_hpc.distributed import Checkpointer
+
+    checkpoints = Checkpointer(_shared_directory(), comm=comm, keep=None)
+    owned = np.arange(rank, 8, comm.size)
+    for step in (1, 2):
+        checkpoints.save(step, {"rank": rank}, nodes={"node_ids": owned, "h": owned * 10})
+    checkpoints.wait()
+    with pytest.raises(TypeError, match="1-D array of integer node ids"):
+        checkpoints.load(node_ids=np.arange(3) if rank == 0 else [[1]])
+    with pytest.raises(ValueError, match=r"different steps on different ranks: \[1, 2"):
+        checkpoints.load(step=1 + (rank > 0))
+    loaded = checkpoints.load(step=1, node_ids=[7, 0])
+    assert loaded.step == 1 and loaded.nodes["h"].tolist() == [70, 0], loaded
+    checkpoints.close()
+
+
 if __name__ == "__main__":
     run_named(checks_in(globals()), sys.argv[1:])

@@ -59,10 +59,17 @@ def lock_directory(path):
     return handle
 
 
-def unlock_directory(handle):
+def unlock_directory(handle, owner=None):
     """Release the lock `lock_directory` took (its open lock file). The holder's name is
     cleared first: a lock file that goes on naming a process after it let go (a run that
-    failed, or was refused, and ended) reads as held by it."""
+    failed, or was refused, and ended) reads as held by it.
+
+    In a process forked from ``owner`` (the PID that took the lock) only this process's copy
+    of the file is closed: the lock is the parent's, which still holds it and is named there.
+    """
+    if owner is not None and owner != os.getpid():
+        handle.close()
+        return
     try:
         handle.seek(0)
         handle.truncate()
@@ -124,6 +131,18 @@ def _digest(pieces):
 
 _POOL = None
 _POOL_LOCK = threading.Lock()
+
+
+def _forget_pool_in_child():
+    """A forked child has the pool's object but none of its threads: work handed to it would
+    wait for ever (a process that loaded a checkpoint, then forked a worker that loads one).
+    The child makes its own pool; the lock may have been held by a thread that is not here."""
+    global _POOL, _POOL_LOCK
+    _POOL, _POOL_LOCK = None, threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_pool_in_child)
 
 
 def _pool(threads):

@@ -57,6 +57,13 @@ class Encoder:
         if torch is not None and isinstance(value, torch.Tensor):
             return self._tensor(value, path, torch)
         if isinstance(value, np.ndarray):
+            if type(value) is not np.ndarray and not isinstance(value, np.memmap):
+                # It would load as a plain ndarray: a masked array without its mask, a matrix
+                # that multiplies element-wise.
+                raise TypeError(f"{path} is a {kind.__module__}.{kind.__qualname__}, a NumPy "
+                                "array subclass, which a checkpoint cannot hold (it would load "
+                                "as a plain ndarray); save its arrays as plain ndarrays (for "
+                                "a masked array, its .data and .mask)")
             return self._array(value, path, "ndarray")
         if isinstance(value, np.generic):
             return self._array(np.asarray(value), path, "npscalar")
@@ -111,11 +118,15 @@ class Encoder:
                 "n": array.nbytes}
 
     def _tensor(self, tensor, path, torch):
-        if tensor.layout != torch.strided or tensor.is_quantized or tensor.device.type == "meta":
-            raise TypeError(f"{path} is a {tensor.layout} tensor on {tensor.device}"
-                            f"{' (quantized)' if tensor.is_quantized else ''}; a checkpoint "
-                            "holds dense tensors with data (convert it with .to_dense() "
-                            "or .dequantize())")
+        # A nested tensor has the strided layout but no single shape: its copy would fail
+        # with torch's internal error, not this one naming its path.
+        if (tensor.layout != torch.strided or tensor.is_quantized or tensor.is_nested
+                or tensor.device.type == "meta"):
+            kind = " (quantized)" if tensor.is_quantized else " (nested)" if tensor.is_nested \
+                else ""
+            raise TypeError(f"{path} is a {tensor.layout} tensor on {tensor.device}{kind}; a "
+                            "checkpoint holds dense tensors with data (convert it with "
+                            ".to_dense(), .dequantize() or .unbind())")
         nbytes = tensor.numel() * tensor.element_size()
         return {"$t": "tensor", "dtype": str(tensor.dtype).removeprefix("torch."),
                 "shape": list(tensor.shape), "at": self._leaf(tensor, nbytes), "n": nbytes,

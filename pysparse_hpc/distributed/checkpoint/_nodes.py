@@ -60,7 +60,8 @@ def gather_node_rows(node_ids, parts):
     Returns
     -------
     dict
-        ``{"node_ids": node_ids as int64, name: rows}``: NumPy arrays or tensors as saved.
+        ``{"node_ids": node_ids as int64, name: rows}``: NumPy arrays or tensors as saved
+        (tensors new leaves, Parameters where the parts' are, with their ``requires_grad``).
 
     Raises
     ------
@@ -72,6 +73,7 @@ def gather_node_rows(node_ids, parts):
     torch = sys.modules.get("torch")
     found = np.zeros(ids.size, bool)
     names = None
+    kinds = {}  # name: (a Parameter, requires_grad) of the tensors gathered, as saved
     result = {"node_ids": ids}
     for index, part in enumerate(parts):
         part_names = sorted(k for k in part if k != "node_ids")
@@ -102,11 +104,18 @@ def gather_node_rows(node_ids, parts):
                                  f"{tuple(rows.shape[1:])} {rows.dtype} in part {index} but "
                                  f"{tuple(out.shape[1:])} {out.dtype} before")
             if tensor:
-                out[torch.from_numpy(target)] = rows[torch.from_numpy(source)]
+                # Outside autograd: rows saved with requires_grad would make the result a
+                # non-leaf with a grad_fn, which no optimizer takes; it is made a leaf below.
+                with torch.no_grad():
+                    out[torch.from_numpy(target)] = rows[torch.from_numpy(source)]
+                kinds[name] = (isinstance(rows, torch.nn.Parameter), rows.requires_grad)
             else:
                 out[target] = rows[source]
     if not found.all():
         missing = ids[~found]
         raise ValueError(f"{missing.size} of the {ids.size} node ids are in no part, e.g. "
                          f"{missing[:5].tolist()}")
+    for name, (parameter, grad) in kinds.items():
+        result[name] = (torch.nn.Parameter(result[name], requires_grad=grad) if parameter
+                        else result[name].requires_grad_(grad))
     return result

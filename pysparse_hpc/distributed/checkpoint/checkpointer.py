@@ -213,11 +213,13 @@ class Checkpointer:
     Notes
     -----
     A state is a tree of dicts (any plain keys), lists and tuples whose leaves are torch
-    tensors (dense, any dtype and device; loaded on the CPU), NumPy arrays and scalars (not of
-    object dtype), None, bool, int, float, str and bytes. Saving copies its arrays into a
-    staging buffer kept for the next save, so a checkpointer holds about one state's bytes
-    between saves (`close` frees it); a tensor or array saved twice is loaded as two copies.
-    Loading reads the files into memory: what `load` returns shares nothing with them.
+    tensors (dense, any dtype and device; loaded on the CPU), NumPy arrays (plain or memory
+    mapped, not of object dtype) and scalars, None, bool, int, float, str and bytes. Saving
+    copies its arrays into a staging buffer kept for the next save, so a checkpointer holds
+    about one state's bytes between saves (`close` frees it); a tensor or array saved twice is
+    loaded as two copies. Loading reads the files into memory: what `load` returns shares
+    nothing with them. A forked child cannot use its parent's checkpointer (a RuntimeError):
+    it has neither the background thread nor the lock; it makes its own.
 
     As a context manager it calls `close` on leaving. When the block raises, the pending save's
     files are finished; in one process that save is then committed too (a failure to commit
@@ -277,6 +279,7 @@ class Checkpointer:
         self._unlock = None    # the finalizer that releases `_lock`
         self._lock = None      # rank 0's open lock file, from the first save: this run writes
         self._wrote_marker = False  # rank 0 made the CHECKPOINTS file (taken back if unused)
+        self._pid = os.getpid()  # a forked child's copy has neither its thread nor its lock
         error = self._prepare_directory() if comm.rank == 0 else None
         error = comm.bcast(error)
         if error is not None:
@@ -425,6 +428,7 @@ class Checkpointer:
         FileExistsError
             The step is already committed, or is the previous save's (which is committed).
         """
+        self._check_process()
         previous = self._collect()
         try:
             step, encoders = self._prepare_save(step, shard, shared, nodes, previous)
@@ -484,7 +488,8 @@ class Checkpointer:
                     self._lock = _files.lock_directory(self.directory)
                     # A checkpointer dropped without close() empties and closes the lock
                     # file too (not at exit: `_finish_at_exit` commits under the lock first).
-                    self._unlock = weakref.finalize(self, _files.unlock_directory, self._lock)
+                    self._unlock = weakref.finalize(self, _files.unlock_directory, self._lock,
+                                                    os.getpid())
                     self._unlock.atexit = False
                     self._restore_marker()
                 self._refuse_rollback(step, None if previous is None else previous[0])
@@ -599,6 +604,7 @@ class Checkpointer:
             What failed while writing, on any rank (every rank raises it); the checkpoint is
             then not committed.
         """
+        self._check_process()
         collected = self._collect()
         if collected is None:
             return None
@@ -736,6 +742,7 @@ class Checkpointer:
     def close(self):
         """Commit the pending save (collective), and free the staging buffer and the
         background thread."""
+        self._check_process()
         try:
             self.wait()
         finally:
@@ -753,6 +760,7 @@ class Checkpointer:
         committed first (no other rank to wait for; a failure to is a warning); over several
         ranks committing is collective and the others may not be here, so the background
         writer is only waited for. Then `release`."""
+        self._check_process()
         try:
             self._settle_pending("")
         finally:
@@ -798,6 +806,7 @@ class Checkpointer:
         before its first save: a mistyped dataset) removes that file here, so the corrected
         run, with another fingerprint, is not refused as another run's; not while another
         run holds the directory's lock (the file is that run's too then)."""
+        self._check_process()
         _STARTED.discard(self)  # given up: the end of the process commits nothing here
         # The background writer finishes first (uncommitted): it would go on writing into a
         # directory given up, and the marker's check below would miss the step it creates.
@@ -808,6 +817,15 @@ class Checkpointer:
         if self._lock is not None:
             self._unlock()  # `_files.unlock_directory`, once
             self._lock = self._unlock = None
+
+    def _check_process(self):
+        """Raise in a forked child: its copy of this checkpointer has no background thread
+        (waiting for the pending save's files, or the deletion of old checkpoints, would hang
+        for ever) and shares the parent's lock, under which both would write the directory."""
+        if os.getpid() != self._pid:
+            raise RuntimeError(f"this Checkpointer of {self.directory} belongs to process "
+                               f"{self._pid}, not to this forked process {os.getpid()}: make a "
+                               "new Checkpointer here")
 
     def _take_back_marker(self):
         try:
@@ -856,11 +874,23 @@ class Checkpointer:
         """
         self.wait()
         self._join_pruning()
-        if step is not None:
-            step = _check_step(step)
-        if node_ids is not None:
-            node_ids = as_ids(node_ids, "node_ids")
         comm = self.comm
+        error = None
+        try:
+            if step is not None:
+                step = _check_step(step)
+            if node_ids is not None:
+                node_ids = as_ids(node_ids, "node_ids")
+        except Exception as exc:
+            # Each rank passes its own node ids: raised on every rank, not on the one whose ids
+            # are wrong while the others wait for it in the next collective.
+            error = exc
+        comm.raise_if_any(error)
+        steps = comm.allgather(step)
+        if len(set(steps)) > 1:
+            # Each rank would load the step it was given, and resume a different state.
+            raise ValueError(f"load() was called with different steps on different ranks: "
+                             f"{steps}")
         dirs, committed = comm.bcast((self._step_dirs(), self.steps()) if comm.rank == 0
                                      else None)
         candidates = sorted(dirs, reverse=True)
