@@ -1,4 +1,5 @@
 """The base class of every sparse array: what all formats share, whatever their layout."""
+import numbers
 import sys
 
 import numpy as np
@@ -114,6 +115,11 @@ class sparray:
         if issparse(other) or scipy.sparse.issparse(other):
             raise TypeError(f"sparse @ sparse products are not supported (the right operand "
                             f"is a {type(other).__name__}); convert both with to_scipy()")
+        ndim = _operand_ndim(other)
+        if ndim is not None and ndim not in (1, 2):
+            # as for the left operand: a scalar is a value @ does not take (scipy's
+            # ValueError), not a wrong type of an operand named B
+            raise ValueError(_dimensions_message("right", ndim, other))
         if _tracks_gradient(other):
             # A @ W inside a model: the differentiable product, as torch.sparse.mm's
             if other.dim() not in (1, 2) or other.shape[0] != self.shape[1]:
@@ -132,10 +138,7 @@ class sparray:
                             f"a {type(other).__name__}); convert both with to_scipy()")
         left = other if is_torch_tensor(other) else np.asarray(other)
         if left.ndim not in (1, 2):
-            # No hint to use * instead: sparse arrays have no arithmetic operators.
-            found = ("0-D: a scalar, which @ does not take (scale the stored values instead)"
-                     if left.ndim == 0 else f"{left.ndim}-D with shape {tuple(left.shape)}")
-            raise ValueError(f"the left operand of @ must be 1-D or 2-D, got {found}")
+            raise ValueError(_dimensions_message("left", left.ndim, left))
         if left.shape[-1] != self.shape[0]:
             raise ValueError(f"dimension mismatch: the left operand of @ has shape "
                              f"{tuple(left.shape)} and A has shape {self.shape}; expected "
@@ -161,6 +164,24 @@ class sparray:
         rows, cols = self.shape
         return (f"<{self._format_name} of shape ({rows}, {cols}), dtype {self.dtype}, "
                 f"index {self.index_dtype}, {self.nnz} stored entries{self._repr_details()}>")
+
+
+def _operand_ndim(x):
+    """The number of dimensions of a dense operand of @ (0 for a Python or NumPy scalar), or
+    None for what is not one (its type is then refused by the product)."""
+    if isinstance(x, numbers.Number):
+        return 0
+    if isinstance(x, (np.ndarray, np.generic)) or is_torch_tensor(x):
+        return x.ndim
+    return None
+
+
+def _dimensions_message(side, ndim, operand):
+    """Why an operand of @ with ``ndim`` dimensions is refused."""
+    # No hint to use * instead: sparse arrays have no arithmetic operators.
+    found = ("0-D: a scalar, which @ does not take (scale the stored values instead)"
+             if ndim == 0 else f"{ndim}-D with shape {tuple(operand.shape)}")
+    return f"the {side} operand of @ must be 1-D or 2-D, got {found}"
 
 
 def _tracks_gradient(x):

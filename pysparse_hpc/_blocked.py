@@ -9,11 +9,13 @@ import numpy as np
 
 from ._base import sparray
 from ._config import get_num_threads
-from ._csr import csr_array
+from ._csr import csr_array, host_values
 from ._cy import blocked as _blocked
 from ._sputils import (
     as_index_array,
     as_value_array,
+    check_index_dtype,
+    check_index_dtype_holds,
     check_integer,
     check_shape,
     get_index_dtype,
@@ -57,7 +59,8 @@ class blocked_array(sparray):
     block_width : int, default 8
         Vectors per block, the MMA reduction extent of the kernel that will read it.
     index_dtype : {None, numpy.int32, numpy.int64}, optional
-        Index dtype when converting from CSR (default: the CSR's).
+        Index dtype of the result (default: the CSR's when converting, scipy's rule for raw
+        arrays: int32 unless an input index array is int64 or a size needs int64).
 
     Attributes
     ----------
@@ -95,7 +98,7 @@ class blocked_array(sparray):
             self._set_arrays(source.values, source.col_idx, source.row_window_offset,
                              source.vector_mask, source.shape, window, block_width)
         elif isinstance(arg, tuple) and len(arg) == 4:
-            self._init_from_raw(arg, shape, dtype, copy, window, block_width)
+            self._init_from_raw(arg, shape, dtype, copy, window, block_width, index_dtype)
         else:
             csr = csr_array(arg, shape=shape, dtype=dtype, index_dtype=index_dtype)
             source = blocked_from_csr(csr, window, block_width)
@@ -113,10 +116,12 @@ class blocked_array(sparray):
         self._block_width = block_width
         self._nnz = None
 
-    def _init_from_raw(self, arg, shape, dtype, copy, window, block_width):
+    def _init_from_raw(self, arg, shape, dtype, copy, window, block_width, index_dtype):
+        requested_index_dtype = check_index_dtype(index_dtype)
         if shape is None:
             raise ValueError("shape is required when building a blocked array from raw arrays")
         shape = check_shape(shape)
+        arg = tuple(host_values(a) for a in arg)
         values = as_value_array(arg[0], "values", dtype)
         col_idx = as_index_array(arg[1], "col_idx")
         row_window_offset = as_index_array(arg[2], "row_window_offset")
@@ -125,8 +130,9 @@ class blocked_array(sparray):
             raise TypeError(
                 f"vector_mask must be a 1-D uint8 array, got dtype {vector_mask.dtype} "
                 f"with shape {vector_mask.shape}")
-        index_dtype = get_index_dtype((col_idx, row_window_offset),
-                                      maxval=max(shape + (col_idx.size,)))
+        index_dtype = requested_index_dtype or get_index_dtype(
+            (col_idx, row_window_offset), maxval=max(shape + (col_idx.size,)))
+        check_index_dtype_holds(index_dtype, max(shape + (col_idx.size,)))
         _check_blocked_arrays(values, col_idx, row_window_offset, vector_mask, shape, window,
                               block_width, full_check=True)
         if vector_mask is None:

@@ -1,5 +1,6 @@
 """`csr_array`: compressed sparse rows, the format every other format converts through."""
 import operator
+import sys
 from typing import NamedTuple
 
 import numpy as np
@@ -20,7 +21,7 @@ from ._sputils import (
     value_dtype_for,
 )
 
-__all__ = ["csr_array", "CooTriplets", "as_csr"]
+__all__ = ["csr_array", "CooTriplets", "as_csr", "host_values"]
 
 _INT64_MAX = int(np.iinfo(np.int64).max)
 
@@ -163,6 +164,7 @@ class csr_array(sparray):
         self.check_format()
 
     def _init_from_tuple(self, arg, shape, dtype, copy, index_dtype):
+        arg = tuple(host_values(a) for a in arg)
         if len(arg) == 2 and _is_int(arg[0]) and _is_int(arg[1]):
             empty_shape = check_shape(arg)
             if shape is not None and shape != empty_shape:
@@ -180,7 +182,8 @@ class csr_array(sparray):
             if len(arg[1]) != 2:
                 raise ValueError(
                     f"COO input needs (data, (row, col)); got {len(arg[1])} index arrays")
-            self._init_from_coo(arg[0], arg[1][0], arg[1][1], shape, dtype, index_dtype)
+            self._init_from_coo(arg[0], host_values(arg[1][0]), host_values(arg[1][1]), shape,
+                                dtype, index_dtype)
         elif len(arg) == 3:
             self._init_from_raw_csr(*arg, shape=shape, dtype=dtype, copy=copy,
                                     index_dtype=index_dtype)
@@ -454,6 +457,28 @@ def _check_scipy_indices(matrix):
                 raise ValueError(f"the scipy COO input's {name}[{bad}] is "
                                  f"{int(coordinates[bad])}, out of range for {extent} "
                                  f"{'rows' if name == 'row' else 'columns'}")
+
+
+def host_values(x):
+    """A torch tensor given as a raw array, as NumPy sees the values of a dense one: detached,
+    on the host, with a lazy negation or conjugation resolved (numpy() refuses all three,
+    with torch's RuntimeError); a CPU tensor without them is shared, as a NumPy array is.
+    Anything else, and a 0-d tensor (a dimension of a shape), is returned as it is.
+
+    Raises
+    ------
+    TypeError
+        For a sparse tensor or bfloat16 values, which NumPy cannot hold.
+    """
+    if not is_torch_tensor(x) or x.ndim == 0:
+        return x
+    if x.layout != sys.modules["torch"].strided:
+        raise TypeError(f"a raw array must be a dense (strided) tensor, got layout {x.layout}; "
+                        "pass its index and value arrays instead")
+    if str(x.dtype) == "torch.bfloat16":  # NumPy has none: say so before torch does
+        raise TypeError("values of dtype torch.bfloat16 are not supported; expected float16, "
+                        "float32 or float64 (convert with .float())")
+    return x.detach().cpu().resolve_neg().resolve_conj().numpy()
 
 
 def _contiguous(array, dtype, copy):

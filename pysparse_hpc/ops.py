@@ -22,6 +22,7 @@ from .kernels.cpu import spmm as _cpu_spmm
 __all__ = ["spmm", "sddmm"]
 
 _BACKENDS = ("auto", "cpu", "cuda")
+_PRECISIONS = ("fp32", "tf32", "fp16")   # the CUDA backend's, checked there too
 # Parts per thread: several, so a part that hits a dense region does not leave a thread idle.
 _PARTS_PER_THREAD = 8
 
@@ -30,6 +31,16 @@ _PARTS_PER_THREAD = 8
 def _compute_dtype(*dtypes):
     dtype = np.result_type(*dtypes)
     return np.dtype(np.float32) if dtype == np.float16 else dtype
+
+
+def _check_precision(precision):
+    """Refuse a precision that no backend has, before the CPU's "applies to the CUDA backend"
+    could describe it as one the GPU takes."""
+    if not isinstance(precision, str):
+        raise TypeError(f"precision must be one of {_PRECISIONS}, got "
+                        f"{type(precision).__name__} {precision!r}")
+    if precision not in _PRECISIONS:
+        raise ValueError(f"precision must be one of {_PRECISIONS}, got {precision!r}")
 
 
 def _check_sparse(A):
@@ -164,6 +175,7 @@ def spmm(A, B, *, out=None, backend="auto", precision="fp32"):
            [5., 5., 5.]])
     """
     A = _check_sparse(A)
+    _check_precision(precision)
     dense = as_dense(B, "B", "use A @ B or pysparse_hpc.nn.functional.spmm for a gradient")
     if _resolve_backend(backend, [dense]) == "cuda":
         if out is not None:
@@ -259,6 +271,7 @@ def sddmm(A, X, Y, *, alpha=1.0, beta=0.0, backend="auto", precision="fp32"):
            [0., 6.]])
     """
     A = _check_sparse(A)
+    _check_precision(precision)
     alpha = _check_scalar(alpha, "alpha")
     beta = _check_scalar(beta, "beta")
     hint = "use pysparse_hpc.nn.functional.sddmm for a gradient"

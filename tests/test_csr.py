@@ -322,3 +322,42 @@ def test_to_scipy_shares_or_copies():
     np.testing.assert_array_equal(copied.toarray(), before)
     blocked = A.to_mebcrs()
     assert not np.shares_memory(blocked.to_scipy(copy=True).data, blocked.values)
+
+
+def test_torch_tensors_as_raw_and_coo_arrays():
+    """Tensors among raw arrays are read as a dense tensor is: by their values. One that
+    requires grad or carries torch's negative bit raised torch's RuntimeError from numpy(),
+    bfloat16 torch's own TypeError, and a (2, nnz) index tensor, what a COO tensor's
+    ``indices()`` gives, was not recognised as (row, col)."""
+    torch = pytest.importorskip("torch")
+    expected = np.array([[1.0, 0.0], [0.0, 2.0]])
+    values = torch.tensor([1.0, 2.0], dtype=torch.float64, requires_grad=True)
+    indices, indptr = torch.tensor([0, 1]), torch.tensor([0, 1, 2])
+    A = sph.csr_array((values, indices, indptr))
+    np.testing.assert_array_equal(A.toarray(), expected)
+    assert A.dtype == np.float64
+    B = sph.csr_array((values, (indices, indices)))
+    np.testing.assert_array_equal(B.toarray(), expected)
+    C = sph.csr_array((values.detach(), torch.stack([indices, indices])), shape=(2, 2))
+    np.testing.assert_array_equal(C.toarray(), expected)
+    negated = torch.tensor([1.0 - 1.0j, 1.0 - 2.0j]).conj().imag   # [1, 2] with the neg bit
+    assert negated.is_neg()
+    np.testing.assert_array_equal(sph.csr_array((negated, indices, indptr)).toarray(),
+                                  expected)
+    with pytest.raises(TypeError, match="bfloat16.*convert with .float"):
+        sph.csr_array((values.to(torch.bfloat16), indices, indptr))
+    with pytest.raises(TypeError, match="dense.*tensor"):
+        sph.csr_array((values.detach().to_sparse(), indices, indptr))
+    blocked = sph.mebcrs_array((torch.tensor([1.0, 0, 0, 0, 0, 0, 0, 0], requires_grad=True),
+                                torch.tensor([1]), torch.tensor([0, 1]), None), shape=(1, 2))
+    np.testing.assert_array_equal(blocked.toarray(), [[0.0, 1.0]])
+
+
+def test_raw_tensors_are_shared_unless_copy():
+    """Plain CPU tensors among raw arrays keep the sharing rule of NumPy arrays."""
+    torch = pytest.importorskip("torch")
+    values = torch.tensor([1.0, 2.0], dtype=torch.float64)
+    A = sph.csr_array((values, torch.tensor([0, 1]), torch.tensor([0, 1, 2])))
+    assert np.shares_memory(A.data, values.numpy())
+    B = sph.csr_array((values, torch.tensor([0, 1]), torch.tensor([0, 1, 2])), copy=True)
+    assert not np.shares_memory(B.data, values.numpy())

@@ -306,3 +306,41 @@ def test_zero_dim_integer_tensors_are_integers():
         with pytest.raises(TypeError, match="n must be an integer"):
             check_integer(bad, "n")
     assert sph.generators.rmat(torch.tensor(4), seed=0).shape == (16, 16)
+
+
+@pytest.mark.parametrize("scalar", [2.0, 3, np.float64(2.0), np.array(2.0)])
+def test_a_scalar_on_either_side_of_matmul_is_the_same_value_error(scalar):
+    """``A @ 2.0`` was a TypeError naming a "B" the caller never wrote ("B must be a NumPy
+    array or a torch tensor, got float") while ``2.0 @ A`` is a ValueError that says why; both
+    sides now give scipy's error type and the same explanation."""
+    A = sph.csr_array(np.eye(3))
+    with pytest.raises(ValueError, match=r"the right operand of @ must be 1-D or 2-D, got 0-D: "
+                                         r"a scalar"):
+        A @ scalar
+    with pytest.raises(ValueError, match=r"the left operand of @ must be 1-D or 2-D, got 0-D: "
+                                         r"a scalar"):
+        scalar @ A
+    with pytest.raises(ValueError, match=r"the right operand of @ must be 1-D or 2-D, got 3-D"):
+        A @ np.ones((3, 2, 2))
+
+
+def test_a_scalar_tensor_on_the_right_of_matmul_is_a_value_error():
+    torch = pytest.importorskip("torch")
+    A = sph.csr_array(np.eye(3))
+    for scalar in (torch.tensor(2.0), torch.tensor(2.0, requires_grad=True)):
+        with pytest.raises(ValueError, match="right operand of @ must be 1-D or 2-D, got 0-D"):
+            A @ scalar
+
+
+@pytest.mark.parametrize("precision, error", [("fp64", ValueError), ("FP32", ValueError),
+                                              (None, TypeError), (32, TypeError)])
+def test_an_unknown_precision_is_named_as_such(precision, error):
+    """An invalid precision was reported as one that "applies to the CUDA backend", which
+    fp64 or None do not either."""
+    A = sph.csr_array(np.eye(3))
+    with pytest.raises(error, match=r"precision must be one of \('fp32', 'tf32', 'fp16'\)"):
+        sph.spmm(A, np.ones((3, 2)), precision=precision)
+    with pytest.raises(error, match=r"precision must be one of \('fp32', 'tf32', 'fp16'\)"):
+        sph.sddmm(A, np.ones((3, 2)), np.ones((3, 2)), precision=precision)
+    with pytest.raises(ValueError, match="applies to the CUDA backend"):
+        sph.spmm(A, np.ones((3, 2)), precision="tf32")
