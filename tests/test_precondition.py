@@ -7,6 +7,7 @@ import io
 import types
 import warnings
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -1676,3 +1677,123 @@ def test_a_maker_that_took_a_step_deep_copies_and_trains_on_as_the_original(make
     expected = train(model, optimizer, maker, 3)
     assert all(torch.equal(e, g) for e, g in
                zip(expected, train(twin_model, twin_optimizer, twin, 3)))
+
+
+def test_non_finite_input_rows_leave_the_models_input_unchanged():
+    """With check_finite=False a NaN in a wide Linear's input reaches its low-rank input
+    factor, whose rows are a view of the input: the refused update leaves that input as the
+    caller passed it (it was scaled in place by 1 / data_size), with the usual warning."""
+    model = wide_mlp()
+    gm = P.KfacGradientMaker(model, P.PreconditioningConfig(data_size=8, damping=1e-3),
+                             fisher_type="emp", check_finite=False)
+    x, t = batch((8, 100))
+    x[0, 0] = float("nan")
+    before = x.clone()
+    dy = gm.setup_model_call(model, x)
+    gm.setup_loss_call(F.cross_entropy, dy, t)
+    with pytest.warns(RuntimeWarning, match="non-finite curvature"):
+        gm.forward_and_backward()
+    assert torch.equal(x[1:], before[1:]) and torch.equal(x[0, 1:], before[0, 1:])
+    assert "A_rows" not in gm.factors("0")
+
+
+class _OptionalLayer(nn.Module):
+    """An MLP whose middle layer runs only when `use_middle` is set."""
+
+    def __init__(self):
+        super().__init__()
+        self.first, self.middle, self.out = nn.Linear(6, 6), nn.Linear(6, 6), nn.Linear(6, 3)
+        self.use_middle = False
+
+    def forward(self, x):
+        h = self.first(x)
+        return self.out(self.middle(h) if self.use_middle else h)
+
+
+@pytest.mark.filterwarnings("ignore:modules \\['middle'\\] saw no input")
+@pytest.mark.parametrize("maker", ["KfacGradientMaker", "DiagNaturalGradientMaker"])
+def test_kl_clip_leaves_a_module_without_curvature_plain(maker):
+    """A module first called after the last curvature step has no curvature: it keeps its
+    plain gradient, which the kl_clip factor leaves alone (the diagonal Fisher scaled it)."""
+    torch.manual_seed(0)
+    model = _OptionalLayer().to(DTYPE)
+    gm = getattr(P, maker)(model, P.PreconditioningConfig(data_size=8, damping=1e-4,
+                                                          curvature_upd_interval=5),
+                           fisher_type="emp", kl_clip=1e-6, lr=1.0)
+    x, t = batch((8, 6))
+    for step in range(2):
+        model.use_middle = step == 1
+        model.zero_grad()
+        dy = gm.setup_model_call(model, x)
+        gm.setup_loss_call(F.cross_entropy, dy, t)
+        gm.forward_and_backward()
+    assert gm.last_kl_clip_scale < 1e-2   # the preconditioned modules were clipped
+    plain = copy.deepcopy(model)
+    plain.zero_grad()
+    F.cross_entropy(plain(x), t).backward()
+    for name in ("weight", "bias"):
+        torch.testing.assert_close(getattr(model.middle, name).grad,
+                                   getattr(plain.middle, name).grad, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("option", ["pi_damping", "swift", "check_finite"])
+def test_flags_of_the_natural_makers_must_be_bools(option):
+    """A flag given as a string (``"False"`` is truthy) or a number is a TypeError naming
+    it, not silently taken as True."""
+    config = P.PreconditioningConfig(data_size=8)
+    for value in ("False", 0, None):
+        with pytest.raises(TypeError, match=f"{option} must be a bool"):
+            P.KfacGradientMaker(mlp(), config, **{option: value})
+    with pytest.raises(TypeError, match="check_finite must be a bool"):
+        P.DiagNaturalGradientMaker(mlp(), config, check_finite="no")
+    assert P.KfacGradientMaker(mlp(), config, pi_damping=np.bool_(False)).pi_damping is False
+
+
+def test_load_state_dict_refuses_one_factor_alone_or_not_a_tensor():
+    """K-FAC stores A (or its rows) and B together: a state with one alone, or with a
+    factor that is not a tensor, is refused on loading (ValueError, TypeError) and the maker
+    keeps its state; it failed at the next inversion (KeyError) or with an AttributeError."""
+    x, t = batch((32, 20))
+    config = P.PreconditioningConfig(data_size=32, damping=1e-3, ema_decay=0.5)
+    gm = P.KfacGradientMaker(mlp(), config, fisher_type="emp")
+    train(gm, gm.model, x, t, 1)
+    state = gm.state_dict()
+    other = P.KfacGradientMaker(mlp(), config, fisher_type="emp")
+    for key in ("A", "B"):
+        bad = copy.deepcopy(state)
+        del bad["factors"]["0"][key]
+        with pytest.raises(ValueError, match=f"'0' hold {'AB'.replace(key, '')} without {key}"):
+            other.load_state_dict(bad)
+        assert other.step == 0 and other.factors("0") == {}
+    bad = copy.deepcopy(state)
+    bad["factors"]["0"]["B"] = bad["factors"]["0"]["B"].tolist()
+    with pytest.raises(TypeError, match="factor B of '0' must be a tensor, got list"):
+        other.load_state_dict(bad)
+    bad = copy.deepcopy(state)
+    bad["factors"]["0"] = None
+    with pytest.raises(TypeError, match="factors of '0' must be a dict, got NoneType"):
+        other.load_state_dict(bad)
+    bad = copy.deepcopy(state)
+    bad["factors"]["0"] = {key: bad["factors"]["0"][key] for key in ("A_inv", "B_inv")}
+    other.load_state_dict(bad)   # inverses without factors: they precondition, as saved
+    assert set(other.factors("0")) == {"A_inv", "B_inv"}
+
+
+def test_diag_state_of_a_bias_frozen_since_loads():
+    """A bias frozen after the maker was built leaves its diagonal in the state; a maker
+    built on the model with that bias frozen (the resumed run) loads it and trains on as the
+    original does."""
+    x, t = batch((32, 20))
+    config = P.PreconditioningConfig(data_size=32, damping=1e-3)
+    gm = P.DiagNaturalGradientMaker(model := mlp(), config, fisher_type="emp")
+    train(gm, model, x, t, 1)
+    model[0].bias.requires_grad_(False)
+    model[0].bias.grad = None
+    train(gm, model, x, t, 1)
+    state = gm.state_dict()
+    assert {"bias", "bias_inv"} <= set(state["factors"]["0"])
+    twin = copy.deepcopy(model)
+    resumed = P.DiagNaturalGradientMaker(twin, config, fisher_type="emp")
+    resumed.load_state_dict(state)
+    expected, resumed_grads = train(gm, model, x, t, 2), train(resumed, twin, x, t, 2)
+    assert all(torch.equal(e, g) for e, g in zip(expected[-1], resumed_grads[-1]))

@@ -916,3 +916,51 @@ def test_an_interrupted_jorge_refresh_leaves_no_partial_statistics(monkeypatch):
     gm.state_dict()
     monkeypatch.undo()
     gm.forward_and_backward()
+
+
+@pytest.mark.parametrize("maker, groups", [
+    ("ShampooGradientMaker", [("L", "R"), ("L_root", "R_root")]),
+    ("JorgeGradientMaker", [("Lh", "Rh"), ("L_stat", "R_stat", "stat_decay")])])
+def test_load_state_dict_refuses_a_block_missing_part_of_a_pair(maker, groups):
+    """A block stores its two sides (and Jorge's gathered statistics their decay) together: a
+    state missing one is refused with ValueError naming the block, and the maker keeps its
+    state. Accepted, a missing R restarted from the next gradient alone, a missing decay
+    counted as 1, and a missing root failed at the next step with a KeyError."""
+    x, t = batch((32, 20))
+    config = P.PreconditioningConfig(damping=1e-3, ema_decay=0.1, curvature_upd_interval=1,
+                                     preconditioner_upd_interval=3)
+    gm = getattr(P, maker)(mlp(), config)
+    train(gm, gm.model, x, t, 2)   # Jorge: roots, and statistics gathered since
+    state = gm.state_dict()
+    block = state["parameters"]["0.weight"]["blocks"][0]
+    assert {key for group in groups for key in group} == set(block)
+    target = getattr(P, maker)(mlp(), config)
+    for group in groups:
+        for key in group:
+            bad = copy.deepcopy(state)
+            del bad["parameters"]["0.weight"]["blocks"][0][key]
+            with pytest.raises(ValueError, match=f"block 0 of '0.weight' holds .* without "
+                                                 f"\\['{key}'\\]"):
+                target.load_state_dict(bad)
+            assert target.step == 0 and target.factors("0.weight") == [{}]
+    if maker == "JorgeGradientMaker":
+        bad = copy.deepcopy(state)
+        bad["parameters"]["0.weight"]["blocks"][0]["stat_decay"] = "0.9"
+        with pytest.raises(TypeError, match="stat_decay of block 0 of '0.weight' must be a "
+                                            "float, got str"):
+            target.load_state_dict(bad)
+    target.load_state_dict(state)
+    assert target.step == 2
+
+
+@pytest.mark.parametrize("maker, option", [("ShampooGradientMaker", "relative_damping"),
+                                           ("ShampooGradientMaker", "check_finite"),
+                                           ("JorgeGradientMaker", "symmetrize")])
+def test_flags_must_be_bools(maker, option):
+    """A flag given as a string (``"False"`` is truthy) or a number is a TypeError naming it,
+    not silently taken as True."""
+    for value in ("False", 1, None):
+        with pytest.raises(TypeError, match=f"{option} must be a bool"):
+            getattr(P, maker)(mlp(), P.PreconditioningConfig(), **{option: value})
+    assert getattr(getattr(P, maker)(mlp(), P.PreconditioningConfig(),
+                                     **{option: np.bool_(False)}), option) is False

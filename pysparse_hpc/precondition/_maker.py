@@ -26,6 +26,7 @@ from functools import partial
 import torch
 from torch import nn
 
+from .._sputils import check_flag
 from ..distributed._comm import check_communicator, check_rank
 from ..distributed._sparse_grads import allreduce_sparse, sparse_gradient_parameters
 from ._fisher import FISHER_EMP, fisher_passes
@@ -225,7 +226,7 @@ class PreconditionedGradientMaker:
         self.comm = comm
         #: Whether there are other ranks to sum gradients and curvature with.
         self._distributed = comm is not None and comm.size > 1
-        self.check_finite = bool(check_finite)
+        self.check_finite = check_flag(check_finite, "check_finite")
         self.state = {"step": 0}
         self.last_step_skipped = False
         self._schedule_pair = self._config_values = None

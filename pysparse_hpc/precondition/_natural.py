@@ -406,6 +406,11 @@ class NaturalGradientMaker(PreconditionedGradientMaker):
         """Key -> shape of every tensor module `name` may store."""
         raise NotImplementedError
 
+    def _loadable_shapes(self, name):
+        """Key -> shape of every tensor a loaded state of module `name` may hold (by default
+        `_expected_shapes`)."""
+        return self._expected_shapes(name)
+
     def _check_entry(self, name, entry):
         """Raise ``ValueError`` where module `name`'s loaded tensors do not fit together (the
         shapes of each are checked already); nothing here."""
@@ -430,7 +435,10 @@ class NaturalGradientMaker(PreconditionedGradientMaker):
             return
         restored = {}
         for name, entry in saved.items():
-            expected = self._expected_shapes(name)
+            if not isinstance(entry, dict):
+                raise TypeError(f"state_dict factors of {name!r} must be a dict, got "
+                                f"{type(entry).__name__}")
+            expected = self._loadable_shapes(name)
             unknown = set(entry) - set(expected)
             if unknown:
                 raise ValueError(f"state_dict factors of {name!r} have unknown keys "
@@ -438,6 +446,9 @@ class NaturalGradientMaker(PreconditionedGradientMaker):
             weight = self._modules[name][0].weight
             restored[name] = {}
             for key, tensor in entry.items():
+                if not isinstance(tensor, torch.Tensor):
+                    raise TypeError(f"state_dict factor {key} of {name!r} must be a tensor, "
+                                    f"got {type(tensor).__name__}")
                 if not _fits(tuple(tensor.shape), expected[key]):
                     raise ValueError(f"state_dict factor {key} of {name!r} has shape "
                                      f"{tuple(tensor.shape)}, expected {expected[key]}")

@@ -119,6 +119,9 @@ class RootGradientMaker(PreconditionedGradientMaker):
     """
     _requires_data_size = False
     _block_keys = {}
+    #: Keys a block stores together (all or none): a loaded block missing part of a group
+    #: would restart a statistic from nothing, or fail at its next use.
+    _block_key_groups = ()
     _statistics_keys = ("L", "R")
     #: Where a block keeps its roots (what an owner broadcasts).
     _root_keys = ("L_root", "R_root")
@@ -549,11 +552,21 @@ class RootGradientMaker(PreconditionedGradientMaker):
                                      f"{key!r}; expected some of {sorted(self._block_keys)}")
                 side = self._block_keys[key]
                 if side is None:
+                    if not is_real_number(value) and not (
+                            isinstance(value, torch.Tensor) and value.numel() == 1):
+                        raise TypeError(f"state_dict {key} of block {k} of {name!r} must be a "
+                                        f"float, got {type(value).__name__}")
                     restored[key] = float(value)
                     continue
                 dim = rows if side == "L" else cols
                 restored[key] = self._load_tensor(f"{key} of block {k} of {name!r}", value,
                                                   (dim, dim), matrix)
+            for group in self._block_key_groups:
+                held = [key for key in group if key in restored]
+                if held and len(held) != len(group):
+                    raise ValueError(f"state_dict block {k} of {name!r} holds {held} without "
+                                     f"{[key for key in group if key not in held]}; expected "
+                                     f"all of {list(group)} or none")
             out.append(restored)
         return out
 

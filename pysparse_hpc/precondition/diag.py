@@ -137,11 +137,24 @@ class DiagNaturalGradientMaker(NaturalGradientMaker):
                         param.grad.mul_(self.grad_scale)
                     if key + "_inv" in state:
                         results.append((param.grad, param.grad.mul(state[key + "_inv"])))
-                self._write_preconditioned(name, results)
+                # A module without a diagonal yet keeps the plain gradient, which the kl_clip
+                # scaling must then leave alone, as K-FAC's does for a module without inverses.
+                if results:
+                    self._write_preconditioned(name, results)
 
     def factors(self, name):
         """The stored diagonals of module `name`: ``weight``, ``bias`` and their ``*_inv``."""
         return super().factors(name)
+
+    def _loadable_shapes(self, name):
+        # A bias frozen since the state was saved (gradual freezing) left its diagonal in the
+        # state, kept and unused as in the run that saved it: it loads whether the bias trains
+        # now or not.
+        shapes = self._expected_shapes(name)
+        bias = getattr(self._modules[name][0], "bias", None)
+        if isinstance(bias, torch.Tensor):
+            shapes.update(bias=tuple(bias.shape), bias_inv=tuple(bias.shape))
+        return shapes
 
     def _expected_shapes(self, name):
         module = self._modules[name][0]

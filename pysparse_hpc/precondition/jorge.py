@@ -44,6 +44,7 @@ statistics have accumulated: ``X ~ ((1 - b) / b) (L + eps I)^-1 G G^T``.
 """
 import torch
 
+from .._sputils import check_flag
 from ._maker import _all_finite
 from ._root_maker import RootGradientMaker, check_positive
 from ._roots import (gram_factors, inverse_root, series_root_update,
@@ -109,6 +110,7 @@ class JorgeGradientMaker(RootGradientMaker):
     ['Lh', 'Rh']
     """
     _block_keys = {"Lh": "L", "Rh": "R", "L_stat": "L", "R_stat": "R", "stat_decay": None}
+    _block_key_groups = (("Lh", "Rh"), ("L_stat", "R_stat", "stat_decay"))
     # Statistics gathered since the last refresh of the roots (and the decay they carry).
     _statistics_keys = ("L_stat", "R_stat")
     _root_keys = ("Lh", "Rh")
@@ -124,7 +126,7 @@ class JorgeGradientMaker(RootGradientMaker):
             raise ValueError(f"init must be one of {JORGE_INITS}, got {init!r}")
         self.init = init
         self.series_radius = check_positive("series_radius", series_radius, upper=1.0)
-        self.symmetrize = bool(symmetrize)
+        self.symmetrize = check_flag(symmetrize, "symmetrize")
         self.clipped_updates = 0
         self._fresh = (None, {})   # (step, {(name, block): gradient block}), see below
         self._refresh_follows = False

@@ -46,6 +46,7 @@ import warnings
 
 import torch
 
+from .._sputils import check_flag
 from ._maker import _all_finite, curvature_dtype
 from ._fisher import FISHER_MC, LOSS_CROSS_ENTROPY
 from ._gram import gram
@@ -401,9 +402,9 @@ class KfacGradientMaker(NaturalGradientMaker):
                  scale=1.0, grad_scale=1.0, n_mc_samples=1, var=1.0, seed=None, swift=False,
                  *, pi_damping=True, kl_clip=None, lr=None, check_finite=True, comm=None,
                  strategy="inverse"):
-        if swift:
+        if check_flag(swift, "swift"):
             raise NotImplementedError("swift=True (SKFAC) is not implemented; use swift=False")
-        self.pi_damping = bool(pi_damping)
+        self.pi_damping = check_flag(pi_damping, "pi_damping")
         super().__init__(model, config, fisher_type, loss_type, scale, grad_scale, n_mc_samples,
                          var, seed, kl_clip=kl_clip, lr=lr, check_finite=check_finite,
                          comm=comm, strategy=strategy)
@@ -454,8 +455,14 @@ class KfacGradientMaker(NaturalGradientMaker):
                 # without one) is averaged whole: else the average would start from nothing.
                 state["A"] = gram(state["A_rows"])
             stacked = entry.get("A_rows")
-            if stacked is None or not _all_finite(stacked):
-                continue  # non-finite rows: the base refuses the module's update, as for A
+            if stacked is None:
+                continue
+            if not _all_finite(stacked):
+                # The base refuses the module's update, as for A, after scaling the entry in
+                # place: a copy, since one call's rows are a view of the model's input, which
+                # would be scaled too.
+                entry["A_rows"] = stacked.clone()
+                continue
             del entry["A_rows"]
             if "A" in entry or stacked.shape[0] > LOW_RANK_SHARE * stacked.shape[1]:
                 dense = gram(stacked)
@@ -561,21 +568,27 @@ class KfacGradientMaker(NaturalGradientMaker):
         return super().factors(name)
 
     def _check_entry(self, name, entry):
-        """A low-rank input factor loads whole: its rows and, unless no inversion of it has
+        """The factors load as a pair (``A`` or its rows ``A_rows``, and ``B``), or not at all:
+        the maker stores them together, and one alone would fail at the next inversion. A
+        low-rank input factor loads whole: its rows and, unless no inversion of it has
         succeeded yet, the damping and one ``k x k`` capacitance inverse or factor for the
         ``k`` rows it was built from (``A_woodbury_rows`` where present, else ``A_rows``)."""
         woodbury = {k for k in entry if k.startswith(_LOW_RANK_KEYS)}
-        if not woodbury or woodbury == {"A_rows"}:
-            return
-        held = woodbury & {"A_woodbury_inv", "A_woodbury_chol"}
-        rows = entry.get("A_woodbury_rows", entry.get("A_rows"))
-        if "A_rows" not in entry or "A_woodbury_damping" not in entry or len(held) != 1 \
-                or entry[held.pop()].shape != (rows.shape[0],) * 2:
-            raise ValueError(f"state_dict factors of {name!r} hold an incomplete low-rank input "
-                             f"factor ({sorted(woodbury)}); expected A_rows, "
-                             f"A_woodbury_damping and a k x k A_woodbury_inv or "
-                             f"A_woodbury_chol for the k rows it was built from "
-                             f"(A_woodbury_rows where present, else A_rows)")
+        if woodbury and woodbury != {"A_rows"}:
+            held = woodbury & {"A_woodbury_inv", "A_woodbury_chol"}
+            rows = entry.get("A_woodbury_rows", entry.get("A_rows"))
+            if "A_rows" not in entry or "A_woodbury_damping" not in entry or len(held) != 1 \
+                    or entry[held.pop()].shape != (rows.shape[0],) * 2:
+                raise ValueError(f"state_dict factors of {name!r} hold an incomplete low-rank "
+                                 f"input factor ({sorted(woodbury)}); expected A_rows, "
+                                 f"A_woodbury_damping and a k x k A_woodbury_inv or "
+                                 f"A_woodbury_chol for the k rows it was built from "
+                                 f"(A_woodbury_rows where present, else A_rows)")
+        has_a, has_b = "A" in entry or "A_rows" in entry, "B" in entry
+        if has_a != has_b:
+            raise ValueError(f"state_dict factors of {name!r} hold "
+                             f"{'A' if has_a else 'B'} without {'B' if has_a else 'A'} "
+                             f"(found {sorted(entry)}); expected both factors or neither")
 
     def _expected_shapes(self, name):
         module, kind = self._modules[name]

@@ -19,6 +19,7 @@ which follows ``preconditioner_upd_interval`` when unset, as in ASDL), roots on 
 steps. The usual Shampoo, statistics every step and roots every ``k``, is
 ``PreconditioningConfig(curvature_upd_interval=1, preconditioner_upd_interval=k)``.
 """
+from .._sputils import check_flag
 from ._root_maker import RootGradientMaker
 from ._roots import inverse_root
 
@@ -100,6 +101,7 @@ class ShampooGradientMaker(RootGradientMaker):
     ['L', 'L_root', 'R', 'R_root']
     """
     _block_keys = {"L": "L", "R": "R", "L_root": "L", "R_root": "R"}
+    _block_key_groups = (("L", "R"), ("L_root", "R_root"))
     _skipped_statistics = "the update is skipped and the previous statistics and roots are kept"
 
     def __init__(self, model, config, block_size=None, sync_group=None, *, grafting=None,
@@ -108,7 +110,7 @@ class ShampooGradientMaker(RootGradientMaker):
         if sync_group is not None:
             raise NotImplementedError("sync_group (ASDL's distributed Shampoo) is not "
                                       "implemented; use sync_group=None")
-        self.relative_damping = bool(relative_damping)
+        self.relative_damping = check_flag(relative_damping, "relative_damping")
         super().__init__(model, config, block_size, grafting=grafting,
                          grafting_epsilon=grafting_epsilon, check_finite=check_finite,
                          comm=comm, strategy=strategy)
