@@ -374,17 +374,18 @@ def test_bad_owner():
         Partition.from_owner(adj, beyond)
 
 
-@pytest.mark.parametrize("nparts, message", [
-    (0, "nparts must be a positive integer, got 0"),
-    (-1, "nparts must be a positive integer, got -1"),
-    (2.5, "nparts must be an integer, got float 2.5"),
-    (True, "nparts must be an integer, got bool True"),
-    (np.True_, "nparts must be an integer, got bool"),
-    ("4", "nparts must be an integer, got str '4'"),
+@pytest.mark.parametrize("nparts, kind, message", [
+    (0, ValueError, "nparts must be a positive integer, got 0"),
+    (-1, ValueError, "nparts must be a positive integer, got -1"),
+    # wrong types are TypeErrors, as everywhere in the library (they were ValueErrors)
+    (2.5, TypeError, "nparts must be an integer, got float 2.5"),
+    (True, TypeError, "nparts must be an integer, got bool True"),
+    (np.True_, TypeError, "nparts must be an integer, got bool"),
+    ("4", TypeError, "nparts must be an integer, got str '4'"),
 ])
-def test_bad_nparts(cora, nparts, message):
+def test_bad_nparts(cora, nparts, kind, message):
     for method in METHODS:
-        with pytest.raises(ValueError, match=message):
+        with pytest.raises(kind, match=message):
             partition(cora, nparts, method=method)
 
 

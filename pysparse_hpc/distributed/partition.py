@@ -133,10 +133,12 @@ def _entry_keys(indptr, indices, n, first, stop):
 
 
 def _check_nparts(nparts):
+    # A float or a string is a wrong type (TypeError, as everywhere in the library), whose
+    # message says what is expected.
     try:
         nparts = check_integer(nparts, "nparts")
     except TypeError as exc:
-        raise ValueError(f"{exc}; expected a positive integer") from None
+        raise TypeError(f"{exc}; expected a positive integer") from None
     if nparts < 1:
         raise ValueError(f"nparts must be a positive integer, got {nparts}")
     if nparts > _MAX_PARTS:
@@ -382,12 +384,11 @@ class Partition:
         Raises
         ------
         TypeError
-            If ``adj`` is not sparse or ``owner`` does not hold integers (floats and bools are
-            refused).
+            If ``adj`` is not sparse, ``owner`` does not hold integers or ``nparts`` is not an
+            integer (floats and bools are refused).
         ValueError
             If ``adj`` is not square, ``owner`` is not 1-D or its length is not ``n``, an owner
-            lies outside ``[0, nparts)``, or ``nparts`` is not an integer in
-            ``[1, 2**31 - 1]``.
+            lies outside ``[0, nparts)``, or ``nparts`` is outside ``[1, 2**31 - 1]``.
         """
         return cls(adj, owner, nparts=nparts, method=method)
 
@@ -595,11 +596,11 @@ def partition(adj, nparts, method="metis", seed=0, balance=None):
     Raises
     ------
     TypeError
-        If ``adj`` is not a sparse array or matrix, or ``seed`` is not an integer.
+        If ``adj`` is not a sparse array or matrix, or ``nparts`` or ``seed`` is not an
+        integer (bools refused).
     ValueError
-        If ``adj`` is not square or not a valid sparse matrix, ``nparts`` is not an integer
-        in ``[1, 2**31 - 1]`` (bools refused),
-        ``seed`` is negative, or ``method`` or ``balance`` is unknown.
+        If ``adj`` is not square or not a valid sparse matrix, ``nparts`` is outside
+        ``[1, 2**31 - 1]``, ``seed`` is negative, or ``method`` or ``balance`` is unknown.
     ModuleNotFoundError
         If ``method="metis"`` and ``pymetis`` is not installed.
     ImportError
