@@ -887,3 +887,115 @@ def test_models_reset_parameters_as_a_new_model(graph, name):
     model.reset_parameters()
     for key, value in fresh.state_dict().items():
         assert torch.equal(model.state_dict()[key], value), key
+
+
+# -- argument types, sparse features, kept graphs -----------------------------------------------
+
+@pytest.mark.parametrize("make, error, message", [
+    (lambda: nn.GCNConv(3.0, 2), TypeError, "in_channels must be an integer, got float 3.0"),
+    (lambda: nn.GATConv(3, 2, heads=2.0), TypeError, "heads must be an integer, got float"),
+    (lambda: nn.GATConv(3, True), TypeError, "out_channels must be an integer, got bool"),
+    (lambda: nn.GATConv(3, 2, dropout="0.5"), TypeError, r"dropout must be a float, got str"),
+    (lambda: nn.GATConv(3, 2, dropout=True), TypeError, "dropout must be a float, got bool"),
+    (lambda: nn.GATConv(3, 2, negative_slope="0.2"), TypeError,
+     "negative_slope must be a float, got str"),
+    (lambda: nn.GATConv(3, 2, negative_slope=float("inf")), ValueError,
+     "negative_slope must be a finite number"),
+    (lambda: nn.GCNConv(3, 2, normalize="no"), TypeError, "normalize must be a bool, got str"),
+    (lambda: nn.GCNConv(3, 2, cached=1), TypeError, "cached must be a bool, got int"),
+    (lambda: nn.GCNConv(3, 2, bias="False"), TypeError, "bias must be a bool, got str"),
+    (lambda: nn.GATConv(3, 2, concat="False"), TypeError, "concat must be a bool, got str"),
+    (lambda: nn.GATConv(3, 2, add_self_loops=None), TypeError,
+     "add_self_loops must be a bool, got NoneType"),
+    (lambda: nn.GATConv(3, 2, bias=0), TypeError, "bias must be a bool, got int"),
+])
+def test_layer_options_of_a_wrong_type_are_type_errors(make, error, message):
+    """A float size was a ValueError, a string dropout failed on a comparison without the
+    argument's name, and a truthy string flag (``normalize="no"``) silently meant True."""
+    with pytest.raises(error, match=message):
+        make()
+    conv = nn.GATConv(3, 2, concat=np.bool_(False), negative_slope=np.float32(0.5))
+    assert conv.concat is False and conv.negative_slope == 0.5
+
+
+@pytest.mark.parametrize("layout", ["coo", "csr"])
+@pytest.mark.filterwarnings("ignore:Sparse CSR tensor support is in beta")
+def test_gcnconv_takes_sparse_features_on_every_call(graph, layout):
+    """Sparse features ran on a first call (transform first) and were refused on the second,
+    when the same input switched the layer to propagating it first."""
+    dense = features(14, 40).relu()
+    x = dense.to_sparse() if layout == "coo" else dense.to_sparse_csr()
+    torch.manual_seed(0)
+    conv = nn.GCNConv(40, 3).double()
+    expected = conv(dense, graph)
+    for _ in range(3):
+        torch.testing.assert_close(conv(x, graph), expected)
+    conv.lin.weight.grad = None
+    conv(x, graph).square().sum().backward()
+    gradient = conv.lin.weight.grad
+    conv.lin.weight.grad = None
+    conv(dense, graph).square().sum().backward()
+    torch.testing.assert_close(gradient, conv.lin.weight.grad)
+
+
+def test_cached_gcnconv_names_its_kept_graph_when_the_sizes_differ(graph):
+    """A cached=True layer given a graph of another size was refused by the product with a
+    message about an adjacency of the kept size, not the one passed."""
+    conv = nn.GCNConv(3, 2, cached=True).double()
+    conv(features(14, 3), graph)
+    smaller = torch.tensor([[0, 1], [1, 2]])
+    with pytest.raises(ValueError, match="x has 3 rows but the graph this cached=True layer "
+                                         "keeps from its first call has 14 nodes.*reset_cache"):
+        conv(features(3, 3), smaller)
+    conv.reset_cache()
+    assert conv(features(3, 3), smaller).shape == (3, 2)
+
+
+@pytest.mark.parametrize("layer", [lambda: nn.GCNConv(3, 2), lambda: nn.GATConv(3, 2),
+                                   lambda: nn.AGNNConv()])
+def test_layers_refuse_features_on_a_device_without_kernels(graph, layer):
+    """Features on the meta device were refused deep in the dispatch, as if a GPU were asked
+    for and missing, or as a mismatch with the layer's own tensors."""
+    x = torch.empty(14, 3, device="meta")
+    with pytest.raises(ValueError, match="x is on device 'meta'; the layers run on CPU or CUDA"):
+        layer()(x, graph)
+
+
+@pytest.mark.parametrize("layer", [lambda: nn.GATConv(3, 2, heads=2, add_self_loops=False),
+                                   lambda: nn.AGNNConv(add_self_loops=False)])
+def test_a_pattern_given_a_repeated_column_in_place_is_summed_as_a_fresh_one(layer):
+    """An array's canonical flag, once computed, stays set when its indices are written in
+    place; the attention layers trusted it and counted a repeated column twice where the
+    same arrays in a new array count it once."""
+    dense = np.array([[0, 1, 1, 1], [1, 0, 0, 1], [0, 1, 0, 1], [1, 0, 1, 0]], float)
+    adj = sph.csr_array(dense)
+    x = features(4, 3)
+    torch.manual_seed(0)
+    conv = layer().double()
+    conv(x, adj)
+    assert adj.has_canonical_format
+    adj.indices[1] = 1                       # row 0 holds column 1 twice, column 2 no more
+    fresh = sph.csr_array((adj.data.copy(), adj.indices.copy(), adj.indptr.copy()),
+                          shape=adj.shape)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.testing.assert_close(conv(x, adj), conv(x, fresh), rtol=0, atol=1e-15)
+    assert F.pattern(adj).nnz == F.pattern(fresh).nnz == adj.nnz - 1
+
+
+def test_gatconv_does_not_warn_of_repeated_self_loops_it_replaces():
+    """With self-loops added, PyG's GATConv removes the listed ones and adds one per node, so
+    a self-loop listed twice counts once there as here: the warning that the results differ
+    was wrong. Without added self-loops PyG counts both copies, and the warning stays."""
+    pyg = pytest.importorskip("torch_geometric.nn")
+    edge_index = torch.tensor([[0, 1, 1, 1, 2], [1, 2, 1, 1, 1]])   # 1 -> 1 twice
+    x = features(3, 4)
+    ours, theirs = nn.GATConv(4, 2).double(), pyg.GATConv(4, 2).double()
+    ours.load_state_dict(theirs.state_dict())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        torch.testing.assert_close(ours(x, edge_index), theirs(x, edge_index))
+    with pytest.warns(RuntimeWarning, match=r"repeats edges \(1 copies beyond"):
+        nn.GATConv(4, 2, add_self_loops=False).double()(x, edge_index)
+    with pytest.warns(RuntimeWarning, match=r"repeats edges \(1 copies beyond"):
+        ours(x, torch.tensor([[0, 1, 1, 1, 2, 2], [1, 2, 1, 1, 1, 1]]))   # and 2 -> 1 twice

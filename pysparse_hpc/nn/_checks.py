@@ -1,11 +1,15 @@
 """Input checks the layers share."""
+import math
 import os
 import sys
 import warnings
 
 import torch
 
-__all__ = ["check_features", "user_stacklevel", "warn_once_if_nan"]
+from .._sputils import check_flag, check_integer, is_real_number
+
+__all__ = ["check_channels", "check_features", "check_flag", "check_negative_slope",
+           "check_probability", "user_stacklevel", "warn_once_if_nan"]
 
 # Frames in these folders are the library's or torch's own (a Module's __call__), not the user's.
 _LIBRARY_FOLDER = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -23,12 +27,47 @@ def user_stacklevel():
     return level
 
 
+def check_channels(value, name):
+    """``value`` as a positive Python int: TypeError for anything that is not an integer (a
+    float would otherwise pass as a size of torch's and be truncated or refused there
+    without the argument's name), ValueError below 1."""
+    value = check_integer(value, name)
+    if value < 1:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+    return value
+
+
+def check_probability(value, name):
+    """``value`` as a float in [0, 1): TypeError for a non-number (a bool included), ValueError
+    outside the range."""
+    if not is_real_number(value):
+        raise TypeError(f"{name} must be a float, got {type(value).__name__} ({value!r})")
+    if not 0.0 <= value < 1.0:
+        raise ValueError(f"{name} must be in [0, 1), got {value!r}")
+    return float(value)
+
+
+def check_negative_slope(value):
+    """``value`` as a finite float: NaN or an infinity would make every output NaN."""
+    if not is_real_number(value):
+        raise TypeError(f"negative_slope must be a float, got {type(value).__name__} "
+                        f"({value!r})")
+    if not math.isfinite(value):
+        raise ValueError(f"negative_slope must be a finite number, got {value!r}")
+    return float(value)
+
+
 def check_features(x, in_channels=None):
-    """``x`` must be a 2-D float32/float64 tensor with ``in_channels`` columns (when given)."""
+    """``x`` must be a 2-D float32/float64 tensor on the CPU or a CUDA device with
+    ``in_channels`` columns (when given)."""
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
     if x.dtype not in (torch.float32, torch.float64):
         raise TypeError(f"x must be float32 or float64, got {x.dtype}")
+    if x.device.type not in ("cpu", "cuda"):
+        # Else refused deep in a kernel's dispatch, as if a GPU were asked for and missing.
+        raise ValueError(f"x is on device {x.device.type!r}; the layers run on CPU or CUDA "
+                         "tensors")
     if x.ndim != 2:
         raise ValueError(f"x must be 2-D (nodes, features), got shape {tuple(x.shape)}")
     if in_channels is not None and x.shape[1] != in_channels:

@@ -135,13 +135,25 @@ def pattern(adj):
     pattern (its local matrix is canonical)."""
     if isinstance(adj, DistGraph):
         return adj
+    # A csr_array's canonical flag is set once and kept: writing into its index arrays in
+    # place (followed by the caches here) leaves it stale, so it is read from the arrays,
+    # once per content.
+    if isinstance(adj, csr_array) and cached_on(adj, "canonical", lambda: _is_canonical(adj)):
+        return adj
 
     def build():
         csr = adj.tocsr()
-        return csr if csr.has_canonical_format else csr.canonical()
-    if isinstance(adj, csr_array) and adj.has_canonical_format:
-        return adj
+        if _is_canonical(csr):
+            return csr
+        # A fresh array over the same arrays reads their order itself, whatever flag csr has
+        fresh = csr_array((csr.data, csr.indices, csr.indptr), shape=csr.shape)
+        return fresh.canonical()
     return cached_on(adj, "pattern", build)
+
+
+def _is_canonical(csr):
+    """Whether every row of ``csr`` is sorted by column without repeats, read from its arrays."""
+    return _convert.csr_index_order(csr.indptr, csr.indices) == 2
 
 
 def with_dtype(adj, dtype):
@@ -255,17 +267,25 @@ def _from_edge_index(edge_index, num_nodes):
     index_dtype = get_index_dtype(maxval=max(num_nodes, sources.size))
     adj = csr_array((values, (targets, sources)), shape=(num_nodes, num_nodes),
                     index_dtype=index_dtype).canonical()
-    #: Edges listed more than once (beyond their first copy), for `warn_if_repeated_edges`.
+    #: Edges listed more than once (beyond their first copy), for `warn_if_repeated_edges`;
+    #: of them, the copies of self-loops.
     adj.repeated_edges = sources.size - adj.nnz
+    loops = sources[sources == targets]
+    adj.repeated_loops = loops.size - np.unique(loops).size
     return adj
 
 
-def warn_if_repeated_edges(graph, layer):
+def warn_if_repeated_edges(graph, layer, loops_replaced=False):
     """An attention layer reads the graph's pattern, where an edge listed twice in an
     edge_index is one edge; PyG's attention counts every copy. Say so, at the user's line
-    that called the layer (shown once per line and message by Python's default filter)."""
+    that called the layer (shown once per line and message by Python's default filter).
+
+    ``loops_replaced``: the layer adds self-loops, where PyG's removes every listed one and
+    adds one per node, so repeated self-loops count once there too and are no difference."""
     from ._checks import user_stacklevel   # imports torch, which this module leaves out
     repeated = getattr(graph, "repeated_edges", 0)
+    if loops_replaced:
+        repeated -= getattr(graph, "repeated_loops", 0)
     if repeated:
         warnings.warn(f"{layer}: the edge_index repeats edges ({repeated} copies beyond the "
                       "first of each); attention counts each edge once (PyG counts every "

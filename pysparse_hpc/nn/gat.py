@@ -6,15 +6,12 @@ included), ``Y_i = sum_j alpha_ij H_j`` per head, then heads concatenated or ave
 attention is one fused pass (`functional.gat_attention`), the aggregation a multi-head SpMM
 whose backward is an SDDMM for the attention and an SpMM with the cached transpose for H.
 """
-import math
-import numbers
-
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from .._sputils import is_real_number
 from . import functional
-from ._checks import check_features, warn_once_if_nan
+from ._checks import (check_channels, check_features, check_flag, check_negative_slope,
+                      check_probability, warn_once_if_nan)
 from ._graph import (EdgeIndexCache, as_graph, check_graph_for, checked_once,
                      warn_if_repeated_edges,
                      with_self_loops)
@@ -82,17 +79,16 @@ class GATConv(torch.nn.Module):
         super().__init__()
         if cache not in GAT_CACHES:
             raise ValueError(f"cache must be one of {GAT_CACHES}, got {cache!r}")
-        for name, value in (("in_channels", in_channels), ("out_channels", out_channels),
-                            ("heads", heads)):
-            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {dropout!r}")
-        if not (is_real_number(negative_slope) and math.isfinite(negative_slope)):
-            raise ValueError(f"negative_slope must be a finite number, got {negative_slope!r}")
-        in_channels, out_channels, heads = int(in_channels), int(out_channels), int(heads)
+        in_channels = check_channels(in_channels, "in_channels")
+        out_channels = check_channels(out_channels, "out_channels")
+        heads = check_channels(heads, "heads")
+        dropout = check_probability(dropout, "dropout")
+        negative_slope = check_negative_slope(negative_slope)
+        # A string such as "False" is truthy and would silently ask for the opposite.
+        concat, bias = check_flag(concat, "concat"), check_flag(bias, "bias")
+        add_self_loops = check_flag(add_self_loops, "add_self_loops")
         self.in_channels, self.out_channels, self.heads = in_channels, out_channels, heads
-        self.concat, self.dropout, self.negative_slope = concat, float(dropout), negative_slope
+        self.concat, self.dropout, self.negative_slope = concat, dropout, negative_slope
         self.cache, self.add_self_loops = cache, add_self_loops
         # A Linear module: module hooks (gradient preconditioning) see the transform.
         self.lin = linear_without_init(in_channels, heads * out_channels)
@@ -152,7 +148,7 @@ class GATConv(torch.nn.Module):
         with ``num_nodes``, default ``x.shape[0]``)."""
         check_features(x, self.in_channels)
         graph = as_graph(adj, num_nodes, self._edge_cache, default_num_nodes=x.shape[0])
-        warn_if_repeated_edges(graph, "GATConv")
+        warn_if_repeated_edges(graph, "GATConv", loops_replaced=self.add_self_loops)
         check_graph_for(graph, x)
         graph = with_self_loops(graph) if self.add_self_loops else functional.pattern(graph)
         cache = self.resolved_cache(graph)

@@ -8,7 +8,6 @@ unchanged input (a first layer fed the raw features, or evaluation passes) with 
 ``Â X`` is computed once and reused: the layer is then a dense product, with no SpMM at all.
 """
 import math
-import numbers
 import weakref
 
 import numpy as np
@@ -17,7 +16,7 @@ import torch
 from .._blocked import blocked_array
 from ..distributed.graph import DistGraph, comm_sum
 from . import functional
-from ._checks import check_features, warn_once_if_nan
+from ._checks import check_channels, check_features, check_flag, warn_once_if_nan
 from ._graph import (EdgeIndexCache, as_graph, cached_on, check_graph_for, checked_once,
                      values_token)
 from .norm import gcn_norm
@@ -188,7 +187,8 @@ class GCNConv(torch.nn.Module):
         through ``x.data``), call `reset_cache`. The other two force an order. All give the
         same result up to rounding. While the dense transform ``lin`` has forward hooks (a
         gradient preconditioner gathering curvature), calls run transform first, so the hooks
-        see X and the gradient of X W.
+        see X and the gradient of X W; so do calls on sparse features (a torch sparse COO or
+        CSR ``x``), whose SpMM would need a dense X.
     normalize : bool
         Apply `gcn_norm` (with self-loops where missing, as PyG); False uses ``adj`` as
         given.
@@ -214,10 +214,12 @@ class GCNConv(torch.nn.Module):
         super().__init__()
         if order not in ORDERS:
             raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
-        for name, value in (("in_channels", in_channels), ("out_channels", out_channels)):
-            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
-        self.in_channels, self.out_channels = int(in_channels), int(out_channels)
+        in_channels = check_channels(in_channels, "in_channels")
+        out_channels = check_channels(out_channels, "out_channels")
+        # A string such as "False" is truthy and would silently ask for the opposite.
+        bias = check_flag(bias, "bias")
+        cached, normalize = check_flag(cached, "cached"), check_flag(normalize, "normalize")
+        self.in_channels, self.out_channels = in_channels, out_channels
         self.cached, self.order, self.normalize = cached, order, normalize
         # The dense transform is a Linear module, so that module hooks (gradient
         # preconditioning) see its input and output whichever operator order a call takes.
@@ -246,6 +248,12 @@ class GCNConv(torch.nn.Module):
             if self._first_graph is None:
                 self._first_graph = graph
             graph = self._first_graph
+            nodes = graph.n_local if isinstance(graph, DistGraph) else graph.shape[0]
+            if x.shape[0] != nodes:
+                # Else the product refuses "adj" of the kept size, not the one passed.
+                raise ValueError(f"x has {x.shape[0]} rows but the graph this cached=True layer "
+                                 f"keeps from its first call has {nodes} nodes; call "
+                                 "reset_cache() to use another graph")
         if not self.normalize:
             return graph
         # Normalized in the features' precision: float64 features get float64 values even
@@ -274,6 +282,10 @@ class GCNConv(torch.nn.Module):
         return seen, kept
 
     def _order_for(self, x, seen):
+        if x.layout != torch.strided:
+            # Sparse features (torch's COO or CSR): the SpMM kernels multiply dense operands,
+            # and X W is dense whatever X is.
+            return "transform_first"
         if self.lin._forward_hooks or self.lin._forward_pre_hooks:
             # Something watches the transform (a preconditioner gathering curvature): let it
             # see X and the gradient of X W, the same statistics whatever order is set.
@@ -295,6 +307,7 @@ class GCNConv(torch.nn.Module):
         Parameters
         ----------
         x : torch.Tensor, shape (n, in_channels)
+            Dense, or a torch sparse COO or CSR tensor (multiplied by W first).
         adj : sparse array, shape (n, n), or torch.Tensor [2, E]
             The graph (row i: the edges into node i), or an edge_index (source, target),
             converted once per tensor.
@@ -306,7 +319,8 @@ class GCNConv(torch.nn.Module):
         check_graph_for(graph, x)
         graph = self._normalized_graph(graph, x)
         # Â X can be kept for an input that needs no gradient, outside inference mode
-        memo = not (x.requires_grad and torch.is_grad_enabled()) and self._propagated.usable(x)
+        memo = (not (x.requires_grad and torch.is_grad_enabled()) and x.layout == torch.strided
+                and self._propagated.usable(x))
         token = self._propagated.token(graph, x) if memo else None
         seen, propagated = self._memo_lookup(graph, token, x) if memo else (False, None)
         order = self._order_for(x, seen)
