@@ -999,3 +999,20 @@ def test_gatconv_does_not_warn_of_repeated_self_loops_it_replaces():
         nn.GATConv(4, 2, add_self_loops=False).double()(x, edge_index)
     with pytest.warns(RuntimeWarning, match=r"repeats edges \(1 copies beyond"):
         ours(x, torch.tensor([[0, 1, 1, 1, 2, 2], [1, 2, 1, 1, 1, 1]]))   # and 2 -> 1 twice
+
+
+def test_agnnconv_does_not_warn_of_repeated_self_loops_it_replaces_and_checks_its_flags():
+    """As GATConv: PyG's AGNNConv removes the listed self-loops and adds one per node, so a
+    self-loop listed twice counts once in both; its on/off options must be bools."""
+    pyg = pytest.importorskip("torch_geometric.nn")
+    edge_index = torch.tensor([[0, 1, 1, 1, 2], [1, 2, 1, 1, 1]])   # 1 -> 1 twice
+    x = features(3, 4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        torch.testing.assert_close(nn.AGNNConv().double()(x, edge_index),
+                                   pyg.AGNNConv().double()(x, edge_index))
+    with pytest.warns(RuntimeWarning, match=r"repeats edges \(1 copies beyond"):
+        nn.AGNNConv(add_self_loops=False).double()(x, edge_index)
+    for flag in ("requires_grad", "add_self_loops"):
+        with pytest.raises(TypeError, match=f"{flag} must be a bool, got str 'no'"):
+            nn.AGNNConv(**{flag: "no"})

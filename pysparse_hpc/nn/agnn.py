@@ -6,7 +6,7 @@ row-normalized features with themselves), then ``Y = P @ X`` (one SpMM with per-
 import torch
 
 from . import functional
-from ._checks import check_features, warn_once_if_nan
+from ._checks import check_features, check_flag, warn_once_if_nan
 from ._graph import (EdgeIndexCache, as_graph, check_graph_for, checked_once,
                      warn_if_repeated_edges,
                      with_self_loops)
@@ -34,6 +34,9 @@ class AGNNConv(torch.nn.Module):
 
     def __init__(self, requires_grad=True, add_self_loops=True):
         super().__init__()
+        # A string such as "False" is truthy and would silently ask for the opposite.
+        requires_grad = check_flag(requires_grad, "requires_grad")
+        add_self_loops = check_flag(add_self_loops, "add_self_loops")
         self.requires_grad, self.add_self_loops = requires_grad, add_self_loops
         if requires_grad:
             self.beta = torch.nn.Parameter(torch.ones(1))
@@ -54,7 +57,8 @@ class AGNNConv(torch.nn.Module):
         ``num_nodes``, default ``x.shape[0]``)."""
         check_features(x)
         graph = as_graph(adj, num_nodes, self._edge_cache, default_num_nodes=x.shape[0])
-        warn_if_repeated_edges(graph, "AGNNConv")
+        # PyG's AGNNConv, like its GATConv, replaces the listed self-loops when it adds them
+        warn_if_repeated_edges(graph, "AGNNConv", loops_replaced=self.add_self_loops)
         check_graph_for(graph, x)
         graph = with_self_loops(graph) if self.add_self_loops else functional.pattern(graph)
         unit = torch.nn.functional.normalize(x, p=2.0, dim=-1)
