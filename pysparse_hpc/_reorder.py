@@ -48,11 +48,19 @@ def _as_csr(A):
             "with pysparse_hpc.csr_array((values, (rows, cols)), shape=A.shape) from "
             "A.to_sparse_coo().coalesce()'s values() and indices()")
     try:
-        return as_csr(A)
+        csr = as_csr(A)
     except (TypeError, ValueError) as exc:
         if isinstance(exc, ValueError) and scipy.sparse.issparse(A):
             raise ValueError(f"A is not a valid sparse matrix: {exc}") from None
         raise TypeError(f"A must be a sparse array or matrix: {exc}") from None
+    # The O(1) checks again: arrays shared with scipy (to_scipy without a copy) are rewritten
+    # under this array by scipy's eliminate_zeros, leaving indptr[-1] short of len(indices);
+    # the typed code sizes its buffers by one and walks the other.
+    try:
+        csr.check_format()
+    except ValueError as exc:
+        raise ValueError(f"A's arrays do not agree: {exc}") from None
+    return csr
 
 
 def _looks_like_edge_index(A):
@@ -75,7 +83,13 @@ def _check_square(A, what, given=None):
 
 def _symmetric_graph(A):
     """Adjacency of the undirected graph of square ``A``: pattern of A + A^T, no self loops."""
-    A = A.canonical()
+    # The canonical flag is not taken on trust here (one pass over the indices): it can be set
+    # by hand and the arrays rewritten under it, and the merge below, given an unsorted row,
+    # returns an asymmetric pattern that the orderings cannot take.
+    if _convert.csr_index_order(A.indptr, A.indices) != 2:
+        A = A.copy()
+        A.has_canonical_format = False
+        A.sum_duplicates()
     transposed = A.transpose()  # rows sorted, so the merge below needs no sorting
     return _reorder.symmetric_pattern(A.indptr, A.indices, transposed.indptr, transposed.indices)
 

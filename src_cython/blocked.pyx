@@ -35,6 +35,7 @@ def count_window_vectors(const index_t[::1] indptr, const index_t[::1] indices,
     -------
     counts : ndarray of int64, shape (n_windows,)
     """
+    _check_window(window)
     cdef Py_ssize_t n_rows = indptr.shape[0] - 1
     cdef Py_ssize_t n_windows = (n_rows + window - 1) // window
     counts_np = np.zeros(n_windows, dtype=np.int64)
@@ -384,6 +385,20 @@ cdef inline int _row_bits(Py_ssize_t window) noexcept nogil:
     return row_bits
 
 
+#: Tallest window: a vector's row mask is built in one 64-bit register (`_emit_window`), so a
+#: row at 64 or beyond would shift past it (undefined; in practice bits of other rows).
+MAX_WINDOW = 64
+
+
+cdef _check_window(Py_ssize_t window, Py_ssize_t block_width=1):
+    """ValueError for a geometry the ``nogil`` bodies cannot take: they divide by ``window``
+    and ``block_width`` (a zero is a SIGFPE under cdivision) and shift by rows of a window."""
+    if not 1 <= window <= MAX_WINDOW:
+        raise ValueError(f"window must be in [1, {MAX_WINDOW}], got {window}")
+    if block_width < 1:
+        raise ValueError(f"block_width must be a positive integer, got {block_width}")
+
+
 def key_column_limit(Py_ssize_t window):
     """Most columns `csr_to_blocked` takes for ``window``-row windows: ``2**(63 - row_bits)``.
 
@@ -447,8 +462,10 @@ def csr_to_blocked(const index_t[::1] indptr, const index_t[::1] indices,
     ValueError
         ``n_cols`` (or, when unknown, the largest column plus one) is beyond
         `key_column_limit`: the 64-bit sort keys would overflow. Renumber the columns that
-        hold entries first (``blocked_from_csr`` does).
+        hold entries first (``blocked_from_csr`` does). Or ``window`` is outside
+        ``[1, MAX_WINDOW]`` or ``block_width`` below 1.
     """
+    _check_window(window, block_width)
     cdef Py_ssize_t n_rows = indptr.shape[0] - 1
     cdef Py_ssize_t n_windows = (n_rows + window - 1) // window
     cdef Py_ssize_t nnz = indices.shape[0]
@@ -534,6 +551,7 @@ def csr_to_blocked(const index_t[::1] indptr, const index_t[::1] indices,
 def blocked_row_counts(const index_t[::1] row_window_offset, const uint8_t[::1] vector_mask,
                        Py_ssize_t n_rows, Py_ssize_t window, int num_threads=1):
     """Stored entries per row, read from the vector masks (the CSR row lengths)."""
+    _check_window(window)
     cdef Py_ssize_t n_windows = row_window_offset.shape[0] - 1
     cdef Py_ssize_t mask_bytes = (window + 7) // 8
     counts_np = np.zeros(n_rows, dtype=np.int64)
@@ -588,6 +606,7 @@ def blocked_to_csr(const index_t[::1] row_window_offset, const index_t[::1] col_
     ascending because vectors are ascending within a window, so the result is canonical.
     Windows fill disjoint rows, so they run in parallel.
     """
+    _check_window(window, block_width)
     cdef Py_ssize_t n_windows = row_window_offset.shape[0] - 1
     cdef int64_t nnz = indptr[n_rows]
     index_dtype = np.int32 if index_t is int32_t else np.int64

@@ -189,10 +189,17 @@ def csr_transpose(Py_ssize_t n_cols, const index_t[::1] indptr, const index_t[::
                   const moved_t[::1] data):
     """Transpose by a stable counting sort on columns; canonical input gives canonical output.
 
-    ``data`` is only moved, so float16 may be passed as its uint16 bit pattern.
+    ``data`` is only moved, so float16 may be passed as its uint16 bit pattern. The entries are
+    the ones ``indptr`` spans, ``indices[:indptr[-1]]`` (scipy's ``nnz``): both passes must
+    agree on them, or columns counted but never filled come back as uninitialized memory.
     """
     cdef Py_ssize_t n_rows = indptr.shape[0] - 1
-    cdef Py_ssize_t nnz = indices.shape[0]
+    # Not indices.shape[0]: arrays shared with scipy keep their length when scipy's
+    # eliminate_zeros compacts them in place and lowers indptr[-1] under them.
+    cdef Py_ssize_t nnz = indptr[n_rows]
+    if nnz > indices.shape[0] or nnz > data.shape[0]:
+        raise ValueError(f"indptr[-1] is {nnz}, beyond the {indices.shape[0]} indices and "
+                         f"{data.shape[0]} values given")
     index_dtype = np.int32 if index_t is int32_t else np.int64
     t_indptr_np = np.zeros(n_cols + 1, dtype=index_dtype)
     t_indices_np = np.empty(nnz, dtype=index_dtype)

@@ -282,14 +282,17 @@ cdef int _collect_starts(const int64_t[::1] indptr, const index_t[::1] indices, 
     return n_starts
 
 
-cdef void _neighbours_by_degree(const int64_t[::1] indptr, const index_t[::1] indices,
+cdef bint _neighbours_by_degree(const int64_t[::1] indptr, const index_t[::1] indices,
                                 const int64_t[::1] by_degree, int64_t[::1] cursor,
                                 index_t[::1] ordered) noexcept nogil:
     """Every neighbour list in ascending (degree, id), the order Cuthill-McKee places them in.
 
     The pattern is symmetric, so the rows that list ``u`` are ``u``'s neighbours: visiting the
     vertices in ``by_degree`` order and appending each to its neighbours' lists sorts every
-    list in one pass. ``cursor`` is scratch of n words.
+    list in one pass. ``cursor`` is scratch of n words. Returns False, having written nothing
+    out of place, when the pattern is not symmetric: a vertex listed by more rows than its own
+    list holds would be written past it, and the lists it leaves short would keep
+    uninitialized words that the searches then take for vertex ids.
     """
     cdef Py_ssize_t n = indptr.shape[0] - 1
     cdef Py_ssize_t i
@@ -300,8 +303,13 @@ cdef void _neighbours_by_degree(const int64_t[::1] indptr, const index_t[::1] in
         u = by_degree[i]
         for p in range(indptr[u], indptr[u + 1]):
             v = indices[p]
+            # Every list has room for exactly the rows that list its vertex when the pattern
+            # is symmetric; as many writes as entries, none past a list, fill every list.
+            if cursor[v] == indptr[v + 1]:
+                return False
             ordered[cursor[v]] = <index_t>u
             cursor[v] += 1
+    return True
 
 
 cdef int64_t _cuthill_mckee(const int64_t[::1] indptr, const index_t[::1] by_degree_indices,
@@ -409,6 +417,10 @@ def rcm_order(const int64_t[::1] indptr, const index_t[::1] indices, int num_thr
     can no longer win, so losing starts cost a fraction of a search; components of at least
     ``PARALLEL_MIN_COMPONENT`` vertices try their starts on ``num_threads`` threads. The result
     does not depend on the thread count.
+
+    ``indptr`` and ``indices`` are trusted to be an adjacency with vertex ids in ``[0, n)``
+    (as from `symmetric_pattern`); its symmetry is checked, as the neighbour sorting would
+    otherwise write past the lists: ValueError when it does not hold.
     """
     cdef Py_ssize_t n = indptr.shape[0] - 1
     # No component has more than MAX_STARTS starts to share out, and each thread holds three
@@ -431,10 +443,15 @@ def rcm_order(const int64_t[::1] indptr, const index_t[::1] indices, int num_thr
     cdef int64_t starts[MAX_STARTS]
     cdef int64_t tail = 0, size, i, seed, stamp = 0
     cdef int n_starts
+    cdef bint symmetric
     with nogil:
         _counting_sort_by_degree(indptr, False, degree_start, by_degree)
         # Sorted once for all the tries; ``kept`` is not in use yet.
-        _neighbours_by_degree(indptr, indices, by_degree, kept, by_degree_indices)
+        symmetric = _neighbours_by_degree(indptr, indices, by_degree, kept, by_degree_indices)
+    if not symmetric:
+        raise ValueError("the pattern is not symmetric: some vertex is listed by more rows than "
+                         "its own row lists (build it with symmetric_pattern)")
+    with nogil:
         for i in range(n):
             seed = by_degree[i]
             if visited[seed]:

@@ -436,3 +436,90 @@ def test_generators_check_their_seed(seed, error):
     with pytest.raises(error, match="seed must be"):
         planted_partition(2, 3, seed=seed)
     assert rmat(3, seed=np.int64(2)).nnz == rmat(3, seed=2).nnz
+
+
+# -- states the typed orderings must not be handed ------------------------------------------
+
+def run_isolated(code):
+    """Run ``code`` in a fresh interpreter, so that a segfault fails the test, not pytest."""
+    import subprocess
+    import sys
+    import textwrap
+
+    result = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0, (f"exit status {result.returncode}\n{result.stdout}\n"
+                                    f"{result.stderr}")
+    return result.stdout
+
+
+def test_reorder_does_not_trust_a_canonical_flag_set_by_hand():
+    # Unsorted rows merged as if sorted gave an asymmetric pattern, and RCM's neighbour sort
+    # wrote past its lists (a segfault, or a garbage permutation).
+    out = run_isolated("""
+        import numpy as np
+        import pysparse_hpc as sph
+
+        rng = np.random.default_rng(0)
+        n = 30
+        for _ in range(300):
+            rows = np.sort(rng.integers(0, n, 200))
+            cols = rng.integers(0, n, 200)
+            indptr = np.zeros(n + 1, dtype=np.int64)
+            np.cumsum(np.bincount(rows, minlength=n), out=indptr[1:])
+            A = sph.csr_array((np.ones(200), cols, indptr), shape=(n, n))
+            expected = {m: sph.reorder(A, m) for m in ("rcm", "rabbit", "degree")}
+            A.has_canonical_format = True
+            for method, perm in expected.items():
+                assert np.array_equal(sph.reorder(A, method), perm), method
+        print("same")
+    """)
+    assert out.strip() == "same"
+
+
+def test_reorder_refuses_arrays_that_scipy_compacted_under_it():
+    # to_scipy() shares a canonical array's buffers; scipy's eliminate_zeros compacts them in
+    # place and lowers indptr[-1], leaving len(indices) longer than the entries.
+    out = run_isolated("""
+        import numpy as np
+        import scipy.sparse
+        import pysparse_hpc as sph
+
+        S = scipy.sparse.random(2000, 2000, density=0.01, random_state=1, format="csr")
+        S.data[::2] = 0
+        A = sph.csr_array(S)
+        A.to_scipy().eliminate_zeros()
+        assert A.indptr[-1] < A.indices.size
+        for call in (lambda: sph.reorder(A, "rcm"), lambda: sph.reorder(A, "rabbit"),
+                     lambda: sph.reorder(A, "degree"), lambda: sph.bandwidth(A),
+                     lambda: sph.permute(A, np.arange(2000))):
+            try:
+                call()
+            except ValueError as exc:
+                assert "do not agree" in str(exc), exc
+            else:
+                raise AssertionError("not refused")
+        print("refused")
+    """)
+    assert out.strip() == "refused"
+
+
+@pytest.mark.parametrize("index_dtype", ["int32", "int64"])
+def test_rcm_order_refuses_an_asymmetric_pattern(index_dtype):
+    # Vertex 0 is listed by every row but lists one vertex itself: the neighbour sort wrote
+    # n - 2 entries past its list (heap corruption) and left others uninitialized.
+    out = run_isolated(f"""
+        import numpy as np
+        from pysparse_hpc._cy.reorder import rcm_order
+
+        n = 5000
+        indptr = np.arange(n + 1, dtype=np.int64)
+        indices = np.zeros(n, dtype=np.{index_dtype})
+        indices[0] = 1
+        try:
+            rcm_order(indptr, indices, 1)
+        except ValueError as exc:
+            assert "not symmetric" in str(exc), exc
+            print("refused")
+    """)
+    assert out.strip() == "refused"
