@@ -66,3 +66,25 @@ def test_checkpointer_hashes_on_the_benchmark_threads(tmp_path, monkeypatch):
     assert main(["checkpoint", "--state", "gcn", "--repeat", "1", "--steps", "1", "--threads",
                  "1", "--dir", str(tmp_path)]) == 0
     assert threads == [1]
+
+
+def test_megabytes_without_the_large_state_is_refused(tmp_path, monkeypatch, capsys):
+    """``--megabytes`` sizes the large state only: without it the option is refused before
+    anything is saved, not silently ignored; with it, the large state gets that size."""
+    from pysparse_hpc.bench import checkpoint
+
+    sizes = []
+
+    def measured(name, megabytes, *args, **kwargs):
+        sizes.append((name, megabytes))
+        return CheckpointResult(name, 1.0, 1.0, 0.1, 1.0, 1.0, 1.0, 1.0, 1.0)
+    monkeypatch.setattr(checkpoint, "measure", measured)
+    assert main(["checkpoint", "--state", "gcn", "--state", "mlp", "--megabytes", "50",
+                 "--dir", str(tmp_path)]) == 2
+    assert ("error: --megabytes sizes the large state, and the states run are gcn, mlp: add "
+            "--state large") in capsys.readouterr().err
+    assert sizes == []
+    assert main(["checkpoint", "--state", "gcn", "--state", "large", "--megabytes", "50",
+                 "--repeat", "1", "--dir", str(tmp_path)]) == 0
+    assert main(["checkpoint", "--state", "large", "--repeat", "1", "--dir", str(tmp_path)]) == 0
+    assert sizes == [("gcn", 50), ("large", 50), ("large", checkpoint.LARGE_MEGABYTES)]

@@ -144,3 +144,17 @@ def test_damping_option_reaches_the_maker(capsys):
     with pytest.raises(SystemExit):
         main(["convergence", "--kl-clip", "0"])
     assert "expected a positive number" in capsys.readouterr().err
+
+
+def test_help_states_each_workloads_default_epochs_and_seeds(capsys):
+    """The defaults ``--help`` names are those a run uses: PubMed trains 100 epochs, not the
+    200 of the citation graphs."""
+    with pytest.raises(SystemExit):
+        main(["convergence", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    epochs = ", ".join(f"{n} on {name}" for name, n in convergence.DEFAULT_EPOCHS.items())
+    seeds = ", ".join(f"{n} on {name}" for name, n in convergence.DEFAULT_SEEDS.items())
+    assert f"epochs of every run (default: {epochs})" in text
+    assert f"seeds of every grid point (default: {seeds})" in text
+    assert "100 on pubmed" in epochs
+    assert convergence.load_problem("cora").epochs == convergence.DEFAULT_EPOCHS["cora"]

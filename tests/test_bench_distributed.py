@@ -546,6 +546,19 @@ def test_run_verdicts_judge_and_name_the_limit():
     assert bench.run_verdicts(small)[0].startswith("targets of the real runs: not judged")
 
 
+def test_epoch_target_states_the_threads_each_side_ran():
+    """``threads // P`` per rank (at least one) does not always add up to the single process's
+    threads: the epoch target then says both totals instead of claiming the same."""
+    single = _run("single", 1, 0.100)
+    line = bench.run_verdicts([single, _run("ours", 2, 0.110)])[0]
+    assert "the single-process epoch at the same total threads (2), graphs" in line
+    three = bench.RunResult(**{**single.__dict__, "threads_per_rank": 3})
+    line = bench.run_verdicts([three, _run("ours", 2, 0.110)])[0]
+    assert ("the single-process epoch on 2 threads in all (2 x 1) against its 3, NOT the same "
+            "total, graphs") in line, line
+    assert "same total threads" not in line
+
+
 def test_verdicts_per_partition_and_per_rank_compute():
     # METIS by rows: rank 0 computes 120 ms and hardly waits, rank 1 computes 10 and waits
     # for it; by entries both compute 70 ms and wait little.

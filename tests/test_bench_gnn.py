@@ -75,6 +75,22 @@ def test_gnn_benchmark_bad_arguments(args, message):
     assert message in result.stderr
 
 
+@pytest.mark.parametrize("args, named", [
+    (["--seeds", "2"], "--seeds"),
+    (["--epochs", "3"], "--epochs"),
+    (["--seeds", "2", "--epochs", "3"], "--seeds and --epochs"),
+])
+def test_gnn_benchmark_accuracy_options_need_accuracy(args, named):
+    """``--seeds`` and ``--epochs`` only set the ``--accuracy`` runs: without it they are
+    refused before anything is loaded or timed, not silently ignored."""
+    result = run(["--data", str(REPO_ROOT), "--graph", "cora", *args])
+    assert result.returncode == 2, result.stderr
+    assert result.stdout == ""
+    assert f"error: {named} set the --accuracy runs, and --accuracy was not given" \
+        in result.stderr
+    assert "loading" not in result.stderr
+
+
 @requires_pyg
 def test_gnn_benchmark_cuda_without_a_device():
     """``--device cuda`` with no CUDA device (hidden from torch here, so this holds on a GPU

@@ -174,6 +174,35 @@ def test_verdicts():
     assert half == pytest.approx(4.302653 * differences.std(ddof=1) / np.sqrt(3), rel=1e-6)
 
 
+def test_verdicts_judge_modes_by_compression_not_label():
+    """``votes/always`` votes as ``votes`` does and ``none/local`` is the fp32 allreduce as
+    ``none`` is: the targets judge the rows by what they run, whatever the label says."""
+    link = lion.links()[0]
+    # The packed votes under another momentum sync, against none/local as the reference.
+    results = [_result("none/local", compute=0.050), _result("votes/always", compute=0.005)]
+    lines = lion.bytes_verdict(results)
+    assert lines[0].startswith("target: packed votes (votes/always) send >= 30x"), lines
+    assert "P=2: 19.7x" in lines[0] and lines[0].endswith("NOT MET")
+    table = lion.format_steps(results).splitlines()
+    assert table[2].split()[:7] == ["mlp-digits", "2", "votes/always", "always", "208", "B",
+                                    "19.7x"], table   # fp32/it against none/local
+    verdict = lion.projection_verdict([lion.project(r, link) for r in results], link.name)
+    assert "best P=2 votes/always" in verdict[0], verdict
+    # none/local is not a compressed mode: with none and none/local only, nothing is judged.
+    same = [_result("none", compute=0.050), _result("none/local", compute=0.001)]
+    verdict = lion.projection_verdict([lion.project(r, link) for r in same], link.name)
+    assert verdict[0].endswith("not measured (needs the MLP with none and a compressed mode at "
+                               "P > 1)"), verdict
+    accuracies = [lion.AccuracyResult("gcn-cora", "none", 2, [0.80, 0.82]),
+                  lion.AccuracyResult("gcn-cora", "none/local", 2, [0.70, 0.72]),
+                  lion.AccuracyResult("gcn-cora", "votes/always", 2, [0.80, 0.81])]
+    assert lion.accuracy_verdict(accuracies)[0].endswith("gcn-cora worst votes/always -0.5, MET")
+    assert lion.accuracy_verdict(accuracies[1:])[0].endswith(
+        "gcn-cora worst votes/always +9.5, MET")
+    table = lion.format_accuracy(accuracies[1:]).splitlines()
+    assert table[2].split()[:5] == ["gcn-cora", "2", "votes/always", "80.5", "+9.5"], table
+
+
 def test_report_and_outputs(tmp_path, capsys):
     pytest.importorskip("matplotlib")
     results = [_result(label, ranks=ranks) for ranks in (2, 3)
@@ -226,6 +255,37 @@ def test_peer_and_usage(capsys):
     assert "finite non-negative values, got [inf]" in capsys.readouterr().err
     with pytest.raises(lion.UsageError):
         lion.parse_contender("none/growing")
+
+
+@pytest.mark.parametrize("options, named", [
+    (["--seeds", "2"], "--seeds"),
+    (["--accuracy-ranks", "3"], "--accuracy-ranks"),
+    (["--seeds", "2", "--accuracy-ranks", "3"], "--seeds and --accuracy-ranks"),
+])
+def test_accuracy_options_with_skip_accuracy_are_refused(options, named, monkeypatch, capsys):
+    """``--seeds`` and ``--accuracy-ranks`` set the accuracy runs: with ``--skip-accuracy``
+    they are refused before any job, not silently ignored."""
+    monkeypatch.setattr(lion, "measure", lambda *args: pytest.fail("measured"))
+    assert main(["lion", "--skip-accuracy", "--ranks", "1", *options]) == 2
+    assert f"error: {named} set the accuracy runs, which --skip-accuracy leaves out" in \
+        capsys.readouterr().err
+
+
+def test_skipped_accuracy_runs_need_neither_their_ranks_nor_mpiexec(monkeypatch):
+    """One-rank step jobs with ``--skip-accuracy`` run no multi-rank job: no mpiexec needed,
+    whatever the accuracy runs' default ranks; without it, their two ranks need it."""
+    monkeypatch.setattr(lion, "find_mpiexec", lambda: None)
+
+    class Args:
+        modes, latency_us, ranks, workload = ["none"], [50.0], [1], ["mlp-digits"]
+        seeds = accuracy_ranks = None
+        skip_accuracy, repeat, partition, epochs = True, 1, "metis", None
+    contenders, workloads, _ = lion._check_arguments(Args)
+    assert (Args.seeds, Args.accuracy_ranks) == (lion.ACCURACY_SEEDS, lion.ACCURACY_RANKS)
+    assert [ranks for ranks, _ in lion._jobs(Args, contenders, workloads)] == [1]
+    Args.skip_accuracy, Args.seeds, Args.accuracy_ranks = False, None, None
+    with pytest.raises(lion.UsageError, match="more than one rank needs mpiexec"):
+        lion._check_arguments(Args)
 
 
 @pytest.mark.mpi

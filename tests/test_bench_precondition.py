@@ -10,7 +10,7 @@ pytest.importorskip("torch")
 
 from pysparse_hpc.bench.__main__ import main  # noqa: E402
 from pysparse_hpc.bench.precondition import (KFAC_AGREEMENT, DistributedResult,  # noqa: E402
-                                             StepResult,
+                                             StepResult, distributed_heading,
                                              format_distributed_table, measure,
                                              measure_distributed, verdict)
 from pysparse_hpc.bench._data import data_dir  # noqa: E402
@@ -101,6 +101,48 @@ def test_distributed_table_and_usage(capsys):
     assert table[2].split()[-2:] == ["3.000", "1.0e-07"]
     assert main(["precondition", "--distributed", "--workload", "cnn"]) == 2
     assert "--distributed runs mlp, gcn, not cnn" in capsys.readouterr().err
+
+
+def test_timeout_without_distributed_is_refused(monkeypatch, capsys):
+    """``--timeout`` stops the MPI jobs of ``--distributed``; given without it, it is refused
+    before anything is timed, not silently ignored."""
+    from pysparse_hpc.bench import precondition
+    monkeypatch.setattr(precondition, "measure",
+                        lambda *args, **kwargs: pytest.fail("timed despite the bad option"))
+    assert main(["precondition", "--workload", "mlp", "--timeout", "5"]) == 2
+    assert ("--timeout applies to the MPI jobs of --distributed only, and --distributed was not "
+            "given") in capsys.readouterr().err
+
+
+def test_distributed_timeout_default_and_option(monkeypatch, capsys):
+    """The jobs get ``--timeout``, else the default of `DISTRIBUTED_TIMEOUT` seconds."""
+    from pysparse_hpc.bench import distributed, precondition
+    seen = []
+
+    def measured(workloads, steps, rounds, threads, timeout, mpiexec, progress=None):
+        seen.append(timeout)
+        return [DistributedResult("mlp", "sgd", 1, None, 1, threads, 1.0, {}, [1.0])]
+    monkeypatch.setattr(precondition, "measure_distributed", measured)
+    monkeypatch.setattr(distributed, "find_mpiexec", lambda: "mpiexec")
+    assert main(["precondition", "--distributed", "--workload", "mlp", "--repeat", "1"]) == 0
+    assert main(["precondition", "--distributed", "--workload", "mlp", "--repeat", "1",
+                 "--timeout", "7"]) == 0
+    assert seen == [precondition.DISTRIBUTED_TIMEOUT, 7]
+    capsys.readouterr()
+
+
+@pytest.mark.parametrize("threads, expected", [
+    (2, "2 threads in all (P=2: 1 per rank)"),
+    (4, "4 threads in all (P=2: 2 per rank)"),
+    (1, "P=1 on 1 thread, P=2 on 2 x 1 = 2 (not the same total"),
+    (3, "P=1 on 3 threads, P=2 on 2 x 1 = 2 (not the same total"),
+])
+def test_distributed_heading_states_each_jobs_threads(threads, expected):
+    """A P = 2 job runs ``threads // 2`` threads per rank, at least one: with an odd count the
+    totals differ, and the heading must not claim the P = 1 job's count for both."""
+    heading = distributed_heading(threads, 3, 5)
+    assert expected in heading, heading
+    assert "median of 3 round(s) of 5 timed steps (10 with an interval of 10)" in heading
 
 
 @pytest.mark.mpi

@@ -42,6 +42,8 @@ HELP = "checkpoint saving: the training stall of an asynchronous save, throughpu
 
 STATES = ("gcn", "mlp", "large")
 TARGET_STALL = 0.2
+#: Size of the ``large`` state unless ``--megabytes`` says otherwise.
+LARGE_MEGABYTES = 200
 _STEP_SIZE = 512   # the training-like step: a 512 x 512 float32 matrix product
 _FIELDS = ("sync_save", "async_stall", "steps_alone", "steps_during_save",
            "torch_save", "load", "torch_load")
@@ -84,8 +86,9 @@ class CheckpointResult:
 def add_arguments(parser):
     parser.add_argument("--state", action="append", choices=STATES,
                         help="state to save (repeatable; default: all)")
-    parser.add_argument("--megabytes", type=positive_int, default=200, metavar="MB",
-                        help="size of the large state (default: 200)")
+    # None, not the default: given without the large state it must be refused, not ignored
+    parser.add_argument("--megabytes", type=positive_int, metavar="MB",
+                        help=f"size of the large state (default: {LARGE_MEGABYTES})")
     parser.add_argument("--steps", type=positive_int, default=5, metavar="N",
                         help="training-like steps run during each asynchronous save (default: 5)")
     parser.add_argument("--dir", metavar="DIR",
@@ -309,14 +312,21 @@ def run(args, out=None):
             print(f"error: --dir: cannot write in {args.dir} ({exc.strerror or exc})",
                   file=sys.stderr)
             return 2
+    states = args.state or list(STATES)
+    if args.megabytes is not None and "large" not in states:
+        # The other states have the sizes of their models.
+        print(f"error: --megabytes sizes the large state, and the states run are "
+              f"{', '.join(dict.fromkeys(states))}: add --state large, or leave out --megabytes",
+              file=sys.stderr)
+        return 2
+    megabytes = LARGE_MEGABYTES if args.megabytes is None else args.megabytes
     import torch
     torch.set_num_threads(args.threads)
-    states = args.state or list(STATES)
     results = []
     with tqdm(total=len(states) * (args.repeat + 1), desc="checkpoint", unit="round") as progress:
         for name in states:
             progress.set_postfix_str(name)
-            results.append(measure(name, args.megabytes, args.repeat, args.steps, args.dir,
+            results.append(measure(name, megabytes, args.repeat, args.steps, args.dir,
                                    progress, threads=args.threads))
     where = args.dir or tempfile.gettempdir()
     print(f"Checkpoints in {where}, {args.threads} threads, median of {args.repeat} "

@@ -8,7 +8,7 @@ Workloads (float32, the shared thread count):
   split, full batch (one step per epoch), 200 epochs;
 - ``pubmed``: the same GCN on the shared PubMed structure with its real labels and split, but
   seeded standard-normal features 500 wide (the file has no feature matrix), so the accuracy
-  is what the graph structure alone allows; 200 epochs;
+  is what the graph structure alone allows; 100 epochs;
 - ``digits``: scikit-learn's handwritten digits (8x8, 10 classes, standardised), split once
   60/20/20 into training, validation and test, a 64-128-64-10 ReLU MLP, batches of 64 (full
   batches only, reshuffled every epoch), 40 epochs.
@@ -706,10 +706,13 @@ def add_arguments(parser):
                         help="method to run (repeatable; default: all, except Shampoo and "
                              "Jorge on citeseer; Adam always runs, it sets the target)")
     parser.add_argument("--epochs", type=positive_int, metavar="N",
-                        help="epochs of every run (default: 200 on the graphs, 40 on digits)")
+                        help="epochs of every run (default: " + ", ".join(
+                            f"{epochs} on {name}" for name, epochs in DEFAULT_EPOCHS.items())
+                        + ")")
     parser.add_argument("--seeds", type=positive_int, metavar="N",
-                        help="seeds of every grid point (default: 3 on cora and digits, 1 on "
-                             "citeseer and pubmed)")
+                        help="seeds of every grid point (default: " + ", ".join(
+                            f"{seeds} on {name}" for name, seeds in DEFAULT_SEEDS.items())
+                        + ")")
     parser.add_argument("--grid", action="store_true",
                         help="also print every learning rate's row")
     parser.add_argument("--damping", type=positive_float, metavar="D",

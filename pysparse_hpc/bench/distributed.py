@@ -1075,6 +1075,17 @@ def _limit(r, base):
             f"{100 * sum(r.halo_rows) / r.nodes:.0f}% of n")
 
 
+def _threads_compared(run, single):
+    """How the threads of ``run`` (P > 1) compare with the single process's: "at the same
+    total threads (2)", or both totals where they differ (``threads // P`` per rank, at least
+    one, does not always add up to ``--threads``)."""
+    total = run.ranks * run.threads_per_rank
+    if total == single.threads_per_rank:
+        return f"at the same total threads ({total})"
+    return (f"on {total} threads in all ({run.ranks} x {run.threads_per_rank}) against its "
+            f"{single.threads_per_rank}, NOT the same total")
+
+
 def run_verdicts(runs):
     """The two targets of the real runs, per partitioner, judged on graphs of at least
     `TARGET_MIN_EDGES`, with the limit named where one is missed."""
@@ -1094,8 +1105,7 @@ def run_verdicts(runs):
         where = f"graphs >= 1M edges, {method} partition" if method else "graphs >= 1M edges"
         lines.append(
             f"target: P={mine[0].ranks} epoch <= {TARGET_EPOCH_RATIO:g}x the single-process "
-            f"epoch at the same total threads ({single[mine[0].key].threads_per_rank}), "
-            f"{where}: {cases}: "
+            f"epoch {_threads_compared(mine[0], single[mine[0].key])}, {where}: {cases}: "
             f"{_verdict(all(ratio <= TARGET_EPOCH_RATIO for _, ratio in ratios))}")
         lines.append(
             f"target: exposed communication <= {100 * TARGET_EXPOSED:.0f}% of the P="

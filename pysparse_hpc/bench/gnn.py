@@ -73,6 +73,8 @@ __all__ = ["CUDA_GRAPHS", "DEVICES", "GRAPHS", "HELP", "TORCH_DROPOUT", "TORCH_D
 
 HELP = "GCN, GAT and AGNN training epochs against PyTorch Geometric, with ablations"
 
+#: Seeds of the ``--accuracy`` runs unless ``--seeds`` says otherwise.
+ACCURACY_SEEDS = 5
 #: Graphs in table order.
 GRAPHS = ("cora", "citeseer", "pubmed", "generated")
 #: The values of ``--device``.
@@ -313,8 +315,9 @@ def add_arguments(parser):
     parser.add_argument("--accuracy", action="store_true",
                         help="also train ours and PyG's GCN and GAT on Cora with the models' "
                              "published settings and compare mean test accuracy")
-    parser.add_argument("--seeds", type=positive_int, default=5, metavar="N",
-                        help="seeds of the --accuracy runs (default: 5)")
+    # None, not the default: given without --accuracy it must be refused, not ignored
+    parser.add_argument("--seeds", type=positive_int, metavar="N",
+                        help=f"seeds of the --accuracy runs (default: {ACCURACY_SEEDS})")
     parser.add_argument("--epochs", type=positive_int, metavar="N",
                         help="epochs of the --accuracy runs (default: the models' own, 200)")
 
@@ -326,6 +329,12 @@ def _unique(values, default):
 
 def _selection(args, err):
     """(graphs, hidden widths, models) to run, or None after an error message."""
+    given = [f"--{name}" for name in ("seeds", "epochs") if getattr(args, name) is not None]
+    if given and not args.accuracy:
+        # Only the accuracy runs train for epochs over seeds; the timed epochs take --repeat.
+        print(f"error: {' and '.join(given)} set the --accuracy runs, and --accuracy was not "
+              "given: add --accuracy, or use --repeat for the timed epochs", file=err)
+        return None
     graphs = _unique(args.graph, GRAPHS if args.device == "cpu" else CUDA_GRAPHS)
     hidden = _unique(args.hidden, HIDDEN)
     models = _unique(args.model, MODEL_NAMES)
@@ -1222,7 +1231,8 @@ def run(args, out=None):
     for line in verdicts(results, args.device):
         print(line, file=out)
     if args.accuracy:
-        for line in accuracy_comparison(args.seeds, args.epochs, args.device):
+        seeds = ACCURACY_SEEDS if args.seeds is None else args.seeds
+        for line in accuracy_comparison(seeds, args.epochs, args.device):
             print(line, file=out)
     if args.csv:
         write_csv(results, args.csv, args.threads, gpu)

@@ -83,6 +83,9 @@ HELP = ("Lion's compressed distributed modes against the fp32 allreduce and Adam
 WORKLOADS = ("gcn-cora", "gcn-citeseer", "mlp-digits")
 CONTENDERS = ("adam", "none", "signs", "votes", "int8", "1bit", "signs/local")
 RANKS = (2, 3)
+#: Seeds and ranks of the accuracy runs unless ``--seeds`` and ``--accuracy-ranks`` say
+#: otherwise.
+ACCURACY_SEEDS, ACCURACY_RANKS = 3, 2
 #: How the GCN workloads' graphs are split (the first is the default).
 GCN_PARTITIONS = ("metis", "random")
 #: Link speeds of the projection (Gb/s) and their default latencies (us): MPI over TCP on
@@ -131,6 +134,31 @@ def _sync_of(contender):
     if optimizer == "adam" or compression == FP32:
         return "local"
     return sync or "growing"
+
+
+def compression_of(label):
+    """The compression a ``--modes`` label runs (``"adam"`` for Adam): ``votes/always`` votes
+    as ``votes`` does, and ``none/local`` is the fp32 allreduce as ``none`` is, so the targets
+    judge them by it, not by their label."""
+    return label if label == "adam" else label.partition("/")[0]
+
+
+def _is_fp32(label):
+    return compression_of(label) == FP32
+
+
+def _is_compressed(label):
+    return compression_of(label) not in (FP32, "adam")
+
+
+def fp32_references(items, key):
+    """Uncompressed Lion's item (anything with a ``label``) per ``key(item)``: the one labelled
+    ``none``, else another label of the fp32 allreduce (``none/local``, the same updates)."""
+    found = {}
+    for item in items:
+        if _is_fp32(item.label) and (key(item) not in found or item.label == FP32):
+            found[key(item)] = item
+    return found
 
 
 def momentum_syncs(momentum_sync, steps, doubling=SYNC_DOUBLING):
@@ -373,6 +401,10 @@ class Projection:
     transfer: float
 
     @property
+    def label(self):
+        return self.result.label
+
+    @property
     def step(self):
         return self.result.compute + self.latency + self.transfer
 
@@ -492,14 +524,23 @@ def _state(met):
     return "MET" if met else "NOT MET"
 
 
-def _ratios(results, label):
-    """fp32 allreduce bytes over ``label``'s, per (workload, ranks): ``(votes only,
-    with the momentum syncs amortised)``."""
-    fp32 = {(r.workload, r.ranks): r for r in results if r.label == FP32}
-    return {(r.workload, r.ranks): (fp32[key].vote_bytes / r.vote_bytes,
-                                    fp32[key].vote_bytes / r.bytes_per_step)
+def _ratios(results, compression):
+    """fp32 allreduce bytes over those of each mode of ``compression`` (whatever its momentum
+    synchronisation), per (workload, ranks, label): ``(votes only, with the momentum syncs
+    amortised)``."""
+    fp32 = fp32_references(results, lambda r: (r.workload, r.ranks))
+    return {(r.workload, r.ranks, r.label): (fp32[key].vote_bytes / r.vote_bytes,
+                                             fp32[key].vote_bytes / r.bytes_per_step)
             for r in results
-            if r.label == label and (key := (r.workload, r.ranks)) in fp32 and r.vote_bytes}
+            if compression_of(r.label) == compression and not _is_fp32(r.label)
+            and (key := (r.workload, r.ranks)) in fp32 and r.vote_bytes}
+
+
+def _by_ranks(ratios, separator=": "):
+    """``"P=2: 20.0x, P=3: 16.0x"``: the smallest votes-only ratio at each P."""
+    return ", ".join(f"P={p}{separator}"
+                     f"{min(v[0] for (_, q, _), v in ratios.items() if q == p):.1f}x"
+                     for p in sorted({p for _, p, _ in ratios}))
 
 
 def bytes_verdict(results):
@@ -509,11 +550,11 @@ def bytes_verdict(results):
         return [f"target: {PACKED} >= {TARGET_BYTES_RATIO:g}x fewer bytes than the fp32 "
                 f"allreduce: not measured (run the modes {FP32} and {PACKED} at P > 1)"]
     worst = min(ratios.items(), key=lambda item: item[1][0])
-    by_ranks = ", ".join(f"P={p}: {min(v[0] for (w, q), v in ratios.items() if q == p):.1f}x"
-                         for p in sorted({p for _, p in ratios}))
     met = worst[1][0] >= TARGET_BYTES_RATIO
-    lines = [f"target: packed votes ({PACKED}) send >= {TARGET_BYTES_RATIO:g}x fewer bytes per "
-             f"step than the fp32 allreduce: {by_ranks} (momentum syncs amortised: "
+    labels = sorted({label for _, _, label in ratios})
+    mode = PACKED if labels == [PACKED] else ", ".join(labels)
+    lines = [f"target: packed votes ({mode}) send >= {TARGET_BYTES_RATIO:g}x fewer bytes per "
+             f"step than the fp32 allreduce: {_by_ranks(ratios)} (momentum syncs amortised: "
              f"{worst[1][1]:.1f}x on {worst[0][0]} P={worst[0][1]}), {_state(met)}"]
     if not met:
         ranks = worst[0][1]
@@ -522,12 +563,12 @@ def bytes_verdict(results):
                      f"{math.log2(ranks + 1):.2f} bits per coordinate at P={ranks} in any "
                      f"format an integer SUM allreduce adds (packed here in {bits:.2f}), so "
                      f"at most {32 / math.log2(ranks + 1):.1f}x against 32 fp32 bits")
-    for label in sorted({r.label for r in results} - {FP32, PACKED, "adam"}):
-        found = _ratios(results, label)
-        if found:
-            lines.append(f"  {label}: " + ", ".join(
-                f"P={p} {min(v[0] for (w, q), v in found.items() if q == p):.1f}x"
-                for p in sorted({p for _, p in found})))
+    others = {compression_of(r.label) for r in results
+              if _is_compressed(r.label) and compression_of(r.label) != PACKED}
+    for compression in sorted(others):
+        for label in sorted({label for _, _, label in _ratios(results, compression)}):
+            found = {k: v for k, v in _ratios(results, compression).items() if k[2] == label}
+            lines.append(f"  {label}: " + _by_ranks(found, " "))
     return lines
 
 
@@ -549,14 +590,14 @@ def paired_difference(result, reference):
 
 def _lion_results(accuracies):
     """Uncompressed Lion's `AccuracyResult` per (workload, ranks): what the modes compare to."""
-    return {(a.workload, a.ranks): a for a in accuracies if a.label == FP32}
+    return fp32_references(accuracies, lambda a: (a.workload, a.ranks))
 
 
 def accuracy_verdict(accuracies):
     """Lines judging every compressed mode's mean accuracy against uncompressed Lion's."""
     lion = _lion_results(accuracies)
     drops = [(100 * (a.mean - lion[(a.workload, a.ranks)].mean), a) for a in accuracies
-             if a.label not in (FP32, "adam") and (a.workload, a.ranks) in lion]
+             if _is_compressed(a.label) and (a.workload, a.ranks) in lion]
     if not drops:
         return [f"target: compressed modes within {TARGET_POINTS:g} point of Lion's accuracy: "
                 "not measured (needs the accuracy runs of none and a compressed mode)"]
@@ -587,13 +628,14 @@ def projection_verdict(projections, link_name):
     """Lines judging, on the MLP, the compressed modes' projected ``link_name`` step against
     Lion's fp32 allreduce step."""
     mlp = [p for p in projections if p.result.workload == MLP and p.network.name == link_name]
-    fp32 = {p.result.ranks: p for p in mlp if p.result.label == FP32 and p.result.ranks > 1}
+    fp32 = fp32_references([p for p in mlp if p.result.ranks > 1],
+                           lambda p: p.result.ranks)
     head = (f"target: on {MLP}, a compressed mode's projected {link_name} step >= "
             f"{TARGET_SPEEDUP:g}x shorter than Lion's fp32 allreduce step")
     details, best_of = [], {}
     for ranks, reference in sorted(fp32.items()):
         modes = [p for p in mlp if p.result.ranks == ranks
-                 and p.result.label not in (FP32, "adam")]
+                 and _is_compressed(p.result.label)]
         if not modes:
             continue
         best = best_of[ranks] = min(modes, key=lambda p: p.step)
@@ -642,17 +684,25 @@ def _size(nbytes):
     return f"{nbytes:.0f} B"
 
 
+def _mode_width(labels):
+    """Width of the tables' mode column: 12, or more so that a long ``MODE/SYNC`` label
+    (``votes/growing``) keeps a space before the next column instead of running into it."""
+    return max([12] + [len(label) + 1 for label in labels])
+
+
 def format_steps(results):
     """Bytes and measured times per workload, P and contender."""
-    fp32 = {(r.workload, r.ranks): r.vote_bytes for r in results if r.label == FP32}
-    lines = [f"{'workload':<13}{'P':>2}  {'mode':<12}{'momentum':<9}{'bytes/step':>12}"
+    width = _mode_width(r.label for r in results)
+    fp32 = {key: r.vote_bytes
+            for key, r in fp32_references(results, lambda r: (r.workload, r.ranks)).items()}
+    lines = [f"{'workload':<13}{'P':>2}  {'mode':<{width}}{'momentum':<9}{'bytes/step':>12}"
              f"{'fp32/it':>9}{'+syncs':>12}{'fp32/it':>9}{'step ms':>9}{'compute':>9}"
              f"{'optim':>8}{'blocked':>9}"]
     for r in results:
         reference = fp32.get((r.workload, r.ranks))
         ratios = [f"{reference / nbytes:.1f}x" if reference and nbytes else "-"
                   for nbytes in (r.vote_bytes, r.bytes_per_step)]
-        lines.append(f"{r.workload:<13}{r.ranks:>2}  {r.label:<12}{r.sync_label:<9}"
+        lines.append(f"{r.workload:<13}{r.ranks:>2}  {r.label:<{width}}{r.sync_label:<9}"
                      f"{_size(r.vote_bytes):>12}{ratios[0]:>9}{_size(r.bytes_per_step):>12}"
                      f"{ratios[1]:>9}{1e3 * r.step:>9.2f}{1e3 * r.compute:>9.2f}"
                      f"{1e3 * r.optimizer_compute:>8.2f}{1e3 * r.blocked:>9.2f}")
@@ -665,16 +715,20 @@ def format_projection(projections, networks):
     by_key = {(p.result.workload, p.result.ranks, p.result.label, p.network.name): p
               for p in projections}
     slowest = networks[0].name
-    lines = [f"{'workload':<13}{'P':>2}  {'mode':<12}"
+    fp32 = fp32_references([p for p in projections if p.network.name == slowest],
+                           lambda p: (p.result.workload, p.result.ranks))
+    width = _mode_width(p.label for p in projections)
+    lines = [f"{'workload':<13}{'P':>2}  {'mode':<{width}}"
              + "".join(f"{n.name + ' ms':>12}" for n in networks)
              + f"{'vs fp32':>9}{'vs Adam':>9}  limit@{slowest}"]
     for r in [p.result for p in projections if p.network.name == slowest]:
         if r.ranks == 1:
             continue
         mine = by_key[(r.workload, r.ranks, r.label, slowest)]
-        versus = [by_key.get((r.workload, r.ranks, other, slowest)) for other in (FP32, "adam")]
+        versus = [fp32.get((r.workload, r.ranks)),
+                  by_key.get((r.workload, r.ranks, "adam", slowest))]
         ratios = "".join(f"{v.step / mine.step:>8.2f}x" if v else f"{'-':>9}" for v in versus)
-        lines.append(f"{r.workload:<13}{r.ranks:>2}  {r.label:<12}"
+        lines.append(f"{r.workload:<13}{r.ranks:>2}  {r.label:<{width}}"
                      + "".join(f"{1e3 * by_key[(r.workload, r.ranks, r.label, n.name)].step:>12.2f}"
                                for n in networks) + f"{ratios}  {mine.limit}")
     return "\n".join(lines)
@@ -684,18 +738,21 @@ def format_accuracy(accuracies):
     """Mean test accuracy per workload and contender, against Lion's and Adam's."""
     reference = {(a.workload, a.ranks, a.label): a.mean for a in accuracies}
     lion = _lion_results(accuracies)
-    lines = [f"{'workload':<13}{'P':>2}  {'mode':<12}{'mean %':>8}{'vs Lion':>9}{'95% CI':>14}"
+    width = _mode_width(a.label for a in accuracies)
+    lines = [f"{'workload':<13}{'P':>2}  {'mode':<{width}}{'mean %':>8}{'vs Lion':>9}{'95% CI':>14}"
              f"{'vs Adam':>9}  per seed"]
     for a in accuracies:
-        versus = [reference.get((a.workload, a.ranks, other)) for other in (FP32, "adam")]
+        fp32 = lion.get((a.workload, a.ranks))
+        versus = [None if fp32 is None else fp32.mean, reference.get((a.workload, a.ranks, "adam"))]
         diffs = [f"{100 * (a.mean - v):>+9.1f}" if v is not None else f"{'-':>9}"
                  for v in versus]
         interval = f"{'-':>14}"
-        if (a.workload, a.ranks) in lion and a.label != FP32:
+        if (a.workload, a.ranks) in lion and not _is_fp32(a.label):
             mean, half = paired_difference(a, lion[(a.workload, a.ranks)])
             interval = f"{100 * (mean - half):>+7.1f}..{100 * (mean + half):+.1f}".rjust(14)
         note = "" if a.replicas_equal else "  REPLICAS DIFFER"
-        lines.append(f"{a.workload:<13}{a.ranks:>2}  {a.label:<12}{100 * a.mean:>8.1f}{diffs[0]}"
+        lines.append(f"{a.workload:<13}{a.ranks:>2}  {a.label:<{width}}{100 * a.mean:>8.1f}"
+                     f"{diffs[0]}"
                      f"{interval}{diffs[1]}  " + " ".join(f"{100 * x:.1f}" for x in a.accuracies)
                      + note)
     return "\n".join(lines)
@@ -829,8 +886,10 @@ def add_arguments(parser):
     parser.add_argument("--modes", nargs="+", default=list(CONTENDERS), metavar="MODE",
                         help="contenders: adam, a compression, or MODE/SYNC (default: "
                              f"{' '.join(CONTENDERS)})")
-    parser.add_argument("--seeds", type=positive_int, default=3, metavar="N",
-                        help="seeds of every accuracy run (default: 3)")
+    # --seeds and --accuracy-ranks default to None: given with --skip-accuracy they must be
+    # refused, not ignored (see _check_arguments)
+    parser.add_argument("--seeds", type=positive_int, metavar="N",
+                        help=f"seeds of every accuracy run (default: {ACCURACY_SEEDS})")
     parser.add_argument("--epochs", type=positive_int, metavar="N",
                         help="training epochs of every workload (default: the GCN's published "
                              f"200, the MLP's {MLP_EPOCHS})")
@@ -838,8 +897,8 @@ def add_arguments(parser):
                         help="how the GCN workloads' graphs are split over the ranks: metis "
                              "(communities, the trainer's default) or random (every rank's "
                              "training nodes alike; default: metis)")
-    parser.add_argument("--accuracy-ranks", type=positive_int, default=2, metavar="P",
-                        help="ranks of the accuracy runs (default: 2)")
+    parser.add_argument("--accuracy-ranks", type=positive_int, metavar="P",
+                        help=f"ranks of the accuracy runs (default: {ACCURACY_RANKS})")
     parser.add_argument("--latency-us", type=float, nargs="+", default=list(LATENCY_US),
                         metavar="US", help="link latency of the projection, one for all links "
                         "or one per link of " + ", ".join(f"{g} Gb/s" for g in LINK_GBPS)
@@ -859,9 +918,20 @@ def _check_arguments(args):
     if len(latencies) != len(LINK_GBPS) or any(not 0 <= x < math.inf for x in latencies):
         raise UsageError(f"--latency-us takes 1 or {len(LINK_GBPS)} finite non-negative "
                          f"values, got {args.latency_us}")
-    check_ranks(list(args.ranks) + [args.accuracy_ranks], "--ranks/--accuracy-ranks",
-                UsageError)
-    if any(p > 1 for p in list(args.ranks) + [args.accuracy_ranks]) and find_mpiexec() is None:
+    given = [option for option, dest in (("--seeds", "seeds"),
+                                         ("--accuracy-ranks", "accuracy_ranks"))
+             if getattr(args, dest) is not None]
+    if given and args.skip_accuracy:
+        raise UsageError(f"{' and '.join(given)} set the accuracy runs, which --skip-accuracy "
+                         "leaves out: give one or the other")
+    if args.seeds is None:
+        args.seeds = ACCURACY_SEEDS
+    if args.accuracy_ranks is None:
+        args.accuracy_ranks = ACCURACY_RANKS
+    # Only the jobs that run need their ranks (and mpiexec).
+    ranks = list(args.ranks) + ([] if args.skip_accuracy else [args.accuracy_ranks])
+    check_ranks(ranks, "--ranks/--accuracy-ranks", UsageError)
+    if any(p > 1 for p in ranks) and find_mpiexec() is None:
         raise UsageError("more than one rank needs mpiexec (pip install mpi4py mpich)")
     return contenders, list(args.workload or WORKLOADS), latencies
 

@@ -54,7 +54,7 @@ from . import geometric_mean, positive_int, write_outputs
 
 __all__ = ["DISTRIBUTED_METHODS", "DISTRIBUTED_WORKLOADS", "Disagreement", "DistributedResult",
            "HELP", "KFAC_AGREEMENT", "METHODS", "StepResult", "WORKLOADS", "add_arguments",
-           "kfac_difference", "measure", "measure_distributed", "run"]
+           "distributed_heading", "kfac_difference", "measure", "measure_distributed", "run"]
 
 HELP = "gradient preconditioning (K-FAC, Shampoo, Jorge) step time against ASDL's"
 
@@ -71,6 +71,8 @@ DISTRIBUTED_METHODS = (("sgd", 1), ("kfac", 1), ("kfac", 10), ("shampoo", 10), (
 DISTRIBUTED_RANKS = (1, 2)
 DISTRIBUTED_WORKER = "pysparse_hpc.bench._precondition_worker"
 STRATEGIES = ("inverse", "gradient")
+#: Seconds a ``--distributed`` job may run unless ``--timeout`` says otherwise.
+DISTRIBUTED_TIMEOUT = 900
 
 
 @dataclass(frozen=True)
@@ -108,8 +110,10 @@ def add_arguments(parser):
     parser.add_argument("--distributed", action="store_true",
                         help="instead of the comparison with ASDL, time our makers over MPI "
                              "at P=1 and P=2 with bytes per step (needs mpiexec)")
-    parser.add_argument("--timeout", type=positive_int, default=900, metavar="S",
-                        help="--distributed: seconds before a job is stopped (default 900)")
+    # None, not the default: given without --distributed it must be refused, not ignored
+    parser.add_argument("--timeout", type=positive_int, metavar="S",
+                        help="--distributed: seconds before a job is stopped (default "
+                             f"{DISTRIBUTED_TIMEOUT})")
 
 
 def _asdl():
@@ -381,6 +385,11 @@ def run(args, out=None):
         return 2
     if args.distributed:
         return run_distributed(args, out)
+    if args.timeout is not None:
+        # The comparison with ASDL runs in this process: there is no job to stop.
+        print("error: --timeout applies to the MPI jobs of --distributed only, and "
+              "--distributed was not given", file=sys.stderr)
+        return 2
     import torch
     torch.set_num_threads(args.threads)
     asdl = _asdl()
@@ -599,6 +608,28 @@ def write_distributed_plot(results, path, threads, repeat):
     figure.savefig(path, dpi=120)
 
 
+def distributed_heading(threads, repeat, steps):
+    """The first line of the ``--distributed`` report: the threads each job ran on, and how
+    the figures were taken.
+
+    A P = 2 job runs ``threads // 2`` threads per rank, at least one: with an odd ``threads``
+    its total differs from the P = 1 job's, and the line says so rather than claiming equal
+    resources for its "vs P=1" column.
+    """
+    ranks = max(DISTRIBUTED_RANKS)
+    per_rank = max(1, threads // ranks)
+    total = ranks * per_rank
+    if total == threads:
+        resources = f"{threads} threads in all (P={ranks}: {per_rank} per rank)"
+    else:
+        resources = (f"P=1 on {threads} thread{'s' * (threads != 1)}, P={ranks} on {ranks} x "
+                     f"{per_rank} = {total} (not the same total: 'vs P=1' compares unequal "
+                     f"resources; give --threads a multiple of {ranks})")
+    return (f"Preconditioned SGD steps over MPI, {resources}, median of {repeat} round(s) of "
+            f"{steps} timed steps ({2 * steps} with an interval of 10); MB received per step "
+            "by all ranks")
+
+
 def run_distributed(args, out):
     """``--distributed``: the P = 1 and P = 2 jobs, their table and outputs."""
     from .distributed import RunError, find_mpiexec
@@ -614,15 +645,13 @@ def run_distributed(args, out):
     total = args.repeat * len(DISTRIBUTED_RANKS)
     try:
         with tqdm(total=total, desc="precondition --distributed", unit="job") as progress:
+            timeout = DISTRIBUTED_TIMEOUT if args.timeout is None else args.timeout
             results = measure_distributed(workloads, args.steps, args.repeat, args.threads,
-                                          args.timeout, mpiexec, progress)
+                                          timeout, mpiexec, progress)
     except RunError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    print(f"Preconditioned SGD steps over MPI, {args.threads} threads in all (P=2: "
-          f"{max(1, args.threads // 2)} per rank), median of {args.repeat} round(s) of "
-          f"{args.steps} timed steps ({2 * args.steps} with an interval of 10); MB received "
-          "per step by all ranks", file=out)
+    print(distributed_heading(args.threads, args.repeat, args.steps), file=out)
     print(format_distributed_table(results), file=out)
     write_outputs(args, out, results, write_distributed_csv, write_distributed_plot,
                   args.threads, args.repeat)
