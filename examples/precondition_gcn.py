@@ -18,10 +18,12 @@ same weights. Under ``mpiexec`` the same training is ``python -m pysparse_hpc tr
 ``python examples/precondition_gcn.py [--dataset cora|citeseer] [--epochs N]``.
 """
 import argparse
+import sys
 import time
 
 import torch
 import torch.nn.functional as F
+from tqdm.auto import tqdm
 
 import pysparse_hpc as sph
 from pysparse_hpc.nn import models, train
@@ -41,7 +43,8 @@ def explicit_kfac_loop(model, x, graph, y, train_mask, epochs, lr, weight_decay)
     gm = KfacGradientMaker(model, config, fisher_type="emp")
     opt = torch.optim.Adam(model.param_groups(weight_decay), lr=lr)
     start = time.perf_counter()
-    for _ in range(epochs):
+    # Six trainings of the full length follow: each shows a bar, so a slow one is seen to move.
+    for _ in tqdm(range(epochs), desc="ASDL loop, K-FAC", leave=False):
         model.train()
         opt.zero_grad()
         dy = gm.setup_model_call(model, x, graph)
@@ -51,17 +54,26 @@ def explicit_kfac_loop(model, x, graph, y, train_mask, epochs, lr, weight_decay)
     return (time.perf_counter() - start) / max(epochs, 1), sorted(gm.preconditioned_modules())
 
 
+def label(optimizer, preconditioner):
+    """The run's name in the table and on its progress bar: Adam, Adam on kfac, SGD on kfac."""
+    name = optimizer.upper() if optimizer == "sgd" else optimizer.capitalize()
+    return name if preconditioner is None else f"{name} on {preconditioner}"
+
+
 def accuracy(model, x, graph, y, mask):
     model.eval()
     with torch.no_grad():
         return float((model(x, graph)[mask].argmax(1) == y[mask]).float().mean())
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv=None):
+    # The first paragraph: its first line ends mid-sentence.
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dataset", default="cora", choices=sph.datasets.available())
     parser.add_argument("--epochs", type=int, default=200)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    if args.epochs < 1:
+        parser.error(f"--epochs must be at least 1, got {args.epochs}")
     data = sph.datasets.load(args.dataset)
     x, y, train_mask, val_mask, test_mask = train.node_tensors(data)
     settings = dict(models.GCN.training, epochs=args.epochs)
@@ -82,14 +94,14 @@ def main():
     for optimizer, preconditioner in (("adam", None), ("adam", "kfac"), ("adam", "shampoo"),
                                       ("adam", "jorge"), ("sgd", "kfac")):
         result = train.fit(new_model(), x, data.adj, y, (train_mask, val_mask, test_mask),
-                           progress=False, preconditioner=preconditioner, optimizer=optimizer,
+                           preconditioner=preconditioner, optimizer=optimizer,
+                           description=label(optimizer, preconditioner),
                            **(sgd_settings if optimizer == "sgd" else settings))
-        label = optimizer.upper() if optimizer == "sgd" else optimizer.capitalize()
-        label += "" if preconditioner is None else f" on {preconditioner}"
-        print(f"  {label:<16} test accuracy {100 * result.test_accuracy:5.1f}% at the best "
-              f"validation epoch {result.best_epoch + 1:4d}, "
-              f"{1e3 * result.seconds_per_epoch:6.1f} ms per epoch")
+        print(f"  {label(optimizer, preconditioner):<16} test accuracy "
+              f"{100 * result.test_accuracy:5.1f}% at the best validation epoch "
+              f"{result.best_epoch + 1:4d}, {1e3 * result.seconds_per_epoch:6.1f} ms per epoch")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -124,9 +124,17 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.epochs < 1 or args.batch_size < 1:
         parser.error("--epochs and --batch-size must be positive")
+    if args.threads < 1:
+        parser.error(f"--threads must be at least 1, got {args.threads}")
+    if not 0 < args.lr < float("inf"):
+        parser.error(f"--lr must be a finite number > 0, got {args.lr}")
     torch.set_num_threads(args.threads)
 
     *data, what = load_data(args.seed)
+    if args.batch_size > len(data[1]):
+        # Only full batches are trained: a larger one would leave every model untrained.
+        parser.error(f"--batch-size must be at most the {len(data[1])} training examples, got "
+                     f"{args.batch_size}")
     print(f"data: {what}, {len(data[1])} training and {len(data[3])} test examples, "
           f"{data[0].shape[1]} features")
     for name in ("sgd", "k-fac", "shampoo", "jorge"):

@@ -40,6 +40,9 @@ def main(argv=None):
     parser.add_argument("--epochs", type=int, help="default: the model's published setting")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
+    if args.epochs is not None and args.epochs < 1:
+        # The same on every rank: each says it, and no rank waits for another.
+        parser.error(f"--epochs must be at least 1, got {args.epochs}")
 
     comm = distributed.init()
     adj, arrays, parts, data = None, [None] * 5, None, None
@@ -52,7 +55,8 @@ def main(argv=None):
     num_classes = comm.bcast(data.num_classes if data is not None else None)
 
     model_class = models.MODELS[args.model]
-    settings = dict(model_class.training, **({"epochs": args.epochs} if args.epochs else {}))
+    settings = dict(model_class.training,
+                    **({} if args.epochs is None else {"epochs": args.epochs}))
     torch.manual_seed(args.seed)  # the same weights on every rank
     model = model_class(x.shape[1], out_channels=num_classes, **model_class.architecture)
     comm.reset_stats()

@@ -40,6 +40,8 @@ def main(argv=None):
     parser.add_argument("--epochs", type=int, help="default: the model's published setting")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
+    if args.epochs is not None and args.epochs < 1:
+        parser.error(f"--epochs must be at least 1, got {args.epochs}")
 
     data = sph.datasets.load(args.dataset)
     print(data)
@@ -50,7 +52,9 @@ def main(argv=None):
     x, y, *masks = tensors
     for name in args.model:
         model_class = models.MODELS[name]
-        settings = dict(model_class.training, **({"epochs": args.epochs} if args.epochs else {}))
+        # Not `if args.epochs`: that read a refused 0 as "the published setting".
+        settings = dict(model_class.training,
+                        **({} if args.epochs is None else {"epochs": args.epochs}))
         torch.manual_seed(args.seed)
         model = model_class(x.shape[1], out_channels=data.num_classes, **model_class.architecture)
         result = train.fit(model, x, graph, y, masks, **settings, description=name)

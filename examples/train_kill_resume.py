@@ -48,7 +48,11 @@ def accuracy(out):
     return found.group(1) if found else "none"
 
 
-def kill_after_checkpoints(ranks, options, directory, checkpoints=2, every=5):
+#: The kill comes once this many checkpoints, one every `EVERY` epochs, are committed.
+CHECKPOINTS, EVERY = 2, 5
+
+
+def kill_after_checkpoints(ranks, options, directory, checkpoints=CHECKPOINTS, every=EVERY):
     """Start training with checkpoints and SIGKILL its last rank once ``checkpoints`` are
     committed; returns the exit status, the seconds it took to end, and its output."""
     job = subprocess.Popen(command(ranks, [*options, "--checkpoint", str(directory),
@@ -79,6 +83,12 @@ def main(argv=None):
                         help="what applies a preconditioner's gradients")
     parser.add_argument("--compression", default="none", choices=COMPRESSIONS)
     args = parser.parse_args(argv)
+    if args.ranks < 1:
+        parser.error(f"--ranks must be at least 1, got {args.ranks}")
+    # The run must outlast the checkpoint the kill waits for, or the kill finds it finished.
+    if args.epochs <= CHECKPOINTS * EVERY:
+        parser.error(f"--epochs must be more than {CHECKPOINTS * EVERY} (a rank is killed after "
+                     f"the checkpoint of epoch {CHECKPOINTS * EVERY}), got {args.epochs}")
     ranks = args.ranks
     if ranks > 1 and (mpiexec_path() is None or importlib.util.find_spec("mpi4py") is None):
         print("mpiexec or mpi4py is missing: one process instead")

@@ -90,15 +90,14 @@ def run_demo(name="cora", out=None, models=("gcn", "gat"), seeds=5, progress=Tru
         _training_report(data, models, seeds, progress, out)
         if distributed:
             print("", file=out)
-            _distributed_report(name, out)
+            _distributed_report(name, out, progress=progress)
     return 0
 
 
-def _distributed_report(name, out, ranks=2):
+def _distributed_report(name, out, ranks=2, progress=True):
     """GCN trained by ``python -m pysparse_hpc train`` on ``ranks`` MPI ranks, beside the same
-    training (same seed) in this process."""
+    training (same seed) in this process; with ``progress``, both show their progress bars."""
     from .distributed._comm import mpiexec_path
-    from .distributed._jobs import run_job
     launcher = mpiexec_path()
     if importlib.util.find_spec("mpi4py") is None or launcher is None:
         print("Distributed training skipped: it needs mpi4py and mpiexec (pip install mpi4py "
@@ -108,13 +107,14 @@ def _distributed_report(name, out, ranks=2):
     from .distributed.training import train
 
     command = [launcher, "-n", str(ranks), sys.executable, "-m", "pysparse_hpc", "train",
-               "--dataset", name, "--model", "gcn", "--partition", "metis", "--threads", "1",
-               "--no-progress"]
+               "--dataset", name, "--model", "gcn", "--partition", "metis", "--threads", "1"]
+    if not progress:
+        command.append("--no-progress")
     print(f"Distributed training: mpiexec -n {ranks} python -m pysparse_hpc train --dataset "
-          f"{name} --model gcn --partition metis --threads 1", file=out)
+          f"{name} --model gcn --partition metis --threads 1", file=out, flush=True)
     environment = dict(os.environ, PYSPARSE_HPC_NUM_THREADS="1", OMP_NUM_THREADS="1")
     try:
-        done = run_job(command, timeout=600, env=environment)
+        done = _run_ranks(command, timeout=600, env=environment, show_stderr=progress)
     except subprocess.TimeoutExpired:  # the launcher and its ranks were stopped
         print("  the MPI run did not finish within 600 s", file=out)
         return
@@ -124,9 +124,83 @@ def _distributed_report(name, out, ranks=2):
         return
     for line in done.stdout.strip().splitlines():
         print(f"  {line}", file=out)
-    single = train(name, "gcn", "metis", comm=Communicator(None), progress=False)
+    single = train(name, "gcn", "metis", comm=Communicator(None), progress=progress)
     print(f"  the same training in one process: test accuracy {100 * single.test_accuracy:.1f}%"
           f", final training loss {single.losses[-1]:.4f}", file=out)
+
+
+#: The line rank 0 of the ``train`` command starts its standard error with: for the log of a
+#: job, not for the demo's screen.
+_RANK_PIDS_LINE = "pysparse_hpc train: rank "
+
+
+def _run_ranks(command, timeout, env, show_stderr):
+    """`~pysparse_hpc.distributed._jobs.run_job`, with the job's standard error (rank 0's
+    progress bar) also passed on to this process's as it arrives when ``show_stderr``.
+
+    Captured whole, the bar of a run of many seconds would only appear, unseen, in the
+    captured text. Lines are passed on whole, ended by a newline or a carriage return (a
+    bar's redraw), except the line that maps ranks to PIDs.
+
+    Returns
+    -------
+    subprocess.CompletedProcess
+        With the whole standard output and standard error, as `run_job` returns them.
+
+    Raises
+    ------
+    subprocess.TimeoutExpired
+        After the job was stopped; an interrupt of this process stops it too.
+    """
+    from .distributed._jobs import run_job, stop_job
+    if not show_stderr:
+        return run_job(command, timeout=timeout, env=env)
+    import tempfile
+    import threading
+
+    captured = []
+
+    def read_chunks(fd):
+        try:
+            yield from iter(lambda: os.read(fd, 4096), b"")
+        except OSError:   # closed under us: the job has ended and the wait is over
+            return
+
+    def pass_on(stream):
+        pending = ""
+        for chunk in read_chunks(stream.fileno()):
+            text = chunk.decode(errors="replace")
+            captured.append(text)
+            pending += text
+            # Whole lines only, so that the PID line is recognised wherever a read cut it.
+            cut = max(pending.rfind("\n"), pending.rfind("\r")) + 1
+            lines, pending = pending[:cut], pending[cut:]
+            shown = "".join(line for line in lines.splitlines(keepends=True)
+                            if not line.startswith(_RANK_PIDS_LINE))
+            if shown:
+                sys.stderr.write(shown)
+                sys.stderr.flush()
+        if pending and not pending.startswith(_RANK_PIDS_LINE):
+            sys.stderr.write(pending)
+            sys.stderr.flush()
+
+    with tempfile.TemporaryFile() as stdout:
+        process = subprocess.Popen(command, stdout=stdout, stderr=subprocess.PIPE, env=env,
+                                   start_new_session=True)
+        reader = threading.Thread(target=pass_on, args=(process.stderr,), daemon=True)
+        reader.start()
+        try:
+            process.wait(timeout=timeout)
+        except BaseException:  # timed out or interrupted: nothing may outlive us
+            stop_job(process)
+            raise
+        finally:
+            # The pipe ends with the job; a process that left the group could hold it open.
+            reader.join(timeout=5)
+            process.stderr.close()
+        stdout.seek(0)
+        output = stdout.read().decode(errors="replace")
+    return subprocess.CompletedProcess(command, process.returncode, output, "".join(captured))
 
 
 def _training_report(data, model_names, seeds, progress, out):

@@ -30,6 +30,10 @@ warp owns 16 output columns of a row window (FlashSparse's 4 warps x 16 columns)
 ``PYSPARSE_HPC_CUDA_SPLIT_BLOCKS`` (default 32): windows with more blocks than this are split
 across thread blocks that combine with atomics (FlashSparse's threshold), so the long windows of
 power-law graphs do not hold up the grid.
+
+``PYSPARSE_HPC_SPMM_TILE``, ``PYSPARSE_HPC_CUDA_WARPS`` and ``PYSPARSE_HPC_CUDA_SPLIT_BLOCKS``
+must be at least 1; like a value that is not an integer, a smaller one stops the import with
+the variable's name.
 """
 import contextlib
 import ctypes
@@ -77,25 +81,48 @@ def _initial_threads():
     return threads
 
 
-def _env_int(name, default):
+def _env_int(name, default, minimum=None):
+    """The integer in environment variable ``name``, else ``default``.
+
+    Parameters
+    ----------
+    name : str
+    default : int
+    minimum : int, optional
+        The smallest value that means something. A smaller one is refused rather than raised
+        to it: ``PYSPARSE_HPC_CUDA_WARPS=0`` ran one warp per block without a word.
+
+    Raises
+    ------
+    ValueError
+        When the value is not an integer, or is below ``minimum``.
+    """
     value = os.environ.get(name)
     if value is None:
         return default
     try:
-        return int(value)
+        number = int(value)
     except ValueError:
         raise ValueError(f"{name} must be an integer, got {value!r}") from None
+    if minimum is not None and number < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return number
+
+
+#: The largest count the kernels take (they receive it as a 64-bit integer). A tile or a split
+#: threshold above it means the same as this one: whole rows, windows never split.
+_LARGEST_COUNT = 2**63 - 1
 
 
 _PARALLEL_MIN_FLOPS = _env_int("PYSPARSE_HPC_PARALLEL_MIN_FLOPS", 1 << 17)
 
 
-_SPMM_TILE = _env_int("PYSPARSE_HPC_SPMM_TILE", 4096)
+_SPMM_TILE = _env_int("PYSPARSE_HPC_SPMM_TILE", 4096, minimum=1)
 
 
 def spmm_tile():
     """Output columns per tile of the CPU SpMM on strided B (at least 1)."""
-    return max(1, _SPMM_TILE)
+    return min(max(1, _SPMM_TILE), _LARGEST_COUNT)
 
 
 _BUFFER_CACHE_BYTES = _env_int("PYSPARSE_HPC_BUFFER_CACHE_MB", 1024) << 20
@@ -106,7 +133,7 @@ def buffer_cache_bytes():
     return max(0, _BUFFER_CACHE_BYTES)
 
 
-_CUDA_WARPS = _env_int("PYSPARSE_HPC_CUDA_WARPS", 4)
+_CUDA_WARPS = _env_int("PYSPARSE_HPC_CUDA_WARPS", 4, minimum=1)
 
 
 def cuda_warps_per_block():
@@ -114,12 +141,12 @@ def cuda_warps_per_block():
     return max(1, _CUDA_WARPS)
 
 
-_CUDA_SPLIT_BLOCKS = _env_int("PYSPARSE_HPC_CUDA_SPLIT_BLOCKS", 32)
+_CUDA_SPLIT_BLOCKS = _env_int("PYSPARSE_HPC_CUDA_SPLIT_BLOCKS", 32, minimum=1)
 
 
 def cuda_split_blocks():
     """Blocks above which a window is split across thread blocks (at least 1)."""
-    return max(1, _CUDA_SPLIT_BLOCKS)
+    return min(max(1, _CUDA_SPLIT_BLOCKS), _LARGEST_COUNT)
 
 
 def parallel_min_flops():

@@ -62,11 +62,13 @@ class BlockStats:
         return asdict(self)
 
     def __str__(self):
+        # ME-BCRS is the 8-row format: other heights are the same layout under another name.
+        blocked = "ME-BCRS" if self.window == 8 else f"{self.window}x1 blocked"
         return (
             f"{self.window}x1 vectors, blocks of {self.block_width}: "
             f"{self.n_windows} windows ({self.n_empty_windows} empty), {self.n_vectors} vectors, "
             f"{self.nnz_per_vector:.2f} nnz/vector, redundancy {self.redundancy:.2f}; bytes: "
-            f"CSR {self.bytes_csr}, ME-BCRS {self.bytes_mebcrs} (+{self.bytes_mask} mask), "
+            f"CSR {self.bytes_csr}, {blocked} {self.bytes_mebcrs} (+{self.bytes_mask} mask), "
             f"SR-BCRS {self.bytes_srbcrs}"
         )
 

@@ -412,3 +412,50 @@ def test_fit_names_node_arrays_that_are_not_tensors():
     with pytest.raises(TypeError, match="y must be a 1-D int64 torch.Tensor of class ids, got "
                                         "ndarray"):
         fit(model, x, cora.adj, y.numpy(), masks, epochs=1, progress=False)
+
+
+@pytest.mark.parametrize("progress", [True, False])
+def test_demo_mpi_run_and_its_reference_show_progress_as_asked(monkeypatch, progress):
+    """The demo's last two trainings (under mpiexec, then in this process) took half a minute
+    on two cores without a bar, whatever --no-progress said."""
+    pytest.importorskip("mpi4py")
+    from pysparse_hpc import __main__ as cli
+    from pysparse_hpc.distributed import _comm, training
+    seen = {}
+
+    def run_ranks(command, timeout, env, show_stderr):
+        seen["command"], seen["shown"] = command, show_stderr
+        return subprocess.CompletedProcess(command, 0, "GCN on cora, 2 ranks\n", "")
+
+    def train(*args, progress, **kwargs):
+        seen["progress"] = progress
+        return type("Result", (), {"test_accuracy": 0.8, "losses": [0.5]})()
+
+    monkeypatch.setattr(_comm, "mpiexec_path", lambda: "mpiexec")
+    monkeypatch.setattr(cli, "_run_ranks", run_ranks)
+    monkeypatch.setattr(training, "train", train)
+    out = io.StringIO()
+    cli._distributed_report("cora", out, progress=progress)
+    assert ("--no-progress" not in seen["command"]) == progress
+    assert seen["shown"] == progress and seen["progress"] == progress
+    assert "GCN on cora, 2 ranks" in out.getvalue() and "in one process" in out.getvalue()
+
+
+def test_mpi_job_passes_its_bar_on_and_keeps_its_output(capsys):
+    """The job's standard error reaches the screen as it comes, but for the PID line, and both
+    streams come back whole for the report."""
+    from pysparse_hpc.__main__ import _run_ranks
+    code = ("import sys, time\n"
+            "sys.stderr.write('pysparse_hpc train: rank 0 is PID 1 on host\\n')\n"
+            "for i in range(3):\n"
+            "    sys.stderr.write(f'\\rbar {i}'); sys.stderr.flush(); time.sleep(0.05)\n"
+            "sys.stderr.write('\\r      \\r')\n"
+            "print('the result')\n")
+    done = _run_ranks([sys.executable, "-c", code], timeout=60, env=None, show_stderr=True)
+    assert done.returncode == 0 and done.stdout == "the result\n"
+    assert "rank 0 is PID 1" in done.stderr and "bar 2" in done.stderr
+    shown = capsys.readouterr().err
+    assert "\rbar 0" in shown and "\rbar 2" in shown and "PID" not in shown
+    failed = _run_ranks([sys.executable, "-c", "import sys; sys.exit('no')"], timeout=60,
+                        env=None, show_stderr=False)
+    assert failed.returncode == 1 and "no" in failed.stderr and capsys.readouterr().err == ""

@@ -152,3 +152,36 @@ def test_importing_leaves_the_openmp_thread_count_to_the_user(torch_first):
     assert done.returncode == 0, done.stderr
     torch_threads, ours, used = map(int, done.stdout.split())
     assert torch_threads == 1 and ours == 2 and used == 2
+
+
+@pytest.mark.parametrize("name, value", [("PYSPARSE_HPC_SPMM_TILE", "0"),
+                                         ("PYSPARSE_HPC_CUDA_WARPS", "0"),
+                                         ("PYSPARSE_HPC_CUDA_WARPS", "-1"),
+                                         ("PYSPARSE_HPC_CUDA_SPLIT_BLOCKS", "-3")])
+def test_counts_below_one_stop_the_import_by_name(name, value):
+    """A tile, warp count or split threshold below 1 is refused, not silently taken as 1."""
+    env = dict(os.environ, **{name: value})
+    done = subprocess.run([sys.executable, "-c", "import pysparse_hpc"], capture_output=True,
+                          text=True, env=env, timeout=120)
+    assert done.returncode != 0
+    assert f"{name} must be an integer >= 1, got {value!r}" in done.stderr
+
+
+def test_huge_tile_and_split_threshold_mean_whole_rows_and_no_split(monkeypatch):
+    """Beyond a 64-bit count the kernels could not take them (every SpMM on a strided B failed
+    in Numba's typing); they mean the same as the largest count."""
+    import numpy as np
+
+    import pysparse_hpc as sph
+    from pysparse_hpc import _config
+    from pysparse_hpc.kernels.cuda.spmm import mma_parts
+    monkeypatch.setattr(_config, "_SPMM_TILE", 10 ** 30)
+    monkeypatch.setattr(_config, "_CUDA_SPLIT_BLOCKS", 10 ** 30)
+    assert _config.spmm_tile() == _config.cuda_split_blocks() == 2 ** 63 - 1
+    A = sph.csr_array(np.arange(12, dtype=np.float32).reshape(3, 4))
+    B = np.arange(20, dtype=np.float32).reshape(5, 4).T        # not C-contiguous: tiled path
+    np.testing.assert_allclose(sph.spmm(A, B), A.toarray() @ B)
+    M = sph.csr_array(np.ones((16, 200), np.float32)).to_mebcrs()
+    window, first, n_blocks, atomic, split = mma_parts(M.row_window_offset,
+                                                       _config.cuda_split_blocks())
+    assert window.tolist() == [0, 1] and atomic.tolist() == [0, 0] and split.size == 0

@@ -121,3 +121,43 @@ def test_api_reference_names_every_public_name(module):
     words = set(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", text))
     missing = [name for name in importlib.import_module(module).__all__ if name not in words]
     assert not missing, f"{module}: {missing} not in docs/api.rst"
+
+
+def example_main(script):
+    """The ``main`` of an example script, loaded as a module (not run)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(script[:-3], REPO_ROOT / "examples" / script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.main
+
+
+@pytest.mark.parametrize("script, arguments, message", [
+    # --epochs 0 read as "not given": 200 epochs were trained.
+    ("train_gnn.py", ["--epochs", "0"], "--epochs must be at least 1, got 0"),
+    ("train_distributed.py", ["--epochs", "0"], "--epochs must be at least 1, got 0"),
+    ("precondition_gcn.py", ["--epochs", "0"], "--epochs must be at least 1, got 0"),
+    # A batch larger than the training set: no step, untrained models reported as trained.
+    ("precondition_mlp.py", ["--batch-size", "5000"],
+     "--batch-size must be at most the 1437 training examples, got 5000"),
+    ("precondition_mlp.py", ["--threads", "0"], "--threads must be at least 1, got 0"),
+    ("train_kill_resume.py", ["--ranks", "0"], "--ranks must be at least 1, got 0"),
+    ("train_kill_resume.py", ["--epochs", "10"], "--epochs must be more than 10"),
+])
+def test_example_scripts_refuse_bad_arguments(script, arguments, message, capsys):
+    pytest.importorskip("torch")
+    if script == "precondition_mlp.py":
+        pytest.importorskip("sklearn")   # the synthetic data's size is another
+    with pytest.raises(SystemExit) as stop:
+        example_main(script)(arguments)
+    assert stop.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_example_help_describes_the_script_in_whole_sentences(capsys):
+    pytest.importorskip("torch")
+    with pytest.raises(SystemExit):
+        example_main("precondition_gcn.py")(["--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "preconditioned by K-FAC, Shampoo and Jorge, and with SGD (momentum 0.9) on K-FAC's." \
+        in out

@@ -65,3 +65,11 @@ def test_hypersparse_columns_are_counted_without_a_slot_per_column(rng, window):
     expected.update(n_cols=2 ** 40 + 1, bytes_csr=stats.bytes_csr)
     assert stats.as_dict() == expected
     assert stats.n_vectors == wide.to_blocked(window=window).n_vectors
+
+
+def test_str_names_the_blocked_format_by_its_window_height():
+    """ME-BCRS is the 8-row format: the bytes of 16-row windows are not labelled as its."""
+    A = sph.csr_array(np.eye(20, dtype=np.float32))
+    assert "ME-BCRS " in str(sph.block_stats(A, window=8))
+    text = str(sph.block_stats(A, window=16))
+    assert "ME-BCRS" not in text and "16x1 blocked " in text
