@@ -236,8 +236,9 @@ def sddmm(A, X, Y, *, alpha=1.0, beta=0.0, backend="auto", precision="fp32"):
         The pattern (and, when ``beta != 0``, the values added).
     X : numpy.ndarray or torch.Tensor, shape (M, F) or (M, heads, F)
     Y : numpy.ndarray or torch.Tensor, shape (K, F) or (K, heads, F)
-        Same kind and number of dimensions as ``X``. The 3-D form computes one SDDMM per head
-        (multi-head attention).
+        Same kind (on the CPU: a NumPy X with a NumPy Y, a tensor with a tensor; the GPU
+        backend also takes host operands beside device ones) and number of dimensions as
+        ``X``. The 3-D form computes one SDDMM per head (multi-head attention).
     alpha, beta : float
         With ``beta == 0`` A's values are not read (a NaN there does not propagate). An
         infinite one leaves a blocked result's padding slots 0; with device operands whose
@@ -277,6 +278,11 @@ def sddmm(A, X, Y, *, alpha=1.0, beta=0.0, backend="auto", precision="fp32"):
     hint = "use pysparse_hpc.nn.functional.sddmm for a gradient"
     x_operand, y_operand = as_dense(X, "X", hint), as_dense(Y, "Y", hint)
     on_gpu = _resolve_backend(backend, [x_operand, y_operand]) == "cuda"
+    if not on_gpu and x_operand.kind != y_operand.kind:
+        # Documented as one kind: a 3-D result took X's kind whatever Y was. (The GPU
+        # backend takes host operands beside device ones, and returns X's kind.)
+        raise TypeError(f"X and Y must be of one kind, got a {x_operand.kind} X and a "
+                        f"{y_operand.kind} Y; convert one of them")
     X, Y = ((x_operand.original, y_operand.original) if on_gpu
             else (x_operand.array, y_operand.array))
     _check_sddmm_shapes(A, tuple(X.shape), tuple(Y.shape))

@@ -344,3 +344,17 @@ def test_an_unknown_precision_is_named_as_such(precision, error):
         sph.sddmm(A, np.ones((3, 2)), np.ones((3, 2)), precision=precision)
     with pytest.raises(ValueError, match="applies to the CUDA backend"):
         sph.spmm(A, np.ones((3, 2)), precision="tf32")
+
+
+def test_sddmm_operands_must_be_of_one_kind():
+    """X and Y are documented as one kind; a torch X with a NumPy Y was taken, and a 3-D
+    result came back as X's kind whatever Y was."""
+    torch = pytest.importorskip("torch")
+    A = sph.csr_array(np.eye(3))
+    x = np.ones((3, 2, 4))
+    for X, Y, message in ((torch.from_numpy(x), x, "a torch X and a numpy Y"),
+                          (x, torch.from_numpy(x), "a numpy X and a torch Y")):
+        with pytest.raises(TypeError, match=f"X and Y must be of one kind, got {message}"):
+            sph.sddmm(A, X, Y)
+    torch.testing.assert_close(sph.sddmm(A, torch.from_numpy(x), torch.from_numpy(x)),
+                               torch.full((3, 2), 4.0, dtype=torch.float64))
