@@ -158,3 +158,14 @@ def test_help_states_each_workloads_default_epochs_and_seeds(capsys):
     assert f"seeds of every grid point (default: {seeds})" in text
     assert "100 on pubmed" in epochs
     assert convergence.load_problem("cora").epochs == convergence.DEFAULT_EPOCHS["cora"]
+
+
+@pytest.mark.parametrize("options, message", [
+    (["--method", "sgd", "--kl-clip", "1e-3"], "--kl-clip applies to kfac, kfac-adam"),
+    (["--method", "sgd", "--damping", "0.1"], "--damping applies to kfac, kfac-adam, shampoo"),
+])
+def test_options_no_selected_method_reads_are_refused(options, message, capsys):
+    """``--method sgd --kl-clip 1`` ran SGD and Adam, and the report named a KL clip that
+    nothing applied."""
+    assert main(["convergence", "--workload", "digits", *options]) == 2
+    assert message in capsys.readouterr().err

@@ -379,3 +379,10 @@ def test_an_interrupted_benchmark_stops_its_job(signal_name, status):
     assert not _running_workers()
     if signal_name == "SIGINT":
         assert "interrupted" in errors and "Traceback" not in errors
+
+
+def test_a_rank_count_listed_twice_is_refused(monkeypatch, capsys):
+    """``--ranks 2 2`` ran the P = 2 job twice and printed every row twice."""
+    monkeypatch.setattr(lion, "measure", lambda *args: pytest.fail("measured"))
+    assert main(["lion", "--skip-accuracy", "--ranks", "1", "2", "1"]) == 2
+    assert "error: --ranks lists P=1 more than once" in capsys.readouterr().err

@@ -738,6 +738,15 @@ def run(args, out=None):
         return 2
     methods = {p.name: ["adam"] + [m for m in (args.method or p.default_methods) if m != "adam"]
                for p in problems}
+    running = {m for names in methods.values() for m in names}
+    # An option that no selected method reads would read, in the report, as if it had been
+    # applied.
+    for option, value, readers in (("--damping", args.damping, PRECONDITIONED),
+                                   ("--kl-clip", args.kl_clip, ("kfac", "kfac-adam"))):
+        if value is not None and not running & set(readers):
+            print(f"error: {option} applies to {', '.join(readers)}, none of which runs "
+                  f"(methods: {', '.join(sorted(running))})", file=sys.stderr)
+            return 2
     total = sum(p.seeds * sum(len(lr_grid(m, p.kind)) for m in methods[p.name])
                 for p in problems)
     runs = []

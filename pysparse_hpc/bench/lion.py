@@ -918,6 +918,10 @@ def _check_arguments(args):
     if len(latencies) != len(LINK_GBPS) or any(not 0 <= x < math.inf for x in latencies):
         raise UsageError(f"--latency-us takes 1 or {len(LINK_GBPS)} finite non-negative "
                          f"values, got {args.latency_us}")
+    twice = sorted({p for p in args.ranks if list(args.ranks).count(p) > 1})
+    if twice:
+        # Each P is one job: a repeated one ran again and printed every row twice.
+        raise UsageError(f"--ranks lists {', '.join(f'P={p}' for p in twice)} more than once")
     given = [option for option, dest in (("--seeds", "seeds"),
                                          ("--accuracy-ranks", "accuracy_ranks"))
              if getattr(args, dest) is not None]
