@@ -24,6 +24,20 @@ def suitesparse_path(request):
     return DATA_DIR / "suitesparse" / f"{request.param}.npz"
 
 
+def run_isolated(code):
+    """Run ``code`` in a fresh interpreter, so that a crash (a segfault) fails the test, not
+    pytest; returns its standard output."""
+    import subprocess
+    import sys
+    import textwrap
+
+    result = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0, (f"exit status {result.returncode}\n{result.stdout}\n"
+                                    f"{result.stderr}")
+    return result.stdout
+
+
 def random_scipy(rng, shape, density, dtype=np.float64, duplicates=False):
     """A random scipy CSR array; with ``duplicates`` it is non-canonical (unsorted, repeated)."""
     n_rows, n_cols = shape

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 import pysparse_hpc as sph
 
-from .conftest import random_scipy
+from .conftest import random_scipy, run_isolated
 from .reference import assert_same_csr
 
 
@@ -181,16 +181,12 @@ def test_scipy_input_out_of_range_is_refused_before_scipy_converts_it(build, mes
     """scipy converts a CSC, BSR or COO matrix to CSR trusting its indices: one out of range
     was written outside the result (accepted with memory corrupted, or a segfault). Run in a
     child process, so that a crash fails this test rather than the test run."""
-    import subprocess
-    import sys
     code = ("import numpy as np, scipy.sparse, pysparse_hpc as sph\n"
             f"S = {build}\n"
             "try:\n    sph.csr_array(S)\nexcept ValueError as exc:\n    print(exc)\n"
             "else:\n    print('accepted')\n")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=120)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert re.search(message, done.stdout), done.stdout
+    output = run_isolated(code)
+    assert re.search(message, output), output
 
 
 def test_inplace_ops_do_not_touch_caller_arrays(rng):

@@ -7,18 +7,7 @@ import scipy.sparse
 import pysparse_hpc as sph
 from pysparse_hpc._cy import blocked as _blocked
 
-
-def run_isolated(code):
-    """Run ``code`` in a fresh interpreter, so that a crash fails the test, not pytest."""
-    import subprocess
-    import sys
-    import textwrap
-
-    result = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
-                            text=True, timeout=120)
-    assert result.returncode == 0, (f"exit status {result.returncode}\n{result.stdout}\n"
-                                    f"{result.stderr}")
-    return result.stdout
+from .conftest import run_isolated
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])

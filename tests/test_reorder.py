@@ -10,7 +10,7 @@ import pysparse_hpc as sph
 from pysparse_hpc.generators import planted_partition
 from pysparse_hpc.io import load_npz
 
-from .conftest import GRAPH_FILES, SUITESPARSE_FILES, random_scipy, requires_data
+from .conftest import GRAPH_FILES, SUITESPARSE_FILES, random_scipy, requires_data, run_isolated
 from .reference import reference_rabbit, reference_rcm, symmetric_neighbours
 
 METHODS = ["rabbit", "rcm", "degree", "none"]
@@ -439,19 +439,6 @@ def test_generators_check_their_seed(seed, error):
 
 
 # -- states the typed orderings must not be handed ------------------------------------------
-
-def run_isolated(code):
-    """Run ``code`` in a fresh interpreter, so that a segfault fails the test, not pytest."""
-    import subprocess
-    import sys
-    import textwrap
-
-    result = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
-                            text=True, timeout=120)
-    assert result.returncode == 0, (f"exit status {result.returncode}\n{result.stdout}\n"
-                                    f"{result.stderr}")
-    return result.stdout
-
 
 def test_reorder_does_not_trust_a_canonical_flag_set_by_hand():
     # Unsorted rows merged as if sorted gave an asymmetric pattern, and RCM's neighbour sort
