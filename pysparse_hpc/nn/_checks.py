@@ -37,13 +37,13 @@ def check_channels(value, name):
     return value
 
 
-def check_probability(value, name):
-    """``value`` as a float in [0, 1): TypeError for a non-number (a bool included), ValueError
-    outside the range."""
+def check_probability(value, name, one=False):
+    """``value`` as a float in [0, 1) (``one``: [0, 1]): TypeError for a non-number (a bool
+    included), ValueError outside the range."""
     if not is_real_number(value):
         raise TypeError(f"{name} must be a float, got {type(value).__name__} ({value!r})")
-    if not 0.0 <= value < 1.0:
-        raise ValueError(f"{name} must be in [0, 1), got {value!r}")
+    if not (0.0 <= value <= 1.0 if one else 0.0 <= value < 1.0):
+        raise ValueError(f"{name} must be in [0, 1{']' if one else ')'}, got {value!r}")
     return float(value)
 
 

@@ -10,8 +10,8 @@ drops the same features whatever the number of ranks (torch's draws depend on th
 import torch
 import torch.nn.functional as F
 
-from .._sputils import check_integer, is_real_number
 from . import functional
+from ._checks import check_channels, check_probability
 from .agnn import AGNNConv
 from .gat import GATConv
 from .gcn import GCNConv
@@ -25,12 +25,8 @@ def _check_options(dropout, **sizes):
     negative one (refused by torch without the argument's name), and a dropout rate outside
     [0, 1] (refused only by the first training step, never in evaluation)."""
     for name, value in sizes.items():
-        if check_integer(value, name) < 1:
-            raise ValueError(f"{name} must be a positive int, got {value!r}")
-    if not is_real_number(dropout):
-        raise TypeError(f"dropout must be a float, got {type(dropout).__name__} ({dropout!r})")
-    if not 0.0 <= dropout <= 1.0:
-        raise ValueError(f"dropout must be in [0, 1], got {dropout!r}")
+        check_channels(value, name)
+    check_probability(dropout, "dropout", one=True)
 
 
 def _feature_dropout(model, x, adj):
