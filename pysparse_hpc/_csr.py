@@ -21,7 +21,7 @@ from ._sputils import (
     value_dtype_for,
 )
 
-__all__ = ["csr_array", "CooTriplets", "as_csr", "host_values"]
+__all__ = ["csr_array", "CooTriplets", "as_csr", "host_values", "read_canonical"]
 
 _INT64_MAX = int(np.iinfo(np.int64).max)
 
@@ -284,7 +284,7 @@ class csr_array(sparray):
     def has_canonical_format(self):
         """True if every row is sorted by column and holds no duplicate column."""
         if self._canonical is None:
-            self._canonical = _convert.csr_index_order(self.indptr, self.indices) == 2
+            self._canonical = read_canonical(self)
         return self._canonical
 
     @has_canonical_format.setter
@@ -457,6 +457,13 @@ def _check_scipy_indices(matrix):
                 raise ValueError(f"the scipy COO input's {name}[{bad}] is "
                                  f"{int(coordinates[bad])}, out of range for {extent} "
                                  f"{'rows' if name == 'row' else 'columns'}")
+
+
+def read_canonical(csr):
+    """Whether every row of ``csr`` is sorted by column without repeats, read from its arrays:
+    not the kept ``has_canonical_format``, which a write into the index arrays in place (or a
+    flag set by hand) leaves stale."""
+    return _convert.csr_index_order(csr.indptr, csr.indices) == 2
 
 
 def host_values(x):

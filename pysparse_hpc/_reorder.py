@@ -18,7 +18,7 @@ import scipy.sparse
 
 from ._base import sparray
 from ._config import get_num_threads
-from ._csr import as_csr, csr_array
+from ._csr import as_csr, csr_array, read_canonical
 from ._cy import convert as _convert
 from ._cy import rabbit as _rabbit
 from ._cy import reorder as _reorder
@@ -86,7 +86,7 @@ def _symmetric_graph(A):
     # The canonical flag is not taken on trust here (one pass over the indices): it can be set
     # by hand and the arrays rewritten under it, and the merge below, given an unsorted row,
     # returns an asymmetric pattern that the orderings cannot take.
-    if _convert.csr_index_order(A.indptr, A.indices) != 2:
+    if not read_canonical(A):
         A = A.copy()
         A.has_canonical_format = False
         A.sum_duplicates()

@@ -17,7 +17,7 @@ import numpy as np
 
 from .._base import sparray
 from .._blocked import blocked_array
-from .._csr import csr_array
+from .._csr import csr_array, read_canonical
 from .._sputils import check_integer, described_sparse, get_index_dtype
 from .._cy import convert as _convert
 from ..kernels.cpu.checksum import checksum
@@ -138,22 +138,17 @@ def pattern(adj):
     # A csr_array's canonical flag is set once and kept: writing into its index arrays in
     # place (followed by the caches here) leaves it stale, so it is read from the arrays,
     # once per content.
-    if isinstance(adj, csr_array) and cached_on(adj, "canonical", lambda: _is_canonical(adj)):
+    if isinstance(adj, csr_array) and cached_on(adj, "canonical", lambda: read_canonical(adj)):
         return adj
 
     def build():
         csr = adj.tocsr()
-        if _is_canonical(csr):
+        if read_canonical(csr):
             return csr
         # A fresh array over the same arrays reads their order itself, whatever flag csr has
         fresh = csr_array((csr.data, csr.indices, csr.indptr), shape=csr.shape)
         return fresh.canonical()
     return cached_on(adj, "pattern", build)
-
-
-def _is_canonical(csr):
-    """Whether every row of ``csr`` is sorted by column without repeats, read from its arrays."""
-    return _convert.csr_index_order(csr.indptr, csr.indices) == 2
 
 
 def with_dtype(adj, dtype):
