@@ -60,6 +60,12 @@ def test_load_arguments_are_checked_on_every_rank():
     run_resume_checks(2, "load_arguments_agree", timeout=60)
 
 
+@requires_mpi
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_a_staging_failure_on_one_rank_is_raised_on_every_rank(ranks):
+    run_resume_checks(ranks, "staging_failure_on_one_rank", timeout=60)
+
+
 def _train_command(*options):
     return [mpiexec_path(), "-n", "2", sys.executable, "-m", "pysparse_hpc", "train",
             "--epochs", "150", "--no-progress", "--threads", "1", *options]

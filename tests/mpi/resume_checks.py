@@ -160,5 +160,36 @@ def check_load_arguments_agree():
     checkpoints.close()
 
 
+def check_staging_failure_on_one_rank():
+    """No memory for the in-memory copy on one rank: every rank raises it, the previous save
+    is committed all the same, and the next save and `wait` work. The failing rank raised alone
+    while the others went on with the save, one save ahead of it in every later collective."""
+    import pytest
+
+    from pysparse_hpc.distributed import Checkpointer
+    from pysparse_hpc.distributed.checkpoint import _format
+
+    checkpoints = Checkpointer(_shared_directory(), comm=comm, keep=None)
+    checkpoints.save(1, {"rank": rank})
+    stage = _format.Encoder.stage
+    if rank == comm.size - 1:
+        def no_memory(self, buffer):
+            raise MemoryError("no room for the copy")
+        _format.Encoder.stage = no_memory
+    try:
+        with pytest.raises(MemoryError, match="no room for the copy"):
+            checkpoints.save(2, {"rank": rank})
+    finally:
+        _format.Encoder.stage = stage
+    assert checkpoints.wait() is None
+    comm.Barrier()  # rank 0 committed step 1 before raising
+    assert checkpoints.steps() == [1], checkpoints.steps()
+    checkpoints.save(3, {"rank": rank})
+    assert checkpoints.wait() == 3
+    loaded = checkpoints.load()
+    assert loaded.step == 3 and loaded.shard["rank"] == rank, loaded
+    checkpoints.close()
+
+
 if __name__ == "__main__":
     run_named(checks_in(globals()), sys.argv[1:])

@@ -427,6 +427,9 @@ class Checkpointer:
             checkpoints of a rolled-back run would mix with the newer ones of the run it left.
         FileExistsError
             The step is already committed, or is the previous save's (which is committed).
+        MemoryError
+            No room for the in-memory copy on some rank: raised on every rank, the save
+            dropped and the previous one committed.
         """
         self._check_process()
         previous = self._collect()
@@ -445,17 +448,14 @@ class Checkpointer:
                 self._pending = pending
                 self.wait()
                 return
-            total = sum(-(-enc.size // ALIGN) * ALIGN for enc in encoders.values())
-            if self._staging is None or self._staging.size < total:
-                self._staging = None  # free the old one before allocating its successor
-                self._staging = np.empty(total, np.uint8)
-            jobs, offset = {}, 0
-            for name, encoder in encoders.items():
-                region = self._staging[offset:offset + encoder.size]
-                encoder.stage(region)
-                encoder.leaves = None  # the copy is taken: let the caller's arrays go
-                jobs[name] = (encoder, region)
-                offset += -(-encoder.size // ALIGN) * ALIGN
+            jobs, error = None, None
+            try:
+                jobs = self._stage(encoders)
+            except Exception as exc:  # no memory for the copy, on some ranks only
+                error = exc
+            # Every rank raises, or none: a rank going on with the save would be a save ahead
+            # of the failed one, and the next collective call would pair mismatched steps.
+            self.comm.raise_if_any(error)
             self._pending = pending
             pending.thread = self._background(self._write, pending, step_dir, jobs)
         except BaseException:
@@ -464,6 +464,22 @@ class Checkpointer:
             if previous is not None and pending.commit is not None and pending.thread is None:
                 self._commit_now(previous)
             raise
+
+    def _stage(self, encoders):
+        """Copy the encoded state into the staging buffer; ``{file name: (encoder, region)}``
+        for the writer."""
+        total = sum(-(-enc.size // ALIGN) * ALIGN for enc in encoders.values())
+        if self._staging is None or self._staging.size < total:
+            self._staging = None  # free the old one before allocating its successor
+            self._staging = np.empty(total, np.uint8)
+        jobs, offset = {}, 0
+        for name, encoder in encoders.items():
+            region = self._staging[offset:offset + encoder.size]
+            encoder.stage(region)
+            encoder.leaves = None  # the copy is taken: let the caller's arrays go
+            jobs[name] = (encoder, region)
+            offset += -(-encoder.size // ALIGN) * ALIGN
+        return jobs
 
     def _prepare_save(self, step, shard, shared, nodes, previous):
         """Check the arguments and encode the state on every rank; ``(step, encoders)``.
