@@ -379,6 +379,19 @@ def test_plans_and_projection_cli(tmp_path, capsys):
      "unknown CAGNET method 'metis-nnz'"),
 ])
 def test_bad_arguments(args, message, capsys):
+    # Refused before any job is launched (or mpiexec looked for).
+    status = main(["distributed", "--data", str(REPO_ROOT), *args])
+    assert status == 2
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--run-ranks", "3"], "--run-ranks is an option of the real runs, which --skip-runs "
+                           "leaves out"),
+    (["--rounds", "2", "--run-methods", "metis", "--cagnet-methods", "none"],
+     "--run-methods, --cagnet-methods, --rounds are options of the real runs"),
+])
+def test_run_options_are_refused_without_runs(args, message, capsys):
     status = main(["distributed", "--data", str(REPO_ROOT), "--skip-runs", *args])
     assert status == 2
     assert message in capsys.readouterr().err

@@ -1494,10 +1494,10 @@ def add_arguments(parser):
                              f"{' '.join(map(str, HIDDEN))})")
     parser.add_argument("--max-ranks", type=int, default=1024, metavar="P",
                         help="plans and projection for P = 2, 4, ... up to P (default: 1024)")
-    parser.add_argument("--run-ranks", type=int, default=2, metavar="P",
+    parser.add_argument("--run-ranks", type=int, metavar="P",
                         help="ranks of the distributed real run (default: 2; the threads are "
                              "split among them)")
-    parser.add_argument("--run-methods", default=",".join(DEFAULT_RUN_METHODS), metavar="A,B",
+    parser.add_argument("--run-methods", metavar="A,B",
                         help=f"partitioners of the distributed real runs, one job each, of "
                              f"{', '.join(RUN_METHODS)} (default: "
                              f"{','.join(DEFAULT_RUN_METHODS)}; metis-nnz: METIS balancing "
@@ -1512,7 +1512,7 @@ def add_arguments(parser):
     parser.add_argument("--warmup", type=positive_int, default=3, metavar="N",
                         help="untimed steps first, in which CAGNET's losses are checked against "
                              "ours (default: 3)")
-    parser.add_argument("--rounds", type=positive_int, default=1, metavar="N",
+    parser.add_argument("--rounds", type=positive_int, metavar="N",
                         help="run the P=1 and P>1 jobs N times in turns and keep each "
                              "configuration's fastest epoch (a shared machine; default: 1)")
     parser.add_argument("--timeout", type=positive_int, default=1200, metavar="S",
@@ -1552,6 +1552,20 @@ def _check_arguments(args):
     """Validated selections, or `UsageError`."""
     graphs = _names(args.graphs, GRAPHS, "graph")
     methods = _names(args.methods, METHODS, "partition method")
+    if args.skip_runs:
+        # The report would read as if they had been applied.
+        given = [option for option, value in (("--run-ranks", args.run_ranks),
+                                              ("--run-methods", args.run_methods),
+                                              ("--cagnet-methods", args.cagnet_methods),
+                                              ("--rounds", args.rounds)) if value is not None]
+        if given:
+            verb = "is an option" if len(given) == 1 else "are options"
+            raise UsageError(f"{', '.join(given)} {verb} of the real runs, which --skip-runs "
+                             "leaves out")
+    args.run_ranks = 2 if args.run_ranks is None else args.run_ranks
+    args.rounds = 1 if args.rounds is None else args.rounds
+    if args.run_methods is None:
+        args.run_methods = ",".join(DEFAULT_RUN_METHODS)
     args.run_methods = _names(args.run_methods, RUN_METHODS, "run method")
     if args.cagnet_methods is None:
         args.cagnet_methods = list(args.run_methods)
