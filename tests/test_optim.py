@@ -125,6 +125,8 @@ def test_lion_takes_a_group_frozen_by_lr_zero_but_not_a_zero_default():
 @pytest.mark.parametrize("kwargs, kind, message", [
     (dict(lr=-1.0), ValueError, "lr must be"),
     (dict(lr=float("inf")), ValueError, "lr must be"),
+    (dict(lr=10 ** 400), ValueError, "lr must be a finite number >=? 0"),  # was OverflowError
+    (dict(weight_decay=10 ** 400), ValueError, "weight_decay must be a finite number"),
     (dict(betas=(0.9, 1.5)), ValueError, "betas must be"),
     (dict(betas=(0.9, float("nan"))), ValueError, "betas must be"),
     (dict(weight_decay=-1.0), ValueError, "weight_decay must be"),

@@ -24,6 +24,15 @@ __all__ = ["Lion", "check_hyperparameters", "lion_step"]
 _KERNEL_DTYPES = {torch.float32: np.float32, torch.float64: np.float64}
 
 
+def _finite(number):
+    """Whether ``number`` is finite as a float (an int beyond float's range is not; `math.isfinite`
+    raises OverflowError there)."""
+    try:
+        return math.isfinite(number)
+    except OverflowError:
+        return False
+
+
 def check_hyperparameters(lr, betas, weight_decay, *, zero_lr=False, init_lr=None):
     """Raise TypeError naming the first of Lion's hyper-parameters that is not a number (or,
     for ``betas``, not two), ValueError for one out of range; return ``betas`` as a tuple (read
@@ -43,7 +52,7 @@ def check_hyperparameters(lr, betas, weight_decay, *, zero_lr=False, init_lr=Non
                             f"({value!r}): pass float({name})")
         if not is_real_number(value):   # a string, a bool, None: a wrong type, not a value
             raise TypeError(f"{name} must be a number, got {type(value).__name__} ({value!r})")
-    if not (math.isfinite(lr) and (lr >= 0 if zero_lr else lr > 0)):
+    if not (_finite(lr) and (lr >= 0 if zero_lr else lr > 0)):
         raise ValueError(f"lr must be a finite number {'>=' if zero_lr else '>'} 0, got {lr!r}")
     try:
         betas = tuple(betas)
@@ -53,7 +62,7 @@ def check_hyperparameters(lr, betas, weight_decay, *, zero_lr=False, init_lr=Non
         raise TypeError(f"betas must be two numbers in [0, 1], got {betas!r}")
     if not all(math.isfinite(b) and 0.0 <= b <= 1.0 for b in betas):
         raise ValueError(f"betas must be two numbers in [0, 1], got {betas!r}")
-    if not (math.isfinite(weight_decay) and weight_decay >= 0):
+    if not (_finite(weight_decay) and weight_decay >= 0):
         raise ValueError(f"weight_decay must be a finite number >= 0, got {weight_decay!r}")
     decay = weight_decay if init_lr is None else weight_decay / init_lr
     if lr * decay > 1:
