@@ -560,8 +560,9 @@ def test_layers_frozen_after_the_maker_is_built(fisher, maker):
         return [p.grad for p in model.parameters() if p.requires_grad], plain
     step()
     model[0].requires_grad_(False)
-    with pytest.warns(UserWarning, match=r"\['0'\] saw no input or no output gradient"):
+    with pytest.warns(UserWarning, match=r"\['0'\] saw no input or no output gradient") as caught:
         grads, plain = step()
+    assert "use_reentrant" not in str(caught[0].message)  # frozen, not hidden
     assert model[0].weight.grad is None and model[0].bias.grad is None
     assert all(torch.isfinite(g).all() for g in grads)
     assert not torch.allclose(grads[-2], plain[-2])   # the last weight: preconditioned
@@ -569,6 +570,41 @@ def test_layers_frozen_after_the_maker_is_built(fisher, maker):
         layer.weight.requires_grad_(False)
     grads, plain = step()   # the biases alone train
     assert len(grads) == 2 and all(torch.isfinite(g).all() for g in grads)
+
+
+@pytest.mark.parametrize("fisher", ["mc", "exact"])
+def test_a_reentrant_checkpoint_is_named_when_it_hides_a_module(fisher):
+    """Activation checkpointing with use_reentrant=True hides its modules from the extra passes
+    of the MC and exact Fishers (torch.autograd.grad does not run a reentrant checkpoint's
+    backward): the warning says so. It named only "not called, or not on the loss's path",
+    though the module had been called on it; the empirical Fisher sees it."""
+    from torch.utils.checkpoint import checkpoint
+
+    class Checkpointed(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner, self.head = torch.nn.Linear(20, 16), torch.nn.Linear(16, 10)
+
+        def forward(self, x):
+            hidden = checkpoint(lambda t: torch.relu(self.inner(t)), x, use_reentrant=True)
+            return self.head(hidden)
+
+    x, t = batch((32, 20))
+    x.requires_grad_(True)  # a reentrant checkpoint differentiates nothing otherwise
+    for fisher_type, hidden in ((fisher, True), ("emp", False)):
+        model = Checkpointed().to(x.dtype)
+        gm = P.KfacGradientMaker(model, P.PreconditioningConfig(data_size=32, damping=1e-3),
+                                 fisher_type=fisher_type)
+        gm.setup_loss_call(F.cross_entropy, gm.setup_model_call(model, x), t)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            gm.forward_and_backward()
+        messages = [str(w.message) for w in caught]
+        if hidden:
+            assert len(messages) == 1 and "['inner'] ran in the forward" in messages[0] \
+                and "use_reentrant=True" in messages[0], messages
+        else:
+            assert messages == []
 
 
 # ---------------------------------------------------------------------- diagonal Fisher

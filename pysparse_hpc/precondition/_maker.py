@@ -231,6 +231,9 @@ class PreconditionedGradientMaker:
         self.last_step_skipped = False
         self._schedule_pair = self._config_values = None
         self._forward_calls = None      # {module name: calls} during a curvature forward
+        self._reached = None            # modules whose output gradient a Fisher pass reached
+        #: Modules the last MC or exact Fisher pass ran forward but reached no gradient of.
+        self._unreached = ()
         self._warned_repeated = set()   # modules already warned of as called repeatedly
         self._current_schedules()
         self._model_fn = None
@@ -612,16 +615,21 @@ class PreconditionedGradientMaker:
                            if module.weight.requires_grad]
                 passes = (fisher_passes(fisher_type, loss_type, logits, n_mc_samples, var)
                           if weights else ())
+                self._reached = set()
                 for nll, weight in passes:
                     self._grad_weight = weight
                     torch.autograd.grad(nll, weights, retain_graph=True, allow_unused=True)
                 self._grad_weight = None
+                if weights:
+                    self._unreached = tuple(
+                        name for name in calls if name not in self._reached
+                        and self._modules[name][0].weight.requires_grad)  # frozen: no gradient
             else:
                 self._grad_weight = float(data_size) ** 2
             loss = loss_sum / data_size
             loss.backward()
         finally:
-            self._grad_weight = self._forward_calls = None
+            self._grad_weight = self._forward_calls = self._reached = None
             for handle in handles:
                 handle.remove()
         return output, loss
@@ -656,6 +664,8 @@ class PreconditionedGradientMaker:
 
     def _output_grad_hook(self, name, context, grad):
         if self._grad_weight is not None:
+            if self._reached is not None:
+                self._reached.add(name)
             with torch.no_grad():
                 self._on_output_grad(name, self._modules[name][0], grad.detach(),
                                      self._grad_weight, context)

@@ -186,9 +186,17 @@ class NaturalGradientMaker(PreconditionedGradientMaker):
                    if not self._complete(pending.get(n, {}))]
         if missing and not self._warned_missing:
             self._warned_missing = True
+            unreached = {n or "<model>" for n in self._unreached}
+            hidden = [n for n in missing if n in unreached]
+            # The MC and exact Fishers differentiate with torch.autograd.grad, which does not
+            # run the backward of a reentrant checkpoint: its modules stay unseen.
+            hint = (f"; {hidden} ran in the forward but the Fisher's passes reached no gradient "
+                    f"of their output: off the loss's path, or inside activation checkpointing "
+                    f"with use_reentrant=True, which hides a module from the MC and exact "
+                    f"Fishers (use_reentrant=False does not)") if hidden else ""
             warnings.warn(f"modules {missing} saw no input or no output gradient in the "
-                          f"curvature pass (not called, or not on the loss's path); they keep "
-                          f"the plain gradient until they do", UserWarning, stacklevel=3)
+                          f"curvature pass (not called, or not on the loss's path){hint}; they "
+                          f"keep the plain gradient until they do", UserWarning, stacklevel=3)
         pending = {n: v for n, v in pending.items() if self._complete(v)}
         updated = self._accumulate_factors(pending)
         if not self.config.uses_ema:
