@@ -130,9 +130,6 @@ class blocked_array(sparray):
             raise TypeError(
                 f"vector_mask must be a 1-D uint8 array, got dtype {vector_mask.dtype} "
                 f"with shape {vector_mask.shape}")
-        index_dtype = requested_index_dtype or get_index_dtype(
-            (col_idx, row_window_offset), maxval=max(shape + (col_idx.size,)))
-        check_index_dtype_holds(index_dtype, max(shape + (col_idx.size,)))
         _check_blocked_arrays(values, col_idx, row_window_offset, vector_mask, shape, window,
                               block_width, full_check=True)
         if vector_mask is None:
@@ -145,10 +142,19 @@ class blocked_array(sparray):
                                mask_name="the nonzero values (vector_mask=None)")
         elif copy:
             vector_mask = vector_mask.copy()
+        # The entries size tocsr's row pointer, in the index dtype: up to ``window`` of them a
+        # vector, so a dtype sized by the vectors and the shape alone could wrap it (int32 past
+        # 2**31 - 1 entries: a negative nnz, or rows written out of place).
+        nnz = int(np.bitwise_count(vector_mask).sum(dtype=np.int64))
+        largest = max(shape + (col_idx.size, nnz))
+        index_dtype = requested_index_dtype or get_index_dtype((col_idx, row_window_offset),
+                                                               maxval=largest)
+        check_index_dtype_holds(index_dtype, largest)
         self._set_arrays(values.copy() if copy else values,
                          col_idx.astype(index_dtype, copy=copy),
                          row_window_offset.astype(index_dtype, copy=copy),
                          vector_mask, shape, window, block_width)
+        self._nnz = nnz
 
     # -- geometry -------------------------------------------------------------------------
     @property
@@ -305,6 +311,10 @@ def blocked_from_csr(csr, window, block_width):
     """Convert a `csr_array` to the blocked format (ME-BCRS when ``window == 8``)."""
     window, block_width = _check_geometry(window, block_width)
     csr = csr.canonical()
+    # The O(nnz) checks (about 4% of the conversion): a csr_array's arrays can be written in
+    # place after they were checked, and a column out of range sent the counting sort past its
+    # counters (a segfault).
+    csr.check_format(full_check=True)
     indices, n_cols, used = csr.indices, csr.shape[1], None
     if n_cols > _blocked.key_column_limit(window):
         # The conversion's 64-bit sort keys (column << row bits | row) would overflow for the
