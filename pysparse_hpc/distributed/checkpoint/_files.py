@@ -10,6 +10,7 @@ import errno
 import hashlib
 import json
 import os
+import stat
 import threading
 
 import numpy as np
@@ -251,14 +252,24 @@ def manifest_checksum(manifest):
 def read_manifest(step_dir):
     path = os.path.join(step_dir, MANIFEST)
     try:
-        with open(path, "rb") as handle:
-            manifest = json.loads(handle.read())
+        # Not blocking, and only a regular file: a FIFO would wait for a writer for ever, and
+        # a device (a link to /dev/zero) would be read until memory runs out.
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise Damaged(f"{MANIFEST} is not a regular file")
+            with open(fd, "rb", closefd=False) as handle:
+                manifest = json.loads(handle.read())
+        finally:
+            os.close(fd)
+        corrupt = not isinstance(manifest, dict) or manifest.get(
+            "checksum") != manifest_checksum(manifest)
     except FileNotFoundError:
         raise Damaged(f"{MANIFEST} is missing (an interrupted save)") from None
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:
+        # RecursionError: JSON nested deeper than the parser goes (garbage, not a manifest).
         raise Damaged(f"{MANIFEST} cannot be read ({exc})") from None
-    if not isinstance(manifest, dict) or manifest.get("checksum") != manifest_checksum(
-            manifest):
+    if corrupt:
         raise Damaged(f"{MANIFEST} does not match its own checksum (corrupt)")
     if manifest.get("format") != FORMAT or manifest.get("version") != VERSION:
         raise Damaged(f"{MANIFEST} is of format {manifest.get('format')!r} version "
@@ -299,4 +310,9 @@ def _manifest_fault(manifest):
                 isinstance(b, list) and len(b) == 2 and _is_int(b[0]) and isinstance(b[1], str)
                 for b in blocks):
             return f"its record of {name} is {entry!r}"
+    if "fingerprint" not in manifest:
+        return "it has no fingerprint"  # one written without is null, not absent
+    fingerprint = manifest["fingerprint"]
+    if fingerprint is not None and not isinstance(fingerprint, dict):
+        return f"its fingerprint is {fingerprint!r}, not a dict or null"
     return ""

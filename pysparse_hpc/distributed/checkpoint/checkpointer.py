@@ -280,7 +280,12 @@ class Checkpointer:
         self._lock = None      # rank 0's open lock file, from the first save: this run writes
         self._wrote_marker = False  # rank 0 made the CHECKPOINTS file (taken back if unused)
         self._pid = os.getpid()  # a forked child's copy has neither its thread nor its lock
-        error = self._prepare_directory() if comm.rank == 0 else None
+        error = None
+        if comm.rank == 0:
+            try:
+                error = self._prepare_directory()
+            except Exception as exc:  # raised on rank 0 alone, the others would wait for ever
+                error = exc
         error = comm.bcast(error)
         if error is not None:
             raise error
@@ -332,12 +337,18 @@ class Checkpointer:
             try:
                 with open(marker) as handle:
                     saved = json.load(handle)
-            except (OSError, ValueError) as exc:
+            except (OSError, ValueError, RecursionError) as exc:
+                # RecursionError: JSON nested deeper than the parser goes (garbage).
                 return ValueError(f"{marker} cannot be read ({exc}): is {path} a checkpoint "
                                   "directory?")
             if not isinstance(saved, dict) or saved.get("format") != FORMAT:
                 return ValueError(f"{marker} is not a {FORMAT} marker: is {path} a checkpoint "
                                   "directory?")
+            if not isinstance(saved.get("fingerprint"), (dict, type(None))):
+                # Compared key by key below, it would fail with a bare AttributeError.
+                return ValueError(f"{marker} holds the fingerprint "
+                                  f"{saved.get('fingerprint')!r}, not a dict or null: is {path} "
+                                  "a checkpoint directory of this library?")
             if self._step_dirs():
                 return _fingerprint_mismatch(path, saved.get("fingerprint"), self.fingerprint,
                                              f"{MARKER} file")
@@ -372,7 +383,10 @@ class Checkpointer:
         found = {}
         for entry in entries:
             match = _STEP_DIR.match(entry)
-            if match and os.path.isdir(os.path.join(self.directory, entry)):
+            # Only the name this class gives the step: another spelling of it ("step-3", a
+            # copy made by hand) would stand for the same step and hide the checkpoint.
+            if (match and entry == _step_name(int(match.group(1)))
+                    and os.path.isdir(os.path.join(self.directory, entry))):
                 found[int(match.group(1))] = os.path.join(self.directory, entry)
         return found
 
@@ -907,8 +921,7 @@ class Checkpointer:
             # Each rank would load the step it was given, and resume a different state.
             raise ValueError(f"load() was called with different steps on different ranks: "
                              f"{steps}")
-        dirs, committed = comm.bcast((self._step_dirs(), self.steps()) if comm.rank == 0
-                                     else None)
+        dirs, committed = self._listing()
         candidates = sorted(dirs, reverse=True)
         if step is not None:
             if step not in dirs:
@@ -956,8 +969,7 @@ class Checkpointer:
             # files deleted as they were read): list again, and try what was committed since.
             # Rank 0's listing, so that every rank tries the same steps.
             before = set(committed)
-            dirs, committed = comm.bcast((self._step_dirs(), self.steps()) if comm.rank == 0
-                                         else None)
+            dirs, committed = self._listing()
             candidates = sorted(set(committed) - before, reverse=True)
             # A step committed when listed and not now was pruned, not damaged; one committed
             # since is tried again.
@@ -968,6 +980,22 @@ class Checkpointer:
         problems.sort(reverse=True)
         raise ValueError(f"no usable checkpoint in {self.directory}: "
                          + "; ".join(f"step {s}: {what}" for s, what in problems))
+
+    def _listing(self):
+        """Rank 0's ``(step directories, committed steps)``, on every rank (collective), so
+        that every rank tries the same steps. What listing the directory raised there (it is
+        unreadable, or gone) is raised on every rank: on rank 0 alone, the others would wait
+        for it for ever."""
+        listing = None
+        if self.comm.rank == 0:
+            try:
+                listing = self._step_dirs(), self.steps()
+            except OSError as exc:
+                listing = exc
+        listing = self.comm.bcast(listing)
+        if isinstance(listing, Exception):
+            raise listing
+        return listing
 
     def _read(self, step, step_dir, node_ids):
         manifest = _files.read_manifest(step_dir)
@@ -982,6 +1010,15 @@ class Checkpointer:
         if mismatch is not None:
             raise mismatch
         ranks, files = manifest["ranks"], manifest["files"]
+        # The files recorded are those the flags say were saved, no more, no fewer: a shared or
+        # per-node state whose flag was turned off would load as None, without a word.
+        expected = {_shard_name(r) for r in range(ranks)}
+        expected |= {_nodes_name(r) for r in range(ranks) if manifest["has_nodes"][r]}
+        expected |= {SHARED} if manifest["has_shared"] else set()
+        if set(files) != expected:
+            raise Damaged(f"{MANIFEST} records the files {', '.join(sorted(files)) or 'none'}, "
+                          f"not the {', '.join(sorted(expected))} its ranks, has_shared and "
+                          "has_nodes say were saved (edited by hand?)")
 
         def state(name):
             if name not in files:
