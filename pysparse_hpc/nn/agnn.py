@@ -53,9 +53,14 @@ class AGNNConv(torch.nn.Module):
     @torch.compiler.disable
     @checked_once
     def forward(self, x, adj, num_nodes=None):
-        """Propagate ``x`` (n, F) over ``adj`` (a sparse array, or an edge_index with
+        """Propagate ``x`` (n, F), dense, over ``adj`` (a sparse array, or an edge_index with
         ``num_nodes``, default ``x.shape[0]``)."""
         check_features(x)
+        if x.layout != torch.strided:
+            # Else torch's normalize fails on it with a message about its reductions. The
+            # output P @ X is as large as a dense X, so densifying it costs nothing more.
+            raise TypeError(f"AGNNConv takes dense features, got a torch sparse x (layout "
+                            f"{x.layout}): pass x.to_dense()")
         graph = as_graph(adj, num_nodes, self._edge_cache, default_num_nodes=x.shape[0])
         # PyG's AGNNConv, like its GATConv, replaces the listed self-loops when it adds them
         warn_if_repeated_edges(graph, "AGNNConv", loops_replaced=self.add_self_loops)

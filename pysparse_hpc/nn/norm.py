@@ -7,7 +7,7 @@ import scipy.sparse
 from .._csr import csr_array
 from .._sputils import as_numpy_dtype, get_index_dtype
 from ..distributed.graph import DistGraph
-from ._checks import user_stacklevel
+from ._checks import check_flag, user_stacklevel
 from ._graph import as_graph, cached_on, nodes_without_loop
 
 __all__ = ["gcn_norm"]
@@ -42,7 +42,8 @@ def gcn_norm(adj, add_self_loops=True, num_nodes=None, dtype=None):
     csr_array or DistGraph
         Canonical. ``D`` is the row sums of ``A`` with its loops; rows that sum to 0 (isolated nodes
         without self-loops) stay zero, and so do rows whose sum is negative (possible with
-        negative weights), with a ``RuntimeWarning``.
+        negative weights), with a ``RuntimeWarning``. A NaN weight makes its row's sum NaN,
+        and the row and column of that node NaN, as the formula (and PyG) does.
 
     Examples
     --------
@@ -52,6 +53,8 @@ def gcn_norm(adj, add_self_loops=True, num_nodes=None, dtype=None):
     array([[0.5, 0.5],
            [0.5, 0.5]])
     """
+    # A string such as "False" is truthy and would silently ask for the opposite.
+    add_self_loops = check_flag(add_self_loops, "add_self_loops")
     adj = as_graph(adj, num_nodes)
     dtype = _values_dtype(adj, dtype)
     if isinstance(adj, DistGraph):
@@ -73,11 +76,22 @@ def gcn_norm(adj, add_self_loops=True, num_nodes=None, dtype=None):
         matrix.sum_duplicates()
     degree = np.asarray(matrix.sum(axis=1)).ravel()
     _warn_if_negative(degree)
-    with np.errstate(divide="ignore"):
-        scale = np.where(degree > 0, 1.0 / np.sqrt(np.where(degree > 0, degree, 1.0)), 0.0)
+    scale = _inverse_sqrt(degree)
     rows = np.repeat(np.arange(adj.shape[0]), np.diff(matrix.indptr))
     matrix.data *= scale[rows] * scale[matrix.indices]
     return csr_array(matrix.astype(dtype))
+
+
+def _inverse_sqrt(degree):
+    """``D^-1/2``: ``degree ** -0.5`` where the degree is positive, 0 where it is 0 or negative
+    (no real root: `_warn_if_negative`), and NaN where it is NaN. A NaN weight then reaches
+    every entry of its node's row and column, as in the dense formula and PyG; zeroing the
+    scale as for a negative degree hid it from the neighbors, whose outputs came out finite
+    and wrong."""
+    positive = degree > 0
+    scale = np.where(positive, 1.0 / np.sqrt(np.where(positive, degree, 1.0)), 0.0)
+    scale[np.isnan(degree)] = np.nan
+    return scale
 
 
 def _coordinates(indptr, indices):
@@ -127,8 +141,7 @@ def _gcn_norm_distributed(graph, add_self_loops, dtype):
                          weights=matrix.data, minlength=graph.n_local)
     _warn_if_negative(degree)
     degree = np.concatenate([degree, graph.halo_exchange(np.ascontiguousarray(degree))])
-    with np.errstate(divide="ignore"):
-        scale = np.where(degree > 0, 1.0 / np.sqrt(np.where(degree > 0, degree, 1.0)), 0.0)
+    scale = _inverse_sqrt(degree)
     entry_rows = np.repeat(np.arange(graph.n_local), np.diff(matrix.indptr))
     values = matrix.data * scale[entry_rows] * scale[matrix.indices]
     normalized = csr_array((values.astype(dtype), matrix.indices, matrix.indptr),
