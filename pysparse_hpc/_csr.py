@@ -305,8 +305,12 @@ class csr_array(sparray):
         full_check : bool, default False
             Also run the O(nnz) checks: ``indptr`` non-decreasing and ``0 <= indices < cols``.
             The O(1) checks (dtypes, lengths, ``indptr[0] == 0``, ``indptr[-1] == nnz``) always run.
+            A full check also forgets the kept `has_canonical_format`, read again from the
+            arrays when next asked (a write into ``indices`` in place leaves it stale).
         """
         _check_csr_arrays(self.data, self.indices, self.indptr, self.shape, full_check)
+        if full_check:
+            self._canonical = None
         index_dtype = self.indices.dtype
         if index_dtype != self.indptr.dtype or index_dtype not in (np.int32, np.int64):
             raise TypeError(
@@ -338,8 +342,15 @@ class csr_array(sparray):
         self.data = data.astype(self.dtype, copy=False)
 
     def canonical(self):
-        """This array if it is canonical, else a canonical copy (this array is not modified)."""
-        if self.has_canonical_format:
+        """This array if it is canonical, else a canonical copy (this array is not modified).
+
+        Read from the arrays (one pass over the indices), not from the kept
+        `has_canonical_format`, which is corrected: a flag set by hand or left stale by a
+        write into ``indices`` would hand the blocked conversions, which rely on sorted rows
+        without repeats, an array that is neither.
+        """
+        self._canonical = read_canonical(self)
+        if self._canonical:
             return self
         result = self.copy()
         result.sum_duplicates()
@@ -383,12 +394,17 @@ class csr_array(sparray):
         """Return a dense ndarray; duplicate entries are summed (float16 in float32, rounded
         once)."""
         row, col, data = self.tocoo()
-        if self.has_canonical_format:
+        # From the arrays, not the kept flag: one set by hand, or left stale by a write into
+        # ``indices``, would let a duplicate overwrite its twin (scipy sums them regardless).
+        # The pass costs less than the dense zeros.
+        if read_canonical(self):
             dense = np.zeros(self.shape, dtype=self.dtype)
             dense[row, col] = data
             return dense
         dense = np.zeros(self.shape, dtype=upcast_for_sum(data).dtype)
-        np.add.at(dense, (row, col), upcast_for_sum(data))
+        # inf + -inf is NaN without a warning, as in sum_duplicates and scipy
+        with np.errstate(invalid="ignore"):
+            np.add.at(dense, (row, col), upcast_for_sum(data))
         return dense.astype(self.dtype, copy=False)
 
     def to_scipy(self, copy=False):
