@@ -218,7 +218,10 @@ def spmm(A, B, *, out=None, backend="auto", precision="fp32"):
 def _check_scalar(value, name):
     if not is_real_number(value):
         raise TypeError(f"{name} must be a real number, got {type(value).__name__} {value!r}")
-    return float(value)
+    try:
+        return float(value)
+    except OverflowError:  # an int past float64's range
+        raise ValueError(f"{name} must fit in a float64, got {value!r}") from None
 
 
 def sddmm(A, X, Y, *, alpha=1.0, beta=0.0, backend="auto", precision="fp32"):

@@ -178,6 +178,8 @@ def test_bad_input(rng):
         sph.sddmm(A, X, Y.astype(np.complex128))
     with pytest.raises(TypeError, match="alpha"):
         sph.sddmm(A, X, Y, alpha="2")
+    with pytest.raises(ValueError, match="beta must fit in a float64"):  # was OverflowError
+        sph.sddmm(A, X, Y, beta=10 ** 400)
     with pytest.raises(TypeError, match="sparse array"):
         sph.sddmm(np.eye(6, 5), X, Y)
 
