@@ -10,6 +10,7 @@ collectives. The full-graph GNN trainer uses it, and so can any data-parallel to
 import contextlib
 import copy
 import functools
+import hashlib
 import warnings
 import weakref
 
@@ -18,7 +19,7 @@ import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
 from .._sputils import check_flag, is_real_number
-from ._comm import PARTICIPATION_KIND, check_communicator, init
+from ._comm import PARTICIPATION_KIND, _alike, check_communicator, init
 from ._sparse_grads import allreduce_sparse, sparse_gradient_parameters
 
 __all__ = ["DataParallel", "PARTICIPATION_KIND"]
@@ -100,6 +101,10 @@ class DataParallel(torch.nn.Module):
     inside `no_sync` (a rank-local pass, accumulation) broadcasts nothing, so call
     `broadcast_parameters` before evaluating on one rank after training without it.
 
+    Every rank must wrap a model of the same parameters and buffers (names, shapes, dtypes,
+    the same ones frozen) with the same settings: the wrapper compares them once, and ranks
+    that differ raise a ``ValueError`` on every rank, naming the first difference.
+
     Wrapping a module again (``fit`` does, once per call) retires the earlier wrapper: its
     hooks are removed and calling it is an error. A layer unfrozen after wrapping
     (fine-tuning) is reduced from the wrapper's next ``forward`` on, provided every rank
@@ -147,6 +152,12 @@ class DataParallel(torch.nn.Module):
         # interleave their allreduces differently on different ranks, which in one context
         # paired one wrapper's buckets with the other's (wrong sums, or MPI's abort).
         reducing = comm.duplicate() if hasattr(comm, "duplicate") else comm
+        try:
+            _check_alike(reducing, module, bucket_mb, average, broadcast_buffers)
+        except BaseException:
+            if reducing is not comm:
+                reducing.free()
+            raise
         self._attach(module, comm, reducing, bucket_mb, average, broadcast_buffers)
         if broadcast_parameters:
             self.broadcast_parameters()
@@ -463,6 +474,49 @@ class DataParallel(torch.nn.Module):
 _WRAPPING_STATE = frozenset((
     "_reducing", "_hooks", "_release", "_launched", "_in_backward", "_enabled", "_retired",
     "_params", "_sparse", "_buckets", "_bucket_of"))
+
+
+def _layout(module, bucket_mb, average, broadcast_buffers):
+    """What must be alike on every rank for the wrapper's collectives to pair up: its settings,
+    and the name, shape, dtype and trainability of each parameter and buffer."""
+    sparse = sparse_gradient_parameters(module)
+    return ((("bucket_mb", float(bucket_mb)), ("average", average),
+             ("broadcast_buffers", broadcast_buffers))
+            + tuple((f"parameter {name!r}", tuple(p.shape), str(p.dtype),
+                     "trainable" if p.requires_grad else "frozen",
+                     "sparse" if id(p) in sparse else "dense")
+                    for name, p in module.named_parameters())
+            + tuple((f"buffer {name!r}", tuple(b.shape), str(b.dtype))
+                    for name, b in module.named_buffers()))
+
+
+def _check_alike(comm, module, bucket_mb, average, broadcast_buffers):
+    """Raise on every rank when the ranks wrap unlike models or pass unlike settings.
+
+    Each rank lays out its buckets from its own model: a parameter of another shape or dtype,
+    one more, or one frozen on one rank only, gave buckets of other sizes, whose allreduces
+    paired up anyway (gradients silently left unreduced) or failed inside MPI on some ranks
+    only. One digest per rank is compared (a collective, once per wrapper); the layouts travel
+    only when they differ, to name the difference."""
+    if comm.size == 1 or not hasattr(comm, "allgather"):
+        return
+    layout = _layout(module, bucket_mb, average, broadcast_buffers)
+    digest = hashlib.sha256(repr(layout).encode()).hexdigest()
+    digests = comm.allgather(digest)
+    if all(other == digests[0] for other in digests):
+        return
+    layouts = comm.allgather(layout)
+    rank = next(q for q, other in enumerate(digests) if other != digests[0])
+    first, other = layouts[0], layouts[rank]
+    differ = next((i for i, (a, b) in enumerate(zip(first, other)) if a != b),
+                  min(len(first), len(other)))
+
+    def told(entries):
+        return " ".join(map(str, entries[differ])) if differ < len(entries) else "nothing"
+    raise _alike(ValueError(
+        f"the ranks wrap unlike models or pass unlike DataParallel settings: rank 0 has "
+        f"{told(first)} where rank {rank} has {told(other)}; build the model alike on every "
+        f"rank (freeze the same layers) and wrap it with the same settings"))
 
 
 def _rebuilt(module, comm, bucket_mb, average, broadcast_buffers, training):

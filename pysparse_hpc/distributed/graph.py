@@ -513,7 +513,8 @@ def comm_sum(comm, value, kind="allreduce"):
 
     Each rank may pass integers or floats whatever the others pass (a rank with nothing to
     count often holds the int 0 where the others hold floats): the sum is a float when any
-    rank passed one, else an exact integer. The ranks must pass the same shape."""
+    rank passed one, else an exact integer (an integer array whose sum leaves int64 raises
+    an OverflowError on every rank). The ranks must pass the same shape."""
     is_array = isinstance(value, np.ndarray)
     if hasattr(value, "detach") and hasattr(value, "numpy"):
         # A torch tensor, through its own conversion (NumPy's asks torch's __array__ for a
@@ -537,17 +538,35 @@ def comm_sum(comm, value, kind="allreduce"):
         buffer[:-2] = flat
         buffer[-2] = 1
     else:
-        ints = flat.astype(np.int64)
-        buffer[:-2] = ints
-        buffer[-1] = bool(ints.size) and float(np.abs(buffer[:-2]).max()) > exact_below
+        # Rounded where too large, and then flagged: a uint64 past 2**63 cast to int64 here
+        # was counted as a negative number.
+        buffer[:-2] = flat
+        buffer[-1] = bool(flat.size) and float(np.abs(buffer[:-2]).max()) > exact_below
     comm.Allreduce(buffer, kind=kind)
     if buffer[-2]:
         total = buffer[:-2]
     elif buffer[-1]:
         # Every rank passed integers (no float was counted), some too large for float64:
         # agreed by every rank from the same counters, so all take this second reduction.
-        total = flat.astype(np.int64)
-        comm.Allreduce(total, kind=kind)
+        # It adds the high and the low 32 bits apart, whose sums fit int64, and is exact
+        # (an int64 sum wrapped past 2**63 without a word).
+        if flat.dtype.kind == "u":
+            wide = flat.astype(np.uint64)
+            high = (wide >> np.uint64(32)).astype(np.int64)
+            low = (wide & np.uint64(0xFFFFFFFF)).astype(np.int64)
+        else:
+            wide = flat.astype(np.int64)
+            high, low = wide >> 32, wide & 0xFFFFFFFF
+        halves = comm.Allreduce(np.concatenate([high, low]), kind=kind)
+        exact = [(top << 32) + bottom for top, bottom in zip(halves[:flat.size].tolist(),
+                                                             halves[flat.size:].tolist())]
+        if not (is_array or values.shape != ()):
+            return exact[0]
+        if any(not -2 ** 63 <= value < 2 ** 63 for value in exact):
+            raise _alike(OverflowError(
+                f"the sum over the ranks of an integer array leaves int64 (its largest "
+                f"element: {max(exact, key=abs)}); pass floats or smaller integers"))
+        total = np.array(exact, dtype=np.int64)
     else:
         total = buffer[:-2].astype(np.int64)
     if is_array or values.shape != ():

@@ -112,6 +112,24 @@ class DistributedTrainResult:
     resumed_after: int = None
 
 
+def _check_same_arguments(comm, used):
+    """Raise on every rank when a rank's settings ``used`` differ from rank 0's.
+
+    Ranks with another learning rate, seed or dtype trained replicas that silently drifted
+    apart; with another model or number of epochs their collectives paired up wrongly, which
+    ended in an error inside MPI or a hang. A collective call."""
+    if comm.size == 1:
+        return
+    reference = comm.bcast(used)
+    differ = [name for name in sorted(set(reference) | set(used))
+              if reference.get(name) != used.get(name)]
+    comm.raise_if_any(None if not differ else ValueError(
+        f"train was called with other arguments on rank {comm.rank} than on rank 0 ("
+        + ", ".join(f"{name}={used.get(name)!r} against {reference.get(name)!r}"
+                    for name in differ)
+        + "); every rank must call it with the same arguments"))
+
+
 def _default_balance(method, balance):
     """``train``'s balance: the one asked for, else both rows and entries for METIS (where
     METIS's multi-constraint partitioning is available), else the method's default."""
@@ -221,8 +239,11 @@ def train(dataset="cora", model="gcn", partition="metis", *, epochs=None, lr=Non
     # Rank 0's: a Dataset is read there only (the other ranks may pass None), and a
     # fingerprint naming "None" on them refused the run's own checkpoints on resuming.
     dataset_name = comm.bcast(_dataset_name(dataset))
-    # Every rank checks the same arguments and reads rank 0's view of the checkpoints.
-    with raising_alike():
+    # Every rank checks its arguments, and the ranks agree on the outcome: a check that
+    # failed on one rank only was taken for one every rank had made alike (the command
+    # line then returned on that rank and left the others waiting).
+    error, used = None, None
+    try:
         if not isinstance(model, str) or model not in models.MODELS:
             raise ValueError(f"model must be one of {tuple(models.MODELS)}, got {model!r}")
         if isinstance(dtype, (np.dtype, type)):   # np.float32, np.dtype("float64")
@@ -262,6 +283,16 @@ def train(dataset="cora", model="gcn", partition="metis", *, epochs=None, lr=Non
         _check_kl_clip(preconditioner, kl_clip)
         if kl_clip is not None:   # absent when off, as in the checkpoints written before it
             fingerprint["kl_clip"] = kl_clip
+        # What each rank uses itself (rank 0 alone reads the dataset and partitions it).
+        used = dict(fingerprint, epochs=settings["epochs"], checkpoint_every=checkpoint_every,
+                    checkpoint=checkpoint is not None, resume=resume)
+        del used["dataset"], used["random_features"]
+    except Exception as exc:  # noqa: BLE001 -- raised on every rank below
+        error = exc
+    comm.raise_if_any(error)
+    _check_same_arguments(comm, used)
+    # rank 0's view of the checkpoints; the checkpointer agrees on its own errors
+    with raising_alike():
         checkpointer, state = _checkpoints(comm, checkpoint, resume, keep_checkpoints,
                                            fingerprint=fingerprint)
     try:
