@@ -1,7 +1,8 @@
 """Train a GNN on a graph split over MPI ranks, step by step with the library's pieces.
 
-Rank 0 reads the graph, partitions it (METIS, or the library's rabbit reordering followed by
-contiguous blocks) and scatters each rank its rows and node data; every rank builds the same
+Rank 0 reads the graph, partitions it (METIS by default; ``--partition rabbit``: the library's
+rabbit reordering followed by contiguous blocks; ``--partition random``: random owners, the
+worst case) and scatters each rank its rows and node data; every rank builds the same
 model from the same seed and trains it on its rows with halo exchange. At the end rank 0
 gathers the predictions of every node, compares them with the labels, and prints what the
 exchanges cost.
