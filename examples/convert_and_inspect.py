@@ -8,6 +8,7 @@ original arrays exactly.
 
 Run it with ``python examples/convert_and_inspect.py``.
 """
+import argparse
 import sys
 
 import numpy as np
@@ -38,7 +39,9 @@ def same_csr(a, b):
                                                       (a.data, b.data))))
 
 
-def main():
+def main(argv=None):
+    # No options: --help describes the script instead of running it.
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args(argv)
     cora = datasets.load("cora")
     # canonical() so the reference is the sorted, duplicate-free form that tocsr() produces.
     adj = cora.adj.canonical()

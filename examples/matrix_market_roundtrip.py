@@ -8,6 +8,7 @@ triangle, to show that the reader expands it to both triangles again.
 
 Run it with ``python examples/matrix_market_roundtrip.py``.
 """
+import argparse
 import os
 import sys
 import tempfile
@@ -46,7 +47,9 @@ def roundtrip(A, path, comment):
     return header, B
 
 
-def main():
+def main(argv=None):
+    # No options: --help describes the script instead of running it.
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args(argv)
     rng = np.random.default_rng(0)
     general = random_csr(rng, 200, 150, 0.02)
     # A + A^T of a square matrix is symmetric, which the writer stores as one triangle.

@@ -161,3 +161,16 @@ def test_example_help_describes_the_script_in_whole_sentences(capsys):
     out = " ".join(capsys.readouterr().out.split())
     assert "preconditioned by K-FAC, Shampoo and Jorge, and with SGD (momentum 0.9) on K-FAC's." \
         in out
+
+
+@pytest.mark.parametrize("script, first_line", [
+    ("convert_and_inspect.py", "Convert the Cora adjacency matrix to the blocked formats"),
+    ("matrix_market_roundtrip.py", "Write a sparse matrix to a Matrix Market file"),
+])
+def test_examples_without_options_answer_help_without_running(script, first_line, capsys):
+    # They took no arguments at all: --help ran the whole script.
+    with pytest.raises(SystemExit) as stop:
+        example_main(script)(["--help"])
+    assert stop.value.code == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert first_line in out and "round trip" not in out.lower()   # what a run prints
