@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 from tqdm import tqdm
 
-from . import positive_int, write_outputs
+from . import counted, positive_int, write_outputs
 
 __all__ = ["HELP", "STATES", "TARGET_STALL", "CheckpointResult", "add_arguments", "make_state",
            "measure", "run"]
@@ -329,7 +329,7 @@ def run(args, out=None):
             results.append(measure(name, megabytes, args.repeat, args.steps, args.dir,
                                    progress, threads=args.threads))
     where = args.dir or tempfile.gettempdir()
-    print(f"Checkpoints in {where}, {args.threads} threads, median of {args.repeat} "
+    print(f"Checkpoints in {where}, {counted(args.threads, 'thread')}, median of {args.repeat} "
           f"interleaved rounds; {args.steps} steps of a {_STEP_SIZE}x{_STEP_SIZE} product "
           "during each asynchronous save", file=out)
     print(format_table(results), file=out)

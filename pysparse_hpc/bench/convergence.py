@@ -65,7 +65,7 @@ from functools import partial
 import numpy as np
 from tqdm import tqdm
 
-from . import geometric_mean, positive_float, positive_int, write_outputs
+from . import counted, geometric_mean, positive_float, positive_int, write_outputs
 
 __all__ = ["HELP", "METHODS", "WORKLOADS", "GridPoint", "Problem", "Run", "add_arguments",
            "load_problem", "lr_grid", "measure", "run", "summarize", "train_run", "verdict"]
@@ -756,8 +756,9 @@ def run(args, out=None):
             runs += measure(problem, methods[problem.name], progress=progress,
                             damping=args.damping, kl_clip=args.kl_clip)
     studies = summarize(runs)
-    print(f"Convergence to a target validation accuracy, {args.threads} threads; medians over "
-          "seeds; each method at its headline learning rate (fewest epochs to T)", file=out)
+    print(f"Convergence to a target validation accuracy, {counted(args.threads, 'thread')}; "
+          "medians over seeds; each method at its headline learning rate (fewest epochs to T)",
+          file=out)
     for problem in problems:
         print(f"  {problem.name}: {problem.epochs} epochs, {problem.seeds} seed(s), "
               f"{', '.join(methods[problem.name])}"

@@ -94,7 +94,7 @@ from tqdm import tqdm
 
 from ..distributed._comm import mpiexec_path as find_mpiexec
 from ..distributed._jobs import stop_job
-from . import best_times, gnn, positive_int
+from . import best_times, counted, gnn, positive_int
 
 __all__ = ["GRAPHS", "HELP", "METHODS", "NETWORKS", "Network", "PARTITIONERS", "Plan",
            "Projection", "RUN_METHODS", "Rates", "RunResult", "add_arguments",
@@ -1657,11 +1657,11 @@ def run(args, out=None):
     if runs:
         per_rank = max(1, args.threads // args.run_ranks)
         rounds = f", the fastest of {args.rounds} job rounds" if args.rounds > 1 else ""
-        print(f"\n== real runs: P=1 one process, {args.threads} threads; P={args.run_ranks} "
-              f"mpiexec -n {args.run_ranks}, {per_rank} thread(s) per rank, one job per "
-              f"partition ({', '.join(args.run_methods)}; metis-nnz: METIS balancing stored "
-              "entries; metis-work: METIS balancing entries + c per node, c = t_row / "
-              "t_entry_step of the graph and hidden width, one job per width; "
+        print(f"\n== real runs: P=1 one process, {counted(args.threads, 'thread')}; "
+              f"P={args.run_ranks} mpiexec -n {args.run_ranks}, {counted(per_rank, 'thread')} "
+              f"per rank, one job per partition ({', '.join(args.run_methods)}; metis-nnz: "
+              "METIS balancing stored entries; metis-work: METIS balancing entries + c per "
+              "node, c = t_row / t_entry_step of the graph and hidden width, one job per width; "
               "metis-rows+nnz: METIS balancing nodes and entries at once); "
               f"epoch = median of {args.epochs} timed steps (each after a barrier, the slowest "
               f"rank's time) after {args.warmup} warm-up steps{rounds}; exposed = seconds "

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from tqdm import tqdm
 
-from . import positive_int, shown_ratio, write_outputs
+from . import counted, positive_int, shown_ratio, write_outputs
 from ._data import DATA_ENV
 
 __all__ = ["HELP", "JOBS", "TARGET_RATIO", "FirstRunResult", "JobFailed", "add_arguments",
@@ -199,8 +199,8 @@ def run(args, out=None):
                 progress.close()
                 print(f"error: {exc}", file=sys.stderr)
                 return 1
-    print(f"First run against later runs, {args.threads} threads, fastest of {args.rounds} "
-          "cold/warm pairs (each pair with a new Numba cache directory)", file=out)
+    print(f"First run against later runs, {counted(args.threads, 'thread')}, fastest of "
+          f"{args.rounds} cold/warm pairs (each pair with a new Numba cache directory)", file=out)
     print(format_table(results), file=out)
     for line in verdict(results):
         print(line, file=out)

@@ -62,7 +62,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 from tqdm import tqdm
 
-from . import best_times, geometric_mean, positive_int
+from . import best_times, counted, geometric_mean, positive_int
 from ._data import find_graph, load_matrix
 
 __all__ = ["CUDA_GRAPHS", "DEVICES", "GRAPHS", "HELP", "TORCH_DROPOUT", "TORCH_DROPOUT_TARGETS",
@@ -1083,7 +1083,7 @@ def write_plot(results, path, threads, repeat, gpu=None):
     axis.axhline(1.0, color="black", linewidth=0.8)
     axis.set_xticks(positions, [f"{graph}\nh{hidden}" for graph, hidden in groups])
     axis.set_ylabel("speedup over PyG per epoch")
-    where = f"{threads} threads" if gpu is None else gpu
+    where = counted(threads, 'thread') if gpu is None else gpu
     axis.set_title(f"Training epoch, ours vs PyTorch Geometric ({where}, median of {repeat})")
     axis.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))  # off the bars
     figure.tight_layout()
@@ -1204,14 +1204,14 @@ def run(args, out=None):
               f"median of {args.repeat} steps taken in turns after {WARMUP_STEPS} warm-up steps; "
               "float32 on the GPU, every step ending in torch.cuda.synchronize() inside the timed "
               "region (each clock starts with the GPU idle and stops when the step's GPU work is "
-              f"done); --threads does not apply ({args.threads} threads only for the CPU side of "
-              f"the CPU check); data: {args.data_dir}", file=out)
+              f"done); --threads does not apply ({counted(args.threads, 'thread')} only for the "
+              f"CPU side of the CPU check); data: {args.data_dir}", file=out)
         print(device_description(torch), file=out)
     else:
         print(f"gnn: one full-batch training epoch (forward, cross-entropy, backward, Adam step), "
               f"median of {args.repeat} steps taken in turns after {WARMUP_STEPS} warm-up steps; "
-              f"float32, {args.threads} threads for ours and torch; data: {args.data_dir}",
-              file=out)
+              f"float32, {counted(args.threads, 'thread')} for ours and torch; data: "
+              f"{args.data_dir}", file=out)
     print("peer: PyTorch Geometric (GCNConv(cached=True), GATConv, AGNNConv) with the same "
           "architecture and dropout positions; 'vs PyG' = PyG's time / this row's time; GAT "
           f"hidden = {GAT_HEADS} heads x hidden/{GAT_HEADS}; outputs checked against PyG's "

@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 
 from tqdm import tqdm
 
-from . import geometric_mean, positive_int, write_outputs
+from . import counted, geometric_mean, positive_int, write_outputs
 
 __all__ = ["DISTRIBUTED_METHODS", "DISTRIBUTED_WORKLOADS", "Disagreement", "DistributedResult",
            "HELP", "KFAC_AGREEMENT", "METHODS", "StepResult", "WORKLOADS", "add_arguments",
@@ -410,7 +410,7 @@ def run(args, out=None):
             except Disagreement as exc:
                 print(f"error: {exc}", file=sys.stderr)
                 return 1
-    print(f"Preconditioned SGD steps, {args.threads} threads, median of {args.repeat} "
+    print(f"Preconditioned SGD steps, {counted(args.threads, 'thread')}, median of {args.repeat} "
           f"interleaved rounds of {args.steps} steps (kfac/10: {2 * args.steps})", file=out)
     differences = {r.workload: r.difference for r in results
                    if r.method == "kfac" and not math.isnan(r.difference)}
