@@ -174,3 +174,18 @@ def test_examples_without_options_answer_help_without_running(script, first_line
     assert stop.value.code == 0
     out = " ".join(capsys.readouterr().out.split())
     assert first_line in out and "round trip" not in out.lower()   # what a run prints
+
+
+def test_cuda_profile_without_a_gpu_is_one_error_line(capsys):
+    # It ended in a traceback and status 1, where every other bench command prints one
+    # error line and exits with 2.
+    from numba import cuda
+
+    from pysparse_hpc.bench import spmm_cuda_profile
+    if cuda.is_available():
+        pytest.skip("a CUDA device (or the simulator) is available")
+    with pytest.raises(SystemExit) as stop:
+        spmm_cuda_profile.main(["--rmat", "8:4"])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: backend='cuda' needs a CUDA GPU") and "Traceback" not in err

@@ -27,7 +27,8 @@ def _matrix(args):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m pysparse_hpc.bench.spmm_cuda_profile",
+                                     description=__doc__.splitlines()[0])
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--rmat", metavar="SCALE:EF", help="an R-MAT graph (seed 1)")
     source.add_argument("--matrix", metavar="NAME", help="a shared matrix")
@@ -40,7 +41,10 @@ def main(argv=None):
     from .spmm_cuda import _torch_cuda, measure, prepare
     from .._cuda_backend import require_gpu
 
-    cuda = require_gpu()
+    try:
+        cuda = require_gpu()
+    except RuntimeError as exc:  # one error line and status 2, as the other bench commands
+        parser.exit(2, f"error: {exc}\n")
     operands, _, _ = prepare(_matrix(args), cuda, _torch_cuda())
 
     class _Once:
