@@ -1,13 +1,29 @@
 """The module classes the makers precondition, and what they need from them.
 
 This module owns which leaf modules have a curvature (``nn.Linear``, ``nn.Conv2d`` with dilation
-1, groups 1 and zero padding, ``nn.Embedding`` with dense gradients), the refusal, with the
-reason, of the configurations that cannot be handled, and the im2col of a convolution's input.
+1, groups 1 and zero padding, or any padding mode where nothing is padded, ``nn.Embedding`` with
+dense gradients), the refusal, with the reason, of the configurations that cannot be handled,
+and the im2col of a convolution's input.
 """
 import torch.nn.functional as F
 from torch import nn
 
 __all__ = ["conv2d_patch_columns", "conv2d_patches", "supported_kind"]
+
+
+def _pads(module):
+    """What `module` (an ``nn.Conv2d``) pads its input by: ``[left, right, top, bottom]``;
+    ``padding="same"`` puts the odd one on the right and the bottom, as torch does."""
+    padding = module.padding
+    if isinstance(padding, str):
+        if padding != "same":
+            return [0, 0, 0, 0]
+        pads = []
+        for k, d in zip(reversed(module.kernel_size), reversed(module.dilation)):
+            total = d * (k - 1)
+            pads += [total // 2, total - total // 2]
+        return pads
+    return [padding[1], padding[1], padding[0], padding[0]]
 
 
 def _patch_view(module, x):
@@ -17,15 +33,7 @@ def _patch_view(module, x):
     if x.ndim == 3:
         x = x.unsqueeze(0)
     kh, kw = module.kernel_size
-    padding = module.padding
-    if isinstance(padding, str):
-        pads = [0, 0, 0, 0]
-        if padding == "same":
-            pads = []
-            for k in (kw, kh):
-                pads += [(k - 1) // 2, (k - 1) - (k - 1) // 2]
-    else:
-        pads = [padding[1], padding[1], padding[0], padding[0]]
+    pads = _pads(module)
     if any(pads):
         x = F.pad(x, pads)
     sh, sw = module.stride
@@ -59,8 +67,8 @@ def conv2d_patch_columns(module, x):
 def supported_kind(name, module):
     """``"Linear"``, ``"Conv2d"``, ``"Embedding"`` or None; refuses what cannot be handled.
 
-    Raises ``NotImplementedError`` for an ``nn.Conv2d`` with dilation, groups or a padding
-    mode other than zeros, and for an ``nn.Embedding`` with sparse gradients.
+    Raises ``NotImplementedError`` for an ``nn.Conv2d`` with dilation, groups or a non-zero
+    padding of another mode than zeros, and for an ``nn.Embedding`` with sparse gradients.
     """
     if isinstance(module, nn.Conv2d):
         problems = []
@@ -68,7 +76,9 @@ def supported_kind(name, module):
             problems.append(f"dilation={tuple(module.dilation)}")
         if module.groups != 1:
             problems.append(f"groups={module.groups}")
-        if module.padding_mode != "zeros":
+        # A padding mode changes nothing where nothing is padded (torch's pad of zero width
+        # before the convolution), so only a non-zero padding must be of zeros.
+        if module.padding_mode != "zeros" and any(_pads(module)):
             problems.append(f"padding_mode={module.padding_mode!r}")
         if problems:
             raise NotImplementedError(

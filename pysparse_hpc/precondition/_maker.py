@@ -25,6 +25,7 @@ from functools import partial
 
 import torch
 from torch import nn
+from torch.nn.parameter import is_lazy
 
 from .._sputils import check_flag
 from ..distributed._comm import check_communicator, check_rank
@@ -293,11 +294,21 @@ class PreconditionedGradientMaker:
             elif next(module.children(), None) is not None:
                 reason = (f"held directly by {type(module).__name__}, which has submodules "
                           f"(only leaf modules are preconditioned)")
+            elif any(is_lazy(p) for _, p in params):
+                # Its shapes are unknown until its first call: a maker built now would size
+                # nothing (or fail on torch's uninitialized parameter far from the cause).
+                raise ValueError(
+                    f"module {name or '<model>'!r} ({type(module).__name__}) has uninitialized "
+                    f"parameters: call the model once (on a dummy batch) before building "
+                    f"{type(self).__name__}, or add it to PreconditioningConfig.ignore_modules")
             elif self._weight_is_frozen(module, params):
                 # Before `_kind_for`: a module that would keep the plain gradient anyway must
                 # not be refused for a configuration its curvature cannot handle (a grouped
                 # Conv2d whose bias alone trains).
                 reason = "the module's weight is frozen"
+            elif self._weight_is_computed(module, params):
+                reason = ("the module's weight is computed from other parameters (as by "
+                          "torch.nn.utils.weight_norm), which have no curvature here")
             elif self._weight_is_empty(module):
                 # No curvature to gather (a factor of a 0-wide side), and its bias has nothing
                 # to be preconditioned with.
@@ -344,6 +355,19 @@ class PreconditionedGradientMaker:
         weight = getattr(module, "weight", None)
         return isinstance(weight, torch.Tensor) and weight.numel() == 0
 
+    def _weight_is_computed(self, module, params):
+        """Whether `module`'s ``weight`` is a tensor computed from other parameters rather than
+        one of its trainable parameters `params` (``torch.nn.utils.weight_norm`` sets it from
+        ``weight_g`` and ``weight_v`` before each call).
+
+        K-FAC and the diagonal Fisher: such a module keeps the plain gradient, since their
+        curvature and preconditioned gradient are the weight's, which has no ``.grad`` (a
+        module whose ``weight`` trains is called frozen or not by `_weight_is_frozen`).
+        """
+        weight = getattr(module, "weight", None)
+        return (isinstance(weight, torch.Tensor) and weight.requires_grad
+                and not any(p is weight for _, p in params))
+
     def _weight_is_frozen(self, module, params):
         """Whether `module` (a leaf with the trainable parameters `params`, ``[(name,
         parameter)]``) keeps the plain gradient because its ``weight`` is frozen.
@@ -370,7 +394,10 @@ class PreconditionedGradientMaker:
         Normalization layers, modules in ``config.ignore_modules``, module types this maker
         does not support, parameters held directly by container modules, biases of modules
         whose weight is frozen (Shampoo and Jorge: of those with no other trainable parameter
-        of two or more dimensions) and parameters tied between modules.
+        of two or more dimensions) and parameters tied between modules; under K-FAC and the
+        diagonal Fisher also the parameters of a module whose weight is computed from them
+        (``torch.nn.utils.weight_norm``) and those of a preconditioned module other than its
+        weight and bias (a LoRA layer's adapters).
 
         Returns
         -------

@@ -41,6 +41,17 @@ _INVERSE_SUFFIXES = ("_inv", "_chol", "_damping", "_woodbury_rows")
 _ROWS_SUFFIX = "_rows"
 
 
+#: The parameters of a module that a natural-gradient maker preconditions.
+_PRECONDITIONED = ("weight", "bias")
+
+
+def weight_and_bias(module):
+    """The parameters of `module` a natural-gradient maker preconditions: its ``weight`` and
+    ``bias`` where they are parameters (the others keep their plain gradient)."""
+    return [param for param in (getattr(module, key, None) for key in _PRECONDITIONED)
+            if isinstance(param, torch.nn.Parameter)]
+
+
 def _fixed(shape):
     """Whether an expected shape is fixed (None stands for any size: a key of one process's
     low-rank curvature, which is never summed over ranks)."""
@@ -142,6 +153,15 @@ class NaturalGradientMaker(PreconditionedGradientMaker):
         self._warned_missing = False
         super().__init__(model, config, check_finite=check_finite, comm=comm)
         self._factors = {name: {} for name in self._modules}
+        # The curvature is the weight's (and the bias's): any other trainable parameter of a
+        # preconditioned module (the adapters of a LoRA layer subclassing nn.Linear) keeps its
+        # plain gradient, and is listed with those left alone.
+        for name, (module, _) in self._modules.items():
+            for pname, param in module.named_parameters(recurse=False):
+                if param.requires_grad and pname not in _PRECONDITIONED:
+                    self._unpreconditioned[f"{name}.{pname}" if name else pname] = (
+                        f"not the weight or bias of {type(module).__name__} (the curvature is "
+                        f"the weight's): plain gradient")
 
     def _supported_names(self):
         return "nn.Linear, nn.Conv2d or nn.Embedding"
@@ -387,7 +407,7 @@ class NaturalGradientMaker(PreconditionedGradientMaker):
         if scale < 1.0:
             with torch.no_grad():
                 for name in self._kl_terms:
-                    for param in self._modules[name][0].parameters(recurse=False):
+                    for param in weight_and_bias(self._modules[name][0]):
                         if param.grad is not None:
                             param.grad.mul_(scale)
 

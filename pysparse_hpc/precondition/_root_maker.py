@@ -169,6 +169,11 @@ class RootGradientMaker(PreconditionedGradientMaker):
         return (super()._weight_is_frozen(module, params)
                 and not any(p.ndim >= 2 and p.numel() > 0 for _, p in params))
 
+    def _weight_is_computed(self, module, params):
+        # Each trainable matrix has statistics of its own: weight_norm's weight_v (and its
+        # out x 1 weight_g) are preconditioned as they are, whatever the weight is made of.
+        return False
+
     @staticmethod
     def _weight_is_empty(module):
         # Statistics are per parameter here: an empty one is left out where the matrices are

@@ -6,9 +6,10 @@ diagonal is the sum of squared per-example gradients, scaled by ``scale / data_s
 
 * ``nn.Linear``: ``(D*D)^T (X*X)`` for the weight, ``sum D*D`` for the bias, every row of the
   input and of the output gradient an example (as in ASDL);
-* ``nn.Conv2d``: the per-example gradients ``D_n P_n^T`` (summed over positions) squared;
-  the bias's ``(sum_l D_n)^2`` (ASDL switches to squares per position, another quantity,
-  when that needs less memory; this module does not);
+* ``nn.Conv2d``: the per-example gradients ``D_n P_n^T`` (summed over positions) squared
+  (for the weight, ASDL switches to squares per position, another quantity, when that needs
+  less memory: ``L (c_out + c_in kh kw) < c_out c_in kh kw`` for ``L`` output positions; this
+  module does not); the bias's ``(sum_l D_n)^2``;
 * ``nn.Embedding``: each token's output gradient squared, added to its row (per token, as in
   ASDL); the padding row stays zero.
 

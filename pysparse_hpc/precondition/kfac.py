@@ -51,7 +51,8 @@ from ._maker import _all_finite, curvature_dtype
 from ._fisher import FISHER_MC, LOSS_CROSS_ENTROPY
 from ._gram import gram
 from ._layers import conv2d_patch_columns, supported_kind
-from ._natural import _INVERSE_SUFFIXES, NaturalGradientMaker, in_curvature_dtype
+from ._natural import (_INVERSE_SUFFIXES, NaturalGradientMaker, in_curvature_dtype,
+                       weight_and_bias)
 
 __all__ = ["KfacGradientMaker", "pi_damping", "damped_cholesky"]
 
@@ -545,7 +546,7 @@ class KfacGradientMaker(NaturalGradientMaker):
             for name in names:
                 module, kind = self._modules[name]
                 if self.grad_scale != 1.0:
-                    for param in module.parameters(recurse=False):
+                    for param in weight_and_bias(module):
                         if param.grad is not None:
                             param.grad.mul_(self.grad_scale)
                 state = self._factors[name]
