@@ -308,9 +308,15 @@ class csr_array(sparray):
             A full check also forgets the kept `has_canonical_format`, read again from the
             arrays when next asked (a write into ``indices`` in place leaves it stale).
         """
-        _check_csr_arrays(self.data, self.indices, self.indptr, self.shape, full_check)
+        self._check_arrays(full_check)
         if full_check:
             self._canonical = None
+
+    def _check_arrays(self, full_check):
+        """`check_format`'s checks, the kept canonical flag left as it is: for the library's
+        own callers about to index by the arrays, to which reading the order again would add a
+        pass over the indices (a tenth of a conversion to the blocked formats)."""
+        _check_csr_arrays(self.data, self.indices, self.indptr, self.shape, full_check)
         index_dtype = self.indices.dtype
         if index_dtype != self.indptr.dtype or index_dtype not in (np.int32, np.int64):
             raise TypeError(
@@ -344,13 +350,11 @@ class csr_array(sparray):
     def canonical(self):
         """This array if it is canonical, else a canonical copy (this array is not modified).
 
-        Read from the arrays (one pass over the indices), not from the kept
-        `has_canonical_format`, which is corrected: a flag set by hand or left stale by a
-        write into ``indices`` would hand the blocked conversions, which rely on sorted rows
-        without repeats, an array that is neither.
+        As `has_canonical_format` says, which is kept once read (as scipy's): after writing
+        into ``indices`` in place, call ``check_format(full_check=True)``, which reads it
+        again.
         """
-        self._canonical = read_canonical(self)
-        if self._canonical:
+        if self.has_canonical_format:
             return self
         result = self.copy()
         result.sum_duplicates()

@@ -59,7 +59,7 @@ def _as_csr(A):
     # does not see) sent the typed code past its buffers (a segfault). Vectorized passes:
     # about 2% of an ordering, 10% of the cheapest caller (bandwidth).
     try:
-        csr.check_format(full_check=True)
+        csr._check_arrays(full_check=True)
     except ValueError as exc:
         raise ValueError(f"A's arrays do not agree: {exc}") from None
     return csr
