@@ -6,43 +6,20 @@ Each test launches ``tests/mpi/fuzz_checks.py`` with a timeout (and a communicat
 that a rank left waiting ends the job with a message): a hang fails the test instead of stalling
 the suite.
 """
-import importlib.util
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from pysparse_hpc.distributed._comm import mpiexec_path
+from .test_distributed_mpi import requires_mpi, run_mpi
 
 pytestmark = pytest.mark.mpi
 
 CHECKS = Path(__file__).parent / "mpi" / "fuzz_checks.py"
-REPO_ROOT = Path(__file__).resolve().parent.parent
-
-requires_mpi = pytest.mark.skipif(
-    importlib.util.find_spec("mpi4py") is None or mpiexec_path() is None,
-    reason="needs mpi4py and mpiexec (pip install mpi4py mpich, or the [mpi] extra)")
-
-
-def run_mpi(ranks, *args, timeout=120):
-    """``mpiexec -n ranks python args...`` from the repository root: (status, stdout,
-    stderr). Fails the test if it has not ended after ``timeout`` seconds."""
-    env = dict(os.environ, PYSPARSE_HPC_NUM_THREADS="1", OMP_NUM_THREADS="1",
-               PYTHONUNBUFFERED="1", PYSPARSE_HPC_COMM_TIMEOUT="60")
-    try:
-        done = subprocess.run([mpiexec_path(), "-n", str(ranks), sys.executable, *args],
-                              cwd=REPO_ROOT, env=env, capture_output=True, text=True,
-                              timeout=timeout)
-    except subprocess.TimeoutExpired as exc:
-        pytest.fail(f"mpiexec -n {ranks} {' '.join(args)} hung for {timeout} s:\n"
-                    f"{exc.stdout}\n{exc.stderr}")
-    return done.returncode, done.stdout, done.stderr
 
 
 def run_checks(ranks, *names, timeout=120):
-    status, out, err = run_mpi(ranks, str(CHECKS), *names, timeout=timeout)
+    status, out, err, _ = run_mpi(ranks, str(CHECKS), *names, timeout=timeout,
+                                  env={"PYSPARSE_HPC_COMM_TIMEOUT": "60"})
     assert status == 0, f"exit status {status}\n{out}\n{err[-6000:]}"
     for name in names:
         assert f"PASSED {name}" in out, out
