@@ -15,16 +15,14 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 
+from checks import ALONE, checks_in, comm, rank, run_named, size
+
 import pysparse_hpc as sph
 from pysparse_hpc import distributed
-from pysparse_hpc.distributed import Communicator, DistGraph, Partition, partition
+from pysparse_hpc.distributed import DistGraph, Partition, partition
 from pysparse_hpc.distributed.graph import comm_sum
 from pysparse_hpc.distributed.training import train
 from pysparse_hpc.nn import AGNNConv, GATConv, GCNConv, gcn_norm
-
-comm = distributed.init()
-rank, size = comm.rank, comm.size
-ALONE = Communicator(None)  # a one-rank communicator for this process's reference runs
 
 GRAPHS = ("random", "isolated", "empty_rows", "self_loops", "directed", "hub", "tiny",
           "components")
@@ -348,22 +346,6 @@ def check_sums_of_large_integers():
         assert "leaves int64" in str(exc)
     else:
         assert size == 1, "no error for an int64 sum past 2**63"
-
-
-def checks_in(namespace):
-    """``{name: function}`` of a module's ``check_<name>`` functions."""
-    return {name[len("check_"):]: fn for name, fn in namespace.items()
-            if name.startswith("check_")}
-
-
-def run_named(checks, argv):
-    """Run the checks named in ``argv`` in order; rank 0 prints ``PASSED NAME`` after each
-    that passed on every rank."""
-    for name in [a for a in argv if a in checks]:
-        checks[name]()
-        comm.Barrier()
-        if rank == 0:
-            print(f"PASSED {name}", flush=True)
 
 
 if __name__ == "__main__":
