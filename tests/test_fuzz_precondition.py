@@ -102,9 +102,10 @@ def random_model(rng, kinds=("linear", "conv", "embedding", "shared", "offpath")
 
 
 # ---------------------------------------------------------------------- references
-def captured(model, names, x, t, data_size):
+def captured(model, names, x, t, data_size, summed_loss=None):
     """``{name: [(input, output gradient of the summed loss)]}`` of every call, and the plain
-    gradients of ``sum loss / data_size`` left in ``model``."""
+    gradients of ``sum loss / data_size`` left in ``model``. The loss is the cross-entropy of
+    ``model(x)`` against ``t`` unless ``summed_loss()`` computes it (a masked GNN loss)."""
     calls = {name: [] for name in names}
     handles = []
     for name, module in model.named_modules():
@@ -114,7 +115,8 @@ def captured(model, names, x, t, data_size):
                 calls[name].append(entry)
                 out.register_hook(lambda g, entry=entry: entry.__setitem__(1, g * data_size))
             handles.append(module.register_forward_hook(hook))
-    F.cross_entropy(model(x), t, reduction="sum").div(data_size).backward()
+    loss = summed_loss() if summed_loss else F.cross_entropy(model(x), t, reduction="sum")
+    loss.div(data_size).backward()
     for handle in handles:
         handle.remove()
     return calls
@@ -530,18 +532,8 @@ def test_gnn_layers_dense_transforms_match_the_reference(seed):
     gm.forward_and_backward()
     names = set(gm.preconditioned_modules())
     assert names   # GCN and GAT: each conv.lin; AGNN: its two Linear layers
-    calls = {name: [] for name in names}
-    handles = []
-    for name, module in reference.named_modules():
-        if name in names:
-            def hook(mod, args, out, name=name):
-                entry = [args[0].detach(), None]
-                calls[name].append(entry)
-                out.register_hook(lambda g, e=entry: e.__setitem__(1, g * data_size))
-            handles.append(module.register_forward_hook(hook))
-    F.cross_entropy(reference(x, adj)[mask], t[mask], reduction="sum").div(data_size).backward()
-    for handle in handles:
-        handle.remove()
+    calls = captured(reference, names, x, t, data_size, summed_loss=lambda: F.cross_entropy(
+        reference(x, adj)[mask], t[mask], reduction="sum"))
     ours, modules = dict(model.named_parameters()), dict(reference.named_modules())
     for name in names:
         A, B = kfac_factors(modules[name], calls[name], data_size)
