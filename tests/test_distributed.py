@@ -72,6 +72,12 @@ def test_one_rank_communicator():
     comm.raise_if_any(None)
     with pytest.raises(KeyError, match="lost"):
         comm.raise_if_any(KeyError("lost"))
+    assert comm.on_root(divmod, 7, 2) == (3, 1)
+    with pytest.raises(ZeroDivisionError) as raised:
+        comm.on_root(divmod, 7, 0)
+    assert _comm.raised_on_every_rank(raised.value)
+    with pytest.raises(ValueError, match="root must be a rank in"):
+        comm.on_root(divmod, 7, 2, root=1)
     with pytest.raises(ValueError, match="op must be one of"):
         comm.Allreduce(buffer, op="product")
     with pytest.raises(TypeError, match="NumPy array or a CPU torch tensor"):

@@ -19,6 +19,7 @@ import contextlib
 import copy
 import math
 import os
+import pickle
 import shutil
 import sys
 import threading
@@ -837,6 +838,42 @@ class Communicator:
             message += f"; {_ranks_label(ranks)} raised {qualified}: {other_message}"
         raise _alike(_rebuilt(module, name, _ranks_label(first_ranks), message))
 
+    def on_root(self, function, *args, root=0):
+        """``function(*args)`` called on ``root`` alone, its result on every rank (collective).
+
+        For work that only one rank may do (a directory to list, a file to write) and whose
+        outcome every rank needs: what ``function`` raises there is raised on every rank
+        instead, marked as raised alike (`raised_on_every_rank`), where a bare broadcast of
+        the result would leave the other ranks waiting for it.
+
+        Parameters
+        ----------
+        function : callable
+            Called on ``root`` only; its result must pickle.
+        *args
+            Passed to ``function``.
+        root : int, optional
+
+        Returns
+        -------
+        object
+            What ``function`` returned on ``root``.
+        """
+        root = self._check_root(root)
+        outcome = own_error = None
+        if self.rank == root:
+            try:
+                outcome = (True, function(*args))
+            except Exception as error:  # noqa: BLE001 -- raised on every rank below
+                own_error = error  # raised here as it is, with its traceback
+                outcome = (False, error if self.size == 1 else _portable(error, root))
+        if self.size > 1:
+            outcome = self.bcast(outcome, root=root)
+        succeeded, value = outcome
+        if not succeeded:
+            raise _alike(own_error if own_error is not None else value)
+        return value
+
     def Abort(self, errorcode=1):
         """End the whole job now (every rank), with exit status ``errorcode``."""
         try:
@@ -869,6 +906,17 @@ def _rebuilt(module, name, ranks, message):
             pass
     qualified = name if module == "builtins" else f"{module}.{name}"
     return RuntimeError(f"{ranks} raised {qualified}: {message}")
+
+
+def _portable(error, rank):
+    """`error` where it pickles (notes and all), else its class rebuilt by name with its
+    message: the broadcast would fail on ``rank`` alone, and the others wait for ever."""
+    try:
+        pickle.loads(pickle.dumps(error))
+    except Exception:  # noqa: BLE001 -- a local class, a required argument, ...
+        return _rebuilt(type(error).__module__, type(error).__qualname__,
+                        _ranks_label([rank]), str(error))
+    return error
 
 
 def _alike(error):

@@ -460,7 +460,7 @@ def _checkpoints(comm, directory, resume, keep, fingerprint):
     from .checkpoint import Checkpointer
 
     checkpointer = Checkpointer(directory, comm, keep=keep, fingerprint=fingerprint)
-    latest = comm.bcast(checkpointer.latest())  # rank 0's view, so all ranks decide alike
+    latest = comm.on_root(checkpointer.latest)  # rank 0's view, so all ranks decide alike
     if not resume:
         if latest is not None:
             checkpointer.close()

@@ -722,6 +722,21 @@ def check_errors_of_other_ranks():
                     assert "Error" in str(raised) or "Local" in str(raised), raised
         else:
             raise AssertionError("raise_if_any did not raise")
+    # on_root: the root's own error travels whole where it pickles, else rebuilt by name.
+    last = size - 1
+    assert comm.on_root(lambda: ("listed", rank), root=last) == ("listed", last)
+    pickled = (UnicodeDecodeError, json.JSONDecodeError, KeyError, RuntimeError)
+    for fail, expected in zip(failures, pickled):
+        try:
+            comm.on_root(fail, root=last)
+        except Exception as raised:
+            assert raised_on_every_rank(raised), raised
+            assert type(raised) is (Local if rank == last and fail is raise_local
+                                    else expected), (type(raised), raised)
+            if expected is RuntimeError and rank != last:
+                assert f"rank {last} raised" in str(raised) and "Local" in str(raised), raised
+        else:
+            raise AssertionError("on_root did not raise")
     frozen = np.zeros(3)
     frozen.flags.writeable = False
     for call in (lambda: comm.Allreduce(frozen), lambda: comm.Iallreduce(frozen).wait(),

@@ -251,7 +251,7 @@ class Checkpointer:
     def __init__(self, directory, comm=None, keep=3, fingerprint=None, threads=None):
         from .._comm import check_communicator, init
         self.comm = comm = init() if comm is None else check_communicator(
-            comm, ("rank", "size", "bcast", "gather", "allgather", "raise_if_any"))
+            comm, ("rank", "size", "on_root", "gather", "allgather", "raise_if_any"))
         self.directory = os.path.abspath(os.fspath(directory))
         if keep is not None:
             if isinstance(keep, bool) or not isinstance(keep, (int, np.integer)):
@@ -280,13 +280,8 @@ class Checkpointer:
         self._lock = None      # rank 0's open lock file, from the first save: this run writes
         self._wrote_marker = False  # rank 0 made the CHECKPOINTS file (taken back if unused)
         self._pid = os.getpid()  # a forked child's copy has neither its thread nor its lock
-        error = None
-        if comm.rank == 0:
-            try:
-                error = self._prepare_directory()
-            except Exception as exc:  # raised on rank 0 alone, the others would wait for ever
-                error = exc
-        error = comm.bcast(error)
+        # Rank 0 alone makes and checks the directory; its error is raised on every rank.
+        error = comm.on_root(self._prepare_directory)
         if error is not None:
             raise error
         seen = None if os.path.isdir(self.directory) else FileNotFoundError(
@@ -638,20 +633,7 @@ class Checkpointer:
         collected = self._collect()
         if collected is None:
             return None
-        error = None
-        if self.comm.rank == 0:
-            try:
-                self._commit(*collected)
-            except Exception as exc:
-                # A bare "[Errno 28] No space left on device" would not say which save failed,
-                # nor that its files are written but it has no manifest.
-                if hasattr(exc, "add_note"):
-                    exc.add_note(f"while committing checkpoint step {collected[0]} in "
-                                 f"{self.directory} (writing its {MANIFEST})")
-                error = exc
-        error = self.comm.bcast(error)
-        if error is not None:  # every rank holds rank 0's error
-            raise error
+        self.comm.on_root(self._commit_noted, *collected)
         if self.comm.rank == 0:
             self._start_pruning(collected[0])
         return collected[0]
@@ -682,6 +664,18 @@ class Checkpointer:
                           f"{self.directory}: {exc}", stacklevel=3)
             return
         self._start_pruning(collected[0])
+
+    def _commit_noted(self, step, records):
+        """`_commit`, its error noting the step."""
+        try:
+            self._commit(step, records)
+        except Exception as exc:
+            # A bare "[Errno 28] No space left on device" would not say which save failed,
+            # nor that its files are written but it has no manifest.
+            if hasattr(exc, "add_note"):
+                exc.add_note(f"while committing checkpoint step {step} in {self.directory} "
+                             f"(writing its {MANIFEST})")
+            raise
 
     def _commit(self, step, records):
         """Write the manifest (rank 0): the checkpoint exists from here on."""
@@ -986,16 +980,7 @@ class Checkpointer:
         that every rank tries the same steps. What listing the directory raised there (it is
         unreadable, or gone) is raised on every rank: on rank 0 alone, the others would wait
         for it for ever."""
-        listing = None
-        if self.comm.rank == 0:
-            try:
-                listing = self._step_dirs(), self.steps()
-            except OSError as exc:
-                listing = exc
-        listing = self.comm.bcast(listing)
-        if isinstance(listing, Exception):
-            raise listing
-        return listing
+        return self.comm.on_root(lambda: (self._step_dirs(), self.steps()))
 
     def _read(self, step, step_dir, node_ids):
         manifest = _files.read_manifest(step_dir)
