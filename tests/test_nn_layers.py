@@ -656,6 +656,38 @@ def test_gatconv_matches_pyg_on_the_same_weights(graph):
     torch.testing.assert_close(ours(x, edge_index_of(graph)), theirs(x, edge_index_of(graph)))
 
 
+def test_model_state_dict_loads_into_the_same_model_built_from_pyg(graph):
+    """``to_pyg_state_dict`` gives each GATConv's attention vectors PyG's leading axis, at any
+    depth of the model, and leaves every other entry as it is: PyG's model then computes
+    ours."""
+    pyg = pytest.importorskip("torch_geometric.nn")
+    ours = torch.nn.ModuleDict({"gat": nn.GATConv(5, 3, heads=2),
+                                "head": torch.nn.Sequential(nn.GATConv(6, 2, concat=False),
+                                                            torch.nn.Linear(2, 2)),
+                                "gcn": nn.GCNConv(5, 4)}).double()
+    theirs = torch.nn.ModuleDict({"gat": pyg.GATConv(5, 3, heads=2),
+                                  "head": torch.nn.Sequential(pyg.GATConv(6, 2, concat=False),
+                                                              torch.nn.Linear(2, 2)),
+                                  "gcn": pyg.GCNConv(5, 4)}).double()
+    with pytest.raises(RuntimeError, match="size mismatch"):  # why the function is needed
+        theirs.load_state_dict(ours.state_dict())
+    state = nn.to_pyg_state_dict(ours)
+    assert list(state) == list(ours.state_dict())
+    assert state["head.0.att_src"].shape == (1, 1, 2)
+    assert state["gcn.lin.weight"].shape == (4, 5)
+    theirs.load_state_dict(state)
+    x = features(14, 5)
+    edges = edge_index_of(graph)
+    torch.testing.assert_close(ours["gat"](x, graph), theirs["gat"](x, edges))
+    torch.testing.assert_close(ours["head"][0](ours["gat"](x, graph), graph),
+                               theirs["head"][0](theirs["gat"](x, edges), edges))
+    back = nn.GATConv(5, 3, heads=2).double()
+    back.load_state_dict(nn.to_pyg_state_dict(ours["gat"]))  # and into ours again
+    torch.testing.assert_close(back.att_src, ours["gat"].att_src, rtol=0, atol=0)
+    with pytest.raises(TypeError, match="load it into the model first"):
+        nn.to_pyg_state_dict(ours.state_dict())
+
+
 # -- AGNNConv ---------------------------------------------------------------------------------
 
 def test_agnnconv_matches_dense_reference_and_pyg(graph):

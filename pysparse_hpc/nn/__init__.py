@@ -9,6 +9,7 @@ AGNNConv    attention-based propagation (cosine attention, one SDDMM + one SpMM)
 Functions
 ---------
 gcn_norm    D^-1/2 (A + I) D^-1/2
+to_pyg_state_dict  a model's state dict in PyG's layout (GATConv's attention vectors)
 functional  spmm, sddmm, edge_softmax, gat_attention with autograd
 
 Every layer takes ``forward(x, adj)`` with ``adj`` a pysparse_hpc sparse array (CSR, ME-BCRS or
@@ -26,6 +27,7 @@ from .agnn import AGNNConv
 from .gat import GAT_CACHES, GATConv
 from .gcn import ORDERS, GCNConv, choose_order
 from .norm import gcn_norm
+from .pyg import to_pyg_state_dict
 
 __all__ = ["AGNNConv", "GATConv", "GAT_CACHES", "GCNConv", "ORDERS", "choose_order",
-           "functional", "gcn_norm"]
+           "functional", "gcn_norm", "to_pyg_state_dict"]

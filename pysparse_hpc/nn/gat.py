@@ -61,7 +61,8 @@ class GATConv(torch.nn.Module):
         gradient there, as do ``att_src`` and ``att_dst`` (heads x out_channels) under K-FAC
         and the diagonal Fisher; Shampoo and Jorge precondition those two as matrices. A
         state dict of PyG's ``GATConv`` of the same sizes loads as it is (its ``(1, heads,
-        out_channels)`` attention vectors are taken without the leading axis).
+        out_channels)`` attention vectors are taken without the leading axis), and
+        `to_pyg_state_dict` gives one of ours that layout for PyG's.
     att_src, att_dst : torch.nn.Parameter
     bias : torch.nn.Parameter or None
 
