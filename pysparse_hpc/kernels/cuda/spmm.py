@@ -223,7 +223,9 @@ def _csr_spmm(indptr, indices, data, B, out):
     col = cuda.blockIdx.y * cuda.blockDim.x + cuda.threadIdx.x
     if row >= out.shape[0] or col >= out.shape[1]:
         return
-    acc = out.dtype.type(0)  # a bare 0.0 would make float32 sums float64
+    # The output's dtype, but at least float32: half sums saturate (2048 + 1 rounds to 2048).
+    # A bare 0.0 would make float32 sums float64; the added float32 zero folds away.
+    acc = out.dtype.type(0) + float32(0)
     for p in range(indptr[row], indptr[row + 1]):
         acc += data[p] * B[indices[p], col]
     out[row, col] = acc
