@@ -244,8 +244,46 @@ def _column_view(cuda, view):
         view.__cuda_array_interface__, view.dtype.itemsize)), sync=False)
 
 
+def _c_contiguous(array):
+    """Whether the device array ``array`` is C-contiguous (extents of 0 or 1 take any stride)."""
+    interface = getattr(array, "__cuda_array_interface__", None)
+    if interface is None:  # the simulator's arrays, which live on the host
+        return array.is_c_contiguous()
+    strides = interface.get("strides")
+    if strides is None:
+        return True
+    from .kernels.cuda.sddmm import c_strides
+    shape = interface["shape"]
+    expected = c_strides(shape, np.dtype(interface["typestr"]).itemsize)
+    return 0 in shape or all(n <= 1 or s == e for n, s, e in zip(shape, strides, expected))
+
+
+def _check_launch_operand(array, name, shape, dtypes, contiguous=False):
+    """The O(1) checks of a launcher's operand, before any kernel runs: the kernels trust their
+    arrays, so a wrong extent reads or writes past an array's end on the GPU (or leaves part of
+    the output unwritten), and host data would be copied over and back on every launch.
+
+    ``shape`` holds None where any extent goes (the dense width).
+    """
+    if not is_device_array(array):
+        raise TypeError(f"{name} must be a device array (numba.cuda.to_device, a CUDA tensor), "
+                        f"got {type(array).__name__}")
+    found = tuple(array.shape)
+    if len(found) != len(shape) or any(e is not None and f != e for f, e in zip(found, shape)):
+        wanted = tuple("any" if e is None else e for e in shape)
+        raise ValueError(f"{name} has shape {found}, expected {wanted}".replace("'", ""))
+    dtype = _numpy_dtype(array)
+    if dtype not in dtypes:
+        raise TypeError(f"{name} has dtype {dtype}, expected "
+                        f"{' or '.join(np.dtype(d).name for d in dtypes)}")
+    if contiguous and not _c_contiguous(array):
+        raise ValueError(f"{name} must be C-contiguous (the kernels fill it as one flat array)")
+
+
 class _SpmmLauncher:
-    """``launch(device_B, device_out)`` runs one SpMM kernel on arrays already on the device.
+    """``launch(device_B, device_out)`` runs one SpMM kernel on arrays already on the device:
+    B (K, N) of one of `operand_dtypes`, out (M, N) of `result_dtype`, any strides. Shapes and
+    dtypes are checked (in constant time) before the launch.
 
     Attributes
     ----------
@@ -254,12 +292,17 @@ class _SpmmLauncher:
     result_dtype : numpy.dtype
     """
 
-    def __init__(self, run, operand_dtypes, result_dtype):
+    def __init__(self, run, operand_dtypes, result_dtype, shape):
         self._run = run
         self.operand_dtypes = operand_dtypes
         self.result_dtype = result_dtype
+        self._shape = tuple(shape)
 
     def __call__(self, device_B, device_out):
+        n_rows, n_cols = self._shape
+        _check_launch_operand(device_B, "B", (n_cols, None), self.operand_dtypes)
+        _check_launch_operand(device_out, "out", (n_rows, device_B.shape[1]),
+                              (self.result_dtype,))
         self._run(device_B, device_out)
 
 
@@ -303,12 +346,12 @@ def spmm_launcher(A, precision, dtype=np.float32):
         warps, parts = _warps_per_block(), _parts(cuda, kernels, M)
         return _SpmmLauncher(lambda B, out: kernels.launch_mebcrs_spmm(device_M, B, out, warps,
                                                                        kernel, parts),
-                             operand_dtypes, result_dtype)
+                             operand_dtypes, result_dtype, M.shape)
     csr = _csr_operand(A)  # duplicates are fine: the kernel sums every stored entry
     indptr, indices = _device_arrays(cuda, csr, ("indptr", "indices"))
     data = cuda.to_device(csr.data.astype(dtype))
     return _SpmmLauncher(lambda B, out: kernels.launch_csr_spmm(indptr, indices, data, B, out),
-                         (dtype,), dtype)
+                         (dtype,), dtype, csr.shape)
 
 
 #: Warps in a thread block of at most 1,024 threads (every CUDA GPU's limit).
@@ -576,7 +619,8 @@ def _mebcrs_sddmm_arrays(cuda, stored, kernels):
 class _SddmmLauncher:
     """``launch(device_X, device_Y, device_out)`` runs the SDDMM kernel(s) of one precision on
     arrays already on the device: ``device_out`` gets ``(X @ Y.T)`` at the stored entries, in
-    the storage order of `stored` (alpha 1, beta 0; tensor-core padding slots 0).
+    the storage order of `stored` (alpha 1, beta 0; tensor-core padding slots 0). Shapes,
+    dtypes and the output's contiguity are checked (in constant time) before the launch.
 
     Attributes
     ----------
@@ -601,6 +645,15 @@ class _SddmmLauncher:
         self.stored = stored
 
     def __call__(self, device_X, device_Y, device_out):
+        n_rows, n_cols = self.stored.shape
+        per_slot = self.out_shape[1:]  # (heads,) or ()
+        _check_launch_operand(device_X, "X", (n_rows,) + per_slot + (None,),
+                              self.operand_dtypes)
+        width = tuple(device_X.shape)[-1]
+        _check_launch_operand(device_Y, "Y", (n_cols,) + per_slot + (width,),
+                              self.operand_dtypes)
+        _check_launch_operand(device_out, "out", self.out_shape, (self.result_dtype,),
+                              contiguous=True)
         self._run(device_X, device_Y, device_out)
 
     def in_storage_order(self, values, like=None):
