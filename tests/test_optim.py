@@ -421,7 +421,7 @@ def test_votes_packed_tensor_by_tensor_at_unaligned_offsets(dtype):
         for m, g, start, stop in zip(momenta, grads, offsets[:-1], offsets[1:]):
             _votes.add_int8_levels(levels, start, ranks, m, g, beta1, rest1)
             c = whole[start:stop].astype(np.float64)
-            expected[start:stop] = np.clip(np.rint(c * (bound / (2 * np.abs(c).mean()))),
+            expected[start:stop] = np.clip(np.rint(c / np.abs(c).mean() * bound / 2),
                                            -bound, bound)
         np.testing.assert_array_equal(levels, expected)
         np.testing.assert_array_equal(levels, _votes.quantize_int8(whole, offsets, ranks))

@@ -334,16 +334,14 @@ def pack_int8_levels(momentum, grad, beta1, rest1, levels, out, start):
         for i in range(size):
             out[start + i] = 0
         return
-    # A subnormal mean overflows levels / (2 mean), and 0 * inf is NaN: divide first there
-    # (|c| / mean stays below the tensor's size). Halving the levels, not doubling the mean,
-    # which overflowed above half the largest float64 and gave every coordinate level 0 (the
-    # same quotient, rounded once, everywhere else).
-    factor = (levels / 2.0) / scale
-    divide = not np.isfinite(factor)
+    # c / mean first, in the formula's order: a factor levels / (2 mean) taken out of the
+    # loop rounds twice, and missed the exact halves of round-half-to-even by rounding noise
+    # either way (a one-element tensor's c / mean is +-1, its level s / 2 for an odd s), so
+    # that the ranks' tied levels moved a coordinate the rule leaves. |c| / mean stays below
+    # the tensor's size, so a subnormal mean cannot overflow it. The NaN test is a select,
+    # not a branch, so the loop vectorises and the division costs a few percent of the pass.
+    half = levels / 2.0
     for i in range(size):
         direction = _interpolation(momentum, grad, i, beta1, rest1)
-        if direction != direction:
-            out[start + i] = 0
-            continue
-        level = np.rint(direction / scale * (levels / 2.0) if divide else direction * factor)
+        level = 0.0 if direction != direction else np.rint(direction / scale * half)
         out[start + i] = np.int8(max(-levels, min(levels, level)))
