@@ -60,7 +60,7 @@ def check_hyperparameters(lr, betas, weight_decay, *, zero_lr=False, init_lr=Non
         raise TypeError(f"betas must be two numbers in [0, 1], got {betas!r}") from None
     if len(betas) != 2 or not all(is_real_number(b) for b in betas):
         raise TypeError(f"betas must be two numbers in [0, 1], got {betas!r}")
-    if not all(math.isfinite(b) and 0.0 <= b <= 1.0 for b in betas):
+    if not all(_finite(b) and 0.0 <= b <= 1.0 for b in betas):
         raise ValueError(f"betas must be two numbers in [0, 1], got {betas!r}")
     if not (_finite(weight_decay) and weight_decay >= 0):
         raise ValueError(f"weight_decay must be a finite number >= 0, got {weight_decay!r}")
