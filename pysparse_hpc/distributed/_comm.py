@@ -17,6 +17,7 @@ watchdog thread ends the job instead, naming the rank, the call and where it wai
 """
 import contextlib
 import copy
+import hashlib
 import math
 import os
 import pickle
@@ -837,6 +838,44 @@ class Communicator:
                 else f"{other_module}.{other_name}"
             message += f"; {_ranks_label(ranks)} raised {qualified}: {other_message}"
         raise _alike(_rebuilt(module, name, _ranks_label(first_ranks), message))
+
+    def check_alike(self, entries, problem, remedy):
+        """Raise on every rank when the ranks' ``entries`` differ (collective; free on one rank).
+
+        For what must be alike on every rank for their collectives to pair up (a model's
+        layout, an optimizer's settings): one SHA-256 digest per rank is compared, and the
+        entries travel only when the digests differ, to name the first difference.
+
+        Parameters
+        ----------
+        entries : tuple of tuples
+            Each a label and its values, e.g. ``("parameter 'weight'", (2, 3), "float32")``;
+            their ``repr`` must be the same wherever they are equal.
+        problem, remedy : str
+            The error's first and last clauses: what differs, and what to do.
+
+        Raises
+        ------
+        ValueError
+            On every rank: "{problem}: rank 0 has {entry} where rank q has {entry}; {remedy}".
+        """
+        if self.size == 1:
+            return
+        entries = tuple(entries)
+        digest = hashlib.sha256(repr(entries).encode()).hexdigest()
+        digests = self.allgather(digest)
+        if all(other == digests[0] for other in digests):
+            return
+        every = self.allgather(entries)
+        rank = next(q for q, other in enumerate(digests) if other != digests[0])
+        first, other = every[0], every[rank]
+        differ = next((i for i, (a, b) in enumerate(zip(first, other)) if a != b),
+                      min(len(first), len(other)))
+
+        def told(held):
+            return " ".join(map(str, held[differ])) if differ < len(held) else "nothing"
+        raise _alike(ValueError(f"{problem}: rank 0 has {told(first)} where rank {rank} has "
+                                f"{told(other)}; {remedy}"))
 
     def on_root(self, function, *args, root=0):
         """``function(*args)`` called on ``root`` alone, its result on every rank (collective).

@@ -10,7 +10,6 @@ collectives. The full-graph GNN trainer uses it, and so can any data-parallel to
 import contextlib
 import copy
 import functools
-import hashlib
 import warnings
 import weakref
 
@@ -19,7 +18,7 @@ import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
 from .._sputils import check_flag, is_real_number
-from ._comm import PARTICIPATION_KIND, _alike, check_communicator, init
+from ._comm import PARTICIPATION_KIND, check_communicator, init
 from ._sparse_grads import allreduce_sparse, sparse_gradient_parameters
 
 __all__ = ["DataParallel", "PARTICIPATION_KIND"]
@@ -496,27 +495,13 @@ def _check_alike(comm, module, bucket_mb, average, broadcast_buffers):
     Each rank lays out its buckets from its own model: a parameter of another shape or dtype,
     one more, or one frozen on one rank only, gave buckets of other sizes, whose allreduces
     paired up anyway (gradients silently left unreduced) or failed inside MPI on some ranks
-    only. One digest per rank is compared (a collective, once per wrapper); the layouts travel
-    only when they differ, to name the difference."""
-    if comm.size == 1 or not hasattr(comm, "allgather"):
+    only. A collective, once per wrapper."""
+    if comm.size == 1 or not hasattr(comm, "check_alike"):
         return
-    layout = _layout(module, bucket_mb, average, broadcast_buffers)
-    digest = hashlib.sha256(repr(layout).encode()).hexdigest()
-    digests = comm.allgather(digest)
-    if all(other == digests[0] for other in digests):
-        return
-    layouts = comm.allgather(layout)
-    rank = next(q for q, other in enumerate(digests) if other != digests[0])
-    first, other = layouts[0], layouts[rank]
-    differ = next((i for i, (a, b) in enumerate(zip(first, other)) if a != b),
-                  min(len(first), len(other)))
-
-    def told(entries):
-        return " ".join(map(str, entries[differ])) if differ < len(entries) else "nothing"
-    raise _alike(ValueError(
-        f"the ranks wrap unlike models or pass unlike DataParallel settings: rank 0 has "
-        f"{told(first)} where rank {rank} has {told(other)}; build the model alike on every "
-        f"rank (freeze the same layers) and wrap it with the same settings"))
+    comm.check_alike(_layout(module, bucket_mb, average, broadcast_buffers),
+                     "the ranks wrap unlike models or pass unlike DataParallel settings",
+                     "build the model alike on every rank (freeze the same layers) and wrap it "
+                     "with the same settings")
 
 
 def _rebuilt(module, comm, bucket_mb, average, broadcast_buffers, training):
