@@ -132,6 +132,43 @@ def _with_offsets(entries):
         start += param.numel()
 
 
+def _checked_settings(compression, momentum_sync, sync_doubling, average, ranks):
+    """`DistributedLion`'s own settings, checked: ``(compression, momentum_sync,
+    sync_doubling, average)`` with the default momentum synchronisation resolved."""
+    if compression not in COMPRESSIONS:
+        raise ValueError(f"compression must be one of {COMPRESSIONS}, got {compression!r}")
+    if momentum_sync is None:
+        momentum_sync = default_momentum_sync(compression)
+    if momentum_sync not in MOMENTUM_SYNC:
+        raise ValueError(f"momentum_sync must be one of {MOMENTUM_SYNC}, got "
+                         f"{momentum_sync!r}")
+    if compression == "none" and momentum_sync != "local":
+        raise ValueError("compression='none' keeps the momenta equal on every rank: "
+                         f"momentum_sync must be 'local', got {momentum_sync!r}")
+    sync_doubling = check_integer(sync_doubling, "sync_doubling")
+    if sync_doubling < 1:
+        raise ValueError(f"sync_doubling must be a positive int, got {sync_doubling!r}")
+    average = check_flag(average, "average")
+    if compression == "int8" and _votes.int8_levels(ranks) == 0:
+        raise ValueError(f"compression='int8' works on at most 127 ranks (its levels are "
+                         f"at most floor(127 / P), 0 on {ranks}: nothing would "
+                         f"move); use 'votes', whose sum does not overflow at any P")
+    return compression, momentum_sync, sync_doubling, average
+
+
+def _layout(param_groups, compression, momentum_sync, average, sync_doubling):
+    """What must be alike on every rank: the settings, each group's options, and the shape
+    and dtype of each parameter."""
+    entries = [("compression", compression), ("momentum_sync", momentum_sync),
+               ("average", average), ("sync_doubling", sync_doubling)]
+    for index, group in enumerate(param_groups):
+        entries += [(f"group {index} {name}", repr(value)) for name, value in sorted(
+            group.items()) if name != "params"]
+        entries += [(f"group {index} parameter {k}", tuple(param.shape), str(param.dtype))
+                    for k, param in enumerate(group["params"])]
+    return tuple(entries)
+
+
 class DistributedLion(Lion):
     """Lion whose update is agreed over the ranks of a communicator, compressed or not.
 
@@ -163,6 +200,13 @@ class DistributedLion(Lion):
     ----------
     steps_taken, momentum_syncs : int
 
+    Raises
+    ------
+    ValueError
+        On every rank, when a setting is wrong on any rank, or when the ranks pass other
+        parameters (shapes, dtypes, groups) or settings (the first difference is named):
+        construction is collective.
+
     Notes
     -----
     A deep copy (`copy.deepcopy`) shares the communicator, whose MPI handle cannot be
@@ -183,27 +227,28 @@ class DistributedLion(Lion):
     def __init__(self, params, comm=None, lr=1e-4, betas=(0.9, 0.99), weight_decay=0.0, *,
                  compression="votes", momentum_sync=None, average=True, sync_doubling=16,
                  decoupled_weight_decay=False):
-        if compression not in COMPRESSIONS:
-            raise ValueError(f"compression must be one of {COMPRESSIONS}, got {compression!r}")
-        if momentum_sync is None:
-            momentum_sync = default_momentum_sync(compression)
-        if momentum_sync not in MOMENTUM_SYNC:
-            raise ValueError(f"momentum_sync must be one of {MOMENTUM_SYNC}, got "
-                             f"{momentum_sync!r}")
-        if compression == "none" and momentum_sync != "local":
-            raise ValueError("compression='none' keeps the momenta equal on every rank: "
-                             f"momentum_sync must be 'local', got {momentum_sync!r}")
-        sync_doubling = check_integer(sync_doubling, "sync_doubling")
-        if sync_doubling < 1:
-            raise ValueError(f"sync_doubling must be a positive int, got {sync_doubling!r}")
-        average = check_flag(average, "average")
-        super().__init__(params, lr=lr, betas=betas, weight_decay=weight_decay,
-                         decoupled_weight_decay=decoupled_weight_decay)
         self.comm = init() if comm is None else check_communicator(comm)
-        if compression == "int8" and _votes.int8_levels(self.comm.size) == 0:
-            raise ValueError(f"compression='int8' works on at most 127 ranks (its levels are "
-                             f"at most floor(127 / P), 0 on {self.comm.size}: nothing would "
-                             f"move); use 'votes', whose sum does not overflow at any P")
+        # A bad setting on one rank would raise there alone while the others wait for it in
+        # their first step: the ranks agree on the failure, then on the settings themselves.
+        error = None
+        try:
+            compression, momentum_sync, sync_doubling, average = _checked_settings(
+                compression, momentum_sync, sync_doubling, average, self.comm.size)
+            super().__init__(params, lr=lr, betas=betas, weight_decay=weight_decay,
+                             decoupled_weight_decay=decoupled_weight_decay)
+        except Exception as exc:
+            if not hasattr(self.comm, "raise_if_any"):
+                raise
+            error = exc
+        if hasattr(self.comm, "raise_if_any"):
+            self.comm.raise_if_any(error)
+        if hasattr(self.comm, "check_alike"):
+            # Unlike parameters pair their collectives wrongly (an error inside MPI, or
+            # nonsense sums); another mode or rate moves the replicas apart without a word.
+            self.comm.check_alike(
+                _layout(self.param_groups, compression, momentum_sync, average, sync_doubling),
+                "the ranks build unlike DistributedLion optimizers",
+                "pass the same parameters and settings on every rank")
         self.compression, self.momentum_sync = compression, momentum_sync
         self.average, self.sync_doubling = average, sync_doubling
         self.steps_taken, self.momentum_syncs = 0, 0

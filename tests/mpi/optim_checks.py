@@ -274,6 +274,37 @@ def check_lion_mixed_dtypes():
     assert all(np.array_equal(everyone[0], p) for p in everyone)
 
 
+def _raises_on_every_rank(build, message):
+    try:
+        build()
+    except ValueError as exc:
+        assert message in str(exc), str(exc)
+    else:
+        raise AssertionError(f"rank {rank}: no error ({message})")
+
+
+def check_lion_refuses_unlike_ranks():
+    """A bad setting on one rank raises on every rank, and ranks that build unlike optimizers
+    (another mode, rate or parameter) are refused by name. Before, the bad setting raised on
+    its rank alone while the others waited in their first step, another rate drifted the
+    replicas apart without a word, and another parameter shape paired the collectives
+    wrongly."""
+    last = rank == size - 1
+
+    def build(params=None, **settings):
+        return DistributedLion(_model().parameters() if params is None else params, comm,
+                               **settings)
+    _raises_on_every_rank(lambda: build(compression="sings" if last else "signs"),
+                          "compression must be one of")
+    _raises_on_every_rank(lambda: build(compression="int8" if last else "votes"),
+                          "rank 0 has compression votes where rank")
+    _raises_on_every_rank(lambda: build(lr=2e-4 if last else 1e-4),
+                          "group 0 lr 0.0001 where rank")
+    wide = torch.nn.Linear(4, 3 if last else 2)
+    _raises_on_every_rank(lambda: build(wide.parameters()), "unlike DistributedLion")
+    build(lr=1e-4, compression="votes")  # alike: built
+
+
 def check_lion_training():
     """``train(optimizer="lion")``: uncompressed, P ranks give the one-rank losses (float64);
     every compressed mode trains and reports its vote bytes."""
