@@ -213,6 +213,8 @@ class PreconditionedGradientMaker:
     """
     #: Whether `data_size` must be set (the curvature is scaled by it).
     _requires_data_size = True
+    #: The attributes that must be alike on every rank (checked at the first distributed step).
+    _alike_settings = ("check_finite",)
 
     def __init__(self, model, config, *, check_finite=True, comm=None):
         check_communicator(comm, ("rank", "size", "Allreduce", "Bcast", "bcast", "gather"))
@@ -236,6 +238,7 @@ class PreconditionedGradientMaker:
         #: Modules the last MC or exact Fisher pass ran forward but reached no gradient of.
         self._unreached = ()
         self._warned_repeated = set()   # modules already warned of as called repeatedly
+        self._ranks_agreed = False      # whether the ranks compared their makers (first step)
         self._current_schedules()
         self._model_fn = None
         self._model_args = ()
@@ -538,6 +541,8 @@ class PreconditionedGradientMaker:
         if self._model_fn is None or self._loss_fn is None:
             raise RuntimeError("call setup_model_call() and setup_loss_call() before "
                                "forward_and_backward()")
+        if self._distributed and not self._ranks_agreed:
+            self._check_ranks_alike()
         step = self.state["step"]
         self.last_step_skipped = False
         update_curvature = self.do_update_curvature(step)
@@ -559,6 +564,31 @@ class PreconditionedGradientMaker:
         self.state["step"] = step + 1
         self._model_output, self._loss = output, loss
         return output, loss
+
+    def _check_ranks_alike(self):
+        """Refuse, on every rank, ranks whose makers differ (collective, once). Another
+        model, selection or config paired the gradient and factor allreduces wrongly (an
+        error inside MPI, or sums of unlike things); another damping or interval moved the
+        replicas apart without a word."""
+        def plain(value):  # a function's or an object's repr holds its address
+            return repr(value) if isinstance(value, (str, int, float, bool, tuple,
+                                                     type(None))) else type(value).__name__
+        layout = ((("maker", type(self).__name__),)
+                  + tuple((f"config.{field.name}", plain(getattr(self.config, field.name)))
+                          for field in dataclasses.fields(self.config)
+                          if field.name != "ignore_modules")
+                  + tuple((name, plain(getattr(self, name, None)))
+                          for name in self._alike_settings)
+                  + (("preconditioned modules", tuple(self._modules)),
+                     ("plain parameters", tuple(self._unpreconditioned)))
+                  + tuple((f"parameter {name!r}", tuple(param.shape), str(param.dtype))
+                          for name, param in self.model.named_parameters()
+                          if param.requires_grad))
+        if hasattr(self.comm, "check_alike"):
+            self.comm.check_alike(layout, f"the ranks build unlike {type(self).__name__}s",
+                                  "build the model, the config and the maker alike on every "
+                                  "rank")
+        self._ranks_agreed = True
 
     def _allreduce_gradients(self):
         """Sum every trainable parameter's gradient over the ranks; a parameter without a

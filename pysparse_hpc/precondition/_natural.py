@@ -102,6 +102,10 @@ class NaturalGradientMaker(PreconditionedGradientMaker):
     the dict ``_pending[name]``), ``_complete``, ``_invert``, ``_precondition_modules`` and
     ``_expected_shapes``.
     """
+    # The seed is left out: each rank may sample its own labels.
+    _alike_settings = PreconditionedGradientMaker._alike_settings + (
+        "strategy", "fisher_type", "loss_type", "scale", "grad_scale", "n_mc_samples", "var",
+        "kl_clip", "lr")
 
     def __init__(self, model, config, fisher_type=FISHER_MC, loss_type=LOSS_CROSS_ENTROPY,
                  scale=1.0, grad_scale=1.0, n_mc_samples=1, var=1.0, seed=None, *,

@@ -118,6 +118,8 @@ class RootGradientMaker(PreconditionedGradientMaker):
     not finite), and implement ``_update_roots`` and ``_roots_of``.
     """
     _requires_data_size = False
+    _alike_settings = PreconditionedGradientMaker._alike_settings + (
+        "strategy", "block_size", "grafting", "grafting_epsilon")
     _block_keys = {}
     #: Keys a block stores together (all or none): a loaded block missing part of a group
     #: would restart a statistic from nothing, or fail at its next use.

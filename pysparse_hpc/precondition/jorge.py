@@ -115,6 +115,8 @@ class JorgeGradientMaker(RootGradientMaker):
     _statistics_keys = ("L_stat", "R_stat")
     _root_keys = ("Lh", "Rh")
     _skipped_statistics = "they are skipped; the gathered statistics and the roots are kept"
+    _alike_settings = RootGradientMaker._alike_settings + ("init", "series_radius",
+                                                           "symmetrize")
 
     def __init__(self, model, config, block_size=None, *, grafting="sgd", grafting_epsilon=1e-8,
                  init="identity", series_radius=0.5, symmetrize=True, check_finite=True,

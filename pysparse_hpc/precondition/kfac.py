@@ -398,6 +398,7 @@ class KfacGradientMaker(NaturalGradientMaker):
     >>> sorted(gm.preconditioned_modules())
     ['0', '2']
     """
+    _alike_settings = NaturalGradientMaker._alike_settings + ("pi_damping",)
 
     def __init__(self, model, config, fisher_type=FISHER_MC, loss_type=LOSS_CROSS_ENTROPY,
                  scale=1.0, grad_scale=1.0, n_mc_samples=1, var=1.0, seed=None, swift=False,

@@ -104,6 +104,8 @@ class ShampooGradientMaker(RootGradientMaker):
     _block_key_groups = (("L", "R"), ("L_root", "R_root"))
     _skipped_statistics = "the update is skipped and the previous statistics and roots are kept"
 
+    _alike_settings = RootGradientMaker._alike_settings + ("relative_damping",)
+
     def __init__(self, model, config, block_size=None, sync_group=None, *, grafting=None,
                  grafting_epsilon=1e-8, relative_damping=False, check_finite=True, comm=None,
                  strategy="inverse"):

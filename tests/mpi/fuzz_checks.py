@@ -273,6 +273,41 @@ def _raises_on_every_rank(call, message):
         raise AssertionError(f"rank {rank}: no error ({message})")
 
 
+def check_preconditioning_refuses_unlike_makers():
+    """Makers that differ between the ranks (another damping, a layer frozen on one rank,
+    another maker setting) are refused at the first step, on every rank. Before, the
+    damping moved the replicas apart without a word and the frozen layer paired the
+    gradient allreduces wrongly."""
+    from pysparse_hpc import precondition as P
+    last = rank == size - 1
+    generator = torch.Generator().manual_seed(0)
+    data = torch.randn(6, 4, dtype=torch.float64, generator=generator)
+    target = torch.randint(0, 3, (6,), generator=generator)
+
+    def step(make, frozen=False):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(4, 5), torch.nn.Tanh(),
+                                    torch.nn.Linear(5, 3)).double()
+        model[0].weight.requires_grad_(not frozen)
+        maker = make(model)
+        placeholder = maker.setup_model_call(model, data)
+        maker.setup_loss_call(torch.nn.functional.cross_entropy, placeholder, target)
+        maker.forward_and_backward()
+
+    def kfac(damping=1e-3, **options):
+        return lambda m: P.KfacGradientMaker(
+            m, P.PreconditioningConfig(data_size=6, damping=damping), fisher_type="emp",
+            comm=comm, **options)
+    _raises_on_every_rank(lambda: step(kfac(damping=1e-2 if last else 1e-3)),
+                          "rank 0 has config.damping 0.001 where rank")
+    _raises_on_every_rank(lambda: step(kfac(), frozen=last), "unlike KfacGradientMakers")
+    _raises_on_every_rank(lambda: step(kfac(pi_damping=not last)), "pi_damping")
+    _raises_on_every_rank(lambda: step(lambda m: P.JorgeGradientMaker(
+        m, P.PreconditioningConfig(damping=1e-3), comm=comm,
+        series_radius=0.25 if last else 0.5)), "series_radius")
+    step(kfac(seed=rank))  # each rank may sample its own labels: not a difference
+
+
 def check_data_parallel_refuses_unlike_models():
     """Models that differ between the ranks (a layer frozen on one rank, another shape or
     dtype, a missing bias) or other DataParallel settings raise on every rank. Before, the
