@@ -35,4 +35,4 @@ def test_random_graphs_and_partitions_reproduce_one_process(ranks):
                "collectives_of_odd_buffers", "data_parallel_matches_one_process",
                "training_matches_one_process", "data_parallel_refuses_unlike_models",
                "train_refuses_unlike_arguments", "sums_of_large_integers",
-               "preconditioning_refuses_unlike_makers")
+               "preconditioning_refuses_unlike_makers", "gcn_norm_refuses_unlike_arguments")

@@ -125,6 +125,13 @@ def _values_dtype(adj, dtype):
 def _gcn_norm_distributed(graph, add_self_loops, dtype):
     """`gcn_norm` of a `DistGraph`: a row's degree is known to its owner (rows are whole on
     one rank); the halo columns' degrees travel in one halo exchange."""
+    if hasattr(graph.comm, "check_alike"):
+        # Every rank builds when any must: another dtype or loop rule on one rank would
+        # normalize its rows otherwise, silently.
+        graph.comm.check_alike((("add_self_loops", add_self_loops),
+                                ("dtype", np.dtype(dtype).name)),
+                               "gcn_norm was called with other arguments on different ranks",
+                               "pass the same add_self_loops and dtype on every rank")
     local = graph.local
     rows, cols, data = local.tocoo()
     data = data.astype(np.float64)

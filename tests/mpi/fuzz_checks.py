@@ -273,6 +273,21 @@ def _raises_on_every_rank(call, message):
         raise AssertionError(f"rank {rank}: no error ({message})")
 
 
+def check_gcn_norm_refuses_unlike_arguments():
+    """gcn_norm of a DistGraph with another dtype or loop rule on one rank is refused on
+    every rank; before, that rank's rows came out in its own dtype or without loops."""
+    A = sph.csr_array(sp.random(9, 9, density=0.4, random_state=1, format="csr")
+                      + sp.identity(9))
+    graph = DistGraph.scatter(A if rank == 0 else None,
+                              partition(A, size, "contiguous") if rank == 0 else None, comm)
+    last = rank == size - 1
+    _raises_on_every_rank(lambda: gcn_norm(graph, dtype=np.float32 if last else np.float64),
+                          "rank 0 has dtype float64 where rank")
+    _raises_on_every_rank(lambda: gcn_norm(graph, add_self_loops=not last),
+                          "add_self_loops")
+    assert gcn_norm(graph, dtype=np.float32).local.dtype == np.float32  # alike: built
+
+
 def check_preconditioning_refuses_unlike_makers():
     """Makers that differ between the ranks (another damping, a layer frozen on one rank,
     another maker setting) are refused at the first step, on every rank. Before, the
