@@ -50,7 +50,8 @@ def _check_sparse(A):
 
 
 def _resolve_backend(backend, operands):
-    if backend not in _BACKENDS:
+    # a str first: an array's `in` compares element-wise ("truth value is ambiguous")
+    if not isinstance(backend, str) or backend not in _BACKENDS:
         raise ValueError(f"backend must be one of {_BACKENDS}, got {backend!r}")
     on_device = [op for op in operands if op.device != "cpu"]
     if backend == "auto":
@@ -215,8 +216,22 @@ def spmm(A, B, *, out=None, backend="auto", precision="fp32"):
     return out if out is not None else wrap_like(dense, result)
 
 
+# float32's range: from its smallest normal number up to what rounds to its largest one.
+_FLOAT32_TINY = 2.0 ** -126
+_FLOAT32_OVERFLOW = (2.0 - 2.0 ** -24) * 2.0 ** 127
+
+
+def _beyond_float32(alpha, beta):
+    """Whether float32 would not hold alpha or beta to its precision: a finite value that it
+    rounds to inf, or to a subnormal or 0 (0, the infinities and NaN it holds)."""
+    alpha, beta = abs(alpha), abs(beta)
+    return (_FLOAT32_TINY > alpha > 0.0 or _FLOAT32_OVERFLOW <= alpha < math.inf
+            or _FLOAT32_TINY > beta > 0.0 or _FLOAT32_OVERFLOW <= beta < math.inf)
+
+
 def _check_scalar(value, name):
-    if not is_real_number(value):
+    # numpy registers timedelta64 as an integer type: its float() drops the unit
+    if not is_real_number(value) or isinstance(value, np.timedelta64):
         raise TypeError(f"{name} must be a real number, got {type(value).__name__} {value!r}")
     try:
         return float(value)
@@ -246,7 +261,9 @@ def sddmm(A, X, Y, *, alpha=1.0, beta=0.0, backend="auto", precision="fp32"):
         With ``beta == 0`` A's values are not read (a NaN there does not propagate). An
         infinite one leaves a blocked result's padding slots 0; with device operands whose
         result keeps blocked slots (a blocked ``A``, or "tf32"/"fp16") it is refused: the
-        padding would be ``inf * 0``.
+        padding would be ``inf * 0``. On the CPU, a float32 result with a scalar that float32
+        does not hold (beyond its range, or below its smallest normal number) is combined in
+        float64 and rounded once, so ``alpha=1e39`` scales small products to finite values.
     backend : {"auto", "cpu", "cuda"}
         As for `spmm`. With device operands the CUDA backend returns the values as a device
         array of X's kind, in the storage order of the array the kernel ran on (A's own; for
@@ -317,11 +334,22 @@ def sddmm(A, X, Y, *, alpha=1.0, beta=0.0, backend="auto", precision="fp32"):
     blocked = isinstance(A, blocked_array)
     # a blocked A's padding slots meet an infinite alpha or beta as inf * 0: zeroed below
     with np.errstate(invalid="ignore") if blocked else contextlib.nullcontext():
-        if alpha != 1.0:
-            result *= dtype.type(alpha)
-        if beta != 0.0:
-            addend = stored_values.astype(dtype, copy=False)
-            result += dtype.type(beta) * (addend[:, None] if multi_head else addend)
+        if ((alpha != 1.0 or beta != 0.0) and dtype.type is np.float32
+                and _beyond_float32(alpha, beta)):
+            # float32 would turn alpha = 1e39 into inf (or 1e-40 into a subnormal) while
+            # alpha * dot is a float32: combine in float64 and round the result once
+            combined = result.astype(np.float64)
+            combined *= alpha
+            if beta != 0.0:
+                addend = stored_values.astype(np.float64)
+                combined += beta * (addend[:, None] if multi_head else addend)
+            result[...] = combined
+        else:
+            if alpha != 1.0:
+                result *= dtype.type(alpha)
+            if beta != 0.0:
+                addend = stored_values.astype(dtype, copy=False)
+                result += dtype.type(beta) * (addend[:, None] if multi_head else addend)
     if blocked and not (math.isfinite(alpha) and math.isfinite(beta)):
         # inf * 0 is NaN: the padding slots must stay 0 (the format's rule, which the kernels
         # and the tensor-core path rely on)
