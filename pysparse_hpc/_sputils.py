@@ -209,8 +209,10 @@ def moved_view(data):
 
 
 def is_real_number(value):
-    """Whether ``value`` is a real number (Python's or NumPy's), a bool not counted."""
-    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+    """Whether ``value`` is a real number (Python's or NumPy's), a bool not counted, nor a
+    NumPy timedelta (registered as an integer, its unit dropped by ``float()``)."""
+    return (isinstance(value, numbers.Real) and not isinstance(value, bool)
+            and not isinstance(value, np.timedelta64))
 
 
 def check_real_number(name, value, positive=True):

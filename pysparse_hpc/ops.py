@@ -230,8 +230,7 @@ def _beyond_float32(alpha, beta):
 
 
 def _check_scalar(value, name):
-    # numpy registers timedelta64 as an integer type: its float() drops the unit
-    if not is_real_number(value) or isinstance(value, np.timedelta64):
+    if not is_real_number(value):
         raise TypeError(f"{name} must be a real number, got {type(value).__name__} {value!r}")
     try:
         return float(value)

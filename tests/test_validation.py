@@ -358,3 +358,15 @@ def test_sddmm_operands_must_be_of_one_kind():
             sph.sddmm(A, X, Y)
     torch.testing.assert_close(sph.sddmm(A, torch.from_numpy(x), torch.from_numpy(x)),
                                torch.full((3, 2), 4.0, dtype=torch.float64))
+
+
+def test_a_timedelta_is_not_a_real_number_anywhere():
+    """NumPy registers timedelta64 as an integer type, and float() drops its unit: Lion took
+    3 seconds as a learning rate of 3.0."""
+    import torch
+
+    from pysparse_hpc._sputils import is_real_number
+    from pysparse_hpc.optim import Lion
+    assert not is_real_number(np.timedelta64(3, "s")) and is_real_number(np.int64(3))
+    with pytest.raises(TypeError, match="lr must be a number"):
+        Lion([torch.nn.Parameter(torch.ones(2))], lr=np.timedelta64(3, "s"))
