@@ -460,6 +460,17 @@ def sddmm_cuda(A, x_operand, y_operand, alpha, beta, precision):
     X = x_operand.original if x_operand.device == "cuda" else x_operand.array
     Y = y_operand.original if y_operand.device == "cuda" else y_operand.array
     from .kernels.cuda import sddmm as kernels
+    from .ops import _beyond_float32
+
+    single = precision != "fp32" or np.result_type(
+        A.dtype, np.float32, _numpy_dtype(X), _numpy_dtype(Y)) == np.float32
+    if single and (alpha != 1.0 or beta != 0.0) and _beyond_float32(alpha, beta):
+        # The kernels scale in the result's float32, which holds neither (the CPU combines in
+        # float64 and rounds once; torch.sparse.sampled_addmm refuses such scalars too).
+        raise ValueError(f"alpha={alpha} and beta={beta}: float32, the result's dtype on the "
+                         "GPU, does not hold them (beyond its range, or below its smallest "
+                         "normal number); pass float64 operands with precision='fp32', or "
+                         "host operands with backend='cpu'")
 
     if precision == "fp32":
         dtype = np.result_type(A.dtype, np.float32, _numpy_dtype(X), _numpy_dtype(Y))

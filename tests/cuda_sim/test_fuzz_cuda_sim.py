@@ -155,6 +155,24 @@ def test_fuzz_sddmm_against_float64(seed):
             seed, case, shape, width, heads, precision)
 
 
+@pytest.mark.parametrize("scalars", [dict(alpha=1e39), dict(beta=1e-40), dict(alpha=-1e39)])
+def test_sddmm_scalars_float32_does_not_hold_are_refused(scalars, launches):
+    """The kernels scale in float32, which turned alpha = 1e39 into inf everywhere; float64
+    operands, which hold it, still work."""
+    A = sph.csr_array(sp.random(9, 6, density=0.5, random_state=3, format="csr"),
+                      dtype=np.float32)
+    X, Y = np.ones((9, 4), np.float32), np.ones((6, 4), np.float32)
+    for precision in ("fp32", "tf32", "fp16"):
+        with pytest.raises(ValueError, match="float32, the result's dtype on the GPU"):
+            sph.sddmm(A, X, Y, backend="cuda", precision=precision, **scalars)
+    assert not launches  # refused before any kernel ran
+    got = sph.sddmm(A.astype(np.float64), X.astype(np.float64), Y.astype(np.float64),
+                    backend="cuda", **scalars)
+    expected = sph.sddmm(A.astype(np.float64), X.astype(np.float64), Y.astype(np.float64),
+                         **scalars)
+    np.testing.assert_allclose(got.data, expected.data, rtol=1e-12)
+
+
 @pytest.fixture
 def launches(monkeypatch):
     """Every kernel launch's (name, grid, block, host array arguments)."""
