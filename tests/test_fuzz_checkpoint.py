@@ -175,6 +175,7 @@ def test_a_fingerprint_that_is_no_dict_is_named_not_a_bare_error(run, fingerprin
     load_exactly(run, 2, skipped="it has no fingerprint")
     marker = json.loads((run / "CHECKPOINTS").read_text())
     marker["fingerprint"] = fingerprint
+    del marker["checksum"]   # as a marker of before the checksum, read as it is
     (run / "CHECKPOINTS").write_text(json.dumps(marker))
     with pytest.raises(ValueError, match=f"CHECKPOINTS holds the fingerprint "
                                          f"{fingerprint!r}".replace("[", r"\[")):
@@ -189,9 +190,38 @@ def test_json_nested_too_deep_is_damage_not_a_recursion_error(run):
         (run / STEP_3 / "manifest.json").write_text(text)
         load_exactly(run, 2, skipped="manifest.json cannot be read (")
         (run / "CHECKPOINTS").write_text(text)
-        with pytest.raises(ValueError, match="CHECKPOINTS cannot be read"):
-            make(run)
-        (run / "CHECKPOINTS").write_text(marker)
+        with pytest.warns(UserWarning, match="CHECKPOINTS cannot be read .* written again"):
+            make(run).close()
+        assert (run / "CHECKPOINTS").read_text() == marker
+
+
+def test_a_damaged_marker_is_written_again_from_a_manifest_that_verifies(run):
+    """A bit flipped in the ``CHECKPOINTS`` file refused the whole directory, checkpoints and
+    all (or, flipped in the fingerprint, named another run). Its checksum now tells damage,
+    and the marker is written again from the newest checkpoint that verifies when that
+    checkpoint is of this run."""
+    marker = (run / "CHECKPOINTS").read_bytes()
+    flips = [marker.index(b"cora") + 1, marker.index(b"format") + 2, len(marker) // 2]
+    for offset in flips:
+        damaged = bytearray(marker)
+        damaged[offset] ^= 0x04
+        (run / "CHECKPOINTS").write_bytes(bytes(damaged))
+        with pytest.warns(UserWarning, match="written again from the manifest of step 3"):
+            make(run, fingerprint=FINGERPRINT).close()
+        assert (run / "CHECKPOINTS").read_bytes() == marker
+        (run / "CHECKPOINTS").write_bytes(bytes(damaged))
+        with pytest.warns(UserWarning, match="written again"):   # no fingerprint given
+            make(run).close()
+        assert (run / "CHECKPOINTS").read_bytes() == marker   # the checkpoints' own kept
+    load_exactly(run, 3)
+    (run / "CHECKPOINTS").write_text("{")
+    with pytest.raises(ValueError, match="CHECKPOINTS cannot be read .*; .* holds checkpoints "
+                                         "of another run .*'model' \\(saved 'gcn', given 'gat'"):
+        make(run, fingerprint={"dataset": "cora", "model": "gat"})
+    for step in (3, 2, 1):   # no checkpoint verifies: refused, as before
+        (run / f"step-{step:09d}" / "manifest.json").write_text("{")
+    with pytest.raises(ValueError, match="no checkpoint in .* verifies"):
+        make(run, fingerprint=FINGERPRINT)
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="needs mkfifo, /dev/zero and /proc")

@@ -324,8 +324,7 @@ class Checkpointer:
                                       "or a new directory")
             if not os.path.isfile(marker):
                 os.makedirs(path, exist_ok=True)
-                _files.write_json(marker, {"format": FORMAT, "version": VERSION,
-                                           "fingerprint": self.fingerprint})
+                self._write_marker(marker)
                 _files.fsync_directory(os.path.dirname(path))
                 self._wrote_marker = True
                 return None
@@ -334,8 +333,11 @@ class Checkpointer:
                     saved = json.load(handle)
             except (OSError, ValueError, RecursionError) as exc:
                 # RecursionError: JSON nested deeper than the parser goes (garbage).
-                return ValueError(f"{marker} cannot be read ({exc}): is {path} a checkpoint "
-                                  "directory?")
+                return self._recover_marker(marker, f"cannot be read ({exc})")
+            if (isinstance(saved, dict) and "checksum" in saved
+                    and saved["checksum"] != _files.manifest_checksum(saved)):
+                # Markers before the checksum have none: they are read as they are.
+                return self._recover_marker(marker, "does not match its own checksum")
             if not isinstance(saved, dict) or saved.get("format") != FORMAT:
                 return ValueError(f"{marker} is not a {FORMAT} marker: is {path} a checkpoint "
                                   "directory?")
@@ -357,6 +359,33 @@ class Checkpointer:
             return type(exc)(exc.errno, f"cannot use {path} as a checkpoint directory: "
                              f"{exc.strerror or exc}")
 
+    def _write_marker(self, marker, fingerprint=None):
+        if fingerprint is None:
+            fingerprint = self.fingerprint
+        record = {"format": FORMAT, "version": VERSION, "fingerprint": fingerprint}
+        record["checksum"] = _files.manifest_checksum(record)
+        _files.write_json(marker, record)
+
+    def _recover_marker(self, marker, problem):
+        """Write a damaged ``CHECKPOINTS`` file again from the newest checkpoint whose
+        manifest verifies, when that checkpoint is of this run's fingerprint (rank 0; returns
+        an exception or None). Without it the directory, checkpoints and all, was refused."""
+        for step, step_dir in sorted(self._step_dirs().items(), reverse=True):
+            try:
+                manifest = _files.read_manifest(step_dir)
+            except Damaged:
+                continue
+            mismatch = _fingerprint_mismatch(self.directory, manifest.get("fingerprint"),
+                                             self.fingerprint, f"step {step}'s {MANIFEST}")
+            if mismatch is not None:
+                return ValueError(f"{marker} {problem}; {mismatch}")
+            self._write_marker(marker, manifest.get("fingerprint"))
+            warnings.warn(f"{marker} {problem}: written again from the manifest of step {step}, "
+                          "which verifies and has this run's fingerprint", stacklevel=2)
+            return None
+        return ValueError(f"{marker} {problem}, and no checkpoint in {self.directory} verifies "
+                          "to take its fingerprint from: is it a checkpoint directory?")
+
     def _restore_marker(self):
         """Write the ``CHECKPOINTS`` file again where it is gone (rank 0, the lock taken): a
         run that made it and failed before its first save takes it back, though another
@@ -364,8 +393,7 @@ class Checkpointer:
         run's checkpoints would lie in a directory refused as not a checkpoint directory."""
         marker = os.path.join(self.directory, MARKER)
         if not os.path.isfile(marker):
-            _files.write_json(marker, {"format": FORMAT, "version": VERSION,
-                                       "fingerprint": self.fingerprint})
+            self._write_marker(marker)
             # Ours now: taken back in turn if this run saves nothing after all.
             self._wrote_marker = True
 
