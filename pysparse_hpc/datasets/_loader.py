@@ -207,13 +207,21 @@ def load_file(path, random_features=None, seed=0, name=None):
         raise ValueError(f"{path!r}: the adjacency is {adj.shape[0]} x {adj.shape[1]}; a graph's "
                          f"is square")
     n = adj.shape[0]
+    # The Dataset's documented form, whatever the file stored: float32 weights (as the features)
+    # and canonical rows, which kernels and reorderings expect. Checked after the cast and the
+    # merge: a float64 weight beyond float32's range, or duplicates summing past it, became inf.
+    with np.errstate(over="ignore"):
+        adj = adj.astype(np.float32, copy=False)
+        adj.sum_duplicates()
     if not np.isfinite(adj.data).all():
-        raise ValueError(f"{path!r}: the adjacency holds NaN or infinite weights")
+        raise ValueError(f"{path!r}: the adjacency holds NaN or infinite weights (or weights "
+                         f"beyond float32's range)")
     if random_features is not None:
         rng = np.random.default_rng(seed)
         x = rng.standard_normal((n, random_features), dtype=np.float32)
     elif has_features:
-        x = _load_matrix(path, "feat_", "feature matrix").toarray().astype(np.float32)
+        with np.errstate(over="ignore"):   # beyond float32's range: inf, refused below
+            x = _load_matrix(path, "feat_", "feature matrix").toarray().astype(np.float32)
     else:
         raise ValueError(f"{path!r} has no features (feat_* keys); ask for random ones "
                          "(random_features=WIDTH, --random-features WIDTH on the command line)")
@@ -241,10 +249,6 @@ def load_file(path, random_features=None, seed=0, name=None):
         if both:
             raise ValueError(f"{path!r}: {both} nodes are in both {_SPLITS[i]}_mask and "
                              f"{_SPLITS[j]}_mask; the splits must be disjoint")
-    # The Dataset's documented form, whatever the file stored: float32 weights (as the features)
-    # and canonical rows, which kernels and reorderings expect.
-    adj = adj.astype(np.float32, copy=False)
-    adj.sum_duplicates()
     y = y.astype(np.int64)
     name = os.path.splitext(os.path.basename(os.fsdecode(path)))[0] if name is None else name
     return Dataset(name, adj, x, y, *masks, num_classes)
