@@ -17,11 +17,22 @@ def _value_dtype(dtype):
     return value_dtype_for(as_numpy_dtype(dtype))
 
 
+def _holds_bool(values):
+    if isinstance(values, np.ndarray):
+        return values.dtype.kind == "b"
+    try:
+        return any(isinstance(value, (bool, np.bool_)) for value in values)
+    except TypeError:
+        return False
+
+
 def _check_probabilities(probabilities):
     """The four quadrant probabilities as float64; TypeError naming the argument for what is not
     four numbers (NumPy's own conversion error names nothing), ValueError for bad values."""
     values = np.asarray(probabilities) if not isinstance(probabilities, (str, bytes)) else None
-    if values is None or values.dtype.kind not in "biuf":
+    # Booleans are refused, as everywhere in the library (True is no probability), also among
+    # numbers, where NumPy's conversion hides them.
+    if values is None or values.dtype.kind not in "iuf" or _holds_bool(probabilities):
         raise TypeError(f"probabilities must be 4 numbers, got {type(probabilities).__name__} "
                         f"{probabilities!r}")
     values = values.astype(np.float64)

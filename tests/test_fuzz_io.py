@@ -1,0 +1,282 @@
+"""Hostile and unusual files, bytes paths, and round trips against scipy's readers and writers."""
+import gzip
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import scipy.io
+import scipy.sparse
+
+import pysparse_hpc as sph
+from pysparse_hpc import datasets
+from pysparse_hpc.generators import rmat
+from pysparse_hpc.io import load_npz, read_matrix_market, save_npz, write_matrix_market
+
+HEADER = "%%MatrixMarket matrix coordinate real general\n"
+
+
+def _run_limited(code, timeout=30, memory=2 << 30):
+    """Run ``code`` in a child interpreter with its address space capped at ``memory`` bytes
+    and a time limit: a crash, a hang or a huge allocation fails the test, not pytest."""
+    prelude = (f"import resource\nresource.setrlimit(resource.RLIMIT_AS, ({memory}, {memory}))\n"
+               if memory else "")
+    try:
+        result = subprocess.run([sys.executable, "-c", prelude + textwrap.dedent(code)],
+                                capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"did not finish in {timeout} s")
+    assert result.returncode == 0, (f"exit status {result.returncode}\n{result.stdout}\n"
+                                    f"{result.stderr}")
+    return result.stdout
+
+
+def _expect_value_error(path, match):
+    """Child-process code that reads ``path`` and prints the ValueError it must raise."""
+    return f"""
+        from pysparse_hpc.io import read_matrix_market
+        try:
+            read_matrix_market({str(path)!r})
+        except ValueError as exc:
+            print("ValueError", exc)
+        """
+
+
+def _mm(tmp_path, text, name="a.mtx"):
+    path = tmp_path / name
+    path.write_bytes(text.encode() if isinstance(text, str) else text)
+    return path
+
+
+# --- special files ---------------------------------------------------------------------------
+
+def test_a_fifo_or_device_is_refused_not_waited_on(tmp_path):
+    # Opening a FIFO blocked until a writer came (forever); /dev/zero made the .npz reader
+    # allocate without end.
+    fifo = tmp_path / "pipe.mtx"
+    os.mkfifo(fifo)
+    out = _run_limited(f"""
+        from pysparse_hpc.io import load_npz, read_matrix_market
+        from pysparse_hpc.datasets import load_file
+        for read in (load_npz, read_matrix_market, load_file):
+            for path in ({str(fifo)!r}, "/dev/zero"):
+                try:
+                    read(path)
+                except ValueError as exc:
+                    print(exc)
+        """, timeout=20)
+    assert out.count("is not a regular file") == 6, out
+
+
+def test_bytes_paths_read_and_write(tmp_path):
+    # A bytes path was refused by the writers (str.endswith on bytes) and read by scipy as a
+    # file named "b'...'" (FileNotFoundError for a file that exists).
+    A = sph.csr_array(np.array([[1.0, 0.0], [2.0, 3.0]]))
+    base = os.fsencode(tmp_path / "m")
+    save_npz(base, A)
+    write_matrix_market(base, A)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.mtx", "m.npz"]
+    np.testing.assert_array_equal(load_npz(base + b".npz").toarray(), A.toarray())
+    np.testing.assert_array_equal(read_matrix_market(base + b".mtx").toarray(), A.toarray())
+
+
+# --- Matrix Market: crashes of scipy's reader --------------------------------------------------
+
+@pytest.mark.parametrize("text", [
+    HEADER + "2 2 1\n1 1 5 \0\n",                                     # SIGSEGV
+    "%%MatrixMarket matrix array real general\n1 1\n5\0\n",            # SIGSEGV
+])
+def test_a_nul_byte_is_an_error_not_a_crash(tmp_path, text):
+    path = _mm(tmp_path, text)
+    out = _run_limited(_expect_value_error(path, ""), timeout=20)
+    assert "ValueError" in out and "belongs to no number" in out, out
+
+
+@pytest.mark.parametrize("shape", [(0, 3), (0, 0)])
+def test_an_empty_array_file_is_read_not_a_crash(tmp_path, shape):
+    # scipy's reader divided by the row count: SIGFPE.
+    path = _mm(tmp_path, "%%%%MatrixMarket matrix array real general\n%d %d\n" % shape)
+    out = _run_limited(f"""
+        from pysparse_hpc.io import read_matrix_market
+        A = read_matrix_market({str(path)!r})
+        print(A.shape, A.nnz)
+        """, timeout=20)
+    assert out.strip() == f"{shape} 0"
+    path = _mm(tmp_path, "%%MatrixMarket matrix array real general\n0 3\n1\n", "long.mtx")
+    with pytest.raises(ValueError, match="declares 0 values .* holds more"):
+        read_matrix_market(path)
+
+
+# --- Matrix Market: huge declared sizes ----------------------------------------------------------
+
+@pytest.mark.parametrize("text,match", [
+    (HEADER + "2 2 10000000000\n1 1 1\n", "declares 10000000000 entries"),
+    ("%%MatrixMarket matrix array real general\n100000 100000\n1\n", "declares 10000000000 val"),
+])
+def test_a_huge_declared_size_is_refused_before_allocating(tmp_path, text, match):
+    # scipy allocated for the declared entries (37 GiB) from a header of a few bytes.
+    path = _mm(tmp_path, text)
+    out = _run_limited(_expect_value_error(path, match), timeout=20, memory=1 << 30)
+    assert "ValueError" in out and match in out, out
+
+
+def test_a_compressed_file_is_checked_too(tmp_path):
+    gz = tmp_path / "a.mtx.gz"
+    gz.write_bytes(gzip.compress((HEADER + "2 2 10000000000\n1 1 1\n").encode()))
+    out = _run_limited(_expect_value_error(gz, ""), timeout=20, memory=1 << 30)
+    assert "declares 10000000000 entries" in out, out
+    gz.write_bytes(gzip.compress((HEADER + "2 2 1\n1 1 1,5\n").encode()))
+    with pytest.raises(ValueError, match="b',' at byte 5"):
+        read_matrix_market(gz)
+    gz.write_bytes(b"not gzip")
+    with pytest.raises(ValueError, match="not a valid Matrix Market file"):
+        read_matrix_market(gz)
+    S = scipy.sparse.random(9, 7, density=0.3, random_state=1, format="coo")
+    scipy.io.mmwrite(tmp_path / "b.mtx", S)
+    gz.write_bytes(gzip.compress((tmp_path / "b.mtx").read_bytes()))
+    np.testing.assert_array_equal(read_matrix_market(gz).toarray(), S.toarray())
+
+
+# --- Matrix Market: silently wrong matrices ------------------------------------------------------
+
+@pytest.mark.parametrize("text,match", [
+    (HEADER + "2 2 1\n1 1 1,5\n", r"b',' at byte 5 of the entries \(in '1 1 1,5'\)"),   # was 1
+    (HEADER + "2 2 1\n1 1 0x10\n", "b'x'"),                                          # was 0
+    (HEADER + "2 2 1\n1 1 5abc\n", "b'b'"),                                          # was 5
+    ("%%MatrixMarket matrix coordinate integer general\n2 2 1\n1 1 2.5\n", "b'.'"),  # was 2
+    ("%%MatrixMarket matrix coordinate integer general\n2 2 1\n1 1 5e3\n", "b'e'"),  # was 5
+    (HEADER + "2 2 1\n1 1 5 7\n", "declares 1 entries of 3 numbers .* holds more"),  # was 5
+    ("%%MatrixMarket matrix coordinate pattern general\n2 2 1\n1 1 5\n", "holds more"),
+    (HEADER + "2 2 2\n1 1 5\n", "declares 2 entries .* holds 3"),
+    ("%%MatrixMarket matrix coordinate real symmetric\n2 3 1\n2 1 5\n",
+     "a symmetric matrix must be square, the header declares 2 x 3"),
+    ("%%MatrixMarket matrix array real symmetric\n2 3\n1\n2\n3\n", "must be square"),
+    ("%%MatrixMarket matrix coordinate real skew-symmetric\n2 2 1\n1 1 5\n",
+     "skew-symmetric matrix with a non-zero diagonal entry"),
+])
+def test_a_file_that_does_not_match_its_header_is_refused(tmp_path, text, match):
+    with pytest.raises(ValueError, match=match):
+        read_matrix_market(_mm(tmp_path, text))
+
+
+def test_lenient_but_valid_files_still_read(tmp_path):
+    cases = [
+        (HEADER + "% c\n\n  2   2   1 \n\n 1\t1   5e-1 \r\n\n", [[0.5, 0], [0, 0]]),
+        ("%%MatrixMarket MATRIX Coordinate REAL General\n2 2 1\n2 2 -inf\n",
+         [[0, 0], [0, -np.inf]]),
+        (HEADER + "2 2 2\n1 2 NaN\n2 1 Infinity\n", [[0, np.nan], [np.inf, 0]]),
+        ("%%MatrixMarket matrix coordinate real skew-symmetric\n2 2 3\n1 1 5\n1 1 -5\n2 1 3\n",
+         [[0, -3], [3, 0]]),                       # diagonal entries that cancel out
+        ("%%MatrixMarket matrix coordinate integer hermitian\n2 2 2\n2 1 -7\n1 1 4\n",
+         [[4, -7], [-7, 0]]),
+        ("%%MatrixMarket matrix array integer skew-symmetric\n3 3\n1\n2\n3\n",
+         [[0, -1, -2], [1, 0, -3], [2, 3, 0]]),
+        ("%%MatrixMarket matrix coordinate pattern symmetric\n2 2 1\n2 1", [[0, 1], [1, 0]]),
+        (HEADER + "0 3 0\n", np.zeros((0, 3))),
+        (HEADER + "3 0 0\n", np.zeros((3, 0))),
+    ]
+    for text, expected in cases:
+        A = read_matrix_market(_mm(tmp_path, text))
+        assert A.dtype == np.float64 and A.has_canonical_format
+        np.testing.assert_array_equal(A.toarray(), np.array(expected, dtype=float).reshape(A.shape))
+        assert A.shape == np.shape(expected)
+
+
+def test_a_skew_symmetric_write_merges_cancelling_diagonal_entries(tmp_path):
+    # Duplicates were written one by one: a skew-symmetric file with diagonal entries.
+    S = scipy.sparse.csr_array((np.array([3.0, -3.0, 2.0, -2.0]), np.array([0, 0, 1, 0]),
+                                np.array([0, 3, 4])), shape=(2, 2))
+    A = sph.csr_array(S)
+    for symmetry in (None, "skew-symmetric"):
+        write_matrix_market(tmp_path / "k.mtx", A, symmetry=symmetry)
+        lines = (tmp_path / "k.mtx").read_text().splitlines()
+        assert symmetry is None or "skew-symmetric" in lines[0]
+        entries = [line for line in lines[3:] if line.split()[0] == line.split()[1]]
+        assert all(float(line.split()[2]) == 0 for line in entries), lines
+        np.testing.assert_array_equal(read_matrix_market(tmp_path / "k.mtx").toarray(),
+                                      S.toarray())
+
+
+# --- round trips against scipy -------------------------------------------------------------------
+
+def _random(rng, shape, dtype, canonical):
+    m, n = shape
+    nnz = int(rng.integers(0, m * n + 2)) if m * n else 0
+    rows, cols = rng.integers(0, max(m, 1), nnz), rng.integers(0, max(n, 1), nnz)
+    values = (rng.random(nnz) < 0.7 if dtype == np.bool_
+              else rng.integers(-3, 4, nnz) if np.issubdtype(dtype, np.integer)
+              else rng.standard_normal(nnz)).astype(dtype)
+    if canonical:
+        return scipy.sparse.csr_array(scipy.sparse.coo_array((values, (rows, cols)), shape=shape))
+    order = np.lexsort((rng.random(nnz), rows))        # unsorted columns, duplicates kept
+    indptr = np.concatenate([[0], np.cumsum(np.bincount(rows, minlength=m))])
+    return scipy.sparse.csr_array((values[order], cols[order], indptr), shape=shape)
+
+
+def test_round_trips_agree_with_scipy(tmp_path):
+    rng = np.random.default_rng(7)
+    shapes = [(0, 0), (0, 4), (4, 0), (1, 1), (1, 6), (6, 1), (5, 5), (4, 7)]
+    dtypes = [np.float64, np.float32, np.bool_, np.int32, np.int64]
+    npz, mtx = tmp_path / "a.npz", tmp_path / "a.mtx"
+    for trial in range(60):
+        shape = shapes[trial % len(shapes)]
+        dtype = dtypes[trial % len(dtypes)]
+        S = _random(rng, shape, dtype, canonical=bool(trial % 3))
+        A = sph.csr_array(S)
+        dense64 = scipy.sparse.csr_array((S.data.astype(np.float64), S.indices, S.indptr),
+                                         shape=shape).toarray()
+        # .npz: ours -> ours and scipy keeps the arrays; scipy -> ours gives the same values.
+        save_npz(npz, A, compressed=bool(trial % 2))
+        for B in (load_npz(npz), scipy.sparse.load_npz(npz)):
+            assert B.shape == shape and B.dtype == A.dtype
+            np.testing.assert_array_equal(B.indptr, A.indptr)
+            np.testing.assert_array_equal(B.indices, A.indices)
+            np.testing.assert_array_equal(B.data, A.data)
+        scipy.sparse.save_npz(npz, S)
+        np.testing.assert_array_equal(load_npz(npz).toarray(), A.toarray())
+        # Matrix Market: every symmetry ours can write, read by ours and by scipy.
+        for symmetry in (None, "general", "symmetric", "skew-symmetric", "hermitian"):
+            try:
+                write_matrix_market(mtx, A, symmetry=symmetry)
+            except ValueError:
+                assert symmetry not in (None, "general")
+                continue
+            B = read_matrix_market(mtx)
+            assert B.shape == shape and B.dtype == np.float64 and B.has_canonical_format
+            np.testing.assert_allclose(B.toarray(), dense64, rtol=1e-6, atol=1e-6)
+            C = scipy.io.mmread(mtx)
+            np.testing.assert_allclose(C.toarray() if hasattr(C, "toarray") else C, dense64,
+                                       rtol=1e-6, atol=1e-6)
+        if dtype != np.bool_:                 # scipy's writer cannot negate booleans
+            scipy.io.mmwrite(mtx, S)
+            np.testing.assert_allclose(read_matrix_market(mtx).toarray(), dense64,
+                                       rtol=1e-6, atol=1e-6)
+
+
+# --- datasets and generators ---------------------------------------------------------------------
+
+def test_load_file_refuses_weights_beyond_float32(tmp_path):
+    # A float64 weight of 1e300 (or duplicates summing past float32) became inf in the
+    # float32 adjacency, past the check for infinite weights.
+    arrays = dict(adj_indptr=np.array([0, 1, 2, 3, 4]), adj_indices=np.array([1, 0, 3, 2]),
+                  adj_data=np.array([1e300, 1, 1, 1]), adj_shape=np.array([4, 4]),
+                  labels=np.array([0, 1, 0, 1]), train_mask=np.array([1, 1, 0, 0], bool),
+                  val_mask=np.array([0, 0, 1, 0], bool), test_mask=np.array([0, 0, 0, 1], bool),
+                  num_classes=np.array(2))
+    np.savez(tmp_path / "g.npz", **arrays)
+    with pytest.raises(ValueError, match="infinite weights"):
+        datasets.load_file(tmp_path / "g.npz", random_features=2)
+    np.savez(tmp_path / "g.npz", **dict(arrays, adj_indptr=np.array([0, 2, 2, 3, 4]),
+                                        adj_indices=np.array([1, 1, 3, 2]),
+                                        adj_data=np.array([3e38, 3e38, 1, 1], np.float32)))
+    with pytest.raises(ValueError, match="infinite weights"):
+        datasets.load_file(tmp_path / "g.npz", random_features=2)
+
+
+def test_rmat_refuses_boolean_probabilities():
+    for bad in ((True, False, False, False), (True, 0, 0, 0), np.array([1, 0, 0, 0], bool)):
+        with pytest.raises(TypeError, match="probabilities must be 4 numbers"):
+            rmat(3, probabilities=bad)
+    assert rmat(3, probabilities=np.array([1, 0, 0, 0])).nnz == 1
