@@ -9,8 +9,15 @@ import gc
 import math
 import time
 
-__all__ = ["best_times", "counted", "geometric_mean", "positive_int", "shown_ratio",
-           "write_outputs"]
+__all__ = ["MAX_TIMEOUT", "MAX_WIDTH", "best_times", "counted", "geometric_mean",
+           "positive_int", "positive_width", "shown_ratio", "timeout_seconds", "write_outputs"]
+
+#: The widest dense operand or hidden layer a command takes: far beyond any GNN's, and what
+#: stops a mistyped width from failing only at its first allocation, with a traceback.
+MAX_WIDTH = 1 << 14
+#: The longest job timeout, in seconds: a subprocess waits in poll(), whose milliseconds must
+#: fit a C int; a longer one fails with OverflowError when the first job starts.
+MAX_TIMEOUT = (2 ** 31 - 1) // 1000
 
 
 def counted(count, noun):
@@ -113,6 +120,24 @@ def positive_int(text):
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def positive_width(text):
+    """argparse type: a positive integer of at most `MAX_WIDTH` (an operand's or a layer's
+    width)."""
+    value = positive_int(text)
+    if value > MAX_WIDTH:
+        raise argparse.ArgumentTypeError(f"expected a width of at most {MAX_WIDTH}, got {value}")
+    return value
+
+
+def timeout_seconds(text):
+    """argparse type: a job timeout, a positive integer of at most `MAX_TIMEOUT` seconds."""
+    value = positive_int(text)
+    if value > MAX_TIMEOUT:
+        raise argparse.ArgumentTypeError(f"expected at most {MAX_TIMEOUT} seconds (24 days), "
+                                         f"got {value}")
     return value
 
 

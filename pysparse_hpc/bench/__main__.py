@@ -177,6 +177,15 @@ def _output_path_error(path):
     # the measurements.
     if os.path.exists(path) and not os.access(path, os.W_OK):
         return f"{path} exists and is not writable"
+    if not os.path.exists(path):
+        # os.access answers yes to root for a directory such as /proc where no file can be
+        # made: only making the file tells.
+        try:
+            with open(path, "x"):
+                pass
+        except OSError as exc:
+            return f"cannot create {path} ({exc.strerror or exc})"
+        os.remove(path)
     return None
 
 

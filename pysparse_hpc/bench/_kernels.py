@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from tqdm import tqdm
 
-from . import best_times, counted, geometric_mean, positive_int
+from . import best_times, counted, geometric_mean, positive_width
 from ._data import (DataDirectoryMissing, find_matrices, index_variants, load_matrix,
                     scipy_index_dtype)
 
@@ -182,6 +182,10 @@ def judged(result):
 
 # --- command line --------------------------------------------------------------------------
 
+#: The most edges ``--rmat`` generates (2^SCALE x EDGE_FACTOR): scale 30 at edge factor 4.
+MAX_RMAT_EDGES = 1 << 32
+
+
 def _rmat_spec(text):
     """``SCALE:EDGE_FACTOR[:SEED]`` -> (scale, edge_factor, seed); the seed defaults to 1."""
     parts = text.split(":")
@@ -196,6 +200,12 @@ def _rmat_spec(text):
     if not 1 <= scale <= 30 or edge_factor < 1 or seed < 0:
         raise argparse.ArgumentTypeError(
             f"R-MAT scale must be in [1, 30], edge factor >= 1 and seed >= 0; got {text!r}")
+    if edge_factor << scale > MAX_RMAT_EDGES:
+        # The generator holds every edge before merging: a larger graph fails at its first
+        # allocation, after the matrices before it were measured.
+        raise argparse.ArgumentTypeError(
+            f"{text!r} asks for {edge_factor << scale} edges (2^SCALE x EDGE_FACTOR); at most "
+            f"{MAX_RMAT_EDGES}")
     return scale, edge_factor, seed
 
 
@@ -204,7 +214,7 @@ def add_kernel_arguments(parser, width_name, width_help):
     parser.add_argument("--matrix", action="append", metavar="NAME",
                         help="benchmark only this matrix (repeatable; shared or R-MAT name, "
                              "e.g. rmat-s18-e20; default: all)")
-    parser.add_argument("--n", type=positive_int, nargs="+", metavar=width_name,
+    parser.add_argument("--n", type=positive_width, nargs="+", metavar=width_name,
                         help=f"{width_help} (default: {' '.join(map(str, DEFAULT_WIDTHS))})")
     rmat = parser.add_mutually_exclusive_group()
     default = " ".join(f"{s}:{e}:{r}" for s, e, r in DEFAULT_RMAT)

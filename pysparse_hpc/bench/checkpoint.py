@@ -25,6 +25,7 @@ same run.
 """
 import csv
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -297,6 +298,22 @@ def write_plot(results, path, threads, repeat):
     figure.savefig(path, dpi=120)
 
 
+def _large_state_problem(megabytes, directory):
+    """Why a large state of ``megabytes`` cannot be measured here (None when it can): it is
+    held in memory and written to ``directory``; found now, not after the allocations have
+    slowed the machine to a crawl or the disk has filled mid-run."""
+    size = megabytes * 1e6
+    if hasattr(os, "sysconf") and "SC_PHYS_PAGES" in os.sysconf_names:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        if size > memory:
+            return (f"a {megabytes} MB state does not fit in this machine's "
+                    f"{memory / 1e6:.0f} MB of memory")
+    free = shutil.disk_usage(directory).free
+    if size > free:
+        return f"a {megabytes} MB state does not fit in the {free / 1e6:.0f} MB free in {directory}"
+    return None
+
+
 def run(args, out=None):
     """Run the benchmark and report (to ``out``, default standard output); returns the exit
     status."""
@@ -320,6 +337,11 @@ def run(args, out=None):
               file=sys.stderr)
         return 2
     megabytes = LARGE_MEGABYTES if args.megabytes is None else args.megabytes
+    if "large" in states:
+        problem = _large_state_problem(megabytes, args.dir or tempfile.gettempdir())
+        if problem:
+            print(f"error: --megabytes: {problem}", file=sys.stderr)
+            return 2
     import torch
     torch.set_num_threads(args.threads)
     results = []

@@ -94,7 +94,7 @@ from tqdm import tqdm
 
 from ..distributed._comm import mpiexec_path as find_mpiexec
 from ..distributed._jobs import stop_job
-from . import best_times, counted, gnn, positive_int
+from . import best_times, counted, gnn, positive_int, positive_width, timeout_seconds
 
 __all__ = ["GRAPHS", "HELP", "METHODS", "NETWORKS", "Network", "PARTITIONERS", "Plan",
            "Projection", "RUN_METHODS", "Rates", "RunResult", "add_arguments",
@@ -1489,7 +1489,7 @@ def add_arguments(parser):
                              f"{', '.join(METHODS)} (default: {','.join(DEFAULT_METHODS)}); "
                              "rabbit/rcm: contiguous blocks after that reordering; "
                              "metis-work: one plan per hidden width")
-    parser.add_argument("--hidden", action="append", type=positive_int, metavar="H",
+    parser.add_argument("--hidden", action="append", type=positive_width, metavar="H",
                         help=f"hidden width of the GCN (repeatable; default: "
                              f"{' '.join(map(str, HIDDEN))})")
     parser.add_argument("--max-ranks", type=int, default=1024, metavar="P",
@@ -1515,7 +1515,7 @@ def add_arguments(parser):
     parser.add_argument("--rounds", type=positive_int, metavar="N",
                         help="run the P=1 and P>1 jobs N times in turns and keep each "
                              "configuration's fastest epoch (a shared machine; default: 1)")
-    parser.add_argument("--timeout", type=positive_int, default=1200, metavar="S",
+    parser.add_argument("--timeout", type=timeout_seconds, default=1200, metavar="S",
                         help="seconds a training job may take before it is stopped "
                              "(default: 1200)")
     parser.add_argument("--skip-runs", "--plans-only", dest="skip_runs", action="store_true",

@@ -62,7 +62,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 from tqdm import tqdm
 
-from . import best_times, counted, geometric_mean, positive_int
+from . import best_times, counted, geometric_mean, positive_int, positive_width
 from ._data import find_graph, load_matrix
 
 __all__ = ["CUDA_GRAPHS", "DEVICES", "GRAPHS", "HELP", "TORCH_DROPOUT", "TORCH_DROPOUT_TARGETS",
@@ -305,7 +305,7 @@ def add_arguments(parser):
     parser.add_argument("--graph", action="append", choices=GRAPHS, metavar="NAME",
                         help=f"benchmark only this graph (repeatable; one of {', '.join(GRAPHS)}; "
                              f"default: all, with --device cuda {' and '.join(CUDA_GRAPHS)})")
-    parser.add_argument("--hidden", action="append", type=positive_int, metavar="H",
+    parser.add_argument("--hidden", action="append", type=positive_width, metavar="H",
                         help="hidden width (repeatable; for GAT all 8 heads together, so a "
                              f"multiple of {GAT_HEADS}; default: "
                              f"{' '.join(map(str, HIDDEN))})")

@@ -67,7 +67,7 @@ from tqdm import tqdm
 
 from ..optim import COMPRESSIONS, MOMENTUM_SYNC, bytes_per_step
 from ..optim._votes import vote_digits
-from . import best_times, positive_int, write_outputs
+from . import best_times, positive_int, timeout_seconds, write_outputs
 from .distributed import (VALUE_BYTES, Network, RunError, allreduce_seconds, check_ranks,
                           exchange_seconds, find_mpiexec, launch)
 
@@ -905,7 +905,7 @@ def add_arguments(parser):
                         + f" (default: {' '.join(f'{x:g}' for x in LATENCY_US)})")
     parser.add_argument("--skip-accuracy", action="store_true",
                         help="measure steps and the projection only")
-    parser.add_argument("--timeout", type=positive_int, default=1800, metavar="S",
+    parser.add_argument("--timeout", type=timeout_seconds, default=1800, metavar="S",
                         help="seconds before a job is stopped (default: 1800)")
 
 

@@ -35,7 +35,7 @@ from tqdm import tqdm
 
 from .._reorder import bandwidth, inverse_permutation, permute, reorder
 from .._stats import block_stats
-from . import best_times, counted, geometric_mean, positive_int, shown_ratio
+from . import best_times, counted, geometric_mean, positive_width, shown_ratio
 from ._data import index_variants, scipy_index_dtype
 from ._kernels import (MatrixCase, _warm_up_runtime, check_close, keep_requested, shared_cases,
                        steady_best_times)
@@ -108,7 +108,7 @@ def add_arguments(parser):
     parser.add_argument("--matrix", action="append", metavar="NAME",
                         help="benchmark only this matrix (repeatable; a shared name or a planted "
                              "one such as planted-c32-i8-e2; default: all)")
-    parser.add_argument("--n", type=positive_int, default=128, metavar="N",
+    parser.add_argument("--n", type=positive_width, default=128, metavar="N",
                         help="width of the dense operand of the SpMM (default: 128)")
     planted = parser.add_mutually_exclusive_group()
     default = " ".join(":".join(map(str, spec)) for spec in PLANTED)
@@ -121,6 +121,8 @@ def add_arguments(parser):
 
 #: The largest planted graph ``--planted`` makes (C x S nodes).
 MAX_PLANTED_NODES = 1 << 26
+#: The most stored entries a ``--planted`` graph may expect (nodes x expected degree).
+MAX_PLANTED_ENTRIES = 1 << 32
 
 
 def _planted_spec(text):
@@ -137,6 +139,13 @@ def _planted_spec(text):
     if values[0] * values[1] > MAX_PLANTED_NODES:
         raise argparse.ArgumentTypeError(
             f"{text!r} asks for {values[0] * values[1]} nodes; at most {MAX_PLANTED_NODES}")
+    degree = values[2] + values[3]
+    if values[0] * values[1] * degree > MAX_PLANTED_ENTRIES:
+        # The generator draws every edge at once: a larger graph fails at that allocation (or
+        # in numpy's Poisson draw), after the matrices before it were measured.
+        raise argparse.ArgumentTypeError(
+            f"{text!r} asks for about {values[0] * values[1] * degree:.3g} stored entries (C x S "
+            f"x (IN + OUT)); at most {MAX_PLANTED_ENTRIES}")
     values[2:] = [int(v) if float(v).is_integer() else v for v in values[2:]]
     return tuple(values)
 
