@@ -510,9 +510,19 @@ def _scipy_matrix_file(path):
             "test_mask, num_classes, and feat_* or --random-features)")
 
 
+class _Parser(argparse.ArgumentParser):
+    """A parser whose usage errors rank 0 alone reports: under mpiexec every rank parses the
+    same command line, and P copies of the usage and the error would bury the one line."""
+
+    def error(self, message):
+        from .distributed._comm import launched_rank
+        if launched_rank() != 0:
+            self.exit(2)
+        super().error(message)
+
+
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m pysparse_hpc",
-                                     description="pysparse_hpc command line")
+    parser = _Parser(prog="python -m pysparse_hpc", description="pysparse_hpc command line")
     commands = parser.add_subparsers(dest="command", required=True)
     demo = commands.add_parser("demo", help="formats, kernels and GNN training on a bundled graph")
     demo.add_argument("--dataset", default="cora", type=str.lower,
@@ -645,6 +655,8 @@ def main(argv=None):
         problem = _scipy_matrix_file(args.dataset)
         if problem is not None:
             train.error(problem)
+        if not 0 <= args.seed < 2 ** 63:   # refused now, not after the graph is loaded
+            train.error(f"--seed must be in [0, 2**63), got {args.seed}")
         if args.checkpoint == "":
             train.error("--checkpoint needs a directory, got ''")
         for option in ("resume", "checkpoint_every"):
