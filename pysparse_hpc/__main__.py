@@ -668,6 +668,10 @@ def main(argv=None):
             if value is not None and value < (0 if name == "epochs" else 1):
                 train.error(f"--{name.replace('_', '-')} must be at least "
                             f"{0 if name == 'epochs' else 1}, got {value}")
+        if args.random_features is not None and args.random_features > 1 << 16:
+            # NumPy's own refusal of the feature matrix names no option, after the graph loads.
+            train.error(f"--random-features must be at most {1 << 16}, got "
+                        f"{args.random_features}")
         return run_train(args)
     if args.command == "demo":
         if args.no_train and (args.model or args.seeds is not None):

@@ -91,6 +91,16 @@ def test_train_refuses_a_bad_seed_before_loading_the_graph(capsys):
         assert exc.value.code == 2 and f"error: --seed must be in [0, 2**63), got {seed}" in err
 
 
+def test_train_refuses_a_huge_random_feature_width_by_name(capsys):
+    # NumPy refused the feature matrix ("Maximum allowed dimension exceeded") after the graph
+    # was loaded, naming no option.
+    from pysparse_hpc.__main__ import main
+    with pytest.raises(SystemExit) as exc:
+        main(["train", "--random-features", str(2 ** 70), "--epochs", "0"])
+    assert exc.value.code == 2
+    assert "error: --random-features must be at most 65536" in capsys.readouterr().err
+
+
 def test_train_usage_errors_come_from_rank_0_alone(monkeypatch, capsys):
     # Under mpiexec every rank parses the same line: P copies of usage and error.
     from pysparse_hpc.__main__ import main
