@@ -32,7 +32,13 @@ _GRANULE = 2 << 20
 # Cache-line alignment: a row that starts on a line is written without splitting stores.
 _ALIGNMENT = 64
 
-_lock = threading.Lock()
+# Re-entrant: a garbage collection inside the locked code below runs finalizers (``__del__``,
+# weakref callbacks) on the same thread, as may a signal handler, and one that calls back in
+# (``empty_cache()`` in a ``__del__``, a large product in a finalizer) would wait forever on a
+# plain lock. `_busy` keeps such a call off the half-changed idle list instead.
+_lock = threading.RLock()
+_busy = False            # the lock's holder is changing the pool (read and set under the lock)
+_release_pending = False  # empty_cache called back in while busy: done when the change ends
 _idle = OrderedDict()   # id(raw) -> raw uint8 buffer, oldest first
 _idle_bytes = 0
 # Buffers freed while the lock was held: by another thread, or by a garbage collection that
@@ -47,7 +53,9 @@ class _BufferOwner:
 
     def __init__(self, raw, shape, dtype):
         self._raw = raw
-        address = raw.ctypes.data
+        # not raw.ctypes, which imports a module on each use: that fails in a __del__ run
+        # late in interpreter shutdown, where numpy.empty still works
+        address = raw.__array_interface__["data"][0]
         address += -address % _ALIGNMENT
         self.__array_interface__ = {"shape": shape, "typestr": dtype.str, "version": 3,
                                     "data": (address, False)}
@@ -77,16 +85,52 @@ def _keep_returned():
         _idle_bytes -= oldest.nbytes
 
 
+def _release():
+    """Drop every idle and returned buffer (lock held, not busy)."""
+    global _idle_bytes, _release_pending
+    _release_pending = False
+    _returned.clear()
+    _idle.clear()
+    _idle_bytes = 0
+
+
+def _end_change():
+    """Close a change begun by setting `_busy` (lock held): run a release asked for meanwhile."""
+    global _busy
+    _busy = False
+    if _release_pending:
+        _release()
+
+
 def _take_idle(capacity):
-    global _idle_bytes
+    global _idle_bytes, _busy
     with _lock:
-        _keep_returned()
-        for key, raw in _idle.items():
-            if raw.nbytes == capacity:
-                del _idle[key]
-                _idle_bytes -= raw.nbytes
-                return raw
-    return None
+        if _busy:
+            # called back in from a collection inside this thread's own change of the idle
+            # list: fresh memory, which still returns here once freed
+            return None
+        _busy = True
+        try:
+            _keep_returned()
+            for key, raw in _idle.items():
+                if raw.nbytes == capacity:
+                    del _idle[key]
+                    _idle_bytes -= raw.nbytes
+                    return raw
+            return None
+        finally:
+            _end_change()
+
+
+def _keep_returned_unless_busy():
+    """`_keep_returned`, unless this thread is already inside a change (lock held)."""
+    global _busy
+    if not _busy:
+        _busy = True
+        try:
+            _keep_returned()
+        finally:
+            _end_change()
 
 
 def _give_back(raw):
@@ -99,7 +143,7 @@ def _give_back(raw):
     _returned.append(raw)
     if _lock.acquire(blocking=False):
         try:
-            _keep_returned()
+            _keep_returned_unless_busy()
         finally:
             _lock.release()
 
@@ -111,8 +155,9 @@ def _after_fork_in_child():
     child would ever release it; its idle buffers are the parent's pages, shared copy-on-write,
     so reusing one would copy each page anyway.
     """
-    global _lock, _idle_bytes
-    _lock = threading.Lock()
+    global _lock, _idle_bytes, _busy, _release_pending
+    _lock = threading.RLock()
+    _busy = _release_pending = False
     _idle.clear()
     _returned.clear()
     _idle_bytes = 0
@@ -179,7 +224,7 @@ def cached_bytes():
     0
     """
     with _lock:
-        _keep_returned()
+        _keep_returned_unless_busy()
         return _idle_bytes
 
 
@@ -187,10 +232,12 @@ def empty_cache():
     """Release the idle result buffers to the system (like ``torch.cuda.empty_cache``).
 
     Results still in use are not affected; their memory is kept for reuse when they are freed,
-    up to ``PYSPARSE_HPC_BUFFER_CACHE_MB``.
+    up to ``PYSPARSE_HPC_BUFFER_CACHE_MB``. Called from a finalizer that a garbage collection
+    runs while this thread is inside the pool's own code, it releases them once that code ends.
     """
-    global _idle_bytes
+    global _release_pending
     with _lock:
-        _returned.clear()
-        _idle.clear()
-        _idle_bytes = 0
+        if _busy:
+            _release_pending = True
+        else:
+            _release()
