@@ -24,18 +24,48 @@ def suitesparse_path(request):
     return DATA_DIR / "suitesparse" / f"{request.param}.npz"
 
 
-def run_isolated(code):
-    """Run ``code`` in a fresh interpreter, so that a crash (a segfault) fails the test, not
-    pytest; returns its standard output."""
+@pytest.fixture
+def empty_pool():
+    """The result pool empty before and after the test (its tests use it)."""
+    import gc
+
+    import pysparse_hpc as sph
+    sph.empty_cache()
+    yield
+    gc.collect()
+    sph.empty_cache()
+
+
+@pytest.fixture
+def pooled(monkeypatch):
+    """Every result, however small, goes through the pool (whose real threshold is 32 MiB)."""
+    from pysparse_hpc import _buffers
+    monkeypatch.setattr(_buffers, "MIN_POOLED_BYTES", 1)
+
+
+def run_child(code, timeout=120, memory=None):
+    """Run ``code`` in a fresh interpreter, so that a crash (a segfault), a hang or, with
+    ``memory`` (bytes of address space), a huge allocation fails the test, not pytest;
+    returns the finished process (``stdout``, ``stderr``)."""
     import subprocess
     import sys
     import textwrap
 
-    result = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
-                            text=True, timeout=120)
+    prelude = (f"import resource\nresource.setrlimit(resource.RLIMIT_AS, ({memory}, {memory}))\n"
+               if memory else "")
+    try:
+        result = subprocess.run([sys.executable, "-c", prelude + textwrap.dedent(code)],
+                                capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"the child did not finish in {timeout} s (hung or deadlocked)")
     assert result.returncode == 0, (f"exit status {result.returncode}\n{result.stdout}\n"
                                     f"{result.stderr}")
-    return result.stdout
+    return result
+
+
+def run_isolated(code):
+    """`run_child`'s standard output."""
+    return run_child(code).stdout
 
 
 def random_scipy(rng, shape, density, dtype=np.float64, duplicates=False):

@@ -1,6 +1,5 @@
 """Large results reuse the memory of freed ones; live results never share it."""
 import copy
-import gc
 import multiprocessing
 import os
 import pickle
@@ -21,18 +20,8 @@ from .conftest import random_scipy
 SHAPE = (300, 70)
 
 
-@pytest.fixture(autouse=True)
-def _empty_pool():
-    sph.empty_cache()
-    yield
-    gc.collect()
-    sph.empty_cache()
-
-
-@pytest.fixture
-def pooled(monkeypatch):
-    """Every result, however small, goes through the pool (whose real threshold is 32 MiB)."""
-    monkeypatch.setattr(_buffers, "MIN_POOLED_BYTES", 1)
+# Each test starts and ends with an empty pool (`empty_pool` in conftest.py).
+pytestmark = pytest.mark.usefixtures("empty_pool")
 
 
 def test_small_results_own_their_memory():

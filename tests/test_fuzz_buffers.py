@@ -2,9 +2,7 @@
 import ctypes
 import gc
 import pickle
-import subprocess
 import sys
-import textwrap
 import threading
 
 import numpy as np
@@ -13,33 +11,12 @@ import pytest
 import pysparse_hpc as sph
 from pysparse_hpc import _buffers
 
-SHAPE = (300, 70)
+from .conftest import run_child  # noqa: E402
+from .test_buffers import SHAPE  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("empty_pool")
+
 SENTINEL = 7.0
-
-
-@pytest.fixture(autouse=True)
-def _empty_pool():
-    sph.empty_cache()
-    yield
-    gc.collect()
-    sph.empty_cache()
-
-
-@pytest.fixture
-def pooled(monkeypatch):
-    """Every result, however small, goes through the pool (whose real threshold is 32 MiB)."""
-    monkeypatch.setattr(_buffers, "MIN_POOLED_BYTES", 1)
-
-
-def _run(code, timeout=30):
-    """Run ``code`` in a fresh interpreter; a hang there fails the test instead of pytest."""
-    try:
-        run = subprocess.run([sys.executable, "-c", textwrap.dedent(code)],
-                             capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"the child did not finish in {timeout} s (deadlocked)")
-    assert run.returncode == 0, f"exit status {run.returncode}\n{run.stdout}\n{run.stderr}"
-    return run
 
 
 # A collection can run inside the pool's locked code (any allocation there may start one); the
@@ -94,12 +71,12 @@ _CALL_BACK_IN = """
 ], ids=["cached_bytes", "empty_cache", "allocate"])
 def test_a_finalizer_that_calls_back_in_does_not_deadlock(call, idle_shape, check):
     code = _CALL_BACK_IN.format(call=call, idle_shape=idle_shape, check=check)
-    assert "done" in _run(code).stdout
+    assert "done" in run_child(code, timeout=30).stdout
 
 
 def test_a_large_result_in_a_finalizer_at_shutdown():
     """numpy.empty works in a ``__del__`` late in interpreter shutdown; so must a pooled result."""
-    run = _run("""
+    run = run_child("""
         import numpy as np
         from pysparse_hpc import _buffers
 
@@ -110,7 +87,7 @@ def test_a_large_result_in_a_finalizer_at_shutdown():
                 print("allocated", result.base is not None)
 
         keeper = AtExit()   # a module global: freed during the final teardown
-    """)
+    """, timeout=30)
     assert "Exception ignored" not in run.stderr, run.stderr
     assert "allocated True" in run.stdout
 

@@ -1,9 +1,6 @@
 """Hostile and unusual files, bytes paths, and round trips against scipy's readers and writers."""
 import gzip
 import os
-import subprocess
-import sys
-import textwrap
 
 import numpy as np
 import pytest
@@ -15,22 +12,14 @@ from pysparse_hpc import datasets
 from pysparse_hpc.generators import rmat
 from pysparse_hpc.io import load_npz, read_matrix_market, save_npz, write_matrix_market
 
+from .conftest import run_child
+
 HEADER = "%%MatrixMarket matrix coordinate real general\n"
 
 
 def _run_limited(code, timeout=30, memory=2 << 30):
-    """Run ``code`` in a child interpreter with its address space capped at ``memory`` bytes
-    and a time limit: a crash, a hang or a huge allocation fails the test, not pytest."""
-    prelude = (f"import resource\nresource.setrlimit(resource.RLIMIT_AS, ({memory}, {memory}))\n"
-               if memory else "")
-    try:
-        result = subprocess.run([sys.executable, "-c", prelude + textwrap.dedent(code)],
-                                capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"did not finish in {timeout} s")
-    assert result.returncode == 0, (f"exit status {result.returncode}\n{result.stdout}\n"
-                                    f"{result.stderr}")
-    return result.stdout
+    """`run_child`'s standard output, with a memory cap by default."""
+    return run_child(code, timeout, memory).stdout
 
 
 def _expect_value_error(path, match):
