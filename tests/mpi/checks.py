@@ -30,6 +30,16 @@ def on_root_then_broadcast(compute):
     return comm.bcast(compute() if rank == 0 else None)
 
 
+def raises_on_every_rank(call, message):
+    """``call()`` must raise a ValueError naming ``message`` on every rank."""
+    try:
+        call()
+    except ValueError as exc:
+        assert message in str(exc), str(exc)
+    else:
+        raise AssertionError(f"rank {rank}: no error ({message})")
+
+
 def check_training():
     """P ranks reproduce the single-process training: every model, dataset, partitioner, in
     float32 (1e-5 relative) and float64 (1e-10), dropout on, same final accuracy."""

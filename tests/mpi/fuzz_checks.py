@@ -15,7 +15,7 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 
-from checks import ALONE, checks_in, comm, rank, run_named, size
+from checks import ALONE, checks_in, comm, raises_on_every_rank, rank, run_named, size
 
 import pysparse_hpc as sph
 from pysparse_hpc import distributed
@@ -263,16 +263,6 @@ def check_training_matches_one_process():
                                    err_msg=f"{model} {label}")
 
 
-def _raises_on_every_rank(call, message):
-    """``call()`` must raise a ValueError naming ``message`` on every rank."""
-    try:
-        call()
-    except ValueError as exc:
-        assert message in str(exc), str(exc)
-    else:
-        raise AssertionError(f"rank {rank}: no error ({message})")
-
-
 def check_gcn_norm_refuses_unlike_arguments():
     """gcn_norm of a DistGraph with another dtype or loop rule on one rank is refused on
     every rank; before, that rank's rows came out in its own dtype or without loops."""
@@ -281,10 +271,10 @@ def check_gcn_norm_refuses_unlike_arguments():
     graph = DistGraph.scatter(A if rank == 0 else None,
                               partition(A, size, "contiguous") if rank == 0 else None, comm)
     last = rank == size - 1
-    _raises_on_every_rank(lambda: gcn_norm(graph, dtype=np.float32 if last else np.float64),
-                          "rank 0 has dtype float64 where rank")
-    _raises_on_every_rank(lambda: gcn_norm(graph, add_self_loops=not last),
-                          "add_self_loops")
+    raises_on_every_rank(lambda: gcn_norm(graph, dtype=np.float32 if last else np.float64),
+                         "rank 0 has dtype float64 where rank")
+    raises_on_every_rank(lambda: gcn_norm(graph, add_self_loops=not last),
+                         "add_self_loops")
     assert gcn_norm(graph, dtype=np.float32).local.dtype == np.float32  # alike: built
 
 
@@ -313,11 +303,11 @@ def check_preconditioning_refuses_unlike_makers():
         return lambda m: P.KfacGradientMaker(
             m, P.PreconditioningConfig(data_size=6, damping=damping), fisher_type="emp",
             comm=comm, **options)
-    _raises_on_every_rank(lambda: step(kfac(damping=1e-2 if last else 1e-3)),
-                          "rank 0 has config.damping 0.001 where rank")
-    _raises_on_every_rank(lambda: step(kfac(), frozen=last), "unlike KfacGradientMakers")
-    _raises_on_every_rank(lambda: step(kfac(pi_damping=not last)), "pi_damping")
-    _raises_on_every_rank(lambda: step(lambda m: P.JorgeGradientMaker(
+    raises_on_every_rank(lambda: step(kfac(damping=1e-2 if last else 1e-3)),
+                         "rank 0 has config.damping 0.001 where rank")
+    raises_on_every_rank(lambda: step(kfac(), frozen=last), "unlike KfacGradientMakers")
+    raises_on_every_rank(lambda: step(kfac(pi_damping=not last)), "pi_damping")
+    raises_on_every_rank(lambda: step(lambda m: P.JorgeGradientMaker(
         m, P.PreconditioningConfig(damping=1e-3), comm=comm,
         series_radius=0.25 if last else 0.5)), "series_radius")
     step(kfac(seed=rank))  # each rank may sample its own labels: not a difference
@@ -338,18 +328,18 @@ def check_data_parallel_refuses_unlike_models():
         net[0].weight.requires_grad_(not frozen)
         return net
 
-    _raises_on_every_rank(lambda: distributed.DataParallel(model(frozen=last), comm),
-                          "rank 0 has parameter '0.weight' (2, 2) torch.float64 trainable")
-    _raises_on_every_rank(lambda: distributed.DataParallel(model(width=3 if last else 2), comm),
-                          "unlike models")
-    _raises_on_every_rank(lambda: distributed.DataParallel(
+    raises_on_every_rank(lambda: distributed.DataParallel(model(frozen=last), comm),
+                         "rank 0 has parameter '0.weight' (2, 2) torch.float64 trainable")
+    raises_on_every_rank(lambda: distributed.DataParallel(model(width=3 if last else 2), comm),
+                         "unlike models")
+    raises_on_every_rank(lambda: distributed.DataParallel(
         model(dtype=torch.float32 if last else torch.float64), comm), "torch.float32")
-    _raises_on_every_rank(lambda: distributed.DataParallel(model(bias=not last), comm),
-                          "rank 0 has parameter '0.bias'")
-    _raises_on_every_rank(lambda: distributed.DataParallel(
+    raises_on_every_rank(lambda: distributed.DataParallel(model(bias=not last), comm),
+                         "rank 0 has parameter '0.bias'")
+    raises_on_every_rank(lambda: distributed.DataParallel(
         model(), comm, bucket_mb=1e-5 if last else 25), "bucket_mb")
-    _raises_on_every_rank(lambda: distributed.DataParallel(model(), comm, average=last),
-                          "average")
+    raises_on_every_rank(lambda: distributed.DataParallel(model(), comm, average=last),
+                         "average")
     frozen = model(frozen=True)   # frozen alike on every rank: reduced as before
     wrapped = distributed.DataParallel(frozen, comm, average=False)
     hidden = frozen[0](torch.ones(1, 2, dtype=torch.float64))
@@ -375,10 +365,10 @@ def check_train_refuses_unlike_arguments():
         return train(data if rank == 0 else None, model if last else "gcn", "contiguous",
                      progress=False, **arguments)
 
-    _raises_on_every_rank(lambda: run(lr=0.1), "lr=0.1 against 0.01")
-    _raises_on_every_rank(lambda: run(seed=1), "seed=1 against 0")
-    _raises_on_every_rank(lambda: run(epochs=2), "epochs=2 against 1")
-    _raises_on_every_rank(lambda: run(model="nope"), "model must be one of")
+    raises_on_every_rank(lambda: run(lr=0.1), "lr=0.1 against 0.01")
+    raises_on_every_rank(lambda: run(seed=1), "seed=1 against 0")
+    raises_on_every_rank(lambda: run(epochs=2), "epochs=2 against 1")
+    raises_on_every_rank(lambda: run(model="nope"), "model must be one of")
 
 
 def check_sums_of_large_integers():

@@ -8,7 +8,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from checks import ALONE, checks_in, comm, on_root_then_broadcast, rank, run_named, size
+from checks import (ALONE, checks_in, comm, on_root_then_broadcast, raises_on_every_rank,
+                    rank, run_named, size)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from faults import NanInEpoch  # noqa: E402
@@ -274,15 +275,6 @@ def check_lion_mixed_dtypes():
     assert all(np.array_equal(everyone[0], p) for p in everyone)
 
 
-def _raises_on_every_rank(build, message):
-    try:
-        build()
-    except ValueError as exc:
-        assert message in str(exc), str(exc)
-    else:
-        raise AssertionError(f"rank {rank}: no error ({message})")
-
-
 def check_lion_refuses_unlike_ranks():
     """A bad setting on one rank raises on every rank, and ranks that build unlike optimizers
     (another mode, rate or parameter) are refused by name. Before, the bad setting raised on
@@ -294,14 +286,14 @@ def check_lion_refuses_unlike_ranks():
     def build(params=None, **settings):
         return DistributedLion(_model().parameters() if params is None else params, comm,
                                **settings)
-    _raises_on_every_rank(lambda: build(compression="sings" if last else "signs"),
-                          "compression must be one of")
-    _raises_on_every_rank(lambda: build(compression="int8" if last else "votes"),
-                          "rank 0 has compression votes where rank")
-    _raises_on_every_rank(lambda: build(lr=2e-4 if last else 1e-4),
-                          "group 0 lr 0.0001 where rank")
+    raises_on_every_rank(lambda: build(compression="sings" if last else "signs"),
+                         "compression must be one of")
+    raises_on_every_rank(lambda: build(compression="int8" if last else "votes"),
+                         "rank 0 has compression votes where rank")
+    raises_on_every_rank(lambda: build(lr=2e-4 if last else 1e-4),
+                         "group 0 lr 0.0001 where rank")
     wide = torch.nn.Linear(4, 3 if last else 2)
-    _raises_on_every_rank(lambda: build(wide.parameters()), "unlike DistributedLion")
+    raises_on_every_rank(lambda: build(wide.parameters()), "unlike DistributedLion")
     build(lr=1e-4, compression="votes")  # alike: built
 
 
