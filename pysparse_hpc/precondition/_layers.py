@@ -68,7 +68,8 @@ def supported_kind(name, module):
     """``"Linear"``, ``"Conv2d"``, ``"Embedding"`` or None; refuses what cannot be handled.
 
     Raises ``NotImplementedError`` for an ``nn.Conv2d`` with dilation, groups or a non-zero
-    padding of another mode than zeros, and for an ``nn.Embedding`` with sparse gradients.
+    padding of another mode than zeros, and for an ``nn.Embedding`` with sparse gradients or
+    gradients scaled by frequency.
     """
     if isinstance(module, nn.Conv2d):
         problems = []
@@ -94,5 +95,14 @@ def supported_kind(name, module):
                 f"preconditioning needs dense gradients; module {name!r} is "
                 f"nn.Embedding(sparse=True) (add it to PreconditioningConfig.ignore_modules to "
                 f"keep its plain gradient)")
+        if module.scale_grad_by_freq:
+            # Its gradient divides each row by that token's count in the batch, which the
+            # captured inputs and output gradients (the curvature) know nothing of: the two
+            # would not belong together.
+            raise NotImplementedError(
+                f"module {name!r} is nn.Embedding(scale_grad_by_freq=True), whose gradient is "
+                f"scaled by each token's count in the batch and so no longer matches its "
+                f"curvature (add it to PreconditioningConfig.ignore_modules to keep its plain "
+                f"gradient)")
         return "Embedding"
     return None
