@@ -281,9 +281,7 @@ class Checkpointer:
         self._wrote_marker = False  # rank 0 made the CHECKPOINTS file (taken back if unused)
         self._pid = os.getpid()  # a forked child's copy has neither its thread nor its lock
         # Rank 0 alone makes and checks the directory; its error is raised on every rank.
-        error = comm.on_root(self._prepare_directory)
-        if error is not None:
-            raise error
+        comm.on_root(self._prepare_directory)
         seen = None if os.path.isdir(self.directory) else FileNotFoundError(
             f"rank {comm.rank} does not see the checkpoint directory {self.directory} that "
             "rank 0 made: it must be on a file system every rank sees")
@@ -304,12 +302,11 @@ class Checkpointer:
 
     # ------------------------------------------------------------ directory
     def _prepare_directory(self):
-        """Check or create the directory (rank 0); returns an exception or None."""
+        """Check or create the directory (rank 0); raises what makes it unusable."""
         path = self.directory
+        if os.path.exists(path) and not os.path.isdir(path):
+            raise NotADirectoryError(f"checkpoint directory {path} is a file, not a directory")
         try:
-            if os.path.exists(path) and not os.path.isdir(path):
-                return NotADirectoryError(f"checkpoint directory {path} is a file, not a "
-                                          "directory")
             marker = os.path.join(path, MARKER)
             if os.path.isdir(path) and not os.path.isfile(marker):
                 # A lock file alone is what a run that saved nothing leaves, and the temporary
@@ -318,46 +315,53 @@ class Checkpointer:
                                  and not _MARKER_TEMPORARY.match(entry))
                 if entries:
                     shown = ", ".join(repr(e) for e in entries[:5])
-                    return ValueError(f"{path} is not a checkpoint directory (it has no "
-                                      f"{MARKER} file and holds {shown}"
-                                      f"{', ...' if len(entries) > 5 else ''}); give an empty "
-                                      "or a new directory")
+                    raise ValueError(f"{path} is not a checkpoint directory (it has no "
+                                     f"{MARKER} file and holds {shown}"
+                                     f"{', ...' if len(entries) > 5 else ''}); give an empty "
+                                     "or a new directory")
             if not os.path.isfile(marker):
                 os.makedirs(path, exist_ok=True)
                 self._write_marker(marker)
                 _files.fsync_directory(os.path.dirname(path))
                 self._wrote_marker = True
-                return None
+                return
             try:
                 with open(marker) as handle:
                     saved = json.load(handle)
             except (OSError, ValueError, RecursionError) as exc:
                 # RecursionError: JSON nested deeper than the parser goes (garbage).
-                return self._recover_marker(marker, f"cannot be read ({exc})")
+                self._recover_marker(marker, f"cannot be read ({exc})")
+                return
             if (isinstance(saved, dict) and "checksum" in saved
                     and saved["checksum"] != _files.manifest_checksum(saved)):
                 # Markers before the checksum have none: they are read as they are.
-                return self._recover_marker(marker, "does not match its own checksum")
+                self._recover_marker(marker, "does not match its own checksum")
+                return
             if not isinstance(saved, dict) or saved.get("format") != FORMAT:
-                return ValueError(f"{marker} is not a {FORMAT} marker: is {path} a checkpoint "
-                                  "directory?")
+                raise ValueError(f"{marker} is not a {FORMAT} marker: is {path} a checkpoint "
+                                 "directory?")
             if not isinstance(saved.get("fingerprint"), (dict, type(None))):
                 # Compared key by key below, it would fail with a bare AttributeError.
-                return ValueError(f"{marker} holds the fingerprint "
-                                  f"{saved.get('fingerprint')!r}, not a dict or null: is {path} "
-                                  "a checkpoint directory of this library?")
+                raise ValueError(f"{marker} holds the fingerprint "
+                                 f"{saved.get('fingerprint')!r}, not a dict or null: is {path} "
+                                 "a checkpoint directory of this library?")
             if self._step_dirs():
-                return _fingerprint_mismatch(path, saved.get("fingerprint"), self.fingerprint,
-                                             f"{MARKER} file")
+                mismatch = _fingerprint_mismatch(path, saved.get("fingerprint"),
+                                                 self.fingerprint, f"{MARKER} file")
+                if mismatch is not None:
+                    raise mismatch
+                return
             # A run killed before its first save cannot take its marker back.
             mismatch = _fingerprint_mismatch(path, saved.get("fingerprint"), self.fingerprint,
                                              f"{MARKER} file", holds="was made by")
-            return None if mismatch is None else ValueError(
-                f"{mismatch}; it holds no checkpoint (that run may still be before its first "
-                f"save, or was killed there): delete {path} or give another directory")
+            if mismatch is not None:
+                raise ValueError(
+                    f"{mismatch}; it holds no checkpoint (that run may still be before its "
+                    f"first save, or was killed there): delete {path} or give another "
+                    "directory")
         except OSError as exc:  # the same type, saying what it was for
-            return type(exc)(exc.errno, f"cannot use {path} as a checkpoint directory: "
-                             f"{exc.strerror or exc}")
+            raise type(exc)(exc.errno, f"cannot use {path} as a checkpoint directory: "
+                            f"{exc.strerror or exc}") from exc
 
     def _write_marker(self, marker, fingerprint=None):
         if fingerprint is None:
@@ -368,8 +372,8 @@ class Checkpointer:
 
     def _recover_marker(self, marker, problem):
         """Write a damaged ``CHECKPOINTS`` file again from the newest checkpoint whose
-        manifest verifies, when that checkpoint is of this run's fingerprint (rank 0; returns
-        an exception or None). Without it the directory, checkpoints and all, was refused."""
+        manifest verifies, when that checkpoint is of this run's fingerprint (rank 0; raises
+        what it finds wrong). Without it the directory, checkpoints and all, was refused."""
         for step, step_dir in sorted(self._step_dirs().items(), reverse=True):
             try:
                 manifest = _files.read_manifest(step_dir)
@@ -378,13 +382,13 @@ class Checkpointer:
             mismatch = _fingerprint_mismatch(self.directory, manifest.get("fingerprint"),
                                              self.fingerprint, f"step {step}'s {MANIFEST}")
             if mismatch is not None:
-                return ValueError(f"{marker} {problem}; {mismatch}")
+                raise ValueError(f"{marker} {problem}; {mismatch}")
             self._write_marker(marker, manifest.get("fingerprint"))
             warnings.warn(f"{marker} {problem}: written again from the manifest of step {step}, "
                           "which verifies and has this run's fingerprint", stacklevel=2)
-            return None
-        return ValueError(f"{marker} {problem}, and no checkpoint in {self.directory} verifies "
-                          "to take its fingerprint from: is it a checkpoint directory?")
+            return
+        raise ValueError(f"{marker} {problem}, and no checkpoint in {self.directory} verifies "
+                         "to take its fingerprint from: is it a checkpoint directory?")
 
     def _restore_marker(self):
         """Write the ``CHECKPOINTS`` file again where it is gone (rank 0, the lock taken): a
