@@ -197,6 +197,33 @@ def test_keep_last_k(tmp_path):
     assert make(tmp_path).steps() == [5, 8, 9, 10, 11]
 
 
+@pytest.mark.parametrize("damage", ["manifest", "truncate", "renamed"])
+def test_keep_counts_only_sound_checkpoints_of_an_earlier_run(tmp_path, damage):
+    """A later run's pruning does not count an earlier run's damaged checkpoint among the kept:
+    a good older one stays, so that `load` still finds a good checkpoint."""
+    with make(tmp_path, keep=None) as first:
+        for step in (1, 2, 3):
+            first.save(step, {"w": torch.full((1000,), float(step))})
+    newest = tmp_path / "step-000000003"
+    if damage == "manifest":
+        manifest = json.loads((newest / "manifest.json").read_text())
+        manifest["created"] = "edited"
+        (newest / "manifest.json").write_text(json.dumps(manifest))
+    elif damage == "truncate":
+        with open(newest / "rank-00000.ckpt", "r+b") as handle:
+            handle.truncate(3)
+    else:  # step 3's files under step 4's name
+        shutil.copytree(newest, tmp_path / "step-000000004")
+        shutil.rmtree(newest)
+    second = make(tmp_path, keep=2)
+    second.save(5, {"w": torch.full((1000,), 5.0)})
+    second.close()
+    # Step 1 goes; step 2 stays as the second good one beside step 5.
+    assert second.steps() == ([2, 4, 5] if damage == "renamed" else [2, 3, 5])
+    loaded = make(tmp_path).load(2)
+    assert loaded.step == 2 and loaded.shard["w"][0] == 2.0
+
+
 def save_three(directory, **kwargs):
     checkpoints = make(directory, **kwargs)
     for step in (1, 2, 3):

@@ -199,8 +199,10 @@ class Checkpointer:
     comm : Communicator, optional
         Default: `pysparse_hpc.distributed.init()` (one rank without ``mpiexec``).
     keep : int or None
-        Number of newest checkpoints kept; older ones are deleted once a newer one is
-        committed. None keeps all.
+        Number of newest good checkpoints kept; older ones are deleted once a newer one is
+        committed. A checkpoint of an earlier run counts when its manifest verifies and its
+        files have their recorded sizes (their checksums are verified by `load`). None keeps
+        all.
     fingerprint : dict, optional
         JSON values that identify the run (dataset, model, seed, ...), stored with the
         checkpoints; a directory or checkpoint whose fingerprint differs is refused with a
@@ -275,7 +277,8 @@ class Checkpointer:
         self._pruning = None
         self._worker = self._queue = self._stop_worker = self._worker_pid = None
         self._staging = None
-        self._damaged = set()  # steps load() found damaged: never counted among the kept
+        self._damaged = set()  # steps found damaged: never counted among the kept
+        self._sound = set()    # committed steps this run wrote or whose manifest it checked
         self._unlock = None    # the finalizer that releases `_lock`
         self._lock = None      # rank 0's open lock file, from the first save: this run writes
         self._wrote_marker = False  # rank 0 made the CHECKPOINTS file (taken back if unused)
@@ -722,6 +725,7 @@ class Checkpointer:
                     "has_shared": SHARED in files, "has_nodes": nodes}
         manifest["checksum"] = _files.manifest_checksum(manifest)
         _files.write_json(os.path.join(step_dir, MANIFEST), manifest)
+        self._sound.add(step)
         _files.fsync_directory(self.directory)
 
     def _start_pruning(self, newest):
@@ -745,6 +749,7 @@ class Checkpointer:
             except OSError as exc:
                 warnings.warn(f"could not delete old checkpoint {path}: {exc}", stacklevel=3)
             self._damaged.discard(step)
+            self._sound.discard(step)
         return doomed
 
     def _delete(self, doomed):
@@ -788,12 +793,37 @@ class Checkpointer:
         """``[(step, path)]`` of what the ``keep`` newest good checkpoints make obsolete."""
         dirs = self._step_dirs()
         committed = sorted(s for s, p in dirs.items() if os.path.isfile(os.path.join(p, MANIFEST)))
-        good = [s for s in committed if s not in self._damaged]
+        good = [s for s in committed if self._is_sound(s, dirs[s])]
         doomed = [s for s in dirs if s < newest and s not in committed]  # failed saves
         if self.keep is not None and len(good) > self.keep:
             oldest_kept = good[-self.keep]
             doomed += [s for s in committed if s < oldest_kept]
         return [(step, dirs[step]) for step in sorted(doomed)]
+
+    def _is_sound(self, step, step_dir):
+        """Whether committed ``step`` may count among the ``keep`` kept (rank 0): not found
+        damaged, and, when an earlier run wrote it, its manifest verifies, is of this step,
+        and every file it lists has its recorded size. Checked once per step. The files'
+        checksums are left to `load`: reading every kept checkpoint at each save would cost
+        more than the save, while a damaged manifest or a truncated file, counted as good,
+        would have pruning delete a good older checkpoint and keep one that cannot load."""
+        if step in self._damaged:
+            return False
+        if step in self._sound:
+            return True
+        try:
+            manifest = _files.read_manifest(step_dir)
+            if manifest["step"] != step:
+                raise Damaged(f"{MANIFEST} is of step {manifest['step']}")
+            for name, entry in manifest["files"].items():
+                path = os.path.join(step_dir, name)
+                if os.path.dirname(name) or os.path.getsize(path) != entry["bytes"]:
+                    raise Damaged(f"{name} is not of its recorded size")
+        except (Damaged, OSError):
+            self._damaged.add(step)
+            return False
+        self._sound.add(step)
+        return True
 
     def close(self):
         """Commit the pending save (collective), and free the staging buffer and the
