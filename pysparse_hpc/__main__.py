@@ -313,8 +313,17 @@ def run_train(args, out=None):
     from . import set_num_threads
     from .distributed import init
     from .distributed._comm import launched_rank, raised_on_every_rank
+    from .distributed.partition import check_balance
     from .distributed.training import train
 
+    try:
+        # Here, not after the graph is read and split: --balance nnz with --partition random
+        # would be refused seconds into the run.
+        check_balance(args.balance, args.partition)
+    except ValueError as exc:  # the same options on every rank
+        if launched_rank() == 0:
+            _train_error(f"--balance: {exc}")
+        return 2
     # Under mpiexec: a rank that raises ends the job with its message, and with a timeout so
     # does a rank that hangs.
     try:

@@ -112,3 +112,22 @@ def test_train_usage_errors_come_from_rank_0_alone(monkeypatch, capsys):
             err = capsys.readouterr().err
             assert exc.value.code == 2
             assert ("error:" in err) == shown, (rank, argv, err)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--balance", "nnz", "--partition", "random"],
+     "balance must be 'rows' for method 'random', got 'nnz'"),
+    (["--balance", "rows+nnz", "--partition", "contiguous"], "for method 'contiguous'"),
+    (["--balance", "1e20"], "must be finite and in [0, 1e+09], got 1e+20")])
+def test_train_refuses_a_balance_its_partition_does_not_take_before_starting(
+        argv, message, monkeypatch, capsys):
+    # It was refused by the partitioner, after MPI start-up and the graph's loading.
+    from pysparse_hpc import distributed
+    from pysparse_hpc.__main__ import main
+
+    def started(*args, **kwargs):
+        raise AssertionError("the run started")
+    monkeypatch.setattr(distributed, "init", started)
+    assert main(["train", *argv]) == 2
+    err = capsys.readouterr().err
+    assert "python -m pysparse_hpc train: error: --balance: " in err and message in err

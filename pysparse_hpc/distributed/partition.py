@@ -528,6 +528,36 @@ BALANCES = ("rows", "nnz", ROWS_AND_NNZ)
 _DEFAULT_BALANCE = {"metis": "rows", "contiguous": "nnz", "random": "rows"}
 
 
+def check_balance(balance, method="metis"):
+    """The balance `partition` uses with ``method``: ``balance`` itself, or the method's
+    default for None.
+
+    Raises the ValueError `partition` would raise for an unknown ``method`` or a ``balance``
+    it does not take, so that a command line can refuse its options before reading a graph.
+    """
+    if not isinstance(method, str) or method not in PARTITION_METHODS:
+        raise ValueError(
+            f"unknown method {method!r}; expected one of {', '.join(PARTITION_METHODS)}")
+    balance = _DEFAULT_BALANCE[method] if balance is None else balance
+    numeric = isinstance(balance, (int, float, np.integer, np.floating)) and not isinstance(
+        balance, (bool, np.bool_))
+    # Compared, not converted: NaN fails the comparison, and an int too large for a float is
+    # out of range rather than a casting error.
+    if numeric and not 0 <= balance <= _MAX_ROW_WORK:
+        raise ValueError(f"a numeric balance (work per row, in stored entries) must be finite "
+                         f"and in [0, {_MAX_ROW_WORK:.0e}], got {balance!r} (a larger one is "
+                         f"'rows' in effect, and the summed weights would overflow)")
+    allowed = {"random": "'rows'", "contiguous": "'rows', 'nnz' or a number >= 0"}.get(
+        method, "'rows', 'nnz', 'rows+nnz' or a number >= 0")
+    # Names are compared as str only: an array's == is elementwise, with no truth value.
+    named = balance if isinstance(balance, str) else None
+    if ((not numeric and named not in BALANCES) or (method == "random" and named != "rows")
+            or (method == "contiguous" and named == ROWS_AND_NNZ)):
+        raise ValueError(f"balance must be {allowed} for method {method!r}, got "
+                         f"{balance!r}")
+    return balance
+
+
 def partition(adj, nparts, method="metis", seed=0, balance=None):
     """Split the nodes of a graph into ``nparts`` parts, one per rank, and rate the split.
 
@@ -625,26 +655,7 @@ def partition(adj, nparts, method="metis", seed=0, balance=None):
     >>> metis.owner.shape
     (2708,)
     """
-    if not isinstance(method, str) or method not in PARTITION_METHODS:
-        raise ValueError(
-            f"unknown method {method!r}; expected one of {', '.join(PARTITION_METHODS)}")
-    balance = _DEFAULT_BALANCE[method] if balance is None else balance
-    numeric = isinstance(balance, (int, float, np.integer, np.floating)) and not isinstance(
-        balance, (bool, np.bool_))
-    # Compared, not converted: NaN fails the comparison, and an int too large for a float is
-    # out of range rather than a casting error.
-    if numeric and not 0 <= balance <= _MAX_ROW_WORK:
-        raise ValueError(f"a numeric balance (work per row, in stored entries) must be finite "
-                         f"and in [0, {_MAX_ROW_WORK:.0e}], got {balance!r} (a larger one is "
-                         f"'rows' in effect, and the summed weights would overflow)")
-    allowed = {"random": "'rows'", "contiguous": "'rows', 'nnz' or a number >= 0"}.get(
-        method, "'rows', 'nnz', 'rows+nnz' or a number >= 0")
-    # Names are compared as str only: an array's == is elementwise, with no truth value.
-    named = balance if isinstance(balance, str) else None
-    if ((not numeric and named not in BALANCES) or (method == "random" and named != "rows")
-            or (method == "contiguous" and named == ROWS_AND_NNZ)):
-        raise ValueError(f"balance must be {allowed} for method {method!r}, got "
-                         f"{balance!r}")
+    balance = check_balance(balance, method)
     indptr, indices, n = _as_pattern(adj)
     nparts = _check_nparts(nparts)
     seed = _check_seed(seed)
