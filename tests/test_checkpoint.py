@@ -224,6 +224,40 @@ def test_keep_counts_only_sound_checkpoints_of_an_earlier_run(tmp_path, damage):
     assert loaded.step == 2 and loaded.shard["w"][0] == 2.0
 
 
+@pytest.mark.parametrize("failing", ["manifest", "directory"])
+def test_a_failed_commit_says_whether_the_checkpoint_has_its_manifest(
+        tmp_path, monkeypatch, failing):
+    """A commit that fails names the step, and says whether the manifest was written (the
+    checkpoint loads, but its directory's fsync failed) or not (there is no checkpoint)."""
+    from pysparse_hpc.distributed.checkpoint import _files
+    checkpoints = make(tmp_path)
+    checkpoints.save(1, {"w": torch.ones(3)})
+    checkpoints._pending.thread.wait()  # the files are written: only the commit can fail
+    if failing == "manifest":
+        def write_json(path, obj):
+            raise OSError(28, "No space left on device")
+        monkeypatch.setattr(_files, "write_json", write_json)
+    else:
+        real = _files.fsync_directory
+
+        def fsync_directory(path):
+            if str(path) == str(tmp_path):
+                raise OSError(5, "Input/output error")
+            real(path)
+        monkeypatch.setattr(_files, "fsync_directory", fsync_directory)
+    with pytest.raises(OSError) as raised:
+        checkpoints.wait()
+    monkeypatch.undo()
+    notes = " ".join(getattr(raised.value, "__notes__", []))
+    assert "while committing checkpoint step 1" in notes
+    if failing == "directory":
+        assert "manifest.json is written, so it loads" in notes
+        assert make(tmp_path).load().step == 1
+    else:
+        assert "(writing its manifest.json)" in notes
+        assert make(tmp_path).steps() == []
+
+
 def save_three(directory, **kwargs):
     checkpoints = make(directory, **kwargs)
     for step in (1, 2, 3):

@@ -693,10 +693,10 @@ class Checkpointer:
         if self.comm.rank != 0:
             return
         try:
-            self._commit(*collected)
+            self._commit_noted(*collected)
         except Exception as exc:
-            warnings.warn(f"could not commit checkpoint step {collected[0]} in "
-                          f"{self.directory}: {exc}", stacklevel=3)
+            # The notes say whether the manifest was written (the checkpoint loads) or not.
+            warnings.warn("; ".join([str(exc)] + getattr(exc, "__notes__", [])), stacklevel=3)
             return
         self._start_pruning(collected[0])
 
@@ -706,10 +706,17 @@ class Checkpointer:
             self._commit(step, records)
         except Exception as exc:
             # A bare "[Errno 28] No space left on device" would not say which save failed,
-            # nor that its files are written but it has no manifest.
+            # nor whether it has a manifest, without which its files are no checkpoint.
             if hasattr(exc, "add_note"):
-                exc.add_note(f"while committing checkpoint step {step} in {self.directory} "
-                             f"(writing its {MANIFEST})")
+                step_dir = os.path.join(self.directory, _step_name(step))
+                if os.path.isfile(os.path.join(step_dir, MANIFEST)):
+                    exc.add_note(f"while committing checkpoint step {step} in "
+                                 f"{self.directory}: its {MANIFEST} is written, so it loads, "
+                                 "but the directory could not be made durable (fsync): it "
+                                 "may not survive a crash of the machine")
+                else:
+                    exc.add_note(f"while committing checkpoint step {step} in "
+                                 f"{self.directory} (writing its {MANIFEST})")
             raise
 
     def _commit(self, step, records):
