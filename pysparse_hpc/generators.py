@@ -2,6 +2,8 @@
 
 Each generator is deterministic for a given ``seed`` and returns a canonical `csr_array`.
 """
+import os
+
 import numpy as np
 
 from ._csr import csr_array
@@ -15,6 +17,32 @@ def _value_dtype(dtype):
     """The values' dtype, resolved before the graph is drawn (a torch dtype taken as its NumPy
     twin; an unusable one refused up front, not by NumPy after the drawing)."""
     return value_dtype_for(as_numpy_dtype(dtype))
+
+
+#: Bytes per entry that drawing a graph needs at least: the int64 coordinates, the draws and
+#: temporaries of the drawing, and the sort into CSR (about 60 measured at its peak; the lower
+#: figure refuses only what cannot fit).
+_BYTES_PER_ENTRY = 48
+
+
+def _physical_memory():
+    """This machine's memory in bytes, or None where the platform does not say."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def _check_fits(what, entries):
+    """Refuse up front a graph whose drawing cannot fit in memory: NumPy would fail with
+    "Maximum allowed dimension exceeded" naming nothing, or, under memory overcommit, the
+    process would be killed partway through the drawing."""
+    needed = float(entries) * _BYTES_PER_ENTRY
+    memory = _physical_memory()
+    if needed >= 2.0 ** 63 or (memory is not None and needed > memory):
+        available = "" if memory is None else f", more than this machine's {memory / 2**30:.1f} GiB"
+        raise MemoryError(f"{what} draws about {float(entries):.3g} entries, which need about "
+                          f"{needed / 2**30:.3g} GiB{available}")
 
 
 def _holds_bool(values):
@@ -73,6 +101,11 @@ def rmat(scale, edge_factor=16, probabilities=(0.57, 0.19, 0.19, 0.05), seed=0,
     csr_array
         Shape ``(2**scale, 2**scale)``, int32 indices unless the size needs int64.
 
+    Raises
+    ------
+    MemoryError
+        Before drawing, when the edges cannot fit in this machine's memory.
+
     Examples
     --------
     >>> from pysparse_hpc.generators import rmat
@@ -93,6 +126,8 @@ def rmat(scale, edge_factor=16, probabilities=(0.57, 0.19, 0.19, 0.05), seed=0,
     dtype = _value_dtype(dtype)
     n = 1 << int(scale)
     n_edges = int(edge_factor) * n
+    _check_fits(f"rmat(scale={scale}, edge_factor={edge_factor})",
+                n_edges * (2 if symmetric else 1))
     rng = np.random.default_rng(seed)
     rows = np.zeros(n_edges, dtype=np.int64)
     cols = np.zeros(n_edges, dtype=np.int64)
@@ -153,6 +188,11 @@ def planted_partition(n_communities, community_size, internal_degree=8.0, extern
     labels : ndarray of int64
         The community of every node.
 
+    Raises
+    ------
+    MemoryError
+        Before drawing, when the edges cannot fit in this machine's memory.
+
     Examples
     --------
     >>> from pysparse_hpc.generators import planted_partition
@@ -174,6 +214,10 @@ def planted_partition(n_communities, community_size, internal_degree=8.0, extern
     seed = check_seed(seed)
     dtype = _value_dtype(dtype)
     n = n_communities * community_size
+    # About (internal + external) / 2 draws per node, each stored twice (symmetrized).
+    _check_fits(f"planted_partition({n_communities}, {community_size}, internal_degree="
+                f"{internal_degree}, external_degree={external_degree})",
+                n * (1 + float(internal_degree) + float(external_degree)))
     rng = np.random.default_rng(seed)
     labels = np.repeat(np.arange(n_communities, dtype=np.int64), community_size)
     rows, cols = [], []
