@@ -79,7 +79,9 @@ class PreconditioningConfig:
     ignore_modules : list, optional
         Modules to leave unpreconditioned: module classes (``torch.nn.Linear``), module
         instances (a container ignores all its descendants, which ASDL does not), or
-        substrings of qualified module names (``"conv1"``, ``"block2."``).
+        substrings of qualified module names (``"conv1"``, ``"block2."``). Read when a maker
+        is built, which fixes the modules it preconditions: a later change to the list does
+        not reach that maker (build a new one).
 
     Notes
     -----
