@@ -157,6 +157,60 @@ class sparray:
             return spmm(self.T, left)
         return spmm(self.T, left.T).T
 
+    # -- what scipy.sparse has and these arrays do not -------------------------------------
+    # The arrays hold a matrix for the kernels. Elementwise arithmetic, indexing and the
+    # reductions are scipy.sparse's: without these, Python's own error ("unsupported operand
+    # type(s)", "not subscriptable") would not say where to find them.
+    def _refuse(self, what):
+        raise TypeError(f"{type(self).__name__} does not support {what}: it holds a matrix for "
+                        "the kernels (format conversions, A @ X, sddmm); convert with "
+                        "A.to_scipy() for scipy.sparse's arithmetic, indexing and reductions")
+
+    def __add__(self, other):
+        self._refuse("+")
+
+    __radd__ = __add__
+
+    def __sub__(self, other):
+        self._refuse("-")
+
+    __rsub__ = __sub__
+
+    def __mul__(self, other):
+        self._refuse("elementwise *")
+
+    __rmul__ = __mul__
+
+    def __truediv__(self, other):
+        self._refuse("/")
+
+    __rtruediv__ = __truediv__
+
+    def __pow__(self, other):
+        self._refuse("**")
+
+    def __neg__(self):
+        self._refuse("unary -")
+
+    def __abs__(self):
+        self._refuse("abs()")
+
+    def __getitem__(self, key):
+        self._refuse("indexing")
+
+    def __setitem__(self, key, value):
+        self._refuse("item assignment")
+
+    def __iter__(self):
+        self._refuse("iteration")
+
+    def __getattr__(self, name):
+        # Called only where the usual lookup failed: no cost to the attributes that exist.
+        message = f"{type(self).__name__!r} object has no attribute {name!r}"
+        if name in _SCIPY_ONLY:
+            message += f"; scipy.sparse's is reached through A.to_scipy().{name}"
+        raise AttributeError(message)
+
     def _repr_details(self):
         return ""
 
@@ -164,6 +218,10 @@ class sparray:
         rows, cols = self.shape
         return (f"<{self._format_name} of shape ({rows}, {cols}), dtype {self.dtype}, "
                 f"index {self.index_dtype}, {self.nnz} stored entries{self._repr_details()}>")
+
+
+#: Public attributes of scipy's CSR arrays, for `sparray.__getattr__`'s advice.
+_SCIPY_ONLY = frozenset(name for name in dir(scipy.sparse.csr_array) if not name.startswith("_"))
 
 
 def _operand_ndim(x):

@@ -1,4 +1,6 @@
 """Bad input: a clear TypeError/ValueError that says what was found, and nothing modified."""
+import re
+
 import numpy as np
 import pytest
 import scipy.sparse
@@ -225,7 +227,7 @@ def test_operator_operands_are_named():
     # The message pointed scalars to *, which sparse arrays do not have either.
     with pytest.raises(ValueError, match="got 0-D: a scalar, which @ does not take"):
         2.0 @ A
-    with pytest.raises(TypeError, match="unsupported operand"):
+    with pytest.raises(TypeError, match=r"does not support elementwise \*.*A\.to_scipy\(\)"):
         2.0 * A
     with pytest.raises(ValueError, match="got 3-D with shape \\(2, 2, 2\\)$"):
         np.ones((2, 2, 2)) @ A
@@ -370,3 +372,34 @@ def test_a_timedelta_is_not_a_real_number_anywhere():
     assert not is_real_number(np.timedelta64(3, "s")) and is_real_number(np.int64(3))
     with pytest.raises(TypeError, match="lr must be a number"):
         Lion([torch.nn.Parameter(torch.ones(2))], lr=np.timedelta64(3, "s"))
+
+
+@pytest.mark.parametrize("convert", [lambda A: A, lambda A: A.to_mebcrs(),
+                                     lambda A: A.to_blocked(window=16)])
+def test_what_scipy_sparse_has_points_to_to_scipy(convert):
+    """Arithmetic, indexing and scipy's methods, which the arrays do not have, say where they
+    are: Python's own errors ("unsupported operand", "not subscriptable") did not."""
+    A = convert(sph.csr_array(np.eye(3)))
+    name = type(A).__name__
+    dense = np.ones((3, 3))
+    for what, operation in [("+", lambda: A + A), ("+", lambda: dense + A),
+                            ("-", lambda: 1 - A), ("elementwise *", lambda: A * 2),
+                            ("elementwise *", lambda: np.float32(2) * A),
+                            ("/", lambda: A / 2), ("**", lambda: A ** 2),
+                            ("unary -", lambda: -A), ("abs()", lambda: abs(A)),
+                            ("indexing", lambda: A[0, 1]), ("indexing", lambda: A[1:]),
+                            ("iteration", lambda: list(A))]:
+        with pytest.raises(TypeError, match=f"^{name} does not support {re.escape(what)}: "
+                                            r".*A\.to_scipy\(\)"):
+            operation()
+    with pytest.raises(TypeError, match="item assignment"):
+        A[0, 0] = 1.0
+    with pytest.raises(AttributeError, match=r"no attribute 'multiply'; scipy.sparse's is "
+                                             r"reached through A.to_scipy\(\).multiply$"):
+        A.multiply(A)
+    with pytest.raises(AttributeError, match="no attribute 'bogus'$"):
+        A.bogus
+    assert not hasattr(A, "todense") and hasattr(A, "toarray")
+    # What the arrays do have is untouched: @ with a dense operand, conversions, to_scipy.
+    assert np.array_equal(A @ dense, dense) and np.array_equal(dense @ A, dense)
+    assert (A.to_scipy().multiply(A.to_scipy())).nnz == 3
