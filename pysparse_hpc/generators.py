@@ -2,6 +2,7 @@
 
 Each generator is deterministic for a given ``seed`` and returns a canonical `csr_array`.
 """
+import math
 import os
 
 import numpy as np
@@ -24,6 +25,11 @@ def _value_dtype(dtype):
 #: figure refuses only what cannot fit).
 _BYTES_PER_ENTRY = 48
 
+#: Bytes per node at least, whatever the edges: rmat's int64 relabelling permutation and the
+#: row pointer (about 20 measured). Counted apart, or rmat(40, edge_factor=0), which draws no
+#: edge, asked NumPy for a permutation of 8 TiB.
+_BYTES_PER_NODE = 16
+
 
 def _physical_memory():
     """This machine's memory in bytes, or None where the platform does not say."""
@@ -33,15 +39,22 @@ def _physical_memory():
         return None
 
 
-def _check_fits(what, entries):
+def _check_fits(what, *factors, nodes=0):
     """Refuse up front a graph whose drawing cannot fit in memory: NumPy would fail with
     "Maximum allowed dimension exceeded" naming nothing, or, under memory overcommit, the
-    process would be killed partway through the drawing."""
-    needed = float(entries) * _BYTES_PER_ENTRY
+    process would be killed partway through the drawing. The entries are the product of
+    ``factors``, taken here where a product past float's range is caught."""
+    try:
+        entries = float(math.prod(factors))
+    except OverflowError:   # an integer argument past float's range
+        entries = math.inf
+    # Two lower bounds, so their maximum is one too: a graph is refused only if it cannot fit.
+    needed = max(entries * _BYTES_PER_ENTRY, float(nodes) * _BYTES_PER_NODE)
+    on_nodes = f" on {float(nodes):.3g} nodes" if needed > entries * _BYTES_PER_ENTRY else ""
     memory = _physical_memory()
     if needed >= 2.0 ** 63 or (memory is not None and needed > memory):
         available = "" if memory is None else f", more than this machine's {memory / 2**30:.1f} GiB"
-        raise MemoryError(f"{what} draws about {float(entries):.3g} entries, which need about "
+        raise MemoryError(f"{what} draws about {entries:.3g} entries{on_nodes}, which need about "
                           f"{needed / 2**30:.3g} GiB{available}")
 
 
@@ -57,7 +70,11 @@ def _holds_bool(values):
 def _check_probabilities(probabilities):
     """The four quadrant probabilities as float64; TypeError naming the argument for what is not
     four numbers (NumPy's own conversion error names nothing), ValueError for bad values."""
-    values = np.asarray(probabilities) if not isinstance(probabilities, (str, bytes)) else None
+    try:
+        values = (np.asarray(probabilities) if not isinstance(probabilities, (str, bytes))
+                  else None)
+    except ValueError:   # ragged nesting: NumPy's "inhomogeneous shape" names no argument
+        values = None
     # Booleans are refused, as everywhere in the library (True is no probability), also among
     # numbers, where NumPy's conversion hides them.
     if values is None or values.dtype.kind not in "iuf" or _holds_bool(probabilities):
@@ -127,7 +144,7 @@ def rmat(scale, edge_factor=16, probabilities=(0.57, 0.19, 0.19, 0.05), seed=0,
     n = 1 << int(scale)
     n_edges = int(edge_factor) * n
     _check_fits(f"rmat(scale={scale}, edge_factor={edge_factor})",
-                n_edges * (2 if symmetric else 1))
+                n_edges, 2 if symmetric else 1, nodes=n)
     rng = np.random.default_rng(seed)
     rows = np.zeros(n_edges, dtype=np.int64)
     cols = np.zeros(n_edges, dtype=np.int64)
@@ -207,7 +224,11 @@ def planted_partition(n_communities, community_size, internal_degree=8.0, extern
                          f"{community_size}")
     for name, degree in (("internal_degree", internal_degree),
                          ("external_degree", external_degree)):
-        check_real_number(name, degree, positive=False)
+        try:
+            check_real_number(name, degree, positive=False)
+        except OverflowError:   # an integer past float's range, which isfinite cannot take
+            raise ValueError(f"{name} must be a finite number, got an integer of "
+                             f"{degree.bit_length()} bits") from None
         if degree < 0:
             raise ValueError(f"{name} must be non-negative, got {degree}")
     shuffle = check_flag(shuffle, "shuffle")
@@ -217,7 +238,7 @@ def planted_partition(n_communities, community_size, internal_degree=8.0, extern
     # About (internal + external) / 2 draws per node, each stored twice (symmetrized).
     _check_fits(f"planted_partition({n_communities}, {community_size}, internal_degree="
                 f"{internal_degree}, external_degree={external_degree})",
-                n * (1 + float(internal_degree) + float(external_degree)))
+                n, 1 + float(internal_degree) + float(external_degree))
     rng = np.random.default_rng(seed)
     labels = np.repeat(np.arange(n_communities, dtype=np.int64), community_size)
     rows, cols = [], []

@@ -1,4 +1,5 @@
 """Loading of the bundled citation graphs into a `Dataset`."""
+import os
 from dataclasses import dataclass
 from importlib import resources
 
@@ -139,6 +140,30 @@ def _check_keys(path, files):
                      "masks and num_classes)")
 
 
+def _physical_memory():
+    """This machine's memory in bytes, or None where the platform does not say."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def _check_dense_fits(path, shape, bytes_per_value, what):
+    """Refuse up front dense features that cannot fit in memory. The sparse file is small
+    whatever width it declares, so only the dense array's allocation would find out: NumPy's
+    error names a shape, not the file or the key, and under memory overcommit the process was
+    killed while filling it."""
+    try:
+        needed = float(shape[0]) * float(shape[1]) * bytes_per_value
+    except OverflowError:   # a width past float's range
+        needed = float("inf")
+    memory = _physical_memory()
+    if needed >= 2.0 ** 63 or (memory is not None and needed > memory):
+        available = "" if memory is None else f", more than this machine's {memory / 2**30:.1f} GiB"
+        raise MemoryError(f"{path!r}: dense features of {shape[0]} x {shape[1]} ({what}) need "
+                          f"about {needed / 2**30:.3g} GiB{available}")
+
+
 def load_file(path, random_features=None, seed=0, name=None):
     """Load a node-classification graph from an ``.npz`` file of the bundled layout.
 
@@ -172,7 +197,6 @@ def load_file(path, random_features=None, seed=0, name=None):
         in ``0..num_classes - 1`` (or -1, on a node outside the masks), a mask is not boolean,
         the masks overlap, or the adjacency is not square.
     """
-    import os
     if name is not None and not isinstance(name, str):
         raise TypeError(f"name must be a string, got {type(name).__name__}")
     # The arguments first, so that a bad one is not reported after (or as) a fault of the file.
@@ -194,13 +218,14 @@ def load_file(path, random_features=None, seed=0, name=None):
         num_classes = _read_member(archive, "num_classes", path)
     adj = _load_matrix(path, "adj_", "adjacency")
     # Cast without a check, float labels were truncated and index masks read as 0/1 masks.
-    if y.ndim != 1 or not np.issubdtype(y.dtype, np.integer):
+    # By kind: NumPy counts timedelta64 among its integers, whose values int() cannot take.
+    if y.ndim != 1 or y.dtype.kind not in "iu":
         raise ValueError(f"{path!r}: labels must be a 1-D integer array, got {y.ndim}-D {y.dtype}")
     for split, mask in zip(_SPLITS, masks):
         if mask.ndim != 1 or mask.dtype != np.bool_:
             raise ValueError(f"{path!r}: {split}_mask must be a 1-D bool array, got {mask.ndim}-D "
                              f"{mask.dtype}")
-    if num_classes.ndim or not np.issubdtype(num_classes.dtype, np.integer) or num_classes < 1:
+    if num_classes.ndim or num_classes.dtype.kind not in "iu" or num_classes < 1:
         raise ValueError(f"{path!r}: num_classes must be an integer >= 1, got {num_classes!r}")
     num_classes = int(num_classes)
     if adj.shape[0] != adj.shape[1]:
@@ -217,11 +242,17 @@ def load_file(path, random_features=None, seed=0, name=None):
         raise ValueError(f"{path!r}: the adjacency holds NaN or infinite weights (or weights "
                          f"beyond float32's range)")
     if random_features is not None:
+        _check_dense_fits(path, (n, random_features), 4, "random_features")
         rng = np.random.default_rng(seed)
         x = rng.standard_normal((n, random_features), dtype=np.float32)
     elif has_features:
+        features = _load_matrix(path, "feat_", "feature matrix")
+        # The dense array, and its float32 copy where it is not float32 already.
+        copy_bytes = 0 if features.dtype == np.float32 else 4
+        _check_dense_fits(path, features.shape, features.dtype.itemsize + copy_bytes,
+                          "feat_shape")
         with np.errstate(over="ignore"):   # beyond float32's range: inf, refused below
-            x = _load_matrix(path, "feat_", "feature matrix").toarray().astype(np.float32)
+            x = features.toarray().astype(np.float32, copy=False)
     else:
         raise ValueError(f"{path!r} has no features (feat_* keys); ask for random ones "
                          "(random_features=WIDTH, --random-features WIDTH on the command line)")
