@@ -23,6 +23,14 @@ def _ops():
 _OPS = None
 
 
+def _refusing(what):
+    """A method of `sparray` that refuses ``what`` (whatever its operands) with `_refuse`'s
+    advice."""
+    def refuse(self, *operands):
+        self._refuse(what)
+    return refuse
+
+
 class sparray:
     """Base class of the pysparse_hpc sparse arrays (2-D only).
 
@@ -166,43 +174,16 @@ class sparray:
                         "the kernels (format conversions, A @ X, sddmm); convert with "
                         "A.to_scipy() for scipy.sparse's arithmetic, indexing and reductions")
 
-    def __add__(self, other):
-        self._refuse("+")
-
-    __radd__ = __add__
-
-    def __sub__(self, other):
-        self._refuse("-")
-
-    __rsub__ = __sub__
-
-    def __mul__(self, other):
-        self._refuse("elementwise *")
-
-    __rmul__ = __mul__
-
-    def __truediv__(self, other):
-        self._refuse("/")
-
-    __rtruediv__ = __truediv__
-
-    def __pow__(self, other):
-        self._refuse("**")
-
-    def __neg__(self):
-        self._refuse("unary -")
-
-    def __abs__(self):
-        self._refuse("abs()")
-
-    def __getitem__(self, key):
-        self._refuse("indexing")
-
-    def __setitem__(self, key, value):
-        self._refuse("item assignment")
-
-    def __iter__(self):
-        self._refuse("iteration")
+    __add__ = __radd__ = _refusing("+")
+    __sub__ = __rsub__ = _refusing("-")
+    __mul__ = __rmul__ = _refusing("elementwise *")
+    __truediv__ = __rtruediv__ = _refusing("/")
+    __pow__ = _refusing("**")
+    __neg__ = _refusing("unary -")
+    __abs__ = _refusing("abs()")
+    __getitem__ = _refusing("indexing")
+    __setitem__ = _refusing("item assignment")
+    __iter__ = _refusing("iteration")
 
     def __getattr__(self, name):
         # Called only where the usual lookup failed: no cost to the attributes that exist.

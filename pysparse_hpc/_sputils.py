@@ -7,6 +7,7 @@ kernels never validate. Messages say what was found and what was expected.
 import math
 import numbers
 import operator
+import os
 import sys
 
 import numpy as np
@@ -27,6 +28,8 @@ __all__ = [
     "check_integer",
     "check_seed",
     "described_sparse",
+    "physical_memory",
+    "refuse_beyond_memory",
 ]
 
 #: Value dtypes a sparse array may hold. Integer and boolean input is converted to float64.
@@ -265,3 +268,23 @@ def described_sparse(value):
     if hasattr(value, "tocsr"):
         return f"{name} (wrap it with pysparse_hpc.csr_array)"
     return name
+
+
+def physical_memory():
+    """This machine's memory in bytes, or None where the platform does not say."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def refuse_beyond_memory(needed, description):
+    """Raise ``MemoryError("{description} need about ... GiB[, more than this machine's ...]")``
+    when ``needed`` bytes (a float; inf for a size past float's range) cannot be allocated:
+    beyond int64, or beyond this machine's memory. Found before the allocation, not by NumPy's
+    error, which names a shape but not the argument or file, nor by a process killed while
+    filling an overcommitted array."""
+    memory = physical_memory()
+    if needed >= 2.0 ** 63 or (memory is not None and needed > memory):
+        available = "" if memory is None else f", more than this machine's {memory / 2**30:.1f} GiB"
+        raise MemoryError(f"{description} need about {needed / 2**30:.3g} GiB{available}")

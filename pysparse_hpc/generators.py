@@ -3,13 +3,12 @@
 Each generator is deterministic for a given ``seed`` and returns a canonical `csr_array`.
 """
 import math
-import os
 
 import numpy as np
 
 from ._csr import csr_array
 from ._sputils import (as_numpy_dtype, check_flag, check_integer, check_real_number,
-                       check_seed, get_index_dtype, value_dtype_for)
+                       check_seed, get_index_dtype, refuse_beyond_memory, value_dtype_for)
 
 __all__ = ["planted_partition", "rmat"]
 
@@ -31,14 +30,6 @@ _BYTES_PER_ENTRY = 48
 _BYTES_PER_NODE = 16
 
 
-def _physical_memory():
-    """This machine's memory in bytes, or None where the platform does not say."""
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (AttributeError, ValueError, OSError):
-        return None
-
-
 def _check_fits(what, *factors, nodes=0):
     """Refuse up front a graph whose drawing cannot fit in memory: NumPy would fail with
     "Maximum allowed dimension exceeded" naming nothing, or, under memory overcommit, the
@@ -51,11 +42,7 @@ def _check_fits(what, *factors, nodes=0):
     # Two lower bounds, so their maximum is one too: a graph is refused only if it cannot fit.
     needed = max(entries * _BYTES_PER_ENTRY, float(nodes) * _BYTES_PER_NODE)
     on_nodes = f" on {float(nodes):.3g} nodes" if needed > entries * _BYTES_PER_ENTRY else ""
-    memory = _physical_memory()
-    if needed >= 2.0 ** 63 or (memory is not None and needed > memory):
-        available = "" if memory is None else f", more than this machine's {memory / 2**30:.1f} GiB"
-        raise MemoryError(f"{what} draws about {entries:.3g} entries{on_nodes}, which need about "
-                          f"{needed / 2**30:.3g} GiB{available}")
+    refuse_beyond_memory(needed, f"{what} draws about {entries:.3g} entries{on_nodes}, which")
 
 
 def _holds_bool(values):

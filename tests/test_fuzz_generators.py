@@ -101,8 +101,8 @@ def test_rmat_refuses_a_node_count_beyond_memory_before_drawing():
 def test_rmat_counts_nodes_against_memory():
     run_child("""
         import pytest
-        from pysparse_hpc import generators
-        generators._physical_memory = lambda: 2 ** 30
+        from pysparse_hpc import _sputils, generators
+        _sputils.physical_memory = lambda: 2 ** 30
         with pytest.raises(MemoryError, match="entries on 1.34e.08 nodes, which need about 2 GiB"):
             generators.rmat(27, 0)
         assert generators.rmat(10, 0).nnz == 0

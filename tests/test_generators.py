@@ -46,12 +46,12 @@ def test_generators_refuse_graphs_beyond_memory_before_drawing(monkeypatch):
     # NumPy refused rmat(40, 2**30) with "Maximum allowed dimension exceeded", naming nothing,
     # and planted_partition with a huge degree with "lam value too large"; sizes below that
     # but beyond memory were drawn until the process was killed.
-    from pysparse_hpc import generators
+    from pysparse_hpc import _sputils
     with pytest.raises(MemoryError, match=r"rmat\(scale=40, edge_factor=1073741824\) draws"):
         rmat(40, 2 ** 30)
     with pytest.raises(MemoryError, match="internal_degree=1e.300"):
         planted_partition(10, 10, internal_degree=1e300)
-    monkeypatch.setattr(generators, "_physical_memory", lambda: 2 ** 30)
+    monkeypatch.setattr(_sputils, "physical_memory", lambda: 2 ** 30)
     with pytest.raises(MemoryError, match=r"about 6.71e\+07 entries, which need about 3 GiB, "
                                           r"more than this machine's 1.0 GiB"):
         rmat(22, 16)

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 
 from tqdm import tqdm
 
+from .._sputils import physical_memory
 from . import counted, positive_int, write_outputs
 
 __all__ = ["HELP", "STATES", "TARGET_STALL", "CheckpointResult", "add_arguments", "make_state",
@@ -303,8 +304,8 @@ def _large_state_problem(megabytes, directory):
     held in memory and written to ``directory``; found now, not after the allocations have
     slowed the machine to a crawl or the disk has filled mid-run."""
     size = megabytes * 1e6
-    if hasattr(os, "sysconf") and "SC_PHYS_PAGES" in os.sysconf_names:
-        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    memory = physical_memory()
+    if memory is not None:
         if size > memory:
             return (f"a {megabytes} MB state does not fit in this machine's "
                     f"{memory / 1e6:.0f} MB of memory")

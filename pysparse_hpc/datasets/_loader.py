@@ -6,7 +6,7 @@ from importlib import resources
 import numpy as np
 
 from .._csr import csr_array
-from .._sputils import check_integer, check_seed, get_index_dtype
+from .._sputils import check_integer, check_seed, get_index_dtype, refuse_beyond_memory
 from ..io import _existing_path, _open_npz, _read_member, load_npz
 
 __all__ = ["Dataset", "available", "load", "load_file"]
@@ -140,14 +140,6 @@ def _check_keys(path, files):
                      "masks and num_classes)")
 
 
-def _physical_memory():
-    """This machine's memory in bytes, or None where the platform does not say."""
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (AttributeError, ValueError, OSError):
-        return None
-
-
 def _check_dense_fits(path, shape, bytes_per_value, what):
     """Refuse up front dense features that cannot fit in memory. The sparse file is small
     whatever width it declares, so only the dense array's allocation would find out: NumPy's
@@ -157,11 +149,7 @@ def _check_dense_fits(path, shape, bytes_per_value, what):
         needed = float(shape[0]) * float(shape[1]) * bytes_per_value
     except OverflowError:   # a width past float's range
         needed = float("inf")
-    memory = _physical_memory()
-    if needed >= 2.0 ** 63 or (memory is not None and needed > memory):
-        available = "" if memory is None else f", more than this machine's {memory / 2**30:.1f} GiB"
-        raise MemoryError(f"{path!r}: dense features of {shape[0]} x {shape[1]} ({what}) need "
-                          f"about {needed / 2**30:.3g} GiB{available}")
+    refuse_beyond_memory(needed, f"{path!r}: dense features of {shape[0]} x {shape[1]} ({what})")
 
 
 def load_file(path, random_features=None, seed=0, name=None):
