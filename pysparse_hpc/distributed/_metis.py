@@ -124,7 +124,10 @@ def _multi_constraint(pymetis, xadj, adjncy, weights, nparts, seed):
     vwgt = np.ascontiguousarray(weights, dtype=idx).reshape(-1)  # node-major, as METIS reads
     options = np.empty(_METIS_NOPTIONS, dtype=idx)
     library.set_default_options(_pointer(options))
-    options[library.seed_option] = seed
+    # METIS uses the low 32 bits of its seed, and a 32-bit build's options array cannot
+    # hold more (NumPy raised OverflowError there): those bits, signed where idx is 32-bit.
+    seed = int(seed) % 2**32
+    options[library.seed_option] = seed - 2**32 if idx == np.int32 and seed >= 2**31 else seed
     options[library.numbering_option] = 0
     scalars = {name: np.array([value], dtype=idx)
                for name, value in (("n", n), ("ncon", ncon), ("nparts", nparts), ("cut", 0))}

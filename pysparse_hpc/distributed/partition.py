@@ -45,6 +45,13 @@ def _as_pattern(adj):
     """``(indptr, indices, n)`` of square sparse ``adj``; the arrays are the input's own."""
     if isinstance(adj, sparray):
         csr = adj.tocsr()
+        # The arrays can be rewritten in place after construction (or shared with scipy,
+        # whose eliminate_zeros shortens them): a column out of range or an indptr past the
+        # indices crashed METIS and gave NumPy's IndexError, or a silent figure, elsewhere.
+        try:
+            csr._check_arrays(full_check=True)
+        except ValueError as exc:
+            raise ValueError(f"adj is not a valid sparse matrix: {exc}") from None
     elif scipy.sparse.issparse(adj):
         if adj.ndim != 2:
             raise ValueError(f"adj must be 2-D, got {adj.ndim}-D with shape {adj.shape}")
@@ -79,6 +86,16 @@ def _coo_pattern(coo):
     if n_rows != n_cols:
         raise ValueError(
             f"partitioning needs a square adjacency (a graph), got shape ({n_rows}, {n_cols})")
+    # scipy lets coords be replaced without a check: index arrays shorter than the others
+    # paired the wrong rows and columns, and float ones were truncated, both silently.
+    try:
+        coo.nnz
+    except ValueError as exc:
+        raise ValueError(f"adj is not a valid sparse matrix: {exc}") from None
+    for name, ids in (("row", coo.row), ("column", coo.col)):
+        if np.asarray(ids).dtype.kind not in "iu":
+            raise ValueError(f"adj is not a valid sparse matrix: its {name} indices have dtype "
+                             f"{np.asarray(ids).dtype}; expected integers")
     rows, cols = np.asarray(coo.row, dtype=np.int64), np.asarray(coo.col, dtype=np.int64)
     for name, ids in (("row", rows), ("column", cols)):
         if ids.size and (ids.min() < 0 or ids.max() >= n_rows):
