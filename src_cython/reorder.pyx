@@ -14,6 +14,7 @@ The Python layer validates and symmetrizes; the ``nogil`` bodies trust their inp
 """
 import numpy as np
 
+from cpython.mem cimport PyMem_RawCalloc, PyMem_RawFree, PyMem_RawMalloc
 from cython.parallel cimport prange, threadid
 from libc.stdint cimport INT64_MAX
 from libc.string cimport memcpy
@@ -151,9 +152,24 @@ cdef extern from *:
         return lowered;
     }
     #endif
+    /* A finished try whose rank is the best so far trades its buffer for the one holding the
+       best order: no copy, and a try that ranked better meanwhile keeps its place. */
+    static inline void rcm_keep_best(int64_t rank, int64_t *kept_rank, int *mine, int *best) {
+        #pragma omp critical(pysparse_hpc_rcm_keep)
+        {
+            if (rank < *kept_rank) {
+                int swapped = *mine;
+                *mine = *best;
+                *best = swapped;
+                *kept_rank = rank;
+            }
+        }
+    }
     """
     int64_t rcm_load_rank(const int64_t* rank) noexcept nogil
     bint rcm_lower_rank(int64_t* rank, int64_t value) noexcept nogil
+    void rcm_keep_best(int64_t rank, int64_t* kept_rank, int* mine, int* best) noexcept nogil
+
 
 
 cdef inline bint _lower_degree(const int64_t[::1] indptr, int64_t a, int64_t b) noexcept nogil:
@@ -377,33 +393,38 @@ cdef void _try_starts_serially(const int64_t[::1] indptr, const index_t[::1] by_
 
 cdef void _try_starts_in_parallel(const int64_t[::1] indptr, const index_t[::1] by_degree_indices,
                                   const int64_t* starts, int n_starts, int64_t size,
-                                  int64_t* order, uint8_t* visited, int64_t[:, ::1] thread_order,
-                                  int64_t[:, ::1] thread_kept, uint8_t[:, ::1] thread_visited,
-                                  int64_t* thread_rank, int threads) noexcept nogil:
-    """`_try_starts_serially` with the starts spread over threads, each with its own buffers.
+                                  int64_t* order, uint8_t* visited, int64_t* work,
+                                  int64_t capacity, uint8_t* thread_visited, int* slot,
+                                  int threads) noexcept nogil:
+    """`_try_starts_serially` with the starts spread over threads.
 
-    The result is the same: the winner has the smallest rank, and no try that could still
-    beat it gives up, whichever thread finishes first.
+    ``work`` holds ``threads + 1`` buffers of ``capacity >= size`` words: one per thread for
+    its search and one for the best finished order, which a better finished try takes over by
+    trading buffers (`rcm_keep_best`). ``thread_visited`` holds each thread's n visited
+    flags, all clear; ``slot`` is scratch of ``threads`` ints. The result is the same:
+    the winner has the smallest rank, and no try that could still beat it gives up, whichever
+    thread finishes first.
     """
-    cdef int64_t best_rank = INT64_MAX, width, placed, rank, k
+    cdef int64_t n = indptr.shape[0] - 1
+    cdef int64_t best_rank = INT64_MAX, kept_rank = INT64_MAX, width, placed, rank, k
+    cdef int64_t* mine
+    cdef int best_slot = threads
     cdef int s, t
     for t in range(threads):
-        thread_rank[t] = INT64_MAX
+        slot[t] = t
     for s in prange(n_starts, schedule="dynamic", chunksize=1, num_threads=threads):
         t = threadid()
         width = 0  # assigned here so that each thread has its own
-        placed = _cuthill_mckee(indptr, by_degree_indices, starts[s], s, &best_rank,
-                                &thread_order[t, 0], &thread_visited[t, 0], &width)
+        mine = work + slot[t] * capacity
+        placed = _cuthill_mckee(indptr, by_degree_indices, starts[s], s, &best_rank, mine,
+                                thread_visited + t * n, &width)
         for k in range(placed):
-            thread_visited[t, thread_order[t, k]] = 0
+            thread_visited[t * n + mine[k]] = 0
         if width >= 0:
             rank = width * START_SLOTS + s
             if rcm_lower_rank(&best_rank, rank):
-                memcpy(&thread_kept[t, 0], &thread_order[t, 0], size * sizeof(int64_t))
-                thread_rank[t] = rank
-    for t in range(threads):
-        if thread_rank[t] == best_rank:
-            memcpy(order, &thread_kept[t, 0], size * sizeof(int64_t))
+                rcm_keep_best(rank, &kept_rank, &slot[t], &best_slot)
+    memcpy(order, work + best_slot * capacity, size * sizeof(int64_t))
     for k in range(size):
         visited[order[k]] = 1
 
@@ -423,8 +444,8 @@ def rcm_order(const int64_t[::1] indptr, const index_t[::1] indices, int num_thr
     otherwise write past the lists: ValueError when it does not hold.
     """
     cdef Py_ssize_t n = indptr.shape[0] - 1
-    # No component has more than MAX_STARTS starts to share out, and each thread holds three
-    # rows of n words: more threads would only cost memory (17 bytes a vertex each).
+    # No component has more than MAX_STARTS starts to share out: more threads would only cost
+    # memory.
     cdef int threads = min(max(1, num_threads), MAX_STARTS) if n >= PARALLEL_MIN_COMPONENT else 1
     index_dtype = np.int32 if index_t is int32_t else np.int64
     order_np = np.empty(n, dtype=np.int64)
@@ -435,15 +456,18 @@ def rcm_order(const int64_t[::1] indptr, const index_t[::1] indices, int num_thr
     cdef int64_t[::1] seen = np.zeros(n, dtype=np.int64)
     cdef uint8_t[::1] visited = np.zeros(n, dtype=np.uint8)
     cdef int64_t[::1] kept = np.empty(n, dtype=np.int64)
-    shape = (threads if threads > 1 else 0, n)
-    cdef int64_t[:, ::1] thread_order = np.empty(shape, dtype=np.int64)
-    cdef int64_t[:, ::1] thread_kept = np.empty(shape, dtype=np.int64)
-    cdef uint8_t[:, ::1] thread_visited = np.zeros(shape, dtype=np.uint8)
-    cdef int64_t[::1] thread_rank = np.empty(threads, dtype=np.int64)
+    # The threads' buffers are made when a component first takes the parallel path, the order
+    # buffers sized by the largest such component: sized by the graph, with a kept copy each,
+    # they cost threads x 17 bytes a vertex, when every large component may be small (a few
+    # among many isolated vertices). The visited flags are indexed by vertex id, n each.
+    cdef int64_t* work = NULL
+    cdef int64_t capacity = 0
+    cdef uint8_t* thread_visited = NULL
+    cdef int slot[MAX_STARTS]
     cdef int64_t starts[MAX_STARTS]
     cdef int64_t tail = 0, size, i, seed, stamp = 0
     cdef int n_starts
-    cdef bint symmetric
+    cdef bint symmetric, in_parallel
     with nogil:
         _counting_sort_by_degree(indptr, False, degree_start, by_degree)
         # Sorted once for all the tries; ``kept`` is not in use yet.
@@ -451,26 +475,40 @@ def rcm_order(const int64_t[::1] indptr, const index_t[::1] indices, int num_thr
     if not symmetric:
         raise ValueError("the pattern is not symmetric: some vertex is listed by more rows than "
                          "its own row lists (build it with symmetric_pattern)")
-    with nogil:
-        for i in range(n):
-            seed = by_degree[i]
-            if visited[seed]:
-                continue
-            # The component's future slots of ``order`` and ``kept`` are scratch for the start
-            # searches.
-            n_starts = _collect_starts(indptr, indices, seed, &stamp, seen, &order[tail],
-                                       &kept[tail], starts, &size)
-            if size <= 2:
-                n_starts = 1
-            if threads > 1 and size >= PARALLEL_MIN_COMPONENT and n_starts > 1:
-                _try_starts_in_parallel(indptr, by_degree_indices, starts, n_starts, size,
-                                        &order[tail], &visited[0], thread_order, thread_kept,
-                                        thread_visited, &thread_rank[0], threads)
-            else:
-                _try_starts_serially(indptr, by_degree_indices, starts, n_starts, size,
-                                     &order[tail], &visited[0], &kept[tail])
-            tail += size
-        # Reverse Cuthill-McKee: the reversed order has the same bandwidth and less fill-in.
-        for i in range(n // 2):
-            order[i], order[n - 1 - i] = order[n - 1 - i], order[i]
+    try:
+        with nogil:
+            for i in range(n):
+                seed = by_degree[i]
+                if visited[seed]:
+                    continue
+                # The component's future slots of ``order`` and ``kept`` are scratch for the
+                # start searches.
+                n_starts = _collect_starts(indptr, indices, seed, &stamp, seen, &order[tail],
+                                           &kept[tail], starts, &size)
+                if size <= 2:
+                    n_starts = 1
+                in_parallel = threads > 1 and size >= PARALLEL_MIN_COMPONENT and n_starts > 1
+                if in_parallel and thread_visited == NULL:
+                    thread_visited = <uint8_t*>PyMem_RawCalloc(threads * n, sizeof(uint8_t))
+                    in_parallel = thread_visited != NULL
+                if in_parallel and size > capacity:
+                    PyMem_RawFree(work)
+                    work = <int64_t*>PyMem_RawMalloc((threads + 1) * size * sizeof(int64_t))
+                    capacity = size if work != NULL else 0
+                    in_parallel = work != NULL
+                # Out of memory for the threads' buffers, the serial tries give the same order.
+                if in_parallel:
+                    _try_starts_in_parallel(indptr, by_degree_indices, starts, n_starts, size,
+                                            &order[tail], &visited[0], work, capacity,
+                                            thread_visited, slot, threads)
+                else:
+                    _try_starts_serially(indptr, by_degree_indices, starts, n_starts, size,
+                                         &order[tail], &visited[0], &kept[tail])
+                tail += size
+            # Reverse Cuthill-McKee: the reversed order has the same bandwidth and less fill-in.
+            for i in range(n // 2):
+                order[i], order[n - 1 - i] = order[n - 1 - i], order[i]
+    finally:
+        PyMem_RawFree(work)
+        PyMem_RawFree(thread_visited)
     return order_np

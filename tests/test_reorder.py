@@ -138,6 +138,38 @@ def test_rcm_thread_buffers_do_not_grow_past_the_starts():
     assert peak < 300 * n
 
 
+def test_rcm_thread_buffers_are_sized_by_the_largest_parallel_component():
+    # A small grid among many isolated vertices, then grids of growing sizes: the threads'
+    # order buffers follow the largest component that takes the parallel path, not the graph
+    # (sized by the graph, 10 threads held 203 bytes a vertex here; now about 43), and they
+    # grow from one component to the next without changing the order.
+    import tracemalloc
+
+    from pysparse_hpc._cy.reorder import rcm_order
+    from pysparse_hpc._reorder import _symmetric_graph
+
+    isolated = 200_000
+    grid = grid_graph(32, 40).to_scipy()
+    A = sph.csr_array(scipy.sparse.block_diag(
+        [grid, scipy.sparse.csr_array((isolated, isolated))], format="csr"))
+    indptr, indices = _symmetric_graph(A)
+    expected = rcm_order(indptr, indices, 1)
+    tracemalloc.start()
+    try:
+        np.testing.assert_array_equal(rcm_order(indptr, indices, 10), expected)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 60 * A.shape[0]
+
+    growing = sph.csr_array(scipy.sparse.block_diag(
+        [grid_graph(rows, 40).to_scipy() for rows in (26, 40, 30, 52)], format="csr"))
+    indptr, indices = _symmetric_graph(growing)
+    reference = reference_rcm(symmetric_neighbours(growing.to_scipy()))
+    for threads in (2, 3, 10):
+        np.testing.assert_array_equal(rcm_order(indptr, indices, threads), reference)
+
+
 def test_degree_order_is_descending_and_stable(rng):
     S = random_scipy(rng, (300, 300), 0.01)
     perm = sph.reorder(S, "degree")
