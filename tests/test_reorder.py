@@ -119,8 +119,10 @@ def test_rcm_does_not_depend_on_the_thread_count(threads):
 
 
 def test_rcm_thread_buffers_do_not_grow_past_the_starts():
-    # Each thread holds 17 bytes a vertex; a component has at most 10 starts, so threads past
-    # 10 only cost memory (64 threads took 1.1 kB a vertex, an out-of-memory on many cores).
+    # Each thread holds up to 9 bytes a vertex (its visited flags, and an order buffer as long
+    # as the largest component searched in parallel); a component has at most 10 starts, so
+    # threads past 10 only cost memory (64 threads took 1.1 kB a vertex, an out-of-memory on
+    # many cores).
     import tracemalloc
 
     from pysparse_hpc._cy.reorder import rcm_order
