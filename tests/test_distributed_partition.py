@@ -459,6 +459,26 @@ def test_balance_rows_or_entries():
         partition(A, 4, "random", balance="nnz")
 
 
+@pytest.mark.parametrize("method", ["metis", "contiguous"])
+@pytest.mark.parametrize("per_row", [0.25, 0.4, 1.5, 2.7])
+def test_a_fractional_balance_is_not_rounded_away(method, per_row):
+    """A ring of 40 nodes among 1000 isolated ones. The weights METIS and the contiguous split
+    take were the entries + c rounded to integers: with c = 0.4 an isolated node weighed 0,
+    one part took 987-1010 of the nodes, and the work (entries + c) of the parts was 3.3x
+    uneven (1.04x with c = 1.5, which weighed an isolated node 2)."""
+    n = 40
+    ring = scipy.sparse.coo_array(
+        (np.ones(2 * n), (np.r_[np.arange(n), (np.arange(n) + 1) % n],
+                          np.r_[(np.arange(n) + 1) % n, np.arange(n)])), shape=(n, n))
+    A = scipy.sparse.block_diag([ring, scipy.sparse.csr_array((1000, 1000))], format="csr")
+    part = partition(A, 4, method, balance=per_row)
+    work = np.bincount(part.owner, weights=np.diff(A.indptr) + per_row, minlength=4)
+    assert work.max() / work.mean() < 1.02
+    # An integer keeps the integer weights, and the partitions they gave.
+    assert np.array_equal(partition(A, 4, method, balance=3.0).owner,
+                          partition(A, 4, method, balance=3).owner)
+
+
 @pytest.mark.parametrize("nparts", [2, 3, 4, 9])  # 9: k-way rather than recursive bisection
 def test_balance_rows_and_entries_at_once(nparts):
     """"rows+nnz" (METIS's two constraints) evens out both, where each alone skews the other."""
