@@ -5,6 +5,7 @@ Missing files raise FileNotFoundError; files that exist but cannot be read as a 
 ValueError naming the file and what was wrong.
 """
 import contextlib
+import math
 import os
 import secrets
 import stat
@@ -18,7 +19,7 @@ import scipy.sparse
 
 from ._base import sparray
 from ._csr import csr_array
-from ._sputils import check_index_dtype, described_sparse
+from ._sputils import check_index_dtype, described_sparse, refuse_beyond_memory
 
 __all__ = ["load_npz", "save_npz", "read_matrix_market", "write_matrix_market"]
 
@@ -64,10 +65,45 @@ def _open_npz(path):
     return archive
 
 
+def _declared_array(archive, key):
+    """``(shape, dtype, data bytes the member holds)`` from the ``.npy`` header of member
+    ``key``, read without reading the data; None where there is no such header to read (NumPy's
+    own reading then says what is wrong)."""
+    names = archive.zip.namelist()
+    name = key + ".npy" if key + ".npy" in names else key
+    readers = {(1, 0): np.lib.format.read_array_header_1_0,
+               (2, 0): np.lib.format.read_array_header_2_0}
+    try:
+        info = archive.zip.getinfo(name)
+        with archive.zip.open(info) as member:
+            read_header = readers.get(np.lib.format.read_magic(member))
+            if read_header is None:
+                return None
+            shape, _, dtype = read_header(member)
+            return shape, dtype, info.file_size - member.tell()
+    except (KeyError, *_CORRUPT_MEMBER_ERRORS):
+        return None
+
+
 def _read_member(archive, key, path):
     """The array stored under ``key``; a ValueError naming the file and the key if the member
     is damaged, holds objects (pickles are refused) or is not a ``.npy`` array at all (NumPy
-    then hands back its raw bytes)."""
+    then hands back its raw bytes).
+
+    The header's shape is checked against the member's size and this machine's memory first:
+    NumPy allocates the array the header declares before it reads the data, so a small file
+    declaring terabytes failed with NumPy's MemoryError naming neither file nor key, and a
+    deflated member of a size beyond memory was inflated until the process was killed.
+    """
+    declared = _declared_array(archive, key)
+    if declared is not None and not declared[1].hasobject:  # objects: refused below, unread
+        shape, dtype, held = declared
+        needed = math.prod(shape) * dtype.itemsize
+        if needed > held:
+            raise ValueError(f"{path!r} has a corrupt member {key!r}: its header declares "
+                             f"{shape} {dtype} ({needed} bytes) but the member holds {held}")
+        refuse_beyond_memory(float(needed), f"{path!r}: member {key!r} of shape {shape} "
+                                            f"{dtype} would")
     try:
         array = archive[key]
     except _CORRUPT_MEMBER_ERRORS as exc:

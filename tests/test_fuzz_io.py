@@ -244,6 +244,68 @@ def test_round_trips_agree_with_scipy(tmp_path):
                                        rtol=1e-6, atol=1e-6)
 
 
+# --- .npz: members larger than they are, or than memory ----------------------------------------
+
+def _npz_with_member(path, key, member_bytes, compression):
+    """A scipy-layout ``.npz`` of a 5 x 5 matrix whose member ``key`` is ``member_bytes``."""
+    import io
+    import zipfile
+
+    S = scipy.sparse.random_array((5, 5), density=0.4, random_state=0, format="csr")
+    members = {"indptr": S.indptr, "indices": S.indices, "data": S.data,
+               "shape": np.array(S.shape), "format": np.array("csr")}
+    with zipfile.ZipFile(path, "w", compression) as archive:
+        for name, array in members.items():
+            if name == key:
+                archive.writestr(f"{name}.npy", member_bytes)
+            else:
+                buffer = io.BytesIO()
+                np.lib.format.write_array(buffer, array)
+                archive.writestr(f"{name}.npy", buffer.getvalue())
+
+
+@pytest.mark.parametrize("compression", [0, 8])   # stored, deflated
+@pytest.mark.parametrize("count", [10**9, 10**12, 10**15])
+def test_a_member_header_declaring_more_than_the_member_holds_is_refused(tmp_path, count,
+                                                                         compression):
+    """NumPy allocates what a member's header declares before reading: 4 TB declared by a
+    small file failed with NumPy's MemoryError naming no file (4 GB: allocated, then EOF)."""
+    import io
+
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(
+        header, {"descr": "<i4", "fortran_order": False, "shape": (count,)})
+    _npz_with_member(tmp_path / "a.npz", "indices", header.getvalue() + bytes(64), compression)
+    with pytest.raises(ValueError, match=rf"a\.npz' has a corrupt member 'indices': its "
+                                         rf"header declares \({count},\) int32 \({4 * count} "
+                                         rf"bytes\) but the member holds 64"):
+        load_npz(tmp_path / "a.npz")
+
+
+def test_a_member_beyond_memory_is_refused_before_inflating(tmp_path, monkeypatch):
+    """A deflated member of zeros packs megabytes into a few kilobytes: one beyond this
+    machine's memory was inflated until the process was killed. Here the machine is made to
+    have 4 MiB, and the member holds 16 MiB."""
+    import io
+
+    from pysparse_hpc import _sputils
+
+    buffer = io.BytesIO()
+    np.lib.format.write_array(buffer, np.zeros(2**21, dtype=np.float64))
+    _npz_with_member(tmp_path / "a.npz", "data", buffer.getvalue(), 8)
+    assert os.path.getsize(tmp_path / "a.npz") < 2**16
+    monkeypatch.setattr(_sputils, "physical_memory", lambda: 4 * 2**20)
+    with pytest.raises(MemoryError, match=r"a\.npz': member 'data' of shape \(2097152,\) "
+                                          r"float64 would need about 0\.0156 GiB, more than "
+                                          r"this machine's"):
+        load_npz(tmp_path / "a.npz")
+    # With the machine's real memory the same member is read (and then refused, as a
+    # matrix of 5 x 5 with 2**21 values, by the CSR checks).
+    monkeypatch.undo()
+    with pytest.raises(ValueError, match="data"):
+        load_npz(tmp_path / "a.npz")
+
+
 # --- datasets and generators ---------------------------------------------------------------------
 
 def test_load_file_refuses_weights_beyond_float32(tmp_path):
