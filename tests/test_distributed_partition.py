@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import pysparse_hpc as sph
-from pysparse_hpc.distributed.partition import (PARTITION_METHODS, Partition, _quality,
-                                                partition)
+from pysparse_hpc.distributed.partition import (PARTITION_METHODS, Partition, _node_weights,
+                                                _quality, partition)
 
 from .conftest import random_scipy, run_isolated
 
@@ -474,9 +474,13 @@ def test_a_fractional_balance_is_not_rounded_away(method, per_row):
     part = partition(A, 4, method, balance=per_row)
     work = np.bincount(part.owner, weights=np.diff(A.indptr) + per_row, minlength=4)
     assert work.max() / work.mean() < 1.02
-    # An integer keeps the integer weights, and the partitions they gave.
+    # An integer, or a c from 50 on (the measured ratios of a GCN), keeps the weights of before,
+    # rounded, and so the partitions they gave.
     assert np.array_equal(partition(A, 4, method, balance=3.0).owner,
                           partition(A, 4, method, balance=3).owner)
+    for c in (3, 42.0, 50.2, 61.7):
+        np.testing.assert_array_equal(_node_weights(A.indptr, c)[:, 0],
+                                      np.rint(np.diff(A.indptr) + c))
 
 
 @pytest.mark.parametrize("nparts", [2, 3, 4, 9])  # 9: k-way rather than recursive bisection

@@ -16,7 +16,6 @@ Convention: row ``i`` of the adjacency holds the edges into node ``i``; a stored
 stored entries in `Partition.owned_nnz` and `Partition.edge_cut`).
 """
 import hashlib
-from fractions import Fraction
 from typing import NamedTuple
 
 import numpy as np
@@ -483,16 +482,18 @@ class Partition:
 #: The largest numeric balance: node weights stay integers whose sums over a billion nodes fit
 #: int64 (METIS and the contiguous split add them up).
 _MAX_ROW_WORK = 1e9
-#: A fractional numeric balance ``c`` is kept as a fraction ``p / q`` with ``q`` at most this
-#: (and at most what keeps the weights' sum within a 32-bit METIS's int).
-_MAX_WEIGHT_DENOMINATOR = 1000
+#: METIS takes integer weights: ``c`` is scaled by the smallest ``q`` up to this (and up to what
+#: keeps the weights' sum within a 32-bit METIS's int) whose ``q c`` rounds to within
+#: `_WEIGHT_TOLERANCE` of itself.
+_MAX_WEIGHT_SCALE = 1000
+_WEIGHT_TOLERANCE = 0.01
 
 
 def _node_weights(indptr, balance):
     """What each node weighs for ``balance``, one column per balance constraint: 1 ("rows"),
     its stored entries + 1 ("nnz"), its stored entries + ``balance`` (a number ``c``), or both
-    1 and its entries + 1 ("rows+nnz"). METIS takes integers: a fractional ``c = p / q`` weighs
-    each node ``q`` entries + ``p`` (``c`` to within ``1 / q**2``), the same proportions."""
+    1 and its entries + 1 ("rows+nnz"). METIS takes integers: with ``c``, each node weighs
+    ``rint(q (entries + c))``, the same proportions with ``c`` within 1 % (`_work_scale`)."""
     ones = np.ones(indptr.size - 1, dtype=np.int64)
     if balance == "rows":
         return ones[:, None]
@@ -500,15 +501,26 @@ def _node_weights(indptr, balance):
     if balance == ROWS_AND_NNZ:
         return np.stack([ones, entries + 1], axis=1)
     per_row = 1.0 if balance == "nnz" else float(balance)
-    # Rounded to integers, a c of 0.4 weighed an isolated node 0 (METIS then piled such nodes
-    # into one part) and 1.5 weighed it 2. The denominator stays 1 for integers (the weights
-    # are unchanged) and small enough that the scaled sum fits where the unscaled one did.
-    total = float(entries.sum()) + per_row * entries.size
-    largest = max(1, min(_MAX_WEIGHT_DENOMINATOR, int((2**31 - 1) // max(total, 1.0))))
-    work = Fraction(per_row).limit_denominator(largest)
-    if work.denominator == 1:
-        return np.rint(entries + per_row).astype(np.int64)[:, None]
-    return (entries * work.denominator + work.numerator)[:, None]
+    scale = _work_scale(per_row, float(entries.sum()) + per_row * entries.size)
+    return np.rint(entries * scale + per_row * scale).astype(np.int64)[:, None]
+
+
+def _work_scale(per_row, total):
+    """The smallest integer ``q`` whose ``q c`` (``c = per_row``) is within 1 % of an integer
+    multiple, so that ``rint(q (entries + c))`` weighs nodes as ``entries + c`` does.
+
+    Rounded to integers as they were, a ``c`` of 0.4 weighed an isolated node 0 (METIS then
+    piled such nodes into one part) and 1.5 weighed it 2. ``q`` is 1 for an integer ``c`` and
+    from ``c = 50`` on (the weights, and the partitions, are those of before), at most
+    `_MAX_WEIGHT_SCALE`, and small enough that the weights' sum ``total q`` fits a 32-bit int
+    where ``total`` does.
+    """
+    largest = max(1, min(_MAX_WEIGHT_SCALE, int((2**31 - 1) // max(total, 1.0))))
+    for scale in range(1, largest + 1):
+        scaled = per_row * scale
+        if abs(scaled - round(scaled)) <= _WEIGHT_TOLERANCE * scaled:
+            return scale
+    return largest
 
 
 def _contiguous_owner(indptr, n, nparts, balance="nnz"):
