@@ -506,8 +506,8 @@ def _node_weights(indptr, balance):
 
 
 def _work_scale(per_row, total):
-    """The smallest integer ``q`` whose ``q c`` (``c = per_row``) is within 1 % of an integer
-    multiple, so that ``rint(q (entries + c))`` weighs nodes as ``entries + c`` does.
+    """The smallest integer ``q`` for which ``q c`` (``c = per_row``) rounds to an integer
+    within 1 % of it, so that ``rint(q (entries + c))`` weighs nodes as ``entries + c`` does.
 
     Rounded to integers as they were, a ``c`` of 0.4 weighed an isolated node 0 (METIS then
     piled such nodes into one part) and 1.5 weighed it 2. ``q`` is 1 for an integer ``c`` and
