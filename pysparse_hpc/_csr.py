@@ -312,11 +312,17 @@ class csr_array(sparray):
         if full_check:
             self._canonical = None
 
-    def _check_arrays(self, full_check):
+    def _check_arrays(self, full_check, problem=None):
         """`check_format`'s checks, the kept canonical flag left as it is: for the library's
         own callers about to index by the arrays, to which reading the order again would add a
-        pass over the indices (a tenth of a conversion to the blocked formats)."""
-        _check_csr_arrays(self.data, self.indices, self.indptr, self.shape, full_check)
+        pass over the indices (a tenth of a conversion to the blocked formats). ``problem``,
+        when given, leads the ValueError's message (``"{problem}: {what is wrong}"``)."""
+        try:
+            _check_csr_arrays(self.data, self.indices, self.indptr, self.shape, full_check)
+        except ValueError as exc:
+            if problem is None:
+                raise
+            raise ValueError(f"{problem}: {exc}") from None
         index_dtype = self.indices.dtype
         if index_dtype != self.indptr.dtype or index_dtype not in (np.int32, np.int64):
             raise TypeError(

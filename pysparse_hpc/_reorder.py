@@ -58,10 +58,7 @@ def _as_csr(A):
     # of len(indices), and a column written in place out of range (which the canonical flag
     # does not see) sent the typed code past its buffers (a segfault). Vectorized passes:
     # about 2% of an ordering, 10% of the cheapest caller (bandwidth).
-    try:
-        csr._check_arrays(full_check=True)
-    except ValueError as exc:
-        raise ValueError(f"A's arrays do not agree: {exc}") from None
+    csr._check_arrays(full_check=True, problem="A's arrays do not agree")
     return csr
 
 

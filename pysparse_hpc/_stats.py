@@ -102,10 +102,7 @@ def block_stats(A, window=8, block_width=8):
     # The O(nnz) checks too: a column written in place out of range (which the kept canonical
     # flag does not see) sent the counting kernel, which indexes a counter by column, outside
     # its buffer (a wrong count, or a corrupted heap and an abort).
-    try:
-        csr._check_arrays(full_check=True)
-    except ValueError as exc:
-        raise ValueError(f"A's arrays do not agree: {exc}") from None
+    csr._check_arrays(full_check=True, problem="A's arrays do not agree")
     csr = csr.canonical()
     n_rows, n_cols = csr.shape
     indices, distinct_cols = csr.indices, n_cols

@@ -48,10 +48,7 @@ def _as_pattern(adj):
         # The arrays can be rewritten in place after construction (or shared with scipy,
         # whose eliminate_zeros shortens them): a column out of range or an indptr past the
         # indices crashed METIS and gave NumPy's IndexError, or a silent figure, elsewhere.
-        try:
-            csr._check_arrays(full_check=True)
-        except ValueError as exc:
-            raise ValueError(f"adj is not a valid sparse matrix: {exc}") from None
+        csr._check_arrays(full_check=True, problem="adj is not a valid sparse matrix")
     elif scipy.sparse.issparse(adj):
         if adj.ndim != 2:
             raise ValueError(f"adj must be 2-D, got {adj.ndim}-D with shape {adj.shape}")
