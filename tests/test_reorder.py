@@ -118,26 +118,31 @@ def test_rcm_does_not_depend_on_the_thread_count(threads):
                                       reference_rcm(symmetric_neighbours(A.to_scipy())))
 
 
-def test_rcm_thread_buffers_do_not_grow_past_the_starts():
-    # Each thread holds up to 9 bytes a vertex (its visited flags, and an order buffer as long
-    # as the largest component searched in parallel); a component has at most 10 starts, so
-    # threads past 10 only cost memory (64 threads took 1.1 kB a vertex, an out-of-memory on
-    # many cores).
+def _rcm_peak_bytes(A, threads):
+    """The peak of memory allocated by RCM of ``A`` on ``threads`` threads (`tracemalloc`),
+    after checking that its order is the one-thread order."""
     import tracemalloc
 
     from pysparse_hpc._cy.reorder import rcm_order
     from pysparse_hpc._reorder import _symmetric_graph
 
-    n = 4096
-    indptr, indices = _symmetric_graph(grid_graph(64, n // 64))
+    indptr, indices = _symmetric_graph(A)
     expected = rcm_order(indptr, indices, 1)
     tracemalloc.start()
     try:
-        np.testing.assert_array_equal(rcm_order(indptr, indices, 64), expected)
-        peak = tracemalloc.get_traced_memory()[1]
+        np.testing.assert_array_equal(rcm_order(indptr, indices, threads), expected)
+        return tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
-    assert peak < 300 * n
+
+
+def test_rcm_thread_buffers_do_not_grow_past_the_starts():
+    # Each thread holds up to 9 bytes a vertex (its visited flags, and an order buffer as long
+    # as the largest component searched in parallel); a component has at most 10 starts, so
+    # threads past 10 only cost memory (64 threads took 1.1 kB a vertex, an out-of-memory on
+    # many cores).
+    n = 4096
+    assert _rcm_peak_bytes(grid_graph(64, n // 64), 64) < 300 * n
 
 
 def test_rcm_thread_buffers_are_sized_by_the_largest_parallel_component():
@@ -145,8 +150,6 @@ def test_rcm_thread_buffers_are_sized_by_the_largest_parallel_component():
     # order buffers follow the largest component that takes the parallel path, not the graph
     # (sized by the graph, 10 threads held 203 bytes a vertex here; now about 43), and they
     # grow from one component to the next without changing the order.
-    import tracemalloc
-
     from pysparse_hpc._cy.reorder import rcm_order
     from pysparse_hpc._reorder import _symmetric_graph
 
@@ -154,15 +157,7 @@ def test_rcm_thread_buffers_are_sized_by_the_largest_parallel_component():
     grid = grid_graph(32, 40).to_scipy()
     A = sph.csr_array(scipy.sparse.block_diag(
         [grid, scipy.sparse.csr_array((isolated, isolated))], format="csr"))
-    indptr, indices = _symmetric_graph(A)
-    expected = rcm_order(indptr, indices, 1)
-    tracemalloc.start()
-    try:
-        np.testing.assert_array_equal(rcm_order(indptr, indices, 10), expected)
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
-    assert peak < 60 * A.shape[0]
+    assert _rcm_peak_bytes(A, 10) < 60 * A.shape[0]
 
     growing = sph.csr_array(scipy.sparse.block_diag(
         [grid_graph(rows, 40).to_scipy() for rows in (26, 40, 30, 52)], format="csr"))
