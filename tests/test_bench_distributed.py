@@ -367,6 +367,13 @@ def test_plans_and_projection_cli(tmp_path, capsys):
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.parametrize("c", [1.23456789012345, 1 / 3, 51.000049, 3.0])
+def test_the_csv_keeps_every_digit_of_the_work_ratio(c):
+    # The CSV's c rebuilds a metis-work partition; a rounded c can weigh the nodes differently.
+    assert float(bench._ratio_text(c)) == c
+    assert bench._ratio_text(None) == ""
+
+
 @pytest.mark.parametrize("args, message", [
     (["--graphs", "cora,nosuch"], "unknown graph 'nosuch'"),
     (["--methods", "metis,spectral"], "unknown partition method 'spectral'"),

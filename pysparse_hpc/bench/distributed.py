@@ -1351,7 +1351,9 @@ MODEL_LINES = (
 
 
 def _ratio_text(ratio):
-    return "" if ratio is None else f"{ratio:.4f}"
+    # Every digit: a partition rebuilt from the CSV's c must be the one that was measured, and
+    # METIS's weights round (entries + c) scaled, so four decimals could move a node.
+    return "" if ratio is None else repr(float(ratio))
 
 
 def write_csv(path, runs, plans, projections, sweep=()):
