@@ -1833,3 +1833,96 @@ def test_diag_state_of_a_bias_frozen_since_loads():
     resumed.load_state_dict(state)
     expected, resumed_grads = train(gm, model, x, t, 2), train(resumed, twin, x, t, 2)
     assert all(torch.equal(e, g) for e, g in zip(expected[-1], resumed_grads[-1]))
+
+
+def _all_makers(model, config):
+    return [P.KfacGradientMaker(model, config), P.DiagNaturalGradientMaker(model, config),
+            P.ShampooGradientMaker(model, config), P.JorgeGradientMaker(model, config)]
+
+
+def _stored(maker, name):
+    """The stored tensors of module `name`'s weight, whichever the maker."""
+    if isinstance(maker, P.NaturalGradientMaker):
+        return maker.factors(name)
+    return maker.factors(f"{name}.weight")[0]
+
+
+def test_the_curvature_stays_in_full_precision_under_autocast():
+    """A forward_and_backward inside torch.autocast (the way to train in mixed precision with
+    this loop) built K-FAC's factors and Shampoo's statistics in bfloat16 (K-FAC's input
+    factor 0.2 % from x^T x / N) and Jorge stopped with a TypeError in its Gram factors."""
+    x, t = batch((32, 20), dtype=torch.float32)
+    config = P.PreconditioningConfig(data_size=32, damping=1e-3)
+    for maker in _all_makers(mlp(dtype=torch.float32), config):
+        model = maker.model
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            maker.setup_loss_call(F.cross_entropy, maker.setup_model_call(model, x), t)
+            maker.forward_and_backward()
+        stored = _stored(maker, "0")
+        assert {str(v.dtype) for v in stored.values() if torch.is_tensor(v)} \
+            == {"torch.float32"}, (type(maker).__name__, stored.keys())
+        assert all(torch.isfinite(p.grad).all() for p in model.parameters())
+        if isinstance(maker, P.KfacGradientMaker):
+            # The first layer's input is x itself: its factor is x^T x / N.
+            expected = x.T @ x / 32
+            assert torch.allclose(stored["A"], expected, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("ema_decay", [-1, 0.1])
+def test_the_curvature_follows_a_dtype_cast_after_the_maker_is_built(ema_decay):
+    """model.double() after the maker was built: Shampoo and Jorge went on computing in float32
+    (the dtype fixed when the maker was built), and a moving average (K-FAC, the diagonal
+    Fisher) kept its float32 factors for good. The maker now continues exactly as a maker built
+    on the cast model and loaded with its state."""
+    x, t = batch((32, 20), dtype=torch.float32)
+    config = P.PreconditioningConfig(data_size=32, damping=1e-3, ema_decay=ema_decay)
+
+    def step(maker, model):
+        model.zero_grad()
+        torch.manual_seed(5)  # K-FAC's and the diagonal's Monte Carlo Fisher (ASDL's default)
+        inputs = x.to(next(model.parameters()).dtype)
+        maker.setup_loss_call(F.cross_entropy, maker.setup_model_call(model, inputs), t)
+        maker.forward_and_backward()
+        return [p.grad.clone() for p in model.parameters()]
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # Shampoo's and Jorge's unused data_size
+        followed = _all_makers(mlp(dtype=torch.float32), config)
+        rebuilt = _all_makers(mlp(dtype=torch.float32), config)
+    for maker, before in zip(followed, rebuilt):
+        step(maker, maker.model)
+        step(before, before.model)
+        maker.model.double()
+        before.model.double()
+        reference = type(before)(before.model, config)
+        reference.load_state_dict(before.state_dict())
+        for _ in range(2):
+            got, expected = step(maker, maker.model), step(reference, reference.model)
+            assert all(torch.equal(a, b) for a, b in zip(got, expected)), type(maker).__name__
+        assert {v.dtype for v in _stored(maker, "0").values() if torch.is_tensor(v)} \
+            == {torch.float64}, type(maker).__name__
+
+
+def test_a_call_without_grad_is_no_example_nor_a_repeated_call():
+    """The network also called under no_grad in the forward (a consistency target): the
+    curvature was right, but the warning said the modules ran more than once."""
+    x, t = batch((32, 20))
+    config = P.PreconditioningConfig(data_size=32, damping=1e-3)
+    model = mlp()
+
+    def with_target(inputs):
+        with torch.no_grad():
+            target = model(inputs + 0.1)
+        return model(inputs) + 0 * target
+
+    factors = []
+    for forward in (with_target, model):
+        maker = P.KfacGradientMaker(model, config)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            maker.setup_loss_call(F.cross_entropy, maker.setup_model_call(forward, x), t)
+            torch.manual_seed(5)  # the Monte Carlo Fisher's samples
+            maker.forward_and_backward()
+        assert not [str(w.message) for w in caught if "more than once" in str(w.message)]
+        factors.append(maker.factors("0"))
+    assert all(torch.equal(factors[0][k], factors[1][k]) for k in factors[1])

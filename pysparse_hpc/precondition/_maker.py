@@ -16,6 +16,7 @@ What a curvature *is* (Kronecker factors, diagonals) and how it preconditions be
 subclasses, which implement ``_kind_for``, ``_on_input``, ``_on_output_grad``,
 ``update_curvature``, ``update_preconditioner`` and ``precondition``.
 """
+import contextlib
 import dataclasses
 import inspect
 import math
@@ -144,6 +145,22 @@ def curvature_dtype(dtype):
     return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
 
+def _autocast_off():
+    """A context that turns autocast off on every device type where it is on.
+
+    Under ``torch.autocast`` the products that build the curvature would run in bfloat16 or
+    float16 whatever the dtype of their operands: the factors would be rounded to 8 bits of
+    mantissa, and the kernels that take float32 and float64 only (Jorge's Gram factors)
+    would be handed half precision. The curvature is computed in `curvature_dtype`, as
+    without autocast; the model's own forward and backward keep the autocast they run in.
+    """
+    stack = contextlib.ExitStack()
+    for device_type in ("cpu", "cuda"):
+        if torch.is_autocast_enabled(device_type):
+            stack.enter_context(torch.autocast(device_type, enabled=False))
+    return stack
+
+
 def _all_finite(tensor, total=None):
     """Whether `tensor` has no NaN or inf: one sum, and an exact check only if that overflows."""
     if total is None:
@@ -252,6 +269,25 @@ class PreconditionedGradientMaker:
         self._modules = OrderedDict()
         self._unpreconditioned = OrderedDict()
         self._select_modules()
+        self._parameter_layout = self._current_parameter_layout()
+
+    def _current_parameter_layout(self):
+        """The dtype and device of every parameter: what the stored curvature follows."""
+        return tuple((param.dtype, param.device) for param in self.model.parameters())
+
+    def _follow_parameters(self):
+        """Move the stored curvature to the dtype and device the parameters have now.
+
+        After ``model.double()`` or ``model.to(device)`` the curvature kept from before (a
+        moving average, Shampoo's statistics and roots) would stay in the old dtype and be
+        mixed into every later step. It is moved as `load_state_dict` moves a loaded state,
+        so the maker continues as one built on the converted model and loaded with its
+        state would.
+        """
+        layout = self._current_parameter_layout()
+        if layout != self._parameter_layout:
+            self.load_state_dict(self.state_dict())
+            self._parameter_layout = layout
 
     # ------------------------------------------------------------------ modules
     def _kind_for(self, name, module):
@@ -543,6 +579,7 @@ class PreconditionedGradientMaker:
                                "forward_and_backward()")
         if self._distributed and not self._ranks_agreed:
             self._check_ranks_alike()
+        self._follow_parameters()
         step = self.state["step"]
         self.last_step_skipped = False
         update_curvature = self.do_update_curvature(step)
@@ -552,15 +589,16 @@ class PreconditionedGradientMaker:
             output, loss = self._plain_forward_and_backward()
         if self._distributed:
             self._allreduce_gradients()
-        if self.check_finite and not self._gradients_finite(step):
-            self.last_step_skipped = True
-            self._discard_curvature()
-        else:
-            if update_curvature:
-                self.update_curvature()
-            if self.do_update_preconditioner(step):
-                self.update_preconditioner()
-            self.precondition()
+        with _autocast_off():
+            if self.check_finite and not self._gradients_finite(step):
+                self.last_step_skipped = True
+                self._discard_curvature()
+            else:
+                if update_curvature:
+                    self.update_curvature()
+                if self.do_update_preconditioner(step):
+                    self.update_preconditioner()
+                self.precondition()
         self.state["step"] = step + 1
         self._model_output, self._loss = output, loss
         return output, loss
@@ -692,20 +730,28 @@ class PreconditionedGradientMaker:
         return output, loss
 
     def _forward_hook(self, name, module, args, kwargs, output):
+        # A call without grad (under no_grad: a target computed by the same network; the
+        # first pass of a reentrant checkpoint) ran, but no gradient will reach it: it is no
+        # example of the curvature, nor a repeated call.
+        differentiated = isinstance(output, torch.Tensor) and output.requires_grad
         # Counted in the forward only: a forward re-run inside backward (activation
         # checkpointing) is the same call again.
         if self._forward_calls is not None:
-            self._forward_calls[name] = self._forward_calls.get(name, 0) + 1
+            counts = self._forward_calls.setdefault(name, [0, 0])
+            counts[0] += 1
+            counts[1] += differentiated
+        if not differentiated:
+            return
         x = args[0] if args else next(iter(kwargs.values()))
-        with torch.no_grad():
+        with torch.no_grad(), _autocast_off():
             context = self._on_input(name, module, x.detach())
-        if isinstance(output, torch.Tensor) and output.requires_grad:
-            output.register_hook(partial(self._output_grad_hook, name, context))
+        output.register_hook(partial(self._output_grad_hook, name, context))
 
     def _warn_repeated_calls(self, calls):
         """Warn once per module called more than once in a forward: its curvature counts the
-        calls as separate examples, an approximation where they see the same example."""
-        repeated = {name: n for name, n in calls.items()
+        calls as separate examples, an approximation where they see the same example.
+        ``calls``: module name -> [calls, calls with grad] in the forward."""
+        repeated = {name: n for name, (_, n) in calls.items()
                     if n > 1 and name not in self._warned_repeated}
         if repeated:
             self._warned_repeated.update(repeated)
@@ -723,7 +769,7 @@ class PreconditionedGradientMaker:
         if self._grad_weight is not None:
             if self._reached is not None:
                 self._reached.add(name)
-            with torch.no_grad():
+            with torch.no_grad(), _autocast_off():
                 self._on_output_grad(name, self._modules[name][0], grad.detach(),
                                      self._grad_weight, context)
 

@@ -88,16 +88,20 @@ def check_positive(name, value, upper=None):
 
 class _Matrix:
     """A parameter seen as an ``rows x cols`` matrix, and its blocks (row slice, column slice)."""
-    __slots__ = ("param", "rows", "cols", "blocks", "dtype")
+    __slots__ = ("param", "rows", "cols", "blocks")
 
     def __init__(self, param, block_size):
         self.param = param
         self.rows = param.shape[0]
         self.cols = param.numel() // self.rows
-        self.dtype = curvature_dtype(param.dtype)
         self.blocks = [(slice(r0, r1), slice(c0, c1))
                        for r0, r1 in block_bounds(self.rows, block_size)
                        for c0, c1 in block_bounds(self.cols, block_size)]
+
+    @property
+    def dtype(self):
+        """The statistics dtype: the parameter's now (it follows ``model.double()``)."""
+        return curvature_dtype(self.param.dtype)
 
     def view(self, grad):
         """``grad`` as the ``rows x cols`` matrix, in the statistics dtype (no copy if it can)."""
