@@ -169,7 +169,10 @@ class csr_array(sparray):
             empty_shape = check_shape(arg)
             if shape is not None and shape != empty_shape:
                 raise ValueError(f"shape {shape} does not match the requested shape {empty_shape}")
-            index_dtype = index_dtype or get_index_dtype(maxval=max(empty_shape))
+            if index_dtype:
+                check_index_dtype_holds(index_dtype, max(empty_shape))
+            else:
+                index_dtype = get_index_dtype(maxval=max(empty_shape))
             self._set_arrays(
                 np.empty(0, dtype=value_dtype_for(np.float64, dtype)),
                 np.empty(0, dtype=index_dtype),

@@ -183,9 +183,14 @@ def test_a_requested_int32_index_dtype_must_hold_the_indices():
                                   shape=(big + 1, 2), index_dtype=np.int32),
             lambda: sph.csr_array(scipy.sparse.csr_array(
                 (np.ones(1), np.array([big]), np.array([0, 1])), shape=(1, big + 1)),
-                index_dtype=np.int32)):
+                index_dtype=np.int32),
+            # An empty array of that shape: its indptr and any entry added later by a
+            # conversion would hold the dimension (this one was accepted with int32).
+            lambda: sph.csr_array((3, big + 1), index_dtype=np.int32),
+            lambda: sph.csr_array((big + 1, 3), index_dtype="int32")):
         with pytest.raises(ValueError, match="index_dtype int32 cannot hold 2147483650"):
             make()
+    assert sph.csr_array((3, 5), index_dtype=np.int32).indptr.dtype == np.int32
 
 
 def test_raw_arrays_as_scipy_takes_them():
