@@ -663,7 +663,8 @@ def test_a_padding_mode_without_padding_is_the_zero_padded_convolution(maker, mo
 @pytest.mark.parametrize("maker", [P.KfacGradientMaker, P.DiagNaturalGradientMaker])
 def test_unsupported_convolutions_and_sparse_embeddings_are_refused_by_name(maker):
     """Groups (depthwise included), dilation, real non-zero-mode padding, sparse embeddings and
-    embeddings whose gradient is scaled by frequency raise NotImplementedError naming the module and the setting; ignored, they stay plain."""
+    embeddings whose gradient is scaled by frequency raise NotImplementedError naming the
+    module and the setting; ignored, they stay plain."""
     cases = [(nn.Conv2d(4, 4, 3, groups=4), "groups=4"),
              (nn.Conv2d(2, 2, (2, 3), dilation=(1, 2)), "dilation=(1, 2)"),
              (nn.Conv2d(2, 2, 3, padding=(0, 1), padding_mode="circular"),

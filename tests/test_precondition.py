@@ -1125,8 +1125,11 @@ def test_bad_input():
         P.PreconditioningConfig(data_size=8, curvature_upd_interval=0)
     with pytest.raises(ValueError, match="ema_decay"):
         P.PreconditioningConfig(data_size=8, ema_decay=0.0)
-    with pytest.raises(NotImplementedError, match="always"):
+    with pytest.raises(NotImplementedError, match="ASDL 0.1a5 accepts it but always"):
         P.PreconditioningConfig(data_size=8, preconditioner_interval_type="linear")
+    # Not a field of ASDL's: its message must not say that ASDL accepts it.
+    with pytest.raises(NotImplementedError, match="a class attribute, not a field, and always"):
+        P.PreconditioningConfig(data_size=8, curvature_interval_type="step")
     with pytest.raises(TypeError, match="model must be a torch.nn.Module"):
         P.KfacGradientMaker("model", config)
     with pytest.raises(TypeError, match="PreconditioningConfig"):

@@ -145,8 +145,10 @@ class PreconditioningConfig:
         for name in ("preconditioner_interval_type", "curvature_interval_type"):
             value = getattr(self, name)
             if value in _ASDL_ONLY_INTERVAL_TYPES:
+                in_asdl = ("accepts it but" if name == "preconditioner_interval_type"
+                           else "has it as a class attribute, not a field, and")
                 raise NotImplementedError(
-                    f"{name}={value!r} is not implemented (ASDL 0.1a5 accepts it but always "
+                    f"{name}={value!r} is not implemented (ASDL 0.1a5 {in_asdl} always "
                     f"schedules {INTERVAL_CONSTANT!r}); use {INTERVAL_CONSTANT!r}")
             if value != INTERVAL_CONSTANT:
                 raise ValueError(f"{name} must be {INTERVAL_CONSTANT!r}, got {value!r}")
