@@ -29,6 +29,22 @@ def test_resume_continues_bit_for_bit_and_a_finished_run_trains_nothing(tmp_path
     assert fewer.test_accuracy == whole.test_accuracy
 
 
+def test_a_resume_that_asks_for_another_partition_says_it_keeps_the_saved_one(tmp_path):
+    """The saved partition is kept for a bit-exact resume; another one asked for was dropped
+    without a word."""
+    whole = train("cora", "gcn", epochs=3, partition="contiguous", **OPTIONS)
+    train("cora", "gcn", epochs=2, partition="contiguous", checkpoint=tmp_path, **OPTIONS)
+    with pytest.warns(UserWarning, match="resuming on the contiguous partition the checkpoint "
+                                         "was saved with; partition='random' is not used"):
+        resumed = train("cora", "gcn", epochs=3, partition="random", checkpoint=tmp_path,
+                        resume=True, **OPTIONS)
+    assert resumed.losses == whole.losses
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the same partition: nothing to say
+        train("cora", "gcn", epochs=3, partition="contiguous", checkpoint=tmp_path,
+              resume=True, **OPTIONS)
+
+
 def test_a_preconditioned_run_resumes_bit_for_bit_from_state_written_once(tmp_path):
     options = dict(OPTIONS, optimizer="sgd", preconditioner="kfac", curvature_interval=3)
     whole = train("cora", "gcn", epochs=5, **options)
@@ -125,6 +141,22 @@ def test_fit_refuses_a_checkpoint_of_another_model(tmp_path):
     with pytest.raises(ValueError, match="is not one of fit's"):
         fit(models.GCN(x.shape[1], 16, cora.num_classes), x, cora.adj, y, masks, epochs=2,
             progress=False, resume_from=foreign)
+
+
+def test_train_refuses_a_directory_a_plain_checkpointer_wrote(tmp_path, capsys):
+    """A Checkpointer's directory without a fingerprint passed the fingerprint check, and
+    train then read its partition from a shared part that is not there: AttributeError."""
+    with Checkpointer(tmp_path / "plain") as checkpoints:
+        checkpoints.save(3, {"weights": torch.zeros(3)}, blocking=True)
+    with pytest.raises(ValueError, match=r"step-000000003 is not one of fit's: it lacks "
+                                         r"\['model', 'optimizer', 'progress', 'rng'\]"):
+        train("cora", "gcn", epochs=4, checkpoint=tmp_path / "plain", resume=True, **OPTIONS)
+    assert main(["train", "--epochs", "4", "--no-progress", "--checkpoint",
+                 str(tmp_path / "plain"), "--resume"]) == 2
+    assert "is not one of fit's" in capsys.readouterr().err
+    # Refused without taking the directory: the lock is released.
+    with Checkpointer(tmp_path / "plain") as checkpoints:
+        assert checkpoints.latest() == 3
 
 
 def test_train_command_checkpoints_and_resumes(tmp_path, capsys):

@@ -6,6 +6,7 @@ than its piece); every rank then builds the same model from the same seed and tr
 it is a one-rank run of the same code.
 """
 import time
+import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -388,8 +389,15 @@ def _distribute(comm, dataset, partition, balance, random_features, seed, state,
         try:
             data = _load(dataset, random_features, seed)
             if saved_owner is not None:
+                saved_method = state.shared.get("partition_method", "given")
                 parts = Partition.from_owner(data.adj, saved_owner, comm.size,
-                                             method=state.shared.get("partition_method", "given"))
+                                             method=saved_method)
+                if isinstance(partition, str) and partition != saved_method:
+                    # Kept for a bit-exact resume; the user asked for another one, say so.
+                    warnings.warn(f"resuming on the {saved_method} partition the checkpoint was "
+                                  f"saved with; partition={partition!r} is not used (a resume "
+                                  f"on another number of ranks partitions with it)",
+                                  UserWarning, stacklevel=3)
             elif isinstance(partition, str):
                 parts = make_partition(data.adj, comm.size, partition, seed=seed,
                                        balance=_default_balance(partition, balance))
@@ -468,10 +476,16 @@ def _checkpoints(comm, directory, resume, keep, fingerprint):
                              "epochs): resume from them (resume=True, --resume) or use "
                              "another directory")
         return checkpointer, None
+    from ..nn.train import _Saved
+
     try:
-        return checkpointer, checkpointer.load()
+        state = checkpointer.load()
+        # Before the partition is read from it: a plain Checkpointer's directory (no
+        # fingerprint to refuse it) is named as such, not met with an AttributeError.
+        _Saved.check(state)
     except FileNotFoundError:  # nothing saved yet: a run from the start
         return checkpointer, None
     except BaseException:
         checkpointer.release()
         raise
+    return checkpointer, state

@@ -401,13 +401,19 @@ class _Saved:
         checkpointer.save(self.progress.epochs_done, own if checkpointer.comm.size > 1 else {},
                           shared=shared if checkpointer.comm.rank == 0 else None)
 
-    def restore(self, checkpoint):
-        from ..distributed.checkpoint import restore_rng_states
-        shared = checkpoint.shared or {}
-        missing = {"model", "progress", "optimizer", "rng"} - set(shared)
+    @staticmethod
+    def check(checkpoint):
+        """Refuse a checkpoint `fit` did not write (a plain `Checkpointer`'s), naming what it
+        lacks; before anything reads it."""
+        missing = {"model", "progress", "optimizer", "rng"} - set(checkpoint.shared or {})
         if missing:
             raise ValueError(f"checkpoint {checkpoint.path} is not one of fit's: it lacks "
                              f"{sorted(missing)}")
+
+    def restore(self, checkpoint):
+        from ..distributed.checkpoint import restore_rng_states
+        self.check(checkpoint)
+        shared = checkpoint.shared
         try:
             self.model.load_state_dict(shared["model"])
         except RuntimeError as exc:
