@@ -1,5 +1,6 @@
 """Checkpoints on one rank: bit-exact round trips, the asynchronous copy, atomic commits,
 verification and fallback, keep-k, clear errors, and gathering per-node rows by global id."""
+import collections
 import gc
 import hashlib
 import json
@@ -1010,6 +1011,18 @@ def test_values_that_would_not_load_as_saved_are_refused(tmp_path):
     with pytest.raises(TypeError, match=r"nodes\['h'\] is a .*Tagged, a NumPy array subclass"):
         checkpoints.save(1, {}, nodes={"node_ids": np.arange(1), "h": np.zeros((1, 2)).view(
             Tagged)})
+    # Container subclasses loaded as the plain container: a namedtuple without its fields
+    # (an AttributeError at the first .lr), a defaultdict without its default.
+    Settings = collections.namedtuple("Settings", "lr momentum")
+    for value, message in (
+            (Settings(0.1, 0.9), r"shard\['c'\]\[0\] is a .*Settings, a subclass of tuple, "
+                                 r".* load as a plain tuple\); save it as a tuple, or a "
+                                 r"namedtuple's \._asdict\(\)"),
+            (collections.defaultdict(list), r"shard\['c'\]\[0\] is a "
+                                            r"collections\.defaultdict, a subclass of dict"),
+            (collections.Counter("ab"), r"collections\.Counter, a subclass of dict")):
+        with pytest.raises(TypeError, match=message):
+            checkpoints.save(1, {"c": [value]})
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # nested tensors are a prototype
         nested = torch.nested.nested_tensor([torch.ones(2), torch.ones(3)])
@@ -1021,6 +1034,11 @@ def test_values_that_would_not_load_as_saved_are_refused(tmp_path):
     checkpoints.save(1, {"m": mapped}, blocking=True)   # a memmap is an array: loaded as one
     loaded = checkpoints.load().shard["m"]
     assert type(loaded) is np.ndarray and loaded.tolist() == [1, 2, 3]
+    checkpoints.save(2, {"c": (collections.OrderedDict(a=1), [1], (2,), {"b": 3})},
+                     blocking=True)   # the containers it holds, exactly
+    loaded = checkpoints.load().shard["c"]
+    assert loaded == (collections.OrderedDict(a=1), [1], (2,), {"b": 3})
+    assert type(loaded[0]) is collections.OrderedDict
     checkpoints.close()
 
 

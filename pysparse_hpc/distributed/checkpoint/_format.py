@@ -18,6 +18,8 @@ FORMAT = "pysparse_hpc checkpoint"
 VERSION = 1
 ALIGN = 64
 PLAIN = (type(None), bool, int, float, str)
+#: The containers a checkpoint holds, exactly (their subclasses would load as these).
+_CONTAINERS = (dict, OrderedDict, list, tuple)
 
 
 class Damaged(Exception):
@@ -77,6 +79,16 @@ class Encoder:
         if torch is not None and isinstance(value, torch.device):
             return {"$t": "torch.device", "v": str(value)}
         if isinstance(value, (dict, list, tuple)):
+            if kind not in _CONTAINERS:
+                # It would load as the plain container: a namedtuple without its field names,
+                # a defaultdict without its default.
+                plain = next(base for base in (dict, list, tuple) if isinstance(value, base))
+                advice = {tuple: "a tuple, or a namedtuple's ._asdict()",
+                          dict: "a dict (dict(value))", list: "a list (list(value))"}[plain]
+                raise TypeError(f"{path} is a {kind.__module__}.{kind.__qualname__}, a "
+                                f"subclass of {plain.__name__}, which a checkpoint cannot hold "
+                                f"(it would load as a plain {plain.__name__}); save it as "
+                                f"{advice}")
             if id(value) in self._active:
                 raise TypeError(f"{path} contains itself; a checkpoint holds trees, not cycles")
             self._active.add(id(value))
