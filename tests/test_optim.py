@@ -750,6 +750,25 @@ def test_a_nan_gradient_stops_its_coordinate_as_in_lion_pytorch(optimizer_class,
     assert torch.equal(results[0], results[1]) and not results[1][1].isnan()
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("weight_decay", [0.0, 0.1])
+def test_signed_zeros_come_out_as_in_lion_pytorch(dtype, weight_decay):
+    """torch.sign(-0.0) is +0.0, NumPy's sign -0.0: the kernel turned a parameter of -0.0 with
+    a direction of -0.0 into +0.0, where lion-pytorch (and the tensor operations) keep -0.0."""
+    lion_pytorch = pytest.importorskip("lion_pytorch")
+    signs = []
+    for make in (lion_pytorch.Lion, Lion):
+        param = torch.nn.Parameter(torch.tensor([-0.0, 0.0, -0.0, 0.0, -0.0], dtype=dtype))
+        optimizer = make([param], lr=0.1, weight_decay=weight_decay)
+        param.grad = torch.tensor([-0.0, -0.0, 0.0, 0.0, -0.0], dtype=dtype)
+        optimizer.state[param]["exp_avg"] = torch.tensor([-0.0, -0.0, -0.0, 0.0, 0.0],
+                                                         dtype=dtype)
+        optimizer.step()
+        signs.append((torch.signbit(param.detach()).tolist(),
+                      torch.signbit(optimizer.state[param]["exp_avg"]).tolist()))
+    assert signs[0] == signs[1]
+
+
 def test_decoupled_weight_decay_and_use_triton_as_lion_pytorch():
     """lion-pytorch's two switches: decoupled_weight_decay (the decay over the first lr, so it
     follows a schedule) gives its bits under a StepLR; use_triton=True is refused."""

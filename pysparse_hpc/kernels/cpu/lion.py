@@ -40,7 +40,9 @@ def lion_step(param, momentum, grad, decay, neg_lr, beta1, rest1, beta2, rest2):
         g = grad[i]
         interpolated = fused_multiply_add(g, rest1, m * beta1)
         direction = np.sign(interpolated)
-        if interpolated != interpolated:
-            direction = rest1 - rest1   # NaN: no move, as torch.sign (and lion-pytorch) give 0
+        if not (interpolated > 0 or interpolated < 0):
+            # NaN and both zeros: torch.sign (and so lion-pytorch) gives +0.0, no move, where
+            # np.sign keeps -0.0, which turned a parameter of -0.0 into +0.0.
+            direction = rest1 - rest1
         param[i] = fused_multiply_add(direction, neg_lr, param[i] * decay)
         momentum[i] = fused_multiply_add(g, rest2, m * beta2)
