@@ -19,7 +19,7 @@ import numpy as np
 from . import _files
 from ._files import MANIFEST
 from ._format import ALIGN, FORMAT, VERSION, Damaged, Encoder, parse, prefix
-from ._nodes import as_ids, check_nodes, gather_node_rows
+from ._nodes import as_ids, check_nodes, check_parts_agree, gather_node_rows, node_layout
 
 MARKER = "CHECKPOINTS"
 SHARED = "shared.ckpt"
@@ -466,7 +466,9 @@ class Checkpointer:
             A value the checkpoint cannot hold (the message gives its path in the state), a
             step that is not an int.
         ValueError
-            A negative step, steps that differ between ranks, malformed ``nodes``; a step
+            A negative step, steps that differ between ranks, malformed ``nodes``, per-node
+            state that `load` could not gather by node id (names, dtypes or row shapes that
+            differ between ranks, a node saved by two ranks: raised on every rank); a step
             older than a good checkpoint in the directory (or than the previous save): the
             checkpoints of a rolled-back run would mix with the newer ones of the run it left.
         FileExistsError
@@ -539,8 +541,8 @@ class Checkpointer:
                                       f"{self.directory} (the save just before this one)")
             encoders[_shard_name(self.comm.rank)] = self._encode(shard, "shard")
             if nodes is not None:
-                encoders[_nodes_name(self.comm.rank)] = self._encode(check_nodes(nodes),
-                                                                     "nodes")
+                nodes = check_nodes(nodes)
+                encoders[_nodes_name(self.comm.rank)] = self._encode(nodes, "nodes")
             if self.comm.rank == 0 and shared is not None:
                 encoders[SHARED] = self._encode(shared, "shared")
             if self.comm.rank == 0:
@@ -557,10 +559,12 @@ class Checkpointer:
         except Exception as exc:  # raised below on every rank, not just here
             error = exc
         self.comm.raise_if_any(error)
-        steps = self.comm.allgather(step)
+        steps, layouts = zip(*self.comm.allgather((step, node_layout(nodes))))
         if len(set(steps)) > 1:
             raise ValueError(f"save() was called with different steps on different ranks: "
-                             f"{steps}")
+                             f"{list(steps)}")
+        if self.comm.size > 1:
+            check_parts_agree(self.comm, nodes, layouts)
         return step, encoders
 
     @staticmethod
