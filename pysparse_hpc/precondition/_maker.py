@@ -146,7 +146,7 @@ def curvature_dtype(dtype):
 
 
 def _autocast_off():
-    """A context that turns autocast off on every device type where it is on.
+    """A context that turns autocast off (on the CPU, and on CUDA where there is one).
 
     Under ``torch.autocast`` the products that build the curvature would run in bfloat16 or
     float16 whatever the dtype of their operands: the factors would be rounded to 8 bits of
@@ -155,9 +155,9 @@ def _autocast_off():
     without autocast; the model's own forward and backward keep the autocast they run in.
     """
     stack = contextlib.ExitStack()
-    for device_type in ("cpu", "cuda"):
-        if torch.is_autocast_enabled(device_type):
-            stack.enter_context(torch.autocast(device_type, enabled=False))
+    stack.enter_context(torch.autocast("cpu", enabled=False))
+    if torch.cuda.is_available():
+        stack.enter_context(torch.autocast("cuda", enabled=False))
     return stack
 
 
