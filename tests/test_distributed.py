@@ -80,6 +80,14 @@ def test_one_rank_communicator():
         comm.on_root(divmod, 7, 2, root=1)
     with pytest.raises(ValueError, match="op must be one of"):
         comm.Allreduce(buffer, op="product")
+    # mpi4py's Allreduce(sendbuf, recvbuf): the receive buffer taken as the op failed with
+    # NumPy's "truth value of an array ... is ambiguous".
+    for recvbuf in (np.zeros(3), torch.zeros(3), [0.0, 0.0]):
+        with pytest.raises(TypeError, match=r"the reductions work in place on one buffer "
+                                            r"\(Allreduce\(buffer, op='sum'\)\), not "):
+            comm.Allreduce(np.ones(3), recvbuf)
+    with pytest.raises(TypeError, match="op must be one of .*, got 3"):
+        comm.Allreduce(buffer, 3)
     with pytest.raises(TypeError, match="NumPy array or a CPU torch tensor"):
         comm.Allreduce([1.0, 2.0])
     with pytest.raises(ValueError, match="C-contiguous"):

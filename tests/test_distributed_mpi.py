@@ -118,6 +118,15 @@ def test_a_failing_rank_ends_the_job(check, message):
 
 
 @requires_mpi
+def test_a_rank_that_exits_ends_the_job_under_python_m_mpi4py():
+    """SystemExit reaches no exception hook; the docs send such scripts to ``python -m
+    mpi4py``, which must then end the job rather than leave the others waiting."""
+    status, out, err, seconds = run_mpi(3, "-m", "mpi4py", str(CHECKS), "rank_exits",
+                                        timeout=120)
+    assert status != 0 and seconds < 60, (status, err[-3000:])
+
+
+@requires_mpi
 @pytest.mark.parametrize("ranks", [2, 3])
 def test_a_timeout_ends_a_job_whose_rank_hangs(ranks):
     """Without a timeout MPI waits for ever; with one, the job ends within seconds, naming

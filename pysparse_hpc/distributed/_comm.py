@@ -161,6 +161,16 @@ def check_rank(value, size, name="root"):
 def _check_reduction(buffer, op, name="buffer"):
     """Refuse an ``op`` MPI does not define for ``buffer``'s dtype, at every size (one rank
     would return the buffer unchanged where two fail inside MPI)."""
+    if not isinstance(op, str):
+        if hasattr(op, "__array__") or hasattr(op, "__len__"):
+            # mpi4py's Allreduce(sendbuf, recvbuf): the array landed here as the op, where
+            # `op not in _OPS` failed on the array's ambiguous truth value.
+            raise TypeError(f"op must be one of {_OPS}, got {type(op).__name__}: the "
+                            f"reductions work in place on one {name} (Allreduce(buffer, "
+                            f"op='sum')), not from a send buffer into a receive buffer as "
+                            f"mpi4py's Allreduce(sendbuf, recvbuf); copy the values into the "
+                            f"receiving array and reduce that")
+        raise TypeError(f"op must be one of {_OPS}, got {op!r}")
     if op not in _OPS:
         raise ValueError(f"op must be one of {_OPS}, got {op!r}")
     kind = "f" if _is_bfloat16(buffer) else _as_buffer(buffer, name).dtype.kind

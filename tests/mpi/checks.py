@@ -855,6 +855,15 @@ def check_rank_raises():
     comm.Allreduce(np.zeros(1))
 
 
+def check_rank_exits():
+    """One rank calls sys.exit(3) while the others wait in a collective: under ``python -m
+    mpi4py``, which the docs advise for such scripts, the job must end (no hook sees
+    SystemExit)."""
+    if rank == size - 1:
+        sys.exit(3)
+    comm.Allreduce(np.zeros(1))
+
+
 def check_rank_hangs_in_data_parallel():
     """The last rank's loss reaches no parameter, so its backward joins no gradient
     allreduce (torch DDP's waits too), and it then hangs: with a timeout, the others end
