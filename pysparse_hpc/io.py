@@ -421,16 +421,19 @@ _SYMMETRIES = (None, "general", "symmetric", "skew-symmetric", "hermitian")
 
 def _has_symmetry(coo, symmetry):
     """Whether real ``coo`` equals its transpose (negated for "skew-symmetric"), entry for
-    entry: NaN matches NaN where the triangle written stands for both (not on the diagonal of
-    a skew-symmetric matrix, which is not written and must be 0)."""
+    entry and stored entry for stored entry: an explicit zero is part of the pattern (the
+    orderings and the blocked formats count it), so one without its mirror makes the matrix
+    general, and a skew-symmetric matrix stores nothing on its diagonal, which the file does
+    not hold. NaN matches NaN where the triangle written stands for both."""
     if coo.shape[0] != coo.shape[1]:
         return False
     sign = -1.0 if symmetry == "skew-symmetric" else 1.0
+    if sign < 0 and np.any(coo.row == coo.col):
+        return False
 
     def canonical(matrix):
         matrix = scipy.sparse.csr_array(matrix)
         matrix.sum_duplicates()
-        matrix.eliminate_zeros()
         return matrix
     matrix, transposed = canonical(coo), canonical(coo.T * sign)
     return (np.array_equal(matrix.indptr, transposed.indptr)
@@ -450,7 +453,9 @@ def write_matrix_market(path, A, comment="", symmetry=None):
     comment : str, optional
         Written as comment lines under the header.
     symmetry : {None, "general", "symmetric", "skew-symmetric", "hermitian"}, optional
-        None detects symmetry (as scipy does); "general" always writes every entry. A declared
+        None detects symmetry, explicit zeros counted as stored entries (scipy's detection
+        ignores them, which lost a zero without its mirror or added one); "general" always
+        writes every entry. A declared
         symmetry is checked first (the values are real: "hermitian" is "symmetric"), since
         only one triangle is written.
     """
@@ -466,6 +471,11 @@ def write_matrix_market(path, A, comment="", symmetry=None):
     if symmetry not in (None, "general") and not _has_symmetry(coo, symmetry):
         raise ValueError(f"symmetry={symmetry!r} but the matrix is not {symmetry}; "
                          f"use symmetry=None to detect it or 'general'")
+    if symmetry is None:
+        # Detected here: scipy's detection ignores explicit zeros, so a stored zero without
+        # its mirror was dropped with the upper triangle, or came back mirrored.
+        symmetry = next((kind for kind in ("symmetric", "skew-symmetric")
+                         if _has_symmetry(coo, kind)), "general")
     # A missing directory is refused here: scipy returns without writing.
     with _written_whole(path, ".mtx") as destination:
         scipy.io.mmwrite(destination, coo, comment=comment, symmetry=symmetry)

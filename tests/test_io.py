@@ -74,6 +74,45 @@ def test_matrix_market_writer_refuses_what_scipy_would_lose(tmp_path):
         write_matrix_market(tmp_path / "missing" / "a.mtx", upper)
 
 
+def test_matrix_market_keeps_explicit_zeros_in_the_pattern(tmp_path):
+    """scipy's symmetry detection ignores stored zeros: a zero at (0, 1) without its mirror was
+    lost with the upper triangle, one at (1, 0) came back mirrored; a declared symmetry was
+    accepted the same way. The pattern is the graph the orderings and formats count."""
+    def with_zero_at(row, col):
+        rows, cols = [0, 1, row], [0, 1, col]
+        return sph.csr_array((np.array([1.0, 1.0, 0.0]), (np.array(rows), np.array(cols))),
+                             shape=(2, 2))
+    for A in (with_zero_at(0, 1), with_zero_at(1, 0)):
+        write_matrix_market(tmp_path / "z.mtx", A)
+        assert "general" in (tmp_path / "z.mtx").read_text().splitlines()[0]
+        back = read_matrix_market(tmp_path / "z.mtx")
+        assert back.nnz == 3
+        np.testing.assert_array_equal(back.indices, A.canonical().indices)
+        with pytest.raises(ValueError, match="symmetry='symmetric' but the matrix is not"):
+            write_matrix_market(tmp_path / "z.mtx", A, symmetry="symmetric")
+    # Mirrored stored zeros are symmetric, and come back as stored.
+    both = sph.csr_array((np.array([1.0, 0.0, 0.0]), (np.array([0, 0, 1]), np.array([0, 1, 0]))),
+                         shape=(2, 2))
+    write_matrix_market(tmp_path / "b.mtx", both)
+    assert "symmetric" in (tmp_path / "b.mtx").read_text().splitlines()[0]
+    assert read_matrix_market(tmp_path / "b.mtx").nnz == 3
+    # A skew-symmetric matrix cannot store its diagonal: a stored zero there makes it general.
+    skew = sph.csr_array((np.array([0.0, 2.0, -2.0]), (np.array([0, 0, 1]), np.array([0, 1, 0]))),
+                         shape=(2, 2))
+    write_matrix_market(tmp_path / "k.mtx", skew)
+    assert "general" in (tmp_path / "k.mtx").read_text().splitlines()[0]
+    assert read_matrix_market(tmp_path / "k.mtx").nnz == 3
+    with pytest.raises(ValueError, match="not skew-symmetric"):
+        write_matrix_market(tmp_path / "k.mtx", skew, symmetry="skew-symmetric")
+    # Without stored zeros, detection is scipy's.
+    for dense, kind in (([[1.0, 2.0], [2.0, 1.0]], "symmetric"),
+                        ([[0.0, 2.0], [-2.0, 0.0]], "skew-symmetric"),
+                        ([[1.0, 2.0], [3.0, 1.0]], "general")):
+        write_matrix_market(tmp_path / "d.mtx", sph.csr_array(np.array(dense)))
+        assert (tmp_path / "d.mtx").read_text().splitlines()[0].endswith(f"real {kind}")
+        np.testing.assert_array_equal(read_matrix_market(tmp_path / "d.mtx").toarray(), dense)
+
+
 def test_npz_files_written_by_scipy(tmp_path):
     """scipy stores the format as bytes; a COO file is refused by its format, a shape that is
     not two integers by its values."""
