@@ -469,7 +469,14 @@ def write_matrix_market(path, A, comment="", symmetry=None):
     # scipy writes one triangle for a declared symmetry without checking it: the other
     # triangle would be lost, or come back mirrored.
     if symmetry not in (None, "general") and not _has_symmetry(coo, symmetry):
-        raise ValueError(f"symmetry={symmetry!r} but the matrix is not {symmetry}; "
+        if symmetry == "skew-symmetric" and np.any(coo.row == coo.col):
+            why = (" (it stores entries on its diagonal, explicit zeros included, which a "
+                   "skew-symmetric file cannot hold)")
+        elif np.any(coo.data == 0):
+            why = " (its explicit zeros count as stored entries)"
+        else:
+            why = ""
+        raise ValueError(f"symmetry={symmetry!r} but the matrix is not {symmetry}{why}; "
                          f"use symmetry=None to detect it or 'general'")
     if symmetry is None:
         # Detected here: scipy's detection ignores explicit zeros, so a stored zero without
