@@ -10,6 +10,8 @@ from ._base import sparray
 from ._cy import convert as _convert
 from ._dense import is_torch_tensor
 from ._sputils import (
+    VALUE_DTYPES,
+    _native_contiguous,
     as_index_array,
     as_value_array,
     check_index_dtype,
@@ -320,6 +322,19 @@ class csr_array(sparray):
         own callers about to index by the arrays, to which reading the order again would add a
         pass over the indices (a tenth of a conversion to the blocked formats). ``problem``,
         when given, leads the ValueError's message (``"{problem}: {what is wrong}"``)."""
+        for name in ("data", "indices", "indptr"):
+            array = getattr(self, name)
+            if not isinstance(array, np.ndarray):
+                raise TypeError(f"{name} must be a NumPy array, got {type(array).__name__} "
+                                f"(assigned after construction?)")
+            if not (array.dtype.isnative and array.flags.c_contiguous):
+                # An array assigned after construction (a view, a file's byte order), made
+                # what the kernels and conversions read, as scipy's check_format makes it
+                # native: the values are the same.
+                setattr(self, name, _native_contiguous(array))
+        if self.data.dtype not in VALUE_DTYPES:
+            raise TypeError(f"data has dtype {self.data.dtype}; csr_array holds float16, "
+                            f"float32 or float64 values (assigned after construction?)")
         try:
             _check_csr_arrays(self.data, self.indices, self.indptr, self.shape, full_check)
         except ValueError as exc:

@@ -408,3 +408,32 @@ def test_what_scipy_sparse_has_points_to_to_scipy(convert):
     # What the arrays do have is untouched: @ with a dense operand, conversions, to_scipy.
     assert np.array_equal(A @ dense, dense) and np.array_equal(dense @ A, dense)
     assert (A.to_scipy().multiply(A.to_scipy())).nnz == 3
+
+
+def test_check_format_makes_assigned_arrays_what_the_kernels_read():
+    """Arrays assigned after construction (as scipy users do) passed check_format even when a
+    conversion then failed inside Cython (a strided or big-endian data array) or a product
+    inside Numba (complex values). As scipy's check_format, it makes them native and
+    contiguous, with the same values; values of another dtype are refused."""
+    dense = np.array([[1.0, 0.0, 2.0], [0.0, 3.0, 4.0]])
+    for data in (np.repeat(dense[dense != 0], 2)[::2], dense[dense != 0].astype(">f8")):
+        A = sph.csr_array(dense)
+        A.data = data
+        A.check_format(full_check=True)
+        assert A.data.flags.c_contiguous and A.data.dtype.isnative
+        np.testing.assert_array_equal(A.to_mebcrs().toarray(), dense)
+        np.testing.assert_array_equal(A.T.toarray(), dense.T)
+    A = sph.csr_array(dense)
+    A.indices = A.indices.astype(">i4")
+    A.check_format(full_check=True)
+    assert A.indices.dtype == np.int32 and A.indices.dtype.isnative
+    np.testing.assert_array_equal(A.to_mebcrs().toarray(), dense)
+    A = sph.csr_array(dense)
+    A.data = A.data.astype(np.complex128)
+    with pytest.raises(TypeError, match="data has dtype complex128; csr_array holds float16, "
+                                        "float32 or float64 values"):
+        A.check_format()
+    A = sph.csr_array(dense)
+    A.data = list(A.data)
+    with pytest.raises(TypeError, match="data must be a NumPy array, got list"):
+        A.check_format()
