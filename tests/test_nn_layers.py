@@ -1048,3 +1048,23 @@ def test_agnnconv_does_not_warn_of_repeated_self_loops_it_replaces_and_checks_it
     for flag in ("requires_grad", "add_self_loops"):
         with pytest.raises(TypeError, match=f"{flag} must be a bool, got str 'no'"):
             nn.AGNNConv(**{flag: "no"})
+
+
+def test_positional_arguments_mean_what_they_mean_in_pyg():
+    """GATConv took dropout before negative_slope (PyG: the other way round), so a GAT built
+    positionally the PyG way swapped them; GCNConv's third positional argument was bias where
+    PyG's is improved (refused by keyword), so GCNConv(in, out, True) was taken silently."""
+    conv = nn.GATConv(4, 2, 3, False, 0.3, 0.6, False)
+    assert (conv.heads, conv.concat, conv.negative_slope, conv.dropout, conv.add_self_loops) \
+        == (3, False, 0.3, 0.6, False)
+    with pytest.raises(TypeError, match="positional"):
+        nn.GATConv(4, 2, 3, False, 0.3, 0.6, False, "none")
+    with pytest.raises(TypeError, match="positional"):
+        nn.GCNConv(4, 2, True)
+    assert nn.GCNConv(4, 2, bias=False, cached=True).bias is None
+    pyg = pytest.importorskip("torch_geometric.nn")
+    import inspect
+    ours = list(inspect.signature(nn.GATConv).parameters)[:7]
+    assert ours == list(inspect.signature(pyg.GATConv).parameters)[:7]
+    theirs = list(inspect.signature(pyg.AGNNConv).parameters)[:2]
+    assert list(inspect.signature(nn.AGNNConv).parameters)[:2] == theirs

@@ -37,10 +37,13 @@ class GATConv(torch.nn.Module):
     heads : int
     concat : bool
         Concatenate the heads (output ``heads * out_channels`` wide) or average them.
-    dropout : float
-        Dropout on the attention probabilities during training.
     negative_slope : float
         Of the LeakyReLU on the edge scores.
+    dropout : float
+        Dropout on the attention probabilities during training.
+    add_self_loops : bool
+        Attend to the node itself too (the diagonal is added to the pattern where missing).
+        The arguments up to here take PyG's positions; the others are keyword-only.
     cache : {"auto", "none", "H", "scores", "alpha"}
         What the forward pass keeps for backward:
         "none" only X (H, the scores and the attention are recomputed in backward);
@@ -48,8 +51,6 @@ class GATConv(torch.nn.Module):
         "alpha" also the probabilities and the LeakyReLU sign mask (nothing recomputed).
         "auto" is "alpha" unless that is over 2**27 edge-head entries, then "scores".
         Results are identical whatever is kept; memory and time differ.
-    add_self_loops : bool
-        Attend to the node itself too (the diagonal is added to the pattern where missing).
     bias : bool
 
     Attributes
@@ -75,8 +76,8 @@ class GATConv(torch.nn.Module):
     torch.Size([2708, 64])
     """
 
-    def __init__(self, in_channels, out_channels, heads=1, concat=True, dropout=0.0,
-                 negative_slope=0.2, cache="auto", add_self_loops=True, bias=True):
+    def __init__(self, in_channels, out_channels, heads=1, concat=True, negative_slope=0.2,
+                 dropout=0.0, add_self_loops=True, *, cache="auto", bias=True):
         super().__init__()
         if cache not in GAT_CACHES:
             raise ValueError(f"cache must be one of {GAT_CACHES}, got {cache!r}")

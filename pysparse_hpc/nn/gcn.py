@@ -173,12 +173,16 @@ class GCNConv(torch.nn.Module):
     Parameters
     ----------
     in_channels, out_channels : int
+        The others are keyword-only: PyG's third positional argument is ``improved``, which
+        this layer does not take, and its bias comes last.
     bias : bool
     cached : bool
         Use the first graph seen for every later call, whatever graph is passed (transductive
-        training, as PyG's ``cached``). Without it the normalized graph is still built once per
-        graph and kept on it, until the graph's arrays change (rebound, or values or pattern
-        written in place).
+        training, as PyG's ``cached``). Without it the normalized graph is still built once
+        per graph and kept on it, until the graph's arrays change (rebound, or values or
+        pattern written in place). Either way, values written into the graph in place are
+        followed (its normalized copy is rebuilt), where PyG's ``cached`` keeps the operator
+        it normalized in the first call.
     order : {"auto", "transform_first", "propagate_first"}
         "auto" applies `choose_order` per call, and reuses ``Â X`` across calls when the
         input is the same unchanged tensor that needs no gradient (then the layer runs no SpMM).
@@ -209,7 +213,7 @@ class GCNConv(torch.nn.Module):
     torch.Size([2708, 16])
     """
 
-    def __init__(self, in_channels, out_channels, bias=True, cached=False, order="auto",
+    def __init__(self, in_channels, out_channels, *, bias=True, cached=False, order="auto",
                  normalize=True):
         super().__init__()
         if order not in ORDERS:
