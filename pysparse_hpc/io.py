@@ -52,16 +52,32 @@ _CORRUPT_MEMBER_ERRORS = (ValueError, EOFError, OSError, zipfile.BadZipFile, zli
                           tokenize.TokenError, SyntaxError)
 
 
-def _open_npz(path):
-    """``np.load`` of an existing ``.npz`` archive, with a ValueError for anything else."""
+def _npz_source(path):
+    """``(source, name)``: what `_open_npz` reads, an existing file's path or an open binary
+    file (scipy's ``load_npz`` takes either), and the name the messages give it."""
+    if hasattr(path, "read") and hasattr(path, "seek"):
+        name = getattr(path, "name", None)
+        return path, name if isinstance(name, str) else f"<{type(path).__name__}>"
+    path = _existing_path(path)
+    return path, path
+
+
+def _open_npz(path, name=None):
+    """``np.load`` of an existing ``.npz`` archive (a path, or an open binary file read from
+    where it stands), with a ValueError naming it (``name``, default ``path``) for anything
+    else."""
+    name = path if name is None else name
+    start = path.tell() if hasattr(path, "seek") else None
     if not zipfile.is_zipfile(path):  # np.load would guess it holds pickled objects
-        raise ValueError(f"{path!r} is not a readable .npz archive: not a zip file")
+        raise ValueError(f"{name!r} is not a readable .npz archive: not a zip file")
+    if start is not None:
+        path.seek(start)  # is_zipfile read the end of the file; np.load reads from here
     try:
         archive = np.load(path, allow_pickle=False)
     except _CORRUPT_MEMBER_ERRORS as exc:
-        raise ValueError(f"{path!r} is not a readable .npz archive: {exc}") from None
+        raise ValueError(f"{name!r} is not a readable .npz archive: {exc}") from None
     if not isinstance(archive, np.lib.npyio.NpzFile):
-        raise ValueError(f"{path!r} holds a single array, not an .npz archive of CSR arrays")
+        raise ValueError(f"{name!r} holds a single array, not an .npz archive of CSR arrays")
     return archive
 
 
@@ -122,7 +138,8 @@ def load_npz(path, prefix=None, index_dtype=None):
 
     Parameters
     ----------
-    path : str or path-like
+    path : str, path-like or binary file object
+        A file object is read from its current position, as by ``scipy.sparse.load_npz``.
     prefix : str, optional
         Key prefix, e.g. ``"adj_"`` or ``"feat_"``. By default the plain keys are used if present,
         else ``"adj_"``.
@@ -138,8 +155,8 @@ def load_npz(path, prefix=None, index_dtype=None):
         raise TypeError(f"prefix must be a string, got {type(prefix).__name__}")
     # Checked here: the csr_array below would report a bad argument as a fault of the file.
     index_dtype = check_index_dtype(index_dtype)
-    path = _existing_path(path)
-    with _open_npz(path) as archive:
+    source, path = _npz_source(path)
+    with _open_npz(source, path) as archive:
         keys = set(archive.files)
         if prefix is None:
             prefix = "" if "indptr" in keys or "format" in keys else "adj_"

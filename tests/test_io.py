@@ -278,3 +278,27 @@ def test_a_bad_index_dtype_is_blamed_on_the_argument_not_the_file(tmp_path):
     assert "invalid CSR matrix" not in str(info.value)
     torch = pytest.importorskip("torch")
     assert load_npz(str(path), index_dtype=torch.int64).index_dtype == np.int64
+
+
+def test_load_npz_reads_an_open_binary_file_as_scipy_does(tmp_path):
+    """save_npz wrote to a file object but load_npz took paths only (a TypeError from
+    os.fspath), where scipy.sparse.load_npz reads either."""
+    import io
+    A = sph.csr_array(np.array([[1.0, 0.0], [2.0, 3.0]]))
+    buffer = io.BytesIO(b"header")
+    buffer.seek(0, 2)
+    save_npz(buffer, A)
+    buffer.seek(len(b"header"))   # read from where the archive starts, as NumPy does
+    B = load_npz(buffer)
+    np.testing.assert_array_equal(B.toarray(), A.toarray())
+    buffer.seek(len(b"header"))
+    np.testing.assert_array_equal(scipy.sparse.load_npz(buffer).toarray(), A.toarray())
+    with open(tmp_path / "a.npz", "wb") as handle:
+        save_npz(handle, A)
+    with open(tmp_path / "a.npz", "rb") as handle:
+        assert load_npz(handle).nnz == 3 and not handle.closed
+        handle.seek(0)
+        with pytest.raises(ValueError, match="has no CSR matrix under prefix 'feat_'"):
+            load_npz(handle, prefix="feat_")
+    with pytest.raises(ValueError, match="'<BytesIO>' is not a readable .npz archive"):
+        load_npz(io.BytesIO(b"not a zip"))
