@@ -437,3 +437,15 @@ def test_check_format_makes_assigned_arrays_what_the_kernels_read():
     A.data = list(A.data)
     with pytest.raises(TypeError, match="data must be a NumPy array, got list"):
         A.check_format()
+
+
+def test_a_meta_tensor_is_refused_with_a_value_error():
+    """A tensor on the meta device (shapes only) failed with torch's NotImplementedError
+    ("Cannot copy out of meta tensor"), given dense or as a raw array."""
+    torch = pytest.importorskip("torch")
+    meta = torch.ones(2, 2, device="meta")
+    with pytest.raises(ValueError, match="a tensor on the 'meta' device holds no values"):
+        sph.csr_array(meta)
+    with pytest.raises(ValueError, match="a tensor on the 'meta' device holds no values"):
+        sph.csr_array((torch.ones(1, device="meta"), np.array([0]), np.array([0, 1, 1])),
+                      shape=(2, 2))
