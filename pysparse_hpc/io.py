@@ -472,9 +472,8 @@ def write_matrix_market(path, A, comment="", symmetry=None):
     symmetry : {None, "general", "symmetric", "skew-symmetric", "hermitian"}, optional
         None detects symmetry, explicit zeros counted as stored entries (scipy's detection
         ignores them, which lost a zero without its mirror or added one); "general" always
-        writes every entry. A declared
-        symmetry is checked first (the values are real: "hermitian" is "symmetric"), since
-        only one triangle is written.
+        writes every entry. A declared symmetry is checked first (the values are real:
+        "hermitian" is "symmetric"), since only one triangle is written.
     """
     _check_sparray(A)
     if symmetry not in _SYMMETRIES:
