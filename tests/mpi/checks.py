@@ -1322,8 +1322,9 @@ def check_checkpoint():
         else:
             raise AssertionError(f"save() took {sorted(bad)} on rank {rank}")
     if rank == 0:
-        assert "rank 0: h float64 rows (4,); rank 1: g float64 rows (4,)" in \
-            _message_of(lambda: checkpoints.save(4, shard(4), nodes=unlike)), "names"
+        assert "rank 0 has per-node array 'h' float64 rows (4,) where rank 1 has per-node " \
+            "array 'g' float64 rows (4,); save the same names, dtypes and row shapes on every " \
+            "rank" in _message_of(lambda: checkpoints.save(4, shard(4), nodes=unlike)), "names"
     else:
         _message_of(lambda: checkpoints.save(4, shard(4), nodes=unlike))
     assert checkpoints.steps() == [1, 2, 3]

@@ -45,46 +45,45 @@ def check_nodes(nodes):
     return checked
 
 
-def node_layout(nodes):
-    """What the ranks' per-node state must share, and what checking its ids needs: None
-    without per-node state, else ``(names with dtype and row shape, number of ids, smallest
-    id, largest id)`` of a `check_nodes` result."""
+def node_id_extent(nodes):
+    """What checking the ids over the ranks needs: None without per-node state, else
+    ``(number of ids, smallest id, largest id)`` of a `check_nodes` result (the last two None
+    without ids)."""
     if nodes is None:
         return None
     ids = nodes["node_ids"]
-    arrays = tuple(sorted((name, str(rows.dtype), tuple(rows.shape[1:]))
-                          for name, rows in nodes.items() if name != "node_ids"))
     if not ids.size:
-        return arrays, 0, None, None
-    return arrays, int(ids.size), int(ids.min()), int(ids.max())
+        return 0, None, None
+    return int(ids.size), int(ids.min()), int(ids.max())
 
 
-def check_parts_agree(comm, nodes, layouts):
+def _arrays_layout(nodes):
+    """What every rank's per-node state must share for `gather_node_rows`: each array's name,
+    dtype and row shape (entries for `Communicator.check_alike`)."""
+    if nodes is None:
+        return (("no per-node state",),)
+    return tuple((f"per-node array {name!r}", str(rows.dtype), "rows", tuple(rows.shape[1:]))
+                 for name, rows in sorted(nodes.items()) if name != "node_ids") \
+        or (("per-node node_ids only",),)
+
+
+def check_parts_agree(comm, nodes, extents):
     """Raise the same ValueError on every rank where the per-node state the ranks save could
     not be gathered by node id later (`gather_node_rows`): unlike names, dtypes or row shapes,
     per-node state on some ranks only, or an id on more than one rank.
 
-    ``layouts`` is every rank's `node_layout` (allgathered). The ids are checked by counting
+    ``extents`` is every rank's `node_id_extent` (allgathered). The ids are checked by counting
     each over the ranks: a bitmap of the ids allreduced (one byte per id up to the largest)
     where the ids are dense, else rank 0 gathers them.
     """
-    if all(layout is None for layout in layouts):
-        return
-    arrays = [None if layout is None else layout[0] for layout in layouts]
-    if len(set(arrays)) > 1:
-        described = "; ".join(
-            f"rank {rank}: " + ("no nodes" if held is None else
-                                ", ".join(f"{name} {dtype} rows {shape}"
-                                          for name, dtype, shape in held) or "node_ids only")
-            for rank, held in enumerate(arrays))
-        raise ValueError(f"the ranks save unlike per-node state, which load() could not gather "
-                         f"by node id: {described}. Save the same names, dtypes and row "
-                         f"shapes on every rank")
-    total = sum(layout[1] for layout in layouts)
+    comm.check_alike(_arrays_layout(nodes), "the ranks save unlike per-node state, which "
+                     "load() could not gather by node id",
+                     "save the same names, dtypes and row shapes on every rank")
+    total = sum(extent[0] for extent in extents if extent is not None)
     if total == 0:
         return
-    smallest = min(layout[2] for layout in layouts if layout[1])
-    largest = max(layout[3] for layout in layouts if layout[1])
+    smallest = min(extent[1] for extent in extents if extent[0])
+    largest = max(extent[2] for extent in extents if extent[0])
     ids = nodes["node_ids"]
     if smallest >= 0 and largest < 4 * total + 4096:
         counts = np.zeros(largest + 1, np.uint8 if comm.size < 256 else np.uint32)
@@ -100,10 +99,12 @@ def check_parts_agree(comm, nodes, layouts):
             shared = unique[seen > 1][:5]
         shared = comm.bcast(shared, root=0)
     if shared.size:
-        raise ValueError(f"node {', '.join(map(str, shared.tolist()))} "
-                         f"{'is' if shared.size == 1 else 'are'} saved by more than one rank; "
-                         f"each node's rows must be saved by one rank (its owner), so that "
-                         f"load() can gather them by node id")
+        from .._comm import raising_alike   # as the checkpointer: _comm only when distributed
+        with raising_alike():   # every rank holds the same counts
+            raise ValueError(f"node {', '.join(map(str, shared.tolist()))} "
+                             f"{'is' if shared.size == 1 else 'are'} saved by more than one "
+                             f"rank; each node's rows must be saved by one rank (its owner), "
+                             f"so that load() can gather them by node id")
 
 
 def gather_node_rows(node_ids, parts):

@@ -19,7 +19,7 @@ import numpy as np
 from . import _files
 from ._files import MANIFEST
 from ._format import ALIGN, FORMAT, VERSION, Damaged, Encoder, parse, prefix
-from ._nodes import as_ids, check_nodes, check_parts_agree, gather_node_rows, node_layout
+from ._nodes import as_ids, check_nodes, check_parts_agree, gather_node_rows, node_id_extent
 
 MARKER = "CHECKPOINTS"
 SHARED = "shared.ckpt"
@@ -559,12 +559,12 @@ class Checkpointer:
         except Exception as exc:  # raised below on every rank, not just here
             error = exc
         self.comm.raise_if_any(error)
-        steps, layouts = zip(*self.comm.allgather((step, node_layout(nodes))))
+        steps, extents = zip(*self.comm.allgather((step, node_id_extent(nodes))))
         if len(set(steps)) > 1:
             raise ValueError(f"save() was called with different steps on different ranks: "
                              f"{list(steps)}")
         if self.comm.size > 1:
-            check_parts_agree(self.comm, nodes, layouts)
+            check_parts_agree(self.comm, nodes, extents)
         return step, encoders
 
     @staticmethod
