@@ -40,7 +40,7 @@ REORDER_METHODS = ("rabbit", "rcm", "degree", "none")
 
 
 def _as_csr(A):
-    """`as_csr`, with a TypeError that names what ``A`` must be."""
+    """`as_csr`, with errors that say they are about ``A``."""
     if is_torch_tensor(A) and A.layout != sys.modules["torch"].strided:
         # NumPy's refusal suggested to_dense(), which for a graph can need terabytes
         raise TypeError(
@@ -49,10 +49,11 @@ def _as_csr(A):
             "A.to_sparse_coo().coalesce()'s values() and indices()")
     try:
         csr = as_csr(A)
-    except (TypeError, ValueError) as exc:
-        if isinstance(exc, ValueError) and scipy.sparse.issparse(A):
-            raise ValueError(f"A is not a valid sparse matrix: {exc}") from None
+    except TypeError as exc:
         raise TypeError(f"A must be a sparse array or matrix: {exc}") from None
+    except ValueError as exc:  # the right type, a wrong shape or value: csr_array's rule
+        what = "sparse matrix" if scipy.sparse.issparse(A) else "matrix"
+        raise ValueError(f"A is not a valid {what}: {exc}") from None
     # The checks again, the O(nnz) ones included: arrays shared with scipy (to_scipy without a
     # copy) are rewritten under this array by scipy's eliminate_zeros, leaving indptr[-1] short
     # of len(indices), and a column written in place out of range (which the canonical flag
@@ -127,7 +128,8 @@ def reorder(A, method="rabbit"):
     Raises
     ------
     ValueError
-        If ``A`` is not square or ``method`` is unknown.
+        If ``A`` is not square, is not 2-D or has inconsistent arrays, or ``method`` is
+        unknown.
     TypeError
         If ``A`` is neither a sparse array or matrix nor convertible to a `csr_array` (a torch
         sparse tensor is not), or ``method`` is not a string.

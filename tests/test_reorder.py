@@ -304,8 +304,15 @@ def test_reorder_rejects_bad_input(rng):
         sph.reorder(S[:10, :10], method="metis")
     with pytest.raises(TypeError, match="sparse"):
         sph.reorder("graph")
-    with pytest.raises(TypeError, match="sparse"):
-        sph.reorder(np.arange(5.0))                          # 1-D: not a matrix
+    # A wrong shape or wrong arrays is a ValueError, by csr_array's rule, in every function
+    # that takes a graph
+    with pytest.raises(ValueError, match="A is not a valid matrix: expected a 2-D array"):
+        sph.reorder(np.arange(5.0))
+    inconsistent = (np.array([1.0, 2.0]), np.array([0]), np.array([0, 1]))
+    for function in (sph.reorder, sph.bandwidth, lambda A: sph.permute(A, [0]),
+                     lambda A: sph.permute_rows(A, [0]), lambda A: sph.permute_columns(A, [0])):
+        with pytest.raises(ValueError, match="A is not a valid matrix: data has length 2"):
+            function(inconsistent)
     unchecked = scipy.sparse.csr_matrix((np.ones(3), np.array([1, 0, 500]),
                                          np.array([0, 1, 2, 3])), shape=(3, 3))
     with pytest.raises(ValueError, match="A is not a valid sparse matrix"):
