@@ -47,7 +47,8 @@ class blocked_array(sparray):
         Anything `csr_array` accepts (converted through CSR), another blocked array, or raw arrays
         ``(values, col_idx, row_window_offset, vector_mask)`` together with ``shape`` (a 3-tuple
         is read as CSR). With ``vector_mask=None`` the stored entries are the nonzero values, the
-        FlashSparse convention (explicit zeros are then dropped).
+        FlashSparse convention (explicit zeros are then dropped, and a vector of zeros with
+        them).
     shape : tuple of two ints, optional
         Required for raw arrays.
     dtype : dtype, optional
@@ -126,15 +127,23 @@ class blocked_array(sparray):
         col_idx = as_index_array(arg[1], "col_idx")
         row_window_offset = as_index_array(arg[2], "row_window_offset")
         vector_mask = None if arg[3] is None else np.ascontiguousarray(arg[3])
-        if vector_mask is not None and (vector_mask.dtype != np.uint8 or vector_mask.ndim != 1):
-            raise TypeError(
-                f"vector_mask must be a 1-D uint8 array, got dtype {vector_mask.dtype} "
-                f"with shape {vector_mask.shape}")
+        if vector_mask is not None and vector_mask.dtype != np.uint8:
+            raise TypeError(f"vector_mask must be a uint8 array, got dtype {vector_mask.dtype}")
+        if vector_mask is not None and vector_mask.ndim != 1:
+            raise ValueError(f"vector_mask must be 1-D, got shape {vector_mask.shape}")
         _check_blocked_arrays(values, col_idx, row_window_offset, vector_mask, shape, window,
                               block_width, full_check=True)
         if vector_mask is None:
-            positions = value_positions(row_window_offset, window, block_width)
-            vector_mask = _pack_rows(values[positions] != 0)
+            table = values[value_positions(row_window_offset, window, block_width)]
+            present = table != 0
+            holding = present.any(axis=1)
+            if not holding.all():
+                # A vector of zeros (a stored zero, a zero edge weight, in FlashSparse's
+                # arrays) holds no entry by this convention: it goes, as the zeros do.
+                values, col_idx, row_window_offset = _without_vectors(
+                    table, holding, col_idx, row_window_offset, window, block_width)
+                present = present[holding]
+            vector_mask = _pack_rows(present)
             # The mask made from the values gets the checks a given one gets: nonzero values
             # in the padding rows past the matrix would mark rows the kernels then write.
             _check_vector_mask(values, col_idx, row_window_offset, vector_mask, shape[0],
@@ -262,6 +271,7 @@ class blocked_array(sparray):
 
     def to_blocked(self, window=8, block_width=8):
         """Re-block with another window height or block width (through CSR)."""
+        window, block_width = _check_geometry(window, block_width)
         if (window, block_width) == (self.window, self.block_width):
             return self
         return blocked_from_csr(self.tocsr(), window, block_width)
@@ -370,6 +380,21 @@ def value_positions(row_window_offset, window, block_width):
     rows = np.arange(window)
     return (block_start[:, None] * window + rows[None, :] * width[:, None]
             + (vector - block_start)[:, None])
+
+
+def _without_vectors(table, kept, col_idx, row_window_offset, window, block_width):
+    """The blocked arrays without the vectors where ``kept`` is False, their values repacked.
+
+    ``table`` holds the values by vector, ``values[value_positions(...)]``.
+    """
+    vectors_per_window = np.diff(row_window_offset.astype(np.int64))
+    window_of_vector = np.repeat(np.arange(vectors_per_window.size), vectors_per_window)
+    kept_per_window = np.bincount(window_of_vector[kept], minlength=vectors_per_window.size)
+    offsets = np.zeros(row_window_offset.size, dtype=row_window_offset.dtype)
+    np.cumsum(kept_per_window, out=offsets[1:])
+    values = np.empty(int(kept.sum()) * window, dtype=table.dtype)
+    values[value_positions(offsets, window, block_width)] = table[kept]
+    return values, col_idx[kept], offsets
 
 
 def _pack_rows(present):

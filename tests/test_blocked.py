@@ -6,6 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import pysparse_hpc as sph
+from pysparse_hpc._blocked import value_positions
 from pysparse_hpc.io import load_npz
 
 from .conftest import random_scipy
@@ -154,6 +155,21 @@ def test_bad_geometry():
         sph.block_stats(A, window=True)
     with pytest.raises(ValueError, match="block_width must be at most 2147483647"):
         sph.block_stats(A, block_width=2 ** 63)
+    # A blocked array's to_blocked checks before it compares with its own geometry: 8.0 and
+    # True equal 8 and 1, and were taken, where a csr_array refuses them.
+    M = A.to_mebcrs(block_width=1)
+    with pytest.raises(TypeError, match="window must be an integer, got float"):
+        M.to_blocked(window=8.0, block_width=1)
+    with pytest.raises(TypeError, match="block_width must be an integer, got bool"):
+        M.to_blocked(window=8, block_width=True)
+    # The mask's dtype is a TypeError, its shape a ValueError (csr_array's rule)
+    mask = M.vector_mask
+    with pytest.raises(ValueError, match=r"vector_mask must be 1-D, got shape \(3, 1\)"):
+        sph.mebcrs_array((M.values, M.col_idx, M.row_window_offset, mask[:, None]),
+                         shape=M.shape, block_width=1)
+    with pytest.raises(TypeError, match="vector_mask must be a uint8 array, got dtype int8"):
+        sph.mebcrs_array((M.values, M.col_idx, M.row_window_offset, mask.view(np.int8)),
+                         shape=M.shape, block_width=1)
 
 
 @pytest.mark.parametrize("window,block_width", [(33, 4), (64, 16), (64, 1)])
@@ -298,15 +314,42 @@ def test_int32_matches_int64_on_every_shared_matrix(suitesparse_path):
 
 def test_raw_values_without_a_mask_get_the_mask_checks():
     """A mask made from the values is checked as a given one is: nonzeros in the padding
-    rows past the matrix (which the kernels would write) and all-zero vectors are refused."""
+    rows past the matrix (which the kernels would write) are refused."""
     with pytest.raises(ValueError, match="by the nonzero values .* rows beyond the matrix"):
         sph.mebcrs_array((np.ones(8), np.array([1]), np.array([0, 1]), None), shape=(3, 4))
-    with pytest.raises(ValueError, match="at least one stored entry; by the nonzero values"):
-        sph.mebcrs_array((np.zeros(8), np.array([1]), np.array([0, 1]), None), shape=(8, 4))
     values = np.zeros(8)
     values[:3] = 1
     built = sph.mebcrs_array((values, np.array([1]), np.array([0, 1]), None), shape=(3, 4))
     np.testing.assert_array_equal(built @ np.ones((4, 2)), np.ones((3, 2)))
+
+
+@pytest.mark.parametrize("window, block_width", [(8, 8), (8, 3), (16, 8), (5, 2)])
+def test_raw_values_without_a_mask_drop_vectors_of_zeros(window, block_width, rng):
+    """With vector_mask=None the stored entries are the nonzero values, so a vector whose
+    values are all zero (a stored zero, a zero edge weight) is dropped as the zeros are. It
+    was refused, so such arrays could not be imported at all."""
+    dense = rng.random((23, 9)) * (rng.random((23, 9)) < 0.3)
+    dense[:, 8] = 0.0
+    rows, cols = np.nonzero(dense)
+    explicit_zeros = [0, 9, 20]                          # column 8's vectors: zeros only
+    with_zeros = scipy.sparse.csr_array((np.r_[dense[rows, cols], np.zeros(3)],
+                                         (np.r_[rows, explicit_zeros], np.r_[cols, 8, 8, 8])),
+                                        shape=dense.shape)
+    stored = sph.csr_array(with_zeros).to_blocked(window, block_width)
+    by_vector = stored.values[value_positions(stored.row_window_offset, window, block_width)]
+    assert np.any(~by_vector.any(axis=1)), "no vector of zeros to drop"
+    for index_dtype in (np.int32, np.int64):
+        built = sph.blocked_array((stored.values, stored.col_idx.astype(index_dtype),
+                                   stored.row_window_offset.astype(index_dtype), None),
+                                  shape=stored.shape, window=window, block_width=block_width)
+        expected = sph.csr_array(dense).to_blocked(window, block_width)
+        assert built.index_dtype == index_dtype and built.nnz == expected.nnz
+        for a, b in zip(_blocked_arrays(built), _blocked_arrays(expected)):
+            np.testing.assert_array_equal(a, b)
+    zeros_only = sph.mebcrs_array((np.zeros(8), np.array([1]), np.array([0, 1]), None),
+                                  shape=(8, 4))
+    assert zeros_only.n_vectors == 0 and zeros_only.nnz == 0
+    np.testing.assert_array_equal(zeros_only.row_window_offset, [0, 0])
 
 
 @pytest.mark.parametrize("index_dtype", [np.uint32, np.uint64])
