@@ -5,10 +5,10 @@ A rank's rows of ``A @ X`` need X's rows of its halo. `halo_rows` appends them t
 owners, who add it to their own (the reverse exchange). With it every single-process op runs
 unchanged on the rank's local matrix, whose columns are the owned nodes then the halo. The
 fixed-value SpMM of GCN has its own Function that overlaps both exchanges with the product over
-the owned columns.
+the owned columns. Both are linear, and each backward is a Function whose backward is the
+forward one again, so gradients of gradients are exact on a distributed graph too.
 """
 import torch
-from torch.autograd.function import once_differentiable
 
 from . import _backend, _graph
 
@@ -31,6 +31,9 @@ def _local_array(tensor):
 
 
 class _HaloRows(torch.autograd.Function):
+    """``[x; x_halo]``. Linear in x: its backward is `_HaloRowsAdjoint`, whose backward is this
+    Function again, so a second derivative (a gradient penalty) is exact and not cut short."""
+
     @staticmethod
     def forward(ctx, x, graph):
         ctx.graph = graph
@@ -38,12 +41,23 @@ class _HaloRows(torch.autograd.Function):
         return torch.cat([x.detach(), halo])
 
     @staticmethod
-    @once_differentiable
     def backward(ctx, grad):
-        graph = ctx.graph
-        grad = grad.contiguous()
+        return _HaloRowsAdjoint.apply(grad, ctx.graph), None
+
+
+class _HaloRowsAdjoint(torch.autograd.Function):
+    """The owned rows of ``grad`` with its halo rows sent back and summed into their owners'."""
+
+    @staticmethod
+    def forward(ctx, grad, graph):
+        ctx.graph = graph
+        grad = grad.detach().contiguous()
         add_into = graph.start_reverse_exchange(grad[graph.n_local:].numpy()).wait()
-        return add_into(grad[:graph.n_local].clone()), None
+        return add_into(grad[:graph.n_local].clone())
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _HaloRows.apply(grad, ctx.graph), None
 
 
 def halo_rows(graph, x):
@@ -69,14 +83,15 @@ def _split(graph, dtype):
 
 class _SpMMOverlapped(torch.autograd.Function):
     """``A @ X`` with A's own values: the product over the owned columns runs while the halo
-    rows travel; in backward, ``A_halo^T dY`` is sent first and ``A_owned^T dY`` computed while
-    it travels."""
+    rows travel. Linear in X: its backward is `_SpMMOverlappedAdjoint`, and that one's is this
+    Function, so second derivatives are exact, as the one-process product's are."""
 
     @staticmethod
-    def forward(ctx, x, graph):
-        ctx.graph = graph
-        owned_part, halo_part = _split(graph, _backend.numpy_dtype(x))
-        ctx.parts = owned_part, halo_part
+    def forward(ctx, x, graph, parts):
+        # The parts are those of the first forward pass all the way down: the derivatives
+        # are of the matrix that pass read.
+        ctx.graph, ctx.parts = graph, parts
+        owned_part, halo_part = parts
         x = x.detach().contiguous()
         pending = graph.start_halo_exchange(x.numpy())
         y = _backend.spmm_fixed(owned_part, x)
@@ -86,20 +101,33 @@ class _SpMMOverlapped(torch.autograd.Function):
         return y
 
     @staticmethod
-    @once_differentiable
     def backward(ctx, grad_y):
         if not ctx.needs_input_grad[0]:
-            return None, None
-        owned_part, halo_part = ctx.parts
-        grad_y = grad_y.contiguous()
+            return None, None, None
+        return _SpMMOverlappedAdjoint.apply(grad_y, ctx.graph, ctx.parts), None, None
+
+
+class _SpMMOverlappedAdjoint(torch.autograd.Function):
+    """``A^T dY`` summed on the owners: ``A_halo^T dY`` is sent first and ``A_owned^T dY``
+    computed while it travels."""
+
+    @staticmethod
+    def forward(ctx, grad_y, graph, parts):
+        ctx.graph, ctx.parts = graph, parts
+        owned_part, halo_part = parts
+        grad_y = grad_y.detach().contiguous()
         grad_halo = (_backend.spmm_fixed(_graph.transposed_like(halo_part), grad_y)
-                     if ctx.graph.n_halo else grad_y.new_empty((0,) + grad_y.shape[1:]))
-        pending = ctx.graph.start_reverse_exchange(grad_halo.contiguous().numpy())
+                     if graph.n_halo else grad_y.new_empty((0,) + grad_y.shape[1:]))
+        pending = graph.start_reverse_exchange(grad_halo.contiguous().numpy())
         grad_x = _backend.spmm_fixed(_graph.transposed_like(owned_part), grad_y)
         add_into = pending.wait()
-        return add_into(grad_x), None
+        return add_into(grad_x)
+
+    @staticmethod
+    def backward(ctx, grad_x):
+        return _SpMMOverlapped.apply(grad_x, ctx.graph, ctx.parts), None, None
 
 
 def spmm_fixed(graph, x):
     """``A @ X`` on a distributed graph with its own values, differentiable in X."""
-    return _SpMMOverlapped.apply(x, graph)
+    return _SpMMOverlapped.apply(x, graph, _split(graph, _backend.numpy_dtype(x)))
