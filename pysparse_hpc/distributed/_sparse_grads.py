@@ -22,10 +22,11 @@ def sparse_gradient_parameters(model):
             if isinstance(module, (nn.Embedding, nn.EmbeddingBag)) and module.sparse}
 
 
-def allreduce_sparse(comm, param, kind="allreduce"):
+def allreduce_sparse(comm, param, kind="allreduce", produced=True):
     """The sum over the ranks of ``param.grad`` (sparse COO with one sparse dimension, or None
-    where this rank has none), as a coalesced sparse tensor; None where no rank has one."""
-    grad = param.grad
+    where this rank has none), as a coalesced sparse tensor; None where no rank has one.
+    ``produced=False`` contributes nothing from this rank, whatever ``param.grad`` holds."""
+    grad = param.grad if produced else None
     rows = torch.zeros(param.shape[0], dtype=param.dtype)
     if grad is None:
         dense = torch.zeros_like(param)

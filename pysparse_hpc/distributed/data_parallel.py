@@ -94,11 +94,14 @@ class DataParallel(torch.nn.Module):
     ``average=False`` a gradient already in ``.grad`` from an earlier reduced backward is
     summed over the ranks again (counted P times): zero the gradients between reduced
     backwards, and accumulate inside `no_sync`, as under DDP (with ``average=True`` the mean
-    makes either way right). With ``broadcast_buffers`` every rank must call the wrapper's
-    forward the same number of times with gradients enabled outside `no_sync` (the broadcast
-    is a collective, as under DDP); a forward under ``torch.no_grad()`` (evaluation) or
-    inside `no_sync` (a rank-local pass, accumulation) broadcasts nothing, so call
-    `broadcast_parameters` before evaluating on one rank after training without it.
+    makes either way right). An activation checkpoint with ``use_reentrant=True`` runs its
+    backward as a pass of its own inside the outer one: the gradients it produces are reduced
+    when it ends, and not again with the rest. With ``broadcast_buffers`` every rank must
+    call the wrapper's forward the same number of times with gradients enabled outside
+    `no_sync` (the broadcast is a collective, as under DDP); a forward under
+    ``torch.no_grad()`` (evaluation) or inside `no_sync` (a rank-local pass, accumulation)
+    broadcasts nothing, so call `broadcast_parameters` before evaluating on one rank after
+    training without it.
 
     Every rank must wrap a model of the same parameters and buffers (names, shapes, dtypes,
     the same ones frozen) with the same settings: the wrapper compares them once, and ranks
@@ -152,7 +155,8 @@ class DataParallel(torch.nn.Module):
         # paired one wrapper's buckets with the other's (wrong sums, or MPI's abort).
         reducing = comm.duplicate() if hasattr(comm, "duplicate") else comm
         try:
-            _check_alike(reducing, module, bucket_mb, average, broadcast_buffers)
+            _check_alike(reducing, module, bucket_mb, average, broadcast_parameters,
+                         broadcast_buffers)
         except BaseException:
             if reducing is not comm:
                 reducing.free()
@@ -181,6 +185,13 @@ class DataParallel(torch.nn.Module):
         self._bucket_mb = bucket_mb
         self._launched = 0
         self._in_backward = False
+        # Ids of the parameters whose gradient hook fired in this round of reductions. A
+        # round ends with the backward pass that started it; an activation checkpoint
+        # (use_reentrant=True) runs its backward as a pass of its own inside the outer one,
+        # so one backward() can hold two rounds, and a gradient reduced in the first must
+        # not be summed again in the second.
+        self._produced = set()
+        self._accumulated = set()   # ids of the parameters no_sync gave a gradient since
         self._enabled = True
         self._retired = False
         # One wrapper per module: a second set of hooks would start every reduction twice, in
@@ -383,10 +394,15 @@ class DataParallel(torch.nn.Module):
     # ---------------------------------------------------------------- hooks
     def _on_gradient(self, param):  # through `_on_gradient_of`
         if not self._enabled:
+            self._accumulated.add(id(param))
             return
         if not self._in_backward:
             self._in_backward = True
             torch.autograd.Variable._execution_engine.queue_callback(self._finish)
+            # Gradients accumulated in no_sync are this round's too, reached or not
+            self._produced |= self._accumulated
+            self._accumulated.clear()
+        self._produced.add(id(param))
         bucket = self._bucket_of.get(id(param))
         if bucket is None:
             return  # a sparse gradient: summed in _finish
@@ -402,7 +418,9 @@ class DataParallel(torch.nn.Module):
         for p in bucket.params:
             size = p.numel()
             target = bucket.flat[offset:offset + size]
-            if p.grad is None:  # unused in this backward on this rank: contributes zero
+            if p.grad is None or id(p) not in self._produced:
+                # unused in this round on this rank: contributes zero (a gradient it holds
+                # was reduced in an earlier round)
                 target.zero_()
             else:
                 if p.grad.dtype != target.dtype:
@@ -416,9 +434,9 @@ class DataParallel(torch.nn.Module):
         bucket.request = self._reducing.Iallreduce(bucket.flat)
 
     def _start_participation(self):
-        """One flag per bucketed parameter, in bucket order: whether it has a gradient here,
-        and once the returned request is waited on, whether it has one on some rank."""
-        has_grad = np.array([p.grad is not None for b in self._buckets for p in b.params],
+        """One flag per bucketed parameter, in bucket order: whether this round produced its
+        gradient here, and once the returned request is waited on, on some rank."""
+        has_grad = np.array([id(p) in self._produced for b in self._buckets for p in b.params],
                             dtype=np.uint8)
         return has_grad, self._reducing.Iallreduce(has_grad, "max", kind=PARTICIPATION_KIND)
 
@@ -442,20 +460,25 @@ class DataParallel(torch.nn.Module):
                     size = p.numel()
                     reduced = bucket.flat[offset:offset + size].view_as(p)
                     used_on_some_rank = next(flags)
+                    offset += size
+                    if not used_on_some_rank:
+                        continue   # untouched: None, or reduced in an earlier round
                     if p.grad is not None:
                         p.grad.copy_(reduced)
-                    elif used_on_some_rank:
+                    else:
                         p.grad = reduced.clone()
-                    offset += size
             for p in self._sparse:
                 # A sparse Embedding whose weight is also used densely (tied weights) gets a
                 # dense gradient: it takes the sparse reduction like the other ranks' (which
                 # may differ), and is dense again after it.
-                dense = p.grad is not None and not p.grad.is_sparse
+                produced = id(p) in self._produced
+                dense = produced and p.grad is not None and not p.grad.is_sparse
                 if dense:
                     p.grad = p.grad.to_sparse()
-                summed = allreduce_sparse(self._reducing, p)
-                p.grad = summed if summed is None or scale is None else summed * scale
+                summed = allreduce_sparse(self._reducing, p, produced=produced)
+                if summed is None:
+                    continue   # no rank produced it in this round: untouched
+                p.grad = summed if scale is None else summed * scale
                 if dense:
                     p.grad = p.grad.to_dense()
         finally:
@@ -465,21 +488,25 @@ class DataParallel(torch.nn.Module):
         for bucket in self._buckets:
             bucket.ready, bucket.request = 0, None
         self._launched, self._in_backward = 0, False
+        self._produced = set()
 
 
 #: What `DataParallel._attach` makes for the wrapper's module (hooks, buckets, state of a
 #: backward): made afresh for a copy, never copied. The module and the communicator are
 #: copied as any attribute (a communicator's deep copy is itself: the same ranks).
 _WRAPPING_STATE = frozenset((
-    "_reducing", "_hooks", "_release", "_launched", "_in_backward", "_enabled", "_retired",
+    "_reducing", "_hooks", "_release", "_launched", "_in_backward", "_produced", "_accumulated",
+    "_enabled",
+    "_retired",
     "_params", "_sparse", "_buckets", "_bucket_of"))
 
 
-def _layout(module, bucket_mb, average, broadcast_buffers):
+def _layout(module, bucket_mb, average, broadcast_parameters, broadcast_buffers):
     """What must be alike on every rank for the wrapper's collectives to pair up: its settings,
     and the name, shape, dtype and trainability of each parameter and buffer."""
     sparse = sparse_gradient_parameters(module)
     return ((("bucket_mb", float(bucket_mb)), ("average", average),
+             ("broadcast_parameters", broadcast_parameters),
              ("broadcast_buffers", broadcast_buffers))
             + tuple((f"parameter {name!r}", tuple(p.shape), str(p.dtype),
                      "trainable" if p.requires_grad else "frozen",
@@ -489,16 +516,18 @@ def _layout(module, bucket_mb, average, broadcast_buffers):
                     for name, b in module.named_buffers()))
 
 
-def _check_alike(comm, module, bucket_mb, average, broadcast_buffers):
+def _check_alike(comm, module, bucket_mb, average, broadcast_parameters, broadcast_buffers):
     """Raise on every rank when the ranks wrap unlike models or pass unlike settings.
 
     Each rank lays out its buckets from its own model: a parameter of another shape or dtype,
     one more, or one frozen on one rank only, gave buckets of other sizes, whose allreduces
     paired up anyway (gradients silently left unreduced) or failed inside MPI on some ranks
-    only. A collective, once per wrapper."""
+    only; ``broadcast_parameters`` on some ranks only paired their broadcasts with the
+    others' first reductions. A collective, once per wrapper."""
     if comm.size == 1 or not hasattr(comm, "check_alike"):
         return
-    comm.check_alike(_layout(module, bucket_mb, average, broadcast_buffers),
+    comm.check_alike(_layout(module, bucket_mb, average, broadcast_parameters,
+                             broadcast_buffers),
                      "the ranks wrap unlike models or pass unlike DataParallel settings",
                      "build the model alike on every rank (freeze the same layers) and wrap it "
                      "with the same settings")

@@ -233,6 +233,54 @@ def check_data_parallel():
             torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-14)
 
 
+def check_data_parallel_reduces_each_gradient_once():
+    """One backward() can hold two rounds of reductions: a reentrant activation checkpoint
+    runs its backward as a pass of its own. The checkpointed layer's gradient, reduced in
+    the inner round, was summed again in the outer one (P times the one-process gradient
+    with average=False). And a gradient accumulated in no_sync for a parameter that the
+    reduced backward does not reach is still reduced."""
+    from torch.utils.checkpoint import checkpoint
+    data = torch.randn(12, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+
+    def network():
+        torch.manual_seed(0)
+        return torch.nn.ModuleDict({"a": torch.nn.Linear(4, 5), "b": torch.nn.Linear(5, 2),
+                                    "side": torch.nn.Linear(4, 2)}).double()
+
+    def loss_of(net, rows, reentrant):
+        hidden = net["a"](data[rows]).tanh()
+        out = checkpoint(net["b"], hidden, use_reentrant=reentrant)
+        return (out ** 2).sum() / len(data)       # normalized by the global batch
+
+    mine = np.arange(len(data))[rank::size]
+    for reentrant in (True, False):
+        reference = network()
+        loss_of(reference, np.arange(len(data)), reentrant).backward()
+        net = network()
+        wrapped = distributed.DataParallel(net, comm, average=False)
+        loss_of(wrapped.module, mine, reentrant).backward()
+        for name, p in net.named_parameters():
+            expected = reference.get_parameter(name).grad
+            if expected is None:
+                assert p.grad is None, name
+            else:
+                torch.testing.assert_close(p.grad, expected, rtol=1e-12, atol=1e-14,
+                                           msg=f"{name}, use_reentrant={reentrant}")
+        del wrapped
+    # no_sync accumulation, then a reduced backward that does not reach "side"
+    reference = network()
+    (reference["side"](data).sum() / len(data)).backward()
+    loss_of(reference, np.arange(len(data)), False).backward()
+    net = network()
+    wrapped = distributed.DataParallel(net, comm, average=False)
+    with wrapped.no_sync():
+        (net["side"](data[mine]).sum() / len(data)).backward()
+    loss_of(net, mine, False).backward()
+    for name, p in net.named_parameters():
+        torch.testing.assert_close(p.grad, reference.get_parameter(name).grad, rtol=1e-12,
+                                   atol=1e-14, msg=name)
+
+
 def check_data_parallel_sparse():
     """An ``Embedding(sparse=True)`` under `DataParallel`: its gradient is the full batch's,
     still sparse, over the rows any rank looked up (one rank looks up none), and

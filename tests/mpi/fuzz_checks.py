@@ -340,6 +340,10 @@ def check_data_parallel_refuses_unlike_models():
         model(), comm, bucket_mb=1e-5 if last else 25), "bucket_mb")
     raises_on_every_rank(lambda: distributed.DataParallel(model(), comm, average=last),
                          "average")
+    # broadcast_parameters on some ranks only paired their broadcasts with the others' first
+    # reductions: an MPI truncation error, a hang, or replicas that silently differed
+    raises_on_every_rank(lambda: distributed.DataParallel(
+        model(), comm, broadcast_parameters=last), "broadcast_parameters")
     frozen = model(frozen=True)   # frozen alike on every rank: reduced as before
     wrapped = distributed.DataParallel(frozen, comm, average=False)
     hidden = frozen[0](torch.ones(1, 2, dtype=torch.float64))
