@@ -406,13 +406,23 @@ def read_matrix_market(path):
         Anything else that is not a valid Matrix Market file, named: a bad header, a
         symmetric matrix that is not square, an entry out of range, a value the field does
         not allow (``1,5`` in a real field, ``2.5`` in an integer one), more or fewer numbers
-        than the header declares, a diagonal entry in a skew-symmetric file, a path that is
-        not a regular file.
+        than the header declares, a non-zero diagonal entry in a skew-symmetric file
+        (entries there that sum to zero are kept as stored zeros), a path that is not a
+        regular file.
+    MemoryError
+        The file declares more rows than this machine's memory can index (the CSR row
+        pointer), found before reading it.
     """
     path = _existing_path(path)
     info = _mm_info(path)
     _check_mm_body(path, info)
     rows, cols, _, fmt, _, symmetry = info
+    if fmt == "coordinate":
+        # The entries are in the file (counted above); the row pointer is not: a three-line
+        # file declaring 3e9 rows had the process killed while converting to CSR. scipy's
+        # conversion holds two arrays of rows + 1 indices.
+        refuse_beyond_memory(2.0 * 8 * (rows + 1),
+                             f"{path!r} declares {rows} rows, whose row pointers")
     if fmt == "array" and rows == 0:
         # scipy's reader divides by the row count (a crash, SIGFPE) for an empty array file.
         return csr_array((np.zeros(0), np.zeros(0, np.int32), np.zeros(1, np.int32)),

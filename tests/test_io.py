@@ -302,3 +302,15 @@ def test_load_npz_reads_an_open_binary_file_as_scipy_does(tmp_path):
             load_npz(handle, prefix="feat_")
     with pytest.raises(ValueError, match="'<BytesIO>' is not a readable .npz archive"):
         load_npz(io.BytesIO(b"not a zip"))
+
+
+def test_matrix_market_refuses_rows_beyond_memory_before_reading(tmp_path):
+    """A three-line file declaring 3e9 rows had the process killed (or NumPy's MemoryError,
+    naming neither the file nor the rows) while converting to CSR: the row pointer is not in
+    the file. It is refused first, naming both."""
+    path = tmp_path / "huge.mtx"
+    path.write_text("%%MatrixMarket matrix coordinate real general\n"
+                    "10000000000000 2 1\n9999999999999 2 5\n")
+    with pytest.raises(MemoryError, match=r"huge.mtx' declares 10000000000000 rows, whose row "
+                                          r"pointers need about 1\.49e\+05 GiB"):
+        read_matrix_market(path)
