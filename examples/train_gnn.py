@@ -4,9 +4,10 @@ Each model is trained full batch with its published hyper-parameters (`pysparse_
 the script prints the test accuracy at the best validation epoch and the time per training
 epoch. With ``--reorder rabbit`` (or rcm, degree) the nodes are renumbered first, so the blocked
 kernels see denser 8x1 vectors: the adjacency is permuted as ``P A P^T`` and the features,
-labels and split masks follow as ``x[perm]``. Node classification does not depend on the
-numbering, so the accuracy is the same up to rounding; ``--format mebcrs`` runs the SpMMs on
-the ME-BCRS kernel, where the order matters most.
+labels and split masks follow as ``x[perm]``. The model does not depend on the numbering, but
+its dropout masks follow the node ids, so a renumbered run draws other masks: the accuracy is
+the same in distribution (within a point or so on Cora), not run for run. ``--format mebcrs``
+runs the SpMMs on the ME-BCRS kernel, where the order matters most.
 
 Run it with ``python examples/train_gnn.py [--dataset citeseer] [--model gcn ...]
 [--reorder rabbit] [--format mebcrs] [--epochs N]``.

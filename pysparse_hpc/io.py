@@ -19,7 +19,7 @@ import scipy.sparse
 
 from ._base import sparray
 from ._csr import csr_array
-from ._sputils import check_index_dtype, described_sparse, refuse_beyond_memory
+from ._sputils import check_flag, check_index_dtype, described_sparse, refuse_beyond_memory
 
 __all__ = ["load_npz", "save_npz", "read_matrix_market", "write_matrix_market"]
 
@@ -263,7 +263,7 @@ def save_npz(path, A, compressed=True):
     """
     _check_sparray(A)
     csr = A.tocsr()
-    save = np.savez_compressed if compressed else np.savez
+    save = np.savez_compressed if check_flag(compressed, "compressed") else np.savez
     with _written_whole(path, ".npz") as destination:
         # _is_array: scipy's mark of a sparse array (not a matrix) since scipy 1.11
         save(destination, format=np.str_("csr"), shape=np.asarray(csr.shape, dtype=np.int64),

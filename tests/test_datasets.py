@@ -41,6 +41,11 @@ def test_names_and_errors():
 def test_random_features_refuse_a_negative_seed():
     with pytest.raises(ValueError, match="seed must be a non-negative integer, got -1"):
         datasets.load("cora", random_features=4, seed=-1)
+    # Checked without random features too, as every other argument is: it passed unread
+    with pytest.raises(ValueError, match="seed must be a non-negative integer, got -5"):
+        datasets.load("cora", seed=-5)
+    with pytest.raises(TypeError, match="seed must be an integer"):
+        datasets.load("cora", seed="abc")
 
 
 def test_a_corrupt_matrix_names_its_file_and_matrix(tmp_path):

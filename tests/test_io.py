@@ -314,3 +314,13 @@ def test_matrix_market_refuses_rows_beyond_memory_before_reading(tmp_path):
     with pytest.raises(MemoryError, match=r"huge.mtx' declares 10000000000000 rows, whose row "
                                           r"pointers need about 1\.49e\+05 GiB"):
         read_matrix_market(path)
+
+
+def test_save_npz_takes_a_bool_for_compressed(tmp_path):
+    """A string such as "no" is truthy: it wrote a compressed file."""
+    A = sph.csr_array(np.eye(3))
+    with pytest.raises(TypeError, match="compressed must be a bool, got str 'no'"):
+        save_npz(tmp_path / "a.npz", A, compressed="no")
+    assert not (tmp_path / "a.npz").exists()
+    save_npz(tmp_path / "a.npz", A, compressed=np.False_)
+    assert_same_csr(load_npz(tmp_path / "a.npz"), A.to_scipy())

@@ -192,7 +192,8 @@ def load_file(path, random_features=None, seed=0, name=None):
         random_features = check_integer(random_features, "random_features")
         if random_features < 1:
             raise ValueError(f"random_features must be a positive width, got {random_features!r}")
-        seed = check_seed(seed)
+    # Checked when unused too, as every other argument is: load("cora", seed="abc") passed.
+    seed = check_seed(seed)
     path = _existing_path(path)
     # The same checked reads as the matrices': a damaged or non-array member is a ValueError
     # that names the file and the key.
