@@ -483,9 +483,11 @@ def write_matrix_market(path, A, comment="", symmetry=None):
         None detects symmetry, explicit zeros counted as stored entries (scipy's detection
         ignores them, which lost a zero without its mirror or added one); "general" always
         writes every entry. A declared symmetry is checked first (the values are real:
-        "hermitian" is "symmetric"), since only one triangle is written.
+        "hermitian" is "symmetric", and written so), since only one triangle is written.
     """
     _check_sparray(A)
+    if not isinstance(comment, str):   # scipy's writer failed in its compiled header code
+        raise TypeError(f"comment must be a string, got {type(comment).__name__}")
     if symmetry not in _SYMMETRIES:
         raise ValueError(f"symmetry must be one of {_SYMMETRIES}, got {symmetry!r}")
     coo = A.to_scipy().tocoo()
@@ -509,6 +511,9 @@ def write_matrix_market(path, A, comment="", symmetry=None):
         # its mirror was dropped with the upper triangle, or came back mirrored.
         symmetry = next((kind for kind in ("symmetric", "skew-symmetric")
                          if _has_symmetry(coo, kind)), "general")
+    elif symmetry == "hermitian":
+        # The format defines hermitian for complex fields only; real values are symmetric
+        symmetry = "symmetric"
     # A missing directory is refused here: scipy returns without writing.
     with _written_whole(path, ".mtx") as destination:
         scipy.io.mmwrite(destination, coo, comment=comment, symmetry=symmetry)

@@ -140,6 +140,10 @@ def test_matrix_market_hermitian_and_nan_symmetry(tmp_path):
                             ("symmetric", [[np.nan, 2.0], [2.0, 1.0]])):
         write_matrix_market(tmp_path / "s.mtx", sph.csr_array(np.array(dense)), symmetry=symmetry)
         np.testing.assert_array_equal(read_matrix_market(tmp_path / "s.mtx").toarray(), dense)
+        # the format defines hermitian for complex fields only: "real hermitian" was written
+        assert scipy.io.mminfo(tmp_path / "s.mtx")[4:] == ("real", "symmetric")
+    with pytest.raises(TypeError, match="comment must be a string, got int"):
+        write_matrix_market(tmp_path / "c.mtx", sph.csr_array(np.eye(2)), comment=5)
     with pytest.raises(ValueError, match="not skew-symmetric"):  # its diagonal is not written
         write_matrix_market(tmp_path / "k.mtx",
                             sph.csr_array(np.array([[np.nan, 2.0], [-2.0, 0.0]])),
