@@ -407,6 +407,9 @@ def test_repeat_help_names_the_statistic_each_command_keeps():
     ("checkpoint", ["--data", "{data}"], "--data does not apply to checkpoint"),
     ("lion", ["--data", "{data}"], "--data does not apply to lion"),
     ("lion", ["--threads", "1"], "--threads does not apply to lion: every MPI rank"),
+    # refused as unused before its value is checked against the pool ("must be in [1, 1]")
+    ("lion", ["--threads", "100000"], "--threads does not apply to lion: every MPI rank"),
+    ("checkpoint", ["--data", "/no/such/directory"], "--data does not apply to checkpoint"),
 ])
 def test_shared_options_a_command_ignores_are_refused(command, option, reason, tmp_path,
                                                       monkeypatch, capsys):

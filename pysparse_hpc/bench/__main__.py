@@ -110,6 +110,8 @@ def main(argv=None):
     parser = args.command_parser
     unused = [(dest, reason) for dest, reason in UNUSED_OPTIONS.get(args.command, {}).items()
               if getattr(args, dest) is not None]
+    for dest, reason in unused:   # before their values are checked: they are not used
+        parser.error(f"--{dest} does not apply to {args.command}: {reason}")
     if args.threads is not None:
         try:
             set_num_threads(args.threads)
@@ -120,8 +122,6 @@ def main(argv=None):
         args.data_dir = data_dir(args.data, must_exist=False)
     except FileNotFoundError as exc:
         parser.error(str(exc))
-    for dest, reason in unused:
-        parser.error(f"--{dest} does not apply to {args.command}: {reason}")
     if args.repeat is None:
         args.repeat = DEFAULT_REPEAT
     for option in ("csv", "plot"):   # checked now, not after minutes of measuring
