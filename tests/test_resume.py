@@ -24,7 +24,9 @@ def test_resume_continues_bit_for_bit_and_a_finished_run_trains_nothing(tmp_path
     assert finished.resumed_after == 6 and finished.losses == whole.losses
     # Fewer epochs than the checkpoint holds: nothing is trained, and the result is of the
     # epochs the model was trained, not of the number asked for.
-    fewer = train("cora", "gcn", epochs=4, checkpoint=tmp_path, resume=True, **OPTIONS)
+    with pytest.warns(UserWarning, match="holds 6 epochs, more than the 4 asked for: nothing "
+                                         "is trained, and the result is that of its 6"):
+        fewer = train("cora", "gcn", epochs=4, checkpoint=tmp_path, resume=True, **OPTIONS)
     assert fewer.epochs == 6 and fewer.losses == whole.losses
     assert fewer.test_accuracy == whole.test_accuracy
 

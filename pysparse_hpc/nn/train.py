@@ -294,6 +294,12 @@ def fit(model, x, adj, y, masks, *, epochs=200, lr=0.01, weight_decay=5e-4, prog
     saved = _Saved(model, step_optimizer, maker, run)
     if resume_from is not None:
         saved.restore(resume_from)
+        if run.epochs_done > epochs and (graph is None or graph.comm.rank == 0):
+            # Nothing is trained, and the model is of more epochs than asked for: say so
+            # (once, not once per rank), as the result then reports its own count.
+            warnings.warn(f"the checkpoint holds {run.epochs_done} epochs, more than the "
+                          f"{epochs} asked for: nothing is trained, and the result is that "
+                          f"of its {run.epochs_done} epochs", UserWarning, stacklevel=2)
     show = progress and (graph is None or graph.comm.rank == 0)
     bar = tqdm(range(run.epochs_done, epochs), desc=description, disable=not show, leave=False,
                mininterval=0.5, initial=run.epochs_done, total=epochs)
