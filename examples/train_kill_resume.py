@@ -79,10 +79,17 @@ def main(argv=None):
     parser.add_argument("--epochs", type=int, default=100)
     parser.add_argument("--optimizer", default="adam",
                         choices=OPTIMIZERS + tuple(PRECONDITIONERS))
-    parser.add_argument("--base-optimizer", default="adam", choices=("adam", "sgd"),
-                        help="what applies a preconditioner's gradients")
-    parser.add_argument("--compression", default="none", choices=COMPRESSIONS)
+    parser.add_argument("--base-optimizer", choices=("adam", "sgd"),
+                        help="what applies a preconditioner's gradients (default adam)")
+    parser.add_argument("--compression", choices=COMPRESSIONS,
+                        help="how Lion's ranks agree (default none)")
     args = parser.parse_args(argv)
+    # Refused as the train command refuses them, rather than dropped without a word
+    if args.compression is not None and args.optimizer != "lion":
+        parser.error("--compression applies to --optimizer lion")
+    if args.base_optimizer is not None and args.optimizer not in PRECONDITIONERS:
+        parser.error(f"--base-optimizer applies to a preconditioner "
+                     f"({', '.join(PRECONDITIONERS)})")
     if args.ranks < 1:
         parser.error(f"--ranks must be at least 1, got {args.ranks}")
     # The run must outlast the checkpoint the kill waits for, or the kill finds it finished.
@@ -94,9 +101,9 @@ def main(argv=None):
         print("mpiexec or mpi4py is missing: one process instead")
         ranks = 1
     options = ["--epochs", str(args.epochs), "--optimizer", args.optimizer]
-    if args.optimizer == "lion":
+    if args.compression is not None:
         options += ["--compression", args.compression]
-    if args.optimizer in PRECONDITIONERS:
+    if args.base_optimizer is not None:
         options += ["--base-optimizer", args.base_optimizer]
 
     with tempfile.TemporaryDirectory() as folder:

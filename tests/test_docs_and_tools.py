@@ -143,6 +143,10 @@ def example_main(script):
     ("precondition_mlp.py", ["--threads", "0"], "--threads must be at least 1, got 0"),
     ("train_kill_resume.py", ["--ranks", "0"], "--ranks must be at least 1, got 0"),
     ("train_kill_resume.py", ["--epochs", "10"], "--epochs must be more than 10"),
+    # dropped without a word, where the train command refuses them
+    ("train_kill_resume.py", ["--compression", "votes"], "--compression applies to --optimizer"),
+    ("train_kill_resume.py", ["--optimizer", "lion", "--base-optimizer", "sgd"],
+     "--base-optimizer applies to a preconditioner"),
 ])
 def test_example_scripts_refuse_bad_arguments(script, arguments, message, capsys):
     pytest.importorskip("torch")
