@@ -463,3 +463,15 @@ def test_spmm_on_a_distgraph_checks_values_as_on_a_sparse_array(values, error, m
     for graph in (adj, dist):
         with pytest.raises(error, match=message):
             F.spmm(graph, x, values=values)
+
+
+def test_meta_tensors_are_refused_by_every_operation():
+    """A meta tensor went to the CUDA backend ("needs a CUDA GPU"), or through edge_softmax's
+    torch operations to a meta result, where sddmm named the device."""
+    A = sph.csr_array(np.eye(3))
+    x = torch.ones(3, 2, device="meta")
+    calls = {"x": lambda: F.spmm(A, x), "scores": lambda: F.edge_softmax(A, x[:, 0]),
+             "s_dst": lambda: F.gat_attention(A, x, x)}
+    for name, call in calls.items():
+        with pytest.raises(ValueError, match=f"{name} is on device 'meta'; the kernels take CPU"):
+            call()

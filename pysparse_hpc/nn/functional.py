@@ -56,6 +56,11 @@ def _check_tensor(t, name, ndims=(2,)):
     if t.ndim not in ndims:
         expected = " or ".join(f"{n}-D" for n in ndims)
         raise ValueError(f"{name} must be {expected}, got shape {tuple(t.shape)}")
+    if t.device.type not in ("cpu", "cuda"):
+        # a meta tensor was sent to the CUDA backend ("needs a CUDA GPU"), or through torch
+        # operations that returned a meta result without running a kernel
+        raise ValueError(f"{name} is on device '{t.device}'; the kernels take CPU or CUDA "
+                         "tensors (move it with .cpu())")
 
 
 def _check_same(reference, name_ref, other, name):
