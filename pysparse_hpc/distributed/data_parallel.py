@@ -496,9 +496,7 @@ class DataParallel(torch.nn.Module):
 #: copied as any attribute (a communicator's deep copy is itself: the same ranks).
 _WRAPPING_STATE = frozenset((
     "_reducing", "_hooks", "_release", "_launched", "_in_backward", "_produced", "_accumulated",
-    "_enabled",
-    "_retired",
-    "_params", "_sparse", "_buckets", "_bucket_of"))
+    "_enabled", "_retired", "_params", "_sparse", "_buckets", "_bucket_of"))
 
 
 def _layout(module, bucket_mb, average, broadcast_parameters, broadcast_buffers):
