@@ -343,7 +343,8 @@ def run_train(args, out=None):
     threads = args.threads
     if comm.size > 1:
         node_share = _threads_per_rank(comm.ranks_on_this_node())   # a collective: all call it
-        if threads is None and not any(name in os.environ for name in _THREAD_VARIABLES):
+        if threads is None and not any(os.environ.get(name, "").strip()
+                                       for name in _THREAD_VARIABLES):
             threads = node_share
     if threads is not None:
         import torch

@@ -63,8 +63,8 @@ __all__ = ["get_num_threads", "set_num_threads", "parallel_launch", "parallel_mi
 
 
 def _initial_threads():
-    value = os.environ.get("PYSPARSE_HPC_NUM_THREADS")
-    if value is None:
+    value = os.environ.get("PYSPARSE_HPC_NUM_THREADS", "").strip()
+    if not value:   # unset, or set to nothing
         return numba.get_num_threads()
     try:
         threads = int(value)
@@ -97,8 +97,8 @@ def _env_int(name, default, minimum=None):
     ValueError
         When the value is not an integer, or is below ``minimum``.
     """
-    value = os.environ.get(name)
-    if value is None:
+    value = os.environ.get(name, "").strip()
+    if not value:   # unset, or set to nothing (``VAR= command``): the default
         return default
     try:
         number = int(value)
@@ -114,7 +114,7 @@ def _env_int(name, default, minimum=None):
 _LARGEST_COUNT = 2**63 - 1
 
 
-_PARALLEL_MIN_FLOPS = _env_int("PYSPARSE_HPC_PARALLEL_MIN_FLOPS", 1 << 17)
+_PARALLEL_MIN_FLOPS = _env_int("PYSPARSE_HPC_PARALLEL_MIN_FLOPS", 1 << 17, minimum=0)
 
 
 _SPMM_TILE = _env_int("PYSPARSE_HPC_SPMM_TILE", 4096, minimum=1)
@@ -125,7 +125,7 @@ def spmm_tile():
     return min(max(1, _SPMM_TILE), _LARGEST_COUNT)
 
 
-_BUFFER_CACHE_BYTES = _env_int("PYSPARSE_HPC_BUFFER_CACHE_MB", 1024) << 20
+_BUFFER_CACHE_BYTES = _env_int("PYSPARSE_HPC_BUFFER_CACHE_MB", 1024, minimum=0) << 20
 
 
 def buffer_cache_bytes():

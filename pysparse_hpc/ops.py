@@ -259,11 +259,12 @@ def sddmm(A, X, Y, *, alpha=1.0, beta=0.0, backend="auto", precision="fp32"):
     alpha, beta : float
         With ``beta == 0`` A's values are not read (a NaN there does not propagate). An
         infinite one leaves a blocked result's padding slots 0; with device operands whose
-        result keeps blocked slots (a blocked ``A``, or "tf32"/"fp16") it is refused: the
-        padding would be ``inf * 0``. On the CPU, a float32 result with a scalar that float32
-        does not hold (beyond its range, or below its smallest normal number) is combined in
-        float64 and rounded once, so ``alpha=1e39`` scales small products to finite values;
-        the CUDA backend, which scales in float32, refuses such scalars.
+        result keeps blocked slots (the tensor-core path, "tf32"/"fp16"; "fp32" runs on
+        ``A.tocsr()``, which has none) it is refused: the padding would be ``inf * 0``. On
+        the CPU, a float32 result with a scalar that float32 does not hold (beyond its range,
+        or below its smallest normal number) is combined in float64 and rounded once, so
+        ``alpha=1e39`` scales small products to finite values; the CUDA backend, which
+        scales in float32, refuses such scalars.
     backend : {"auto", "cpu", "cuda"}
         As for `spmm`. With device operands the CUDA backend returns the values as a device
         array of X's kind, in the storage order of the array the kernel ran on (A's own; for

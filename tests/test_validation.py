@@ -302,6 +302,26 @@ def test_the_thread_variable_is_checked_at_import(value, status, expected):
         assert result.stdout.strip() == "2"
 
 
+@pytest.mark.parametrize("variables, status, expected", [
+    # set to nothing (``VAR= command``) is unset: the import failed
+    ({"PYSPARSE_HPC_NUM_THREADS": "", "PYSPARSE_HPC_CUDA_WARPS": " "}, 0, "2 4"),
+    # below the meaningful range: silently 0, or accepted
+    ({"PYSPARSE_HPC_BUFFER_CACHE_MB": "-5"}, 1,
+     "PYSPARSE_HPC_BUFFER_CACHE_MB must be an integer >= 0, got '-5'"),
+    ({"PYSPARSE_HPC_PARALLEL_MIN_FLOPS": "-5"}, 1,
+     "PYSPARSE_HPC_PARALLEL_MIN_FLOPS must be an integer >= 0, got '-5'")])
+def test_empty_and_negative_tunables(variables, status, expected):
+    import os
+    import subprocess
+    import sys
+    env = dict(os.environ, NUMBA_NUM_THREADS="2", **variables)
+    result = subprocess.run([sys.executable, "-c", "import pysparse_hpc as p; "
+                             "print(p.get_num_threads(), p._config.cuda_warps_per_block())"],
+                            env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == status, result.stderr[-2000:]
+    assert expected in (result.stdout if status == 0 else result.stderr)
+
+
 def test_zero_dim_integer_tensors_are_integers():
     """A 0-d integer tensor is taken where an int is (NumPy takes it through __index__); a
     float, bool or 1-element 1-d tensor is not."""
