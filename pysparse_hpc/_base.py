@@ -5,7 +5,7 @@ import sys
 import numpy as np
 import scipy.sparse
 
-from ._dense import as_dense, is_torch_tensor
+from ._dense import as_dense, is_device_array, is_torch_tensor
 
 __all__ = ["sparray", "issparse"]
 
@@ -144,10 +144,12 @@ class sparray:
         if issparse(other) or scipy.sparse.issparse(other):
             raise TypeError(f"sparse @ sparse products are not supported (the left operand is "
                             f"a {type(other).__name__}); convert both with to_scipy()")
-        left = other if is_torch_tensor(other) else np.asarray(other)
+        # a device array stays on its device: np.asarray copied it to the host, and the
+        # product ran on the CPU where A @ device_array runs on the GPU
+        left = other if is_torch_tensor(other) or is_device_array(other) else np.asarray(other)
         if left.ndim not in (1, 2):
             raise ValueError(_dimensions_message("left", left.ndim, left))
-        if left.shape[-1] != self.shape[0]:
+        if left.shape[left.ndim - 1] != self.shape[0]:   # the simulator's shapes take no -1
             raise ValueError(f"dimension mismatch: the left operand of @ has shape "
                              f"{tuple(left.shape)} and A has shape {self.shape}; expected "
                              f"left.shape[-1] == A.shape[0] = {self.shape[0]}")

@@ -530,3 +530,15 @@ def test_a_dtype_numpy_lacks_gets_a_clear_type_error():
     assert _numpy_dtype(torch.zeros(2, dtype=torch.float16)) == np.float16
     with pytest.raises(TypeError, match="float16, float32 or float64 values, got torch.bfloat16"):
         _numpy_dtype(torch.zeros(2, dtype=torch.bfloat16))
+
+
+@pytest.mark.parametrize("shape", [(2, 5), (5,)])
+def test_a_device_array_on_the_left_of_matmul_stays_on_the_device(shape, rng):
+    """``device_array @ A`` was copied to the host (np.asarray) and multiplied on the CPU,
+    where ``A @ device_array`` runs on the GPU and returns a device array."""
+    A = sph.csr_array(random_scipy(rng, (5, 3), 0.5, dtype=np.float32))
+    left = rng.standard_normal(shape).astype(np.float32)
+    product = cuda.to_device(left) @ A
+    assert sph._dense.is_device_array(product)
+    np.testing.assert_allclose(product.copy_to_host(), left @ A.toarray(), rtol=1e-5,
+                               atol=1e-6)
