@@ -7,6 +7,7 @@ give float64 results; integer, boolean and complex operands are rejected with a 
 import contextlib
 import functools
 import math
+import sys
 
 import numpy as np
 
@@ -229,7 +230,22 @@ def _beyond_float32(alpha, beta):
             or _FLOAT32_TINY > beta > 0.0 or _FLOAT32_OVERFLOW <= beta < math.inf)
 
 
+def _real_item(value):
+    """A 0-d NumPy array or torch tensor of real numbers as its Python number (NumPy, and
+    torch's Scalar arguments, take them as scalars); anything else unchanged."""
+    if isinstance(value, np.ndarray) and value.ndim == 0 and value.dtype.kind in "fiu":
+        return value.item()
+    if (is_torch_tensor(value) and value.ndim == 0 and not value.dtype.is_complex
+            and value.dtype is not sys.modules["torch"].bool and not value.requires_grad):
+        return value.item()
+    return value
+
+
 def _check_scalar(value, name):
+    if is_torch_tensor(value) and value.requires_grad:
+        raise TypeError(f"{name} is a tensor that requires grad, but sddmm's scalars are "
+                        "constants: multiply the result by it to differentiate in it")
+    value = _real_item(value)
     if not is_real_number(value):
         raise TypeError(f"{name} must be a real number, got {type(value).__name__} {value!r}")
     try:
@@ -257,14 +273,15 @@ def sddmm(A, X, Y, *, alpha=1.0, beta=0.0, backend="auto", precision="fp32"):
         backend also takes host operands beside device ones) and number of dimensions as
         ``X``. The 3-D form computes one SDDMM per head (multi-head attention).
     alpha, beta : float
-        With ``beta == 0`` A's values are not read (a NaN there does not propagate). An
-        infinite one leaves a blocked result's padding slots 0; with device operands whose
-        result keeps blocked slots (the tensor-core path, "tf32"/"fp16"; "fp32" runs on
-        ``A.tocsr()``, which has none) it is refused: the padding would be ``inf * 0``. On
-        the CPU, a float32 result with a scalar that float32 does not hold (beyond its range,
-        or below its smallest normal number) is combined in float64 and rounded once, so
-        ``alpha=1e39`` scales small products to finite values; the CUDA backend, which
-        scales in float32, refuses such scalars.
+        A Python or NumPy number, or a 0-d array or tensor of one (constants: a tensor that
+        requires grad is refused). With ``beta == 0`` A's values are not read (a NaN there
+        does not propagate). An infinite one leaves a blocked result's padding slots 0; with
+        device operands whose result keeps blocked slots (the tensor-core path,
+        "tf32"/"fp16"; "fp32" runs on ``A.tocsr()``, which has none) it is refused: the
+        padding would be ``inf * 0``. On the CPU, a float32 result with a scalar that float32
+        does not hold (beyond its range, or below its smallest normal number) is combined in
+        float64 and rounded once, so ``alpha=1e39`` scales small products to finite values;
+        the CUDA backend, which scales in float32, refuses such scalars.
     backend : {"auto", "cpu", "cuda"}
         As for `spmm`. With device operands the CUDA backend returns the values as a device
         array of X's kind, in the storage order of the array the kernel ran on (A's own; for

@@ -147,3 +147,20 @@ def test_a_timedelta_scalar_is_refused(rng, name):
     A = sph.csr_array(random_scipy(rng, (5, 4), 0.5))
     with pytest.raises(TypeError, match=f"{name} must be a real number"):
         sph.sddmm(A, np.ones((5, 2)), np.ones((4, 2)), **{name: np.timedelta64(3, "s")})
+
+
+@pytest.mark.parametrize("name", ["alpha", "beta"])
+def test_zero_dim_scalars_are_scalars(rng, name):
+    """A 0-d array or tensor is a scalar to NumPy and to torch's Scalar arguments; it was
+    refused. A tensor that requires grad is refused by name: the scalars are constants."""
+    torch = pytest.importorskip("torch")
+    A = sph.csr_array(random_scipy(rng, (5, 4), 0.5))
+    X, Y = rng.standard_normal((5, 2)), rng.standard_normal((4, 2))
+    expected = sph.sddmm(A, X, Y, **{name: 2.5}).data
+    for scalar in (np.array(2.5), torch.tensor(2.5), np.array(2.5, np.float32)):
+        np.testing.assert_array_equal(sph.sddmm(A, X, Y, **{name: scalar}).data, expected)
+    for bad in (np.array(True), np.array([2.5]), torch.tensor(1 + 2j), np.array(1 + 0j)):
+        with pytest.raises(TypeError, match=f"{name} must be a real number"):
+            sph.sddmm(A, X, Y, **{name: bad})
+    with pytest.raises(TypeError, match=f"{name} is a tensor that requires grad"):
+        sph.sddmm(A, X, Y, **{name: torch.tensor(2.5, requires_grad=True)})
