@@ -178,7 +178,9 @@ class sparray:
 
     __add__ = __radd__ = _refusing("+")
     __sub__ = __rsub__ = _refusing("-")
-    __mul__ = __rmul__ = _refusing("elementwise *")
+    # np.dot(X, A) lands here too: NumPy takes A as a scalar object and multiplies by it
+    __mul__ = __rmul__ = _refusing("elementwise * (for a matrix product use A @ X or X @ A; "
+                                   "np.dot and np.matmul do not reach it)")
     __truediv__ = __rtruediv__ = _refusing("/")
     __pow__ = _refusing("**")
     __neg__ = _refusing("unary -")

@@ -407,9 +407,12 @@ def test_what_scipy_sparse_has_points_to_to_scipy(convert):
     A = convert(sph.csr_array(np.eye(3)))
     name = type(A).__name__
     dense = np.ones((3, 3))
+    times = ("elementwise * (for a matrix product use A @ X or X @ A; np.dot and np.matmul do "
+             "not reach it)")
     for what, operation in [("+", lambda: A + A), ("+", lambda: dense + A),
-                            ("-", lambda: 1 - A), ("elementwise *", lambda: A * 2),
-                            ("elementwise *", lambda: np.float32(2) * A),
+                            ("-", lambda: 1 - A), (times, lambda: A * 2),
+                            (times, lambda: np.float32(2) * A),
+                            (times, lambda: np.dot(dense, A)),   # NumPy takes A as a scalar
                             ("/", lambda: A / 2), ("**", lambda: A ** 2),
                             ("unary -", lambda: -A), ("abs()", lambda: abs(A)),
                             ("indexing", lambda: A[0, 1]), ("indexing", lambda: A[1:]),
