@@ -95,6 +95,19 @@ def test_one_rank_communicator():
         comm.Allreduce(np.zeros((3, 3))[:, 0])
 
 
+def test_one_rank_object_collectives_take_one_item_per_rank():
+    """scatter and alltoall took a list of any length on one rank, where mpi4py (and P ranks)
+    need one item per rank; scatter(None) is None, as in mpi4py."""
+    comm = Communicator(None)
+    assert comm.scatter([5]) == 5 and comm.alltoall((5,)) == [5] and comm.scatter(None) is None
+    for call in (lambda: comm.scatter([1, 2]), lambda: comm.alltoall([1, 2])):
+        with pytest.raises(ValueError, match=r"needs one item per rank \(1\), got 2"):
+            call()
+    with pytest.raises(TypeError, match=r"needs a sequence of one item per rank \(1\), got int"):
+        comm.scatter(3)
+    assert comm.stats() == {}
+
+
 def test_one_rank_communicator_without_mpi_exchanges_with_itself_or_says_why_not():
     """Without MPI, Sendrecv with rank 0 (which MPI makes on one rank) and the point-to-point
     calls failed with an AttributeError of None, as did a bad argument of the constructor."""

@@ -59,7 +59,8 @@ def test_plan_ops_edge_cases_data_parallel_and_bad_input(ranks):
                "data_parallel", "data_parallel_reduces_each_gradient_once",
                "data_parallel_sparse", "bfloat16", "bad_input_on_every_rank",
                "fit_refuses_wrong_local_rows_on_every_rank", "review_fixes",
-               "halo_exchange_of_mismatched_rows", "data_parallel_broadcasts_buffers",
+               "halo_exchange_of_mismatched_rows", "sendrecv_and_counted_object_traffic",
+               "data_parallel_broadcasts_buffers",
                "graph_values_changed_on_some_ranks", "features_written_on_some_ranks",
                "separate_contexts",
                "unfrozen_after_wrapping", "errors_of_other_ranks", "many_wrappers_and_graphs")

@@ -9,7 +9,10 @@ input: every distributed code path is also the single-process one.
 Byte counts are the payload the library hands to MPI, per rank: a point-to-point message counts
 its buffer on both ends; a collective counts its buffer once sent and once received (what the
 MPI library moves inside it depends on its algorithm); a broadcast counts ``size - 1`` messages
-sent on the root and one received elsewhere. A one-rank communicator counts nothing.
+sent on the root and one received elsewhere; an object collective counts the pickled bytes
+the same way. A one-rank communicator's collectives count nothing (nothing crosses); its
+messages to itself, which need MPI (`Communicator.Isend`, `Irecv`, `Sendrecv`), count as
+messages.
 
 MPI waits for ever in a collective that another rank never joins. With a timeout
 (`Communicator.set_timeout`, ``init(timeout=...)`` or ``PYSPARSE_HPC_COMM_TIMEOUT``) a
@@ -40,7 +43,7 @@ __all__ = ["Communicator", "init", "launched_ranks", "mpiexec_path"]
 PARTICIPATION_KIND = "gradient participation"
 #: Kinds of traffic `Communicator.stats` reports (any other string is accepted too).
 KINDS = ("halo", "reverse_halo", "allreduce", PARTICIPATION_KIND, "broadcast", "gather",
-         "scatter", "setup")
+         "scatter", "allgather", "alltoall", "reduce_scatter", "sendrecv", "setup")
 
 _OPS = ("sum", "max", "min", "land", "lor", "band", "bor")
 
@@ -607,14 +610,16 @@ class Communicator:
         view = _as_buffer(buffer)
         self._no_messages("Isend")
         self._count(kind, 1, view.nbytes, 0, 0)
-        return _Request(self.mpi.Isend(view, dest=dest, tag=tag), self, kind)
+        return _Request(self.mpi.Isend(_bytes_of(view), dest=dest, tag=tag), self, kind)
 
     def Irecv(self, buffer, source, tag, kind):
         """Start receiving into ``buffer`` from rank ``source``."""
         view = _as_buffer(buffer, written=True)
         self._no_messages("Irecv")
         self._count(kind, 0, 0, 1, view.nbytes)
-        return _Request(self.mpi.Irecv(view, source=source, tag=tag), self, kind,
+        # Posted as bytes: a message of another dtype whose size is no multiple of this one's
+        # tripped MPICH's unpacking (an abort without a word) before the size was checked.
+        return _Request(self.mpi.Irecv(_bytes_of(view), source=source, tag=tag), self, kind,
                         receive=(source, view.nbytes))
 
     def Sendrecv(self, sendbuf, dest, recvbuf, source, tag=0, kind="sendrecv"):
@@ -632,8 +637,21 @@ class Communicator:
                                  f"differ in dtype or shape")
             recv.reshape(-1).view(np.uint8)[:] = send.reshape(-1).view(np.uint8)
             return recvbuf
-        self._watched(f"Sendrecv ({kind!r}) with ranks {dest} and {source}", self.mpi.Sendrecv,
-                      send, dest=dest, sendtag=tag, recvbuf=recv, source=source, recvtag=tag)
+        dest, source = check_rank(dest, self.size, "dest"), check_rank(source, self.size, "source")
+        from mpi4py import MPI
+        status, error = MPI.Status(), None
+        try:
+            self._watched(f"Sendrecv ({kind!r}) with ranks {dest} and {source}",
+                          self.mpi.Sendrecv, _bytes_of(send), dest=dest, sendtag=tag,
+                          recvbuf=_bytes_of(recv), source=source, recvtag=tag, status=status)
+        except MPI.Exception as exc:
+            error = exc
+        # A shorter message left the end of recvbuf unwritten without a word; a longer one
+        # failed with MPI's bare truncation error
+        _Request(comm=self, kind=kind, receive=(source, recv.nbytes))._check_received(status,
+                                                                                      error)
+        if error is not None:
+            raise error
         self._count(kind, 1, send.nbytes, 1, recv.nbytes)
         return recvbuf
 
@@ -787,34 +805,78 @@ class Communicator:
         return self._start_reduce_scatter(sendbuf, recvbuf, counts, op, kind, blocking=False)
 
     # ---------------------------------------------------------------- object collectives
-    def bcast(self, obj, root=0):
+    # Pickled here, not by mpi4py, so that their bytes are counted as the buffers' are: the
+    # set-up's pieces of the graph and the rows scatter_rows and gather_rows move went
+    # uncounted. Every rank gets an unpickled copy, the root too, as from mpi4py.
+    def bcast(self, obj, root=0, kind="broadcast"):
         """``obj`` of ``root`` on every rank (pickled; set-up only)."""
         root = self._check_root(root)
-        return obj if self.size == 1 else self._watched("bcast", self.mpi.bcast, obj, root=root)
+        if self.size == 1:
+            return obj
+        data = _pickled(obj) if self.rank == root else None
+        data = self._watched("bcast", self.mpi.bcast, data, root=root)
+        if self.rank == root:
+            self._count(kind, self.size - 1, len(data) * (self.size - 1), 0, 0)
+        else:
+            self._count(kind, 0, 0, 1, len(data))
+        return pickle.loads(data)
 
-    def allgather(self, obj):
+    def allgather(self, obj, kind="allgather"):
         """The list of every rank's ``obj`` (pickled; set-up only)."""
-        return [obj] if self.size == 1 else self._watched("allgather", self.mpi.allgather, obj)
+        if self.size == 1:
+            return [obj]
+        data = _pickled(obj)
+        every = self._watched("allgather", self.mpi.allgather, data)
+        others = sum(len(d) for q, d in enumerate(every) if q != self.rank)
+        self._count(kind, self.size - 1, len(data) * (self.size - 1), self.size - 1, others)
+        return [pickle.loads(d) for d in every]
 
-    def gather(self, obj, root=0):
+    def gather(self, obj, root=0, kind="gather"):
         """The list of every rank's ``obj`` on ``root``, None elsewhere (pickled)."""
         root = self._check_root(root)
         if self.size == 1:
             return [obj]
-        return self._watched("gather", self.mpi.gather, obj, root=root)
+        data = _pickled(obj)
+        every = self._watched("gather", self.mpi.gather, data, root=root)
+        if self.rank != root:
+            self._count(kind, 1, len(data), 0, 0)
+            return None
+        self._count(kind, 0, 0, self.size - 1,
+                    sum(len(d) for q, d in enumerate(every) if q != root))
+        return [pickle.loads(d) for d in every]
 
-    def scatter(self, objs, root=0):
-        """Element ``rank`` of ``root``'s list ``objs`` on each rank (pickled)."""
+    def scatter(self, objs, root=0, kind="scatter"):
+        """Element ``rank`` of ``root``'s list ``objs`` on each rank (pickled); None
+        everywhere when ``objs`` is None, as in mpi4py."""
         root = self._check_root(root)
+        if self.rank == root and objs is not None:
+            objs = _one_per_rank(objs, self.size, "scatter")
         if self.size == 1:
-            return objs[0]
-        return self._watched("scatter", self.mpi.scatter, objs, root=root)
+            return None if objs is None else objs[0]
+        pieces = None
+        if self.rank == root and objs is not None:
+            pieces = [_pickled(o) for o in objs]
+        data = self._watched("scatter", self.mpi.scatter, pieces, root=root)
+        if data is None:
+            return None
+        if self.rank == root:
+            self._count(kind, self.size - 1,
+                        sum(len(d) for q, d in enumerate(pieces) if q != root), 0, 0)
+        else:
+            self._count(kind, 0, 0, 1, len(data))
+        return pickle.loads(data)
 
-    def alltoall(self, objs):
+    def alltoall(self, objs, kind="alltoall"):
         """Element ``rank`` of every rank's list ``objs``, as a list indexed by sender."""
+        objs = _one_per_rank(objs, self.size, "alltoall")
         if self.size == 1:
-            return list(objs)
-        return self._watched("alltoall", self.mpi.alltoall, objs)
+            return objs
+        pieces = [_pickled(o) for o in objs]
+        received = self._watched("alltoall", self.mpi.alltoall, pieces)
+        self._count(kind, self.size - 1,
+                    sum(len(d) for q, d in enumerate(pieces) if q != self.rank),
+                    self.size - 1, sum(len(d) for q, d in enumerate(received) if q != self.rank))
+        return [pickle.loads(d) for d in received]
 
     # ---------------------------------------------------------------- agreement and faults
     def raise_if_any(self, error):
@@ -933,6 +995,29 @@ class Communicator:
             # watchdog still ends the job): the rank ends all the same instead of waiting on,
             # and the launcher ends the job of a rank that died.
             os._exit(errorcode)
+
+
+def _bytes_of(view):
+    """The bytes of a C-contiguous NumPy array, as MPI moves them (a flat uint8 view)."""
+    return view.reshape(-1).view(np.uint8)
+
+
+def _pickled(obj):
+    """``obj`` as the bytes the object collectives send."""
+    return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def _one_per_rank(objs, size, what):
+    """``objs`` as a list of one item per rank; ValueError otherwise, as in mpi4py (a one-rank
+    communicator took any length)."""
+    try:
+        objs = list(objs)
+    except TypeError:
+        raise TypeError(f"{what} needs a sequence of one item per rank ({size}), got "
+                        f"{type(objs).__name__}") from None
+    if len(objs) != size:
+        raise ValueError(f"{what} needs one item per rank ({size}), got {len(objs)}")
+    return objs
 
 
 def _ranks_label(ranks):
