@@ -583,9 +583,10 @@ def check_balance(balance, method="metis"):
     # Compared, not converted: NaN fails the comparison, and an int too large for a float is
     # out of range rather than a casting error.
     if numeric and not 0 <= balance <= _MAX_ROW_WORK:
+        why = (" (a larger one is 'rows' in effect, and the summed weights would overflow)"
+               if balance > _MAX_ROW_WORK else "")
         raise ValueError(f"a numeric balance (work per row, in stored entries) must be finite "
-                         f"and in [0, {_MAX_ROW_WORK:.0e}], got {balance!r} (a larger one is "
-                         f"'rows' in effect, and the summed weights would overflow)")
+                         f"and in [0, {_MAX_ROW_WORK:.0e}], got {balance!r}{why}")
     allowed = {"random": "'rows'", "contiguous": "'rows', 'nnz' or a number >= 0"}.get(
         method, "'rows', 'nnz', 'rows+nnz' or a number >= 0")
     # Names are compared as str only: an array's == is elementwise, with no truth value.
