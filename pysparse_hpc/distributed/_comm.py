@@ -1107,9 +1107,11 @@ def init(abort_on_exception=True, timeout=None):
     Parameters
     ----------
     abort_on_exception : bool
-        On jobs of several ranks, install a ``sys.excepthook`` that prints the rank and its
-        traceback and aborts the communicator, so a rank that raises ends the job (with a
-        non-zero status) instead of leaving the others waiting in a collective.
+        On jobs of several ranks, install a ``sys.excepthook`` and a ``threading.excepthook``
+        that print the rank and its traceback and abort the communicator, so a rank that
+        raises, in any of its threads, ends the job (with a non-zero status) instead of
+        leaving the others waiting in a collective. Read on the first call only, which makes
+        the communicator.
     timeout : float, optional
         Seconds a rank may wait in one blocking call before the job is ended
         (`Communicator.set_timeout`): a rank that hangs, or skips a collective, then ends the
