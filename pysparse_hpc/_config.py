@@ -114,7 +114,7 @@ def _env_int(name, default, minimum=None):
 _LARGEST_COUNT = 2**63 - 1
 
 
-_PARALLEL_MIN_FLOPS = _env_int("PYSPARSE_HPC_PARALLEL_MIN_FLOPS", 1 << 17, minimum=0)
+_PARALLEL_MIN_FLOPS = _env_int("PYSPARSE_HPC_PARALLEL_MIN_FLOPS", 1 << 17)
 
 
 _SPMM_TILE = _env_int("PYSPARSE_HPC_SPMM_TILE", 4096, minimum=1)
@@ -125,7 +125,7 @@ def spmm_tile():
     return min(max(1, _SPMM_TILE), _LARGEST_COUNT)
 
 
-_BUFFER_CACHE_BYTES = _env_int("PYSPARSE_HPC_BUFFER_CACHE_MB", 1024, minimum=0) << 20
+_BUFFER_CACHE_BYTES = _env_int("PYSPARSE_HPC_BUFFER_CACHE_MB", 1024) << 20
 
 
 def buffer_cache_bytes():

@@ -86,7 +86,7 @@ def test_benchmarks_without_the_default_data_directory(tmp_path, monkeypatch, ca
     assert "--steps must be at least 1" in capsys.readouterr().err
     # An explicit directory that does not exist is an error before anything runs.
     with pytest.raises(SystemExit):
-        main(["checkpoint", "--data", str(missing)])
+        main(["convert", "--data", str(missing)])
     assert "(from the given path) does not exist" in capsys.readouterr().err
 
 
