@@ -273,6 +273,8 @@ def test_cagnet_spmm_on_one_rank_is_the_plain_product(cora):
     comm = Communicator(None)
     graph = DistGraph(cora, np.zeros(cora.shape[0], dtype=np.int64), comm)
     operator = worker.CagnetOperator(graph)
+    # the peer's indices as scipy picks them for its size, as ours are (they were int64)
+    assert operator.rows.index_dtype == np.int32 == graph.local.index_dtype
     h = torch.randn(cora.shape[0], 5, dtype=torch.float64, requires_grad=True)
     reference = functional.spmm(gcn_norm(cora), h)
     result = worker.cagnet_spmm(operator, h)

@@ -38,6 +38,7 @@ import torch
 import torch.nn.functional as F
 
 from .._csr import csr_array
+from .._sputils import get_index_dtype
 from ..distributed._comm import PARTICIPATION_KIND
 from ..distributed.graph import DistGraph, comm_sum
 from ..nn import _backend, _graph, functional
@@ -86,10 +87,15 @@ class CagnetOperator:
         position = np.empty(n, dtype=np.int64)
         position[np.concatenate(owned_by_rank)] = np.arange(n, dtype=np.int64)
         local = normalized.local
-        columns = position[graph.column_ids[local.indices]]
+        # The peer's indices in the dtype scipy picks for its size (int32 where they fit, as
+        # ours are): the positions are int64, which it kept, and every product of the peer
+        # then moved twice our index bytes.
+        index_dtype = get_index_dtype(maxval=max(n, local.nnz))
+        columns = position[graph.column_ids[local.indices]].astype(index_dtype)
         # Copies: sorting the new column order in place must not reorder the values of the
         # normalized graph that our layers keep using.
-        rows = scipy.sparse.csr_array((np.array(local.data), columns, np.array(local.indptr)),
+        rows = scipy.sparse.csr_array((np.array(local.data), columns,
+                                       np.array(local.indptr, dtype=index_dtype)),
                                       shape=(graph.n_local, n))
         rows.sort_indices()
         self.comm, self.n_nodes, self.owned = comm, n, graph.owned
