@@ -203,10 +203,8 @@ class _Request:
     adds the time it blocked to its communicator's `Communicator.wait_seconds`, and writes a
     reduction's result back where it was computed in a copy (`_reduction_buffer`).
 
-    A receive (``receive=(source, nbytes)``) checks that the message filled its buffer: the
-    library's messages have known sizes, and a peer that sent another dtype or row shape would
-    otherwise leave part of the buffer unwritten (a shorter message) or fail with MPI's bare
-    truncation error (a longer one)."""
+    A receive (``receive=(source, nbytes)``) checks that the message filled its buffer
+    (`check_received`)."""
 
     __slots__ = ("_request", "_comm", "_kind", "_write_back", "_receive")
 
@@ -221,25 +219,9 @@ class _Request:
             self._write_back = None
 
     def _check_received(self, status, error=None):
-        """Raise a clear error if this receive's message was not its buffer's size (other
-        errors are left to the caller, which raises ``error``)."""
-        if self._receive is None:
-            return
-        from mpi4py import MPI
-        source, expected = self._receive
-        code = MPI.SUCCESS if error is None else error.Get_error_class()
-        if code == MPI.ERR_IN_STATUS:  # Waitall: each request's own error is in its status
-            code = MPI.Get_error_class(status.Get_error())
-        if code == MPI.ERR_TRUNCATE:
-            received = "more"
-        elif code == MPI.SUCCESS and status.Get_count(MPI.BYTE) != expected:
-            received = status.Get_count(MPI.BYTE)
-        else:
-            return
-        comm = self._comm
-        raise ValueError(f"rank {comm.rank} expected {expected} bytes from rank {source} in "
-                         f"{self._kind!r} but received {received}: the ranks passed arrays of "
-                         f"different dtypes or shapes")
+        """`check_received` for this request, when it is a receive."""
+        if self._receive is not None:
+            check_received(self._comm, self._kind, *self._receive, status, error)
 
     def wait(self):
         if self._request is not None:
@@ -277,6 +259,27 @@ class _Request:
                 raise error
         for r in pending:
             r._complete()
+
+
+def check_received(comm, kind, source, expected, status, error=None):
+    """Raise a clear error if a message from ``source`` was not the ``expected`` bytes of its
+    buffer (other errors are left to the caller, which raises ``error``): the library's
+    messages have known sizes, and a peer that sent another dtype or row shape would otherwise
+    leave part of the buffer unwritten (a shorter message) or fail with MPI's bare truncation
+    error (a longer one)."""
+    from mpi4py import MPI
+    code = MPI.SUCCESS if error is None else error.Get_error_class()
+    if code == MPI.ERR_IN_STATUS:  # Waitall: each request's own error is in its status
+        code = MPI.Get_error_class(status.Get_error())
+    if code == MPI.ERR_TRUNCATE:
+        received = "more"
+    elif code == MPI.SUCCESS and status.Get_count(MPI.BYTE) != expected:
+        received = status.Get_count(MPI.BYTE)
+    else:
+        return
+    raise ValueError(f"rank {comm.rank} expected {expected} bytes from rank {source} in "
+                     f"{kind!r} but received {received}: the ranks passed arrays of "
+                     f"different dtypes or shapes")
 
 
 def check_timeout(seconds, name="timeout"):
@@ -648,8 +651,7 @@ class Communicator:
             error = exc
         # A shorter message left the end of recvbuf unwritten without a word; a longer one
         # failed with MPI's bare truncation error
-        _Request(comm=self, kind=kind, receive=(source, recv.nbytes))._check_received(status,
-                                                                                      error)
+        check_received(self, kind, source, recv.nbytes, status, error)
         if error is not None:
             raise error
         self._count(kind, 1, send.nbytes, 1, recv.nbytes)
