@@ -248,9 +248,7 @@ class csr_array(sparray):
 
     def _init_from_dense(self, arg, shape, dtype, index_dtype):
         if is_torch_tensor(arg):
-            if arg.device.type == "meta":  # .cpu() raises torch's NotImplementedError
-                raise ValueError("a tensor on the 'meta' device holds no values to build an "
-                                 "array from; pass a CPU or CUDA tensor")
+            _refuse_meta(arg)
             # The values, not the autograd graph NumPy cannot take, nor a lazy negation
             # (``z.conj().imag``) numpy() refuses; both resolve to the tensor itself otherwise.
             arg = arg.detach().cpu().resolve_neg().resolve_conj()
@@ -513,6 +511,14 @@ def read_canonical(csr):
     return _convert.csr_index_order(csr.indptr, csr.indices) == 2
 
 
+def _refuse_meta(tensor):
+    """A ValueError for a meta tensor, whose ``.cpu()`` raises torch's NotImplementedError
+    ("Cannot copy out of meta tensor")."""
+    if tensor.device.type == "meta":
+        raise ValueError("a tensor on the 'meta' device holds no values to build an array "
+                         "from; pass a CPU or CUDA tensor")
+
+
 def host_values(x):
     """A torch tensor given as a raw array, as NumPy sees the values of a dense one: detached,
     on the host, with a lazy negation or conjugation resolved (numpy() refuses all three,
@@ -532,9 +538,7 @@ def host_values(x):
     if str(x.dtype) == "torch.bfloat16":  # NumPy has none: say so before torch does
         raise TypeError("values of dtype torch.bfloat16 are not supported; expected float16, "
                         "float32 or float64 (convert with .float())")
-    if x.device.type == "meta":  # torch's NotImplementedError "Cannot copy out of meta tensor"
-        raise ValueError("a tensor on the 'meta' device holds no values to build an array "
-                         "from; pass a CPU or CUDA tensor")
+    _refuse_meta(x)
     return x.detach().cpu().resolve_neg().resolve_conj().numpy()
 
 
