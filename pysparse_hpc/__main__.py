@@ -16,7 +16,7 @@ import numpy as np
 
 from . import block_stats, datasets, sddmm
 from ._compiling import compile_ahead, compile_messages
-from ._config import get_num_threads
+from ._config import environment_value, get_num_threads
 from .optim import COMPRESSIONS, MOMENTUM_SYNC
 
 
@@ -343,8 +343,7 @@ def run_train(args, out=None):
     threads = args.threads
     if comm.size > 1:
         node_share = _threads_per_rank(comm.ranks_on_this_node())   # a collective: all call it
-        if threads is None and not any(os.environ.get(name, "").strip()
-                                       for name in _THREAD_VARIABLES):
+        if threads is None and not any(environment_value(name) for name in _THREAD_VARIABLES):
             threads = node_share
     if threads is not None:
         import torch

@@ -62,9 +62,15 @@ __all__ = ["get_num_threads", "set_num_threads", "parallel_launch", "parallel_mi
            "spmm_tile", "buffer_cache_bytes", "cuda_warps_per_block", "cuda_split_blocks"]
 
 
+def environment_value(name):
+    """Environment variable ``name`` stripped of blanks, or None when it is unset or set to
+    nothing (``VAR= command``), which means its default."""
+    return os.environ.get(name, "").strip() or None
+
+
 def _initial_threads():
-    value = os.environ.get("PYSPARSE_HPC_NUM_THREADS", "").strip()
-    if not value:   # unset, or set to nothing
+    value = environment_value("PYSPARSE_HPC_NUM_THREADS")
+    if value is None:
         return numba.get_num_threads()
     try:
         threads = int(value)
@@ -97,8 +103,8 @@ def _env_int(name, default, minimum=None):
     ValueError
         When the value is not an integer, or is below ``minimum``.
     """
-    value = os.environ.get(name, "").strip()
-    if not value:   # unset, or set to nothing (``VAR= command``): the default
+    value = environment_value(name)
+    if value is None:
         return default
     try:
         number = int(value)
