@@ -267,7 +267,7 @@ def check_received(comm, kind, source, expected, status, error=None):
     messages have known sizes, and a peer that sent another dtype or row shape would otherwise
     leave part of the buffer unwritten (a shorter message) or fail with MPI's bare truncation
     error (a longer one)."""
-    from mpi4py import MPI
+    MPI = sys.modules["mpi4py.MPI"]   # imported, as a message was exchanged: no import cost
     code = MPI.SUCCESS if error is None else error.Get_error_class()
     if code == MPI.ERR_IN_STATUS:  # Waitall: each request's own error is in its status
         code = MPI.Get_error_class(status.Get_error())
@@ -641,7 +641,7 @@ class Communicator:
             recv.reshape(-1).view(np.uint8)[:] = send.reshape(-1).view(np.uint8)
             return recvbuf
         dest, source = check_rank(dest, self.size, "dest"), check_rank(source, self.size, "source")
-        from mpi4py import MPI
+        MPI = sys.modules["mpi4py.MPI"]
         status, error = MPI.Status(), None
         try:
             self._watched(f"Sendrecv ({kind!r}) with ranks {dest} and {source}",
@@ -1000,8 +1000,9 @@ class Communicator:
 
 
 def _bytes_of(view):
-    """The bytes of a C-contiguous NumPy array, as MPI moves them (a flat uint8 view)."""
-    return view.reshape(-1).view(np.uint8)
+    """The bytes of a C-contiguous NumPy array, as MPI moves them (a uint8 view; a 0-d array's
+    reshaped to 1-D first, as NumPy cannot change its itemsize)."""
+    return view.view(np.uint8) if view.ndim else view.reshape(1).view(np.uint8)
 
 
 def _pickled(obj):
