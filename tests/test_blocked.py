@@ -338,10 +338,14 @@ def test_raw_values_without_a_mask_drop_vectors_of_zeros(window, block_width, rn
     stored = sph.csr_array(with_zeros).to_blocked(window, block_width)
     by_vector = stored.values[value_positions(stored.row_window_offset, window, block_width)]
     assert np.any(~by_vector.any(axis=1)), "no vector of zeros to drop"
+    before = [a.copy() for a in (stored.values, stored.col_idx, stored.row_window_offset)]
     for index_dtype in (np.int32, np.int64):
         built = sph.blocked_array((stored.values, stored.col_idx.astype(index_dtype),
                                    stored.row_window_offset.astype(index_dtype), None),
                                   shape=stored.shape, window=window, block_width=block_width)
+        # the caller's arrays are read, not repacked in place
+        for a, b in zip((stored.values, stored.col_idx, stored.row_window_offset), before):
+            np.testing.assert_array_equal(a, b)
         expected = sph.csr_array(dense).to_blocked(window, block_width)
         assert built.index_dtype == index_dtype and built.nnz == expected.nnz
         for a, b in zip(_blocked_arrays(built), _blocked_arrays(expected)):
