@@ -80,6 +80,21 @@ def test_planted_verdict_measures_rabbit_against_the_planted_order(planted_vecto
     assert verdict in _planted_verdict("g", rows)
 
 
+def test_reorder_does_not_judge_a_graph_without_stored_entries():
+    # A planted graph can come out empty (IN = OUT = 0): its cut is 0/0 and its SpMM times are
+    # of an empty product. The table shows "-" where it printed nan, and the verdict says the
+    # graph is not judged instead of "NOT MET (... cuts nanx)".
+    from pysparse_hpc.bench.reorder import ReorderResult, _planted_verdict, format_table
+
+    rows = {method: ReorderResult("g", "planted", method, 64, 0, 1e-4, 0, 0, 0, 1e-5)
+            for method in ("none", "degree", "rcm", "rabbit", "planted", "scipy-rcm")}
+    assert _planted_verdict("g", rows) == "target: g: not judged (no stored entries)"
+    table = format_table(list(rows.values()))
+    assert "nan" not in table
+    rabbit = next(line for line in table.splitlines() if " rabbit " in line).split()
+    assert rabbit[4] == "-" and rabbit[10] == "-"  # s/M nnz and cut8
+
+
 def test_reorder_names_the_threads_of_ours_against_scipy_single_thread(tmp_path, capsys):
     # scipy's RCM has one thread and ours the library's: the ratio must say so.
     from pysparse_hpc._config import get_num_threads

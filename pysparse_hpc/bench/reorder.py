@@ -334,10 +334,11 @@ def format_table(results):
             lines.append(
                 f"{name:<22} {method:<9} {row.index_dtype:<5} "
                 f"{f'{row.seconds * 1e3:8.2f}' if timed else '-':>8} "
-                f"{f'{row.seconds / max(row.nnz, 1) * 1e6:7.3f}' if timed else '-':>7} "
+                f"{f'{row.seconds / row.nnz * 1e6:7.3f}' if timed and row.nnz else '-':>7} "
                 f"{'-' if math.isnan(versus_peer) else f'{versus_peer:6.2f}x':>7} "
                 f"{row.bandwidth:>9} {row.vectors8:>8} {row.vectors16:>8} "
-                f"{row.nnz / max(row.vectors8, 1):6.2f} {cut:5.2f} {spmm:>8} {gain:>7} "
+                f"{row.nnz / max(row.vectors8, 1):6.2f} "
+                f"{'-' if math.isnan(cut) else f'{cut:5.2f}':>5} {spmm:>8} {gain:>7} "
                 f"{even:>10}")
     return "\n".join(lines)
 
@@ -390,6 +391,9 @@ def _planted_verdict(name, rows):
     """Whether rabbit meets the planted-graph target, measured against what the planted order
     itself achieves: where even that cuts fewer vectors than the target, no community ordering
     can meet it."""
+    if not rows["none"].nnz:
+        # No vectors to cut: a ratio would be 0/0, and the SpMM times are of an empty product.
+        return f"target: {name}: not judged (no stored entries)"
     cut, speedup, _, _ = _derived(rows["rabbit"], rows["none"], rows[PEER])
     cut_met, speedup_met = cut >= PLANTED_VECTOR_CUT, speedup >= PLANTED_SPMM_SPEEDUP
     line = (f"target: {name}: rabbit cuts 8x1 vectors "
