@@ -115,22 +115,40 @@ def _on_device(cuda, host_or_device, dtypes, name, why=""):
 
 #: The largest finite float16.
 HALF_MAX = float(np.finfo(np.float16).max)
-#: The smallest magnitude that rounds to infinity in float16 (round to nearest, ties to even):
-#: halfway between `HALF_MAX` and 2**16. Values below it round to finite halves.
-HALF_OVERFLOW = 65520.0
+
+
+def overflow_threshold(dtype):
+    """The smallest magnitude that rounds to infinity in the float ``dtype`` (round to nearest,
+    ties to even): halfway between its largest finite value and the next power of two. Values
+    below it round to finite ones."""
+    info = np.finfo(dtype)
+    return 2.0 ** info.maxexp - 2.0 ** (info.maxexp - info.nmant - 2)
+
+
+#: `overflow_threshold` of float16: 65,520.
+HALF_OVERFLOW = overflow_threshold(np.float16)
+
+_SUGGESTION = {np.dtype(np.float16): "use precision='tf32' or 'fp32'",
+               np.dtype(np.float32): "use precision='fp32' with dtype=float64"}
 
 
 def _host_as(values, dtype, name):
-    """Host ``values`` as a contiguous array of ``dtype``, refusing float16 casts that would turn
-    finite values into infinities (the fp16 precision would then give inf/NaN results); values
-    between `HALF_MAX` and `HALF_OVERFLOW` round to `HALF_MAX` and are kept."""
+    """Host ``values`` as a contiguous array of ``dtype``, refusing a narrowing cast to a float
+    dtype that would turn finite values into infinities (the kernel would then give inf/NaN
+    results where the input had none: float64 beyond float32's range for "tf32", anything
+    from 65,520 up for "fp16"); values just above the largest finite one round down to it and
+    are kept."""
     values = np.asarray(values)
-    if dtype == np.float16 and values.dtype != np.float16 and values.size:
+    dtype = np.dtype(dtype)
+    narrowing = dtype.kind == "f" and (values.dtype.kind != "f"
+                                       or np.finfo(values.dtype).max > np.finfo(dtype).max)
+    if narrowing and values.size:
         largest = float(np.nanmax(np.abs(np.where(np.isfinite(values), values, 0))))
-        if largest >= HALF_OVERFLOW:
-            raise ValueError(f"precision='fp16' sends {name} as float16, whose largest value is "
-                             f"{HALF_MAX:g}, but {name} holds {largest:.6g}, which would round "
-                             f"to infinity; use precision='tf32' or 'fp32', or scale {name}")
+        if largest >= overflow_threshold(dtype):
+            raise ValueError(f"{name} is sent to the device as {dtype.name}, whose largest value "
+                             f"is {float(np.finfo(dtype).max):g}, but {name} holds {largest:.6g}, "
+                             f"which would round to infinity; {_SUGGESTION[dtype]}, or scale "
+                             f"{name}")
     return np.ascontiguousarray(values, dtype=dtype)
 
 
@@ -349,7 +367,7 @@ def spmm_launcher(A, precision, dtype=np.float32):
                              operand_dtypes, result_dtype, M.shape)
     csr = _csr_operand(A)  # duplicates are fine: the kernel sums every stored entry
     indptr, indices = _device_arrays(cuda, csr, ("indptr", "indices"))
-    data = cuda.to_device(csr.data.astype(dtype))
+    data = cuda.to_device(_host_as(csr.data, dtype, "A's values"))
     return _SpmmLauncher(lambda B, out: kernels.launch_csr_spmm(indptr, indices, data, B, out),
                          (dtype,), dtype, csr.shape)
 

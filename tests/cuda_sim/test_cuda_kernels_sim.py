@@ -508,6 +508,29 @@ def test_fp16_keeps_values_that_round_to_the_largest_half():
         sph.spmm(diagonal(65520.0), B, backend="cuda", precision="fp16")
 
 
+def test_float64_values_beyond_float32_are_refused_not_turned_into_infinities():
+    """"tf32" reads single values: float64 host values from 2**128 - 2**103 up round to
+    infinity in the cast (NumPy only warns) and gave inf/NaN products. They are refused, as
+    fp16's overflow is; just below, they round to float32's largest value."""
+    from pysparse_hpc._cuda_backend import _host_as, overflow_threshold, spmm_launcher
+    assert overflow_threshold(np.float32) == 2.0 ** 128 - 2.0 ** 103
+    below = np.array([2.0 ** 128 - 2.0 ** 103 - 2.0 ** 102])
+    assert _host_as(below, np.float32, "B")[0] == np.finfo(np.float32).max
+    A = sph.csr_array(np.eye(3, dtype=np.float32))
+    B = np.ones((3, 2))
+    B[0, 0] = 2.0 ** 127
+    np.testing.assert_array_equal(sph.spmm(A, B, backend="cuda", precision="tf32"), B)
+    B[0, 0] = -(2.0 ** 128 - 2.0 ** 103)
+    with pytest.raises(ValueError, match="B is sent to the device as float32.*round to "
+                                         "infinity; use precision='fp32' with dtype=float64"):
+        sph.spmm(A, B, backend="cuda", precision="tf32")
+    big = sph.csr_array(np.diag([1e39, 1.0, 2.0]))
+    with pytest.raises(ValueError, match="A's values is sent to the device as float32"):
+        sph.spmm(big, np.ones((3, 2), np.float32), backend="cuda", precision="tf32")
+    with pytest.raises(ValueError, match="A's values is sent to the device as float32"):
+        spmm_launcher(big, "fp32", np.float32)
+
+
 def test_more_warps_than_a_thread_block_holds_are_refused(monkeypatch):
     """Over 32 warps (1,024 threads) a launch fails on every GPU (the simulator would run it):
     the tensor-core SpMM refuses the setting by name first."""
