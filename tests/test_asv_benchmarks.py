@@ -96,3 +96,36 @@ def test_asv_peers_get_the_index_dtype_scipy_picks(asv_suite):
     assert spmm.scipy_csr.indices.dtype == np.int32 and spmm.ours.index_dtype == np.int32
     assert str(spmm.tensor.crow_indices().dtype) == "torch.int32"
     assert str(spmm.tensor.col_indices().dtype) == "torch.int32"
+
+
+def test_asv_setups_refuse_to_time_a_wrong_result(asv_suite, monkeypatch):
+    # Each setup checks ours against the peer once: a product that went wrong fails the
+    # benchmark instead of being timed.
+    import numpy as np
+
+    import pysparse_hpc as sph
+    from benchmarks import _checks, bench_convert, bench_kernels
+    with pytest.raises(AssertionError, match="x: differs from the reference by 0.5"):
+        _checks.check_close("x", np.array([1.0, 1.0]), np.array([1.0, 2.0]))
+    with pytest.raises(AssertionError, match="x: differs"):
+        _checks.check_close("x", np.array([np.nan]), np.array([1.0]))
+    try:
+        bench_convert.load_matrix("bcsstk13")
+    except NotImplementedError:
+        pytest.skip("shared bcsstk13 not present")
+    pytest.importorskip("torch")
+    bench_kernels.SpMM().setup("bcsstk13", 32, "csr")
+    bench_kernels.SDDMM().setup("bcsstk13", 32, "mebcrs")
+    bench_convert.Convert().setup("bcsstk13", "mebcrs8")
+    matmul = sph.csr_array.__matmul__
+    monkeypatch.setattr(sph.csr_array, "__matmul__", lambda A, B: 2 * matmul(A, B))
+    with pytest.raises(AssertionError, match=r"SpMM on bcsstk13 \(csr\): differs"):
+        bench_kernels.SpMM().setup("bcsstk13", 32, "csr")
+    tocsr = sph.blocked_array.tocsr
+
+    def doubled(M):
+        csr = tocsr(M)
+        return sph.csr_array((2 * csr.data, csr.indices, csr.indptr), shape=csr.shape)
+    monkeypatch.setattr(sph.blocked_array, "tocsr", doubled)
+    with pytest.raises(AssertionError, match="mebcrs8 -> CSR on bcsstk13: not the same"):
+        bench_convert.Convert().setup("bcsstk13", "mebcrs8")

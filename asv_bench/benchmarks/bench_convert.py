@@ -13,6 +13,8 @@ from pathlib import Path
 from pysparse_hpc.bench._data import scipy_index_dtype
 from pysparse_hpc.io import load_npz
 
+from ._checks import check_same_csr
+
 #: Benchmark matrices by name: (file relative to the data directory, key prefix).
 MATRICES = {
     "bcsstk13": ("suitesparse/bcsstk13.npz", ""),  # FEM stiffness, dense rows
@@ -69,6 +71,7 @@ class Convert:
         self.window, self.block_width = FORMATS[fmt]
         self.blocked = self.csr.to_blocked(self.window, self.block_width)
         self.scipy_csr = self.csr.to_scipy()
+        check_same_csr(f"{fmt} -> CSR on {matrix}", self.blocked.tocsr(), self.scipy_csr)
 
     def time_to_blocked(self, matrix, fmt):
         self.csr.to_blocked(self.window, self.block_width)

@@ -12,6 +12,7 @@ import numpy as np
 
 from pysparse_hpc import get_num_threads, sddmm
 
+from ._checks import check_close
 from .bench_convert import load_matrix
 
 #: Benchmark matrices (keys of ``bench_convert.MATRICES``): a FEM matrix with dense rows, a
@@ -63,8 +64,11 @@ class SpMM:
         self.scipy_csr = csr.to_scipy()
         self.B = np.random.default_rng(0).standard_normal((csr.shape[1], n), dtype=np.float32)
         self.B_torch = self.torch.from_numpy(self.B)
-        self.time_spmm(matrix, n, fmt)  # compile the kernel
-        self.time_torch_sparse_mm(matrix, n, fmt)
+        # compiles the kernel, and checks ours and torch's against scipy's before any timing
+        expected = self.scipy_csr @ self.B
+        check_close(f"SpMM on {matrix} ({fmt})", self.ours @ self.B, expected)
+        check_close(f"torch.sparse.mm on {matrix}",
+                    self.torch.sparse.mm(self.tensor, self.B_torch), expected)
 
     def time_spmm(self, matrix, n, fmt):
         self.ours @ self.B
@@ -89,8 +93,12 @@ class SDDMM:
         self.X = rng.standard_normal((csr.shape[0], f), dtype=np.float32)
         self.Y = rng.standard_normal((csr.shape[1], f), dtype=np.float32)
         self.X_torch, self.Y_torch = self.torch.from_numpy(self.X), self.torch.from_numpy(self.Y)
-        self.time_sddmm(matrix, f, fmt)  # compile the kernel
-        self.time_torch_sampled_addmm(matrix, f, fmt)
+        # compiles the kernel, and checks ours against torch's before any timing
+        # (the stored values in CSR order: a dense (n, n) PubMed would take 1.5 GB)
+        expected = self.torch.sparse.sampled_addmm(self.tensor, self.X_torch, self.Y_torch.T,
+                                                   beta=0.0, alpha=1.0).values()
+        check_close(f"SDDMM on {matrix} ({fmt})", sddmm(self.ours, self.X, self.Y).tocsr().data,
+                    expected)
 
     def time_sddmm(self, matrix, f, fmt):
         sddmm(self.ours, self.X, self.Y)

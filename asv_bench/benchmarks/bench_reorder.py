@@ -8,6 +8,7 @@ from scipy.sparse.csgraph import reverse_cuthill_mckee
 import pysparse_hpc as sph
 from pysparse_hpc.generators import planted_partition
 
+from ._checks import check_close
 from .bench_convert import MATRICES, load_matrix
 
 PLANTED = "planted-c32"
@@ -30,6 +31,9 @@ class Reorder:
     def setup(self, matrix, method):
         self.A = load_graph(matrix)
         self.scipy_A = self.A.to_scipy()
+        perm = sph.reorder(self.A, method)
+        check_close(f"{method} order of {matrix} (sorted)", sorted(perm), range(self.A.shape[0]),
+                    rtol=0)
 
     def time_reorder(self, matrix, method):
         sph.reorder(self.A, method)
@@ -55,7 +59,10 @@ class ReorderedSpmm:
         self.M = sph.permute(A, perm).to_mebcrs()
         self.X = np.random.default_rng(0).standard_normal((A.shape[0], 128),
                                                           dtype=np.float32)[perm]
-        self.M @ self.X  # compile the kernels outside the timing
+        # compiles the kernels outside the timing; the reordered product is the original one,
+        # permuted
+        check_close(f"SpMM on {matrix} reordered by {method}", self.M @ self.X,
+                    (A.to_scipy() @ self.X[np.argsort(perm)])[perm])
 
     def time_spmm(self, matrix, method):
         self.M @ self.X
