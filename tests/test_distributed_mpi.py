@@ -75,9 +75,10 @@ def test_gather_rows_refuses_unlike_rows_on_every_rank():
 @pytest.mark.parametrize("ranks", [2, 3])
 def test_preconditioning_reproduces_one_process(ranks):
     """KAISA K-FAC (both strategies), the diagonal Fisher, Shampoo and Jorge on a split batch
-    (also with an empty rank, an unused layer, a sparse embedding), their states gathered for
-    another number of ranks, and GCN training on a partitioned graph with each."""
-    run_checks(ranks, "precondition", "precondition_edge_cases",
+    (also with each rank's mean as the loss, with an empty rank, an unused layer, a sparse
+    embedding), their states gathered for another number of ranks, and GCN training on a
+    partitioned graph with each."""
+    run_checks(ranks, "precondition", "precondition_mean_loss", "precondition_edge_cases",
                "precondition_state_across_ranks", "preconditioned_training")
 
 

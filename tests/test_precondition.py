@@ -572,6 +572,53 @@ def test_layers_frozen_after_the_maker_is_built(fisher, maker):
     assert len(grads) == 2 and all(torch.isfinite(g).all() for g in grads)
 
 
+@pytest.mark.parametrize("context", [torch.no_grad, torch.inference_mode])
+def test_a_step_with_gradients_off_names_the_cause(context):
+    """Under no_grad or inference_mode torch's own error said only that "element 0 of tensors
+    does not require grad"; the maker says why, and stays usable."""
+    model = mlp()
+    gm = P.KfacGradientMaker(model, P.PreconditioningConfig(data_size=32, damping=1e-3))
+    x, t = batch((32, 20))
+    gm.setup_loss_call(F.cross_entropy, gm.setup_model_call(model, x), t)
+    message = r"gradients are off here \(torch.no_grad\(\) or"
+    with context(), pytest.raises(RuntimeError, match=message):
+        gm.forward_and_backward()
+    assert gm.step == 0
+    gm.forward_and_backward()
+    assert gm.step == 1 and all(p.grad is not None for p in model.parameters())
+
+
+@pytest.mark.parametrize("fisher", ["mc", "exact"])
+def test_a_bias_that_trains_beside_a_frozen_weight_keeps_fresh_factors(fisher):
+    """A weight frozen after the maker was built, its bias still training: the extra passes
+    of the MC and exact Fishers reach the module through its bias, as the empirical Fisher's
+    backward does. They differentiated the weights alone, so the module's factors stayed
+    those of the step before the freeze, and its bias was preconditioned with them for good,
+    while a warning said it kept the plain gradient."""
+    model = mlp()
+    config = P.PreconditioningConfig(data_size=32, damping=1e-3)
+    gm = P.KfacGradientMaker(model, config, fisher_type=fisher, seed=0)
+    x, t = batch((32, 20))
+
+    def step(maker, inputs):
+        model.zero_grad(set_to_none=True)
+        maker.setup_loss_call(F.cross_entropy, maker.setup_model_call(model, inputs), t)
+        maker.forward_and_backward()
+    step(gm, x)
+    model[0].weight.requires_grad_(False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no module is reported as unreached
+        step(gm, 3 * x)
+    assert model[0].weight.grad is None and model[0].bias.grad is not None
+    # The factors of the new batch: those a maker built now (weight trainable) computes
+    # from it, with the same seed and so the same sampled labels.
+    model[0].weight.requires_grad_(True)
+    fresh = P.KfacGradientMaker(model, config, fisher_type=fisher, seed=0)
+    fresh.state["step"] = 1   # the seed's stream at the same step
+    step(fresh, 3 * x)
+    torch.testing.assert_close(gm.factors("0")["B"], fresh.factors("0")["B"])
+
+
 @pytest.mark.parametrize("fisher", ["mc", "exact"])
 def test_a_reentrant_checkpoint_is_named_when_it_hides_a_module(fisher):
     """Activation checkpointing with use_reentrant=True hides its modules from the extra passes

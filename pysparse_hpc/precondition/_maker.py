@@ -168,6 +168,12 @@ def _all_finite(tensor, total=None):
     return math.isfinite(total) or bool(torch.isfinite(tensor).all())
 
 
+def _trainable_parameters(module):
+    """The weight and bias of ``module`` that train now."""
+    return [param for param in (module.weight, getattr(module, "bias", None))
+            if isinstance(param, torch.Tensor) and param.requires_grad]
+
+
 def _accepts_reduction(loss_fn):
     if isinstance(loss_fn, nn.Module):
         return hasattr(loss_fn, "reduction")
@@ -242,10 +248,10 @@ class PreconditionedGradientMaker:
                             f"{type(config).__name__}")
         self.model = model
         self.config = config
-        self._check_config()
         self.comm = comm
         #: Whether there are other ranks to sum gradients and curvature with.
         self._distributed = comm is not None and comm.size > 1
+        self._check_config()
         self.check_finite = check_flag(check_finite, "check_finite")
         self.state = {"step": 0}
         self.last_step_skipped = False
@@ -530,6 +536,13 @@ class PreconditionedGradientMaker:
                 f"{type(self).__name__} needs PreconditioningConfig.data_size (found -1, "
                 f"unset; expected the number of examples the loss sums over, e.g. the batch "
                 f"size or the number of training nodes)")
+        if self._distributed and self.config.data_size == -1:
+            # Each rank's loss is its summed loss over the examples of all ranks: the
+            # gradients summed over the ranks are then the one-process gradient.
+            raise ValueError(
+                f"{type(self).__name__} over {self.comm.size} ranks needs "
+                f"PreconditioningConfig.data_size (found -1, unset; expected the number of "
+                f"examples of all ranks, which each rank's summed loss is divided by)")
 
     def _current_schedules(self):
         """The (curvature, preconditioner) schedules of the config as it is now: ASDL reads
@@ -572,11 +585,19 @@ class PreconditionedGradientMaker:
         loss : torch.Tensor
             The loss. On curvature steps it is computed with ``reduction="sum"`` and divided
             by ``config.data_size`` (as are the gradients), as in ASDL; on the other steps it
-            is the loss call as set up.
+            is the loss call as set up. Over several ranks (``comm=``) every step computes it
+            the first way: the rank's summed loss over all ranks' examples, so that the
+            gradients summed over the ranks are the one-process ones whatever the loss's own
+            reduction.
         """
         if self._model_fn is None or self._loss_fn is None:
             raise RuntimeError("call setup_model_call() and setup_loss_call() before "
                                "forward_and_backward()")
+        if not torch.is_grad_enabled():
+            # torch's own error ("element 0 of tensors does not require grad") names no cause
+            raise RuntimeError(f"{type(self).__name__}.forward_and_backward() needs autograd, "
+                               f"but gradients are off here (torch.no_grad() or "
+                               f"torch.inference_mode()); call it outside those contexts")
         if self._distributed and not self._ranks_agreed:
             self._check_ranks_alike()
         self._follow_parameters()
@@ -668,7 +689,14 @@ class PreconditionedGradientMaker:
 
     def _plain_forward_and_backward(self):
         output = self._call_model()
-        loss, _ = self._call_loss(output)
+        if self._distributed:
+            # A rank's mean (the loss as set up, F.cross_entropy) summed over the ranks is no
+            # mean of the batch: every rank divides its sum by the count of all ranks instead,
+            # as the curvature pass does.
+            loss_sum, _ = self._call_loss(output, reduction="sum")
+            loss = loss_sum / self.config.data_size
+        else:
+            loss, _ = self._call_loss(output)
         loss.backward()
         return output, loss
 
@@ -704,21 +732,24 @@ class PreconditionedGradientMaker:
             self._warn_repeated_calls(calls)
             loss_sum, logits = self._call_loss(output, reduction="sum")
             if fisher_type != FISHER_EMP:
-                # Only the weights that train now: one frozen after the maker was built (gradual
-                # freezing) cannot be differentiated, and none at all leaves nothing to pass.
-                weights = [module.weight for module, _ in self._modules.values()
-                           if module.weight.requires_grad]
+                # Only the parameters that train now: a weight frozen after the maker was built
+                # (gradual freezing) cannot be differentiated, but its module's bias, if it
+                # trains, still takes the pass to the module's output (as the training
+                # backward does for the empirical Fisher); none at all leaves nothing to pass.
+                trainable = {name: _trainable_parameters(module)
+                             for name, (module, _) in self._modules.items()}
+                inputs = [param for params in trainable.values() for param in params]
                 passes = (fisher_passes(fisher_type, loss_type, logits, n_mc_samples, var)
-                          if weights else ())
+                          if inputs else ())
                 self._reached = set()
                 for nll, weight in passes:
                     self._grad_weight = weight
-                    torch.autograd.grad(nll, weights, retain_graph=True, allow_unused=True)
+                    torch.autograd.grad(nll, inputs, retain_graph=True, allow_unused=True)
                 self._grad_weight = None
-                if weights:
+                if inputs:
                     self._unreached = tuple(
                         name for name in calls if name not in self._reached
-                        and self._modules[name][0].weight.requires_grad)  # frozen: no gradient
+                        and trainable[name])  # all frozen: no gradient to reach it
             else:
                 self._grad_weight = float(data_size) ** 2
             loss = loss_sum / data_size

@@ -1060,9 +1060,9 @@ def check_preconditioned_training():
         assert (result.allreduce_bytes_per_epoch > 0) == (size > 1)
 
 
-def _precondition_run(make_maker, rows, steps=4, inputs=8):
+def _precondition_run(make_maker, rows, steps=4, inputs=8, loss_fn=None):
     """SGD steps of an MLP through the ASDL loop on ``rows`` of a 30-example batch (the loss
-    a sum over them divided by 30); every step's gradients."""
+    a sum over them divided by 30, unless ``loss_fn`` is given); every step's gradients."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(inputs, 16), torch.nn.Tanh(),
                                 torch.nn.Linear(16, 3)).double()
@@ -1070,10 +1070,11 @@ def _precondition_run(make_maker, rows, steps=4, inputs=8):
                        generator=torch.Generator().manual_seed(1))
     target = torch.randint(0, 3, (30,), generator=torch.Generator().manual_seed(2))
 
-    def loss_fn(output, labels, reduction="mean"):
+    def summed(output, labels, reduction="mean"):
         total = torch.nn.functional.cross_entropy(output, labels, reduction="sum")
         return total if reduction == "sum" else total / 30
 
+    loss_fn = summed if loss_fn is None else loss_fn
     maker = make_maker(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     grads = []
@@ -1137,6 +1138,47 @@ def check_precondition():
                 torch.testing.assert_close(a, e, rtol=1e-10, atol=1e-13,
                                            msg=f"{label}, step {step}")
     assert clipping and all(maker.last_kl_clip_scale < 1 for maker in clipping)
+
+
+def check_precondition_mean_loss():
+    """The loop as documented, with ``F.cross_entropy`` (each rank's mean) on 29 examples
+    split unevenly: every step, with or without a curvature update, gives the one-process
+    gradients (a rank's mean summed over the ranks was P times the gradient, reweighted by
+    the ranks' shares, on steps without one, and on every Shampoo and Jorge step). Shampoo
+    without data_size is refused over several ranks, where one process needs none."""
+    from pysparse_hpc import precondition as P
+    count = 29
+    mine = np.array_split(np.arange(count), size)[rank]
+    config = dict(data_size=count, damping=1e-3, curvature_upd_interval=2,
+                  preconditioner_upd_interval=2)
+    cases = {
+        "kfac": lambda m, c: P.KfacGradientMaker(m, P.PreconditioningConfig(**config),
+                                                 fisher_type="emp", comm=c),
+        "kfac gradient exact": lambda m, c: P.KfacGradientMaker(
+            m, P.PreconditioningConfig(**config), fisher_type="exact", comm=c,
+            strategy="gradient"),
+        "diag": lambda m, c: P.DiagNaturalGradientMaker(m, P.PreconditioningConfig(**config),
+                                                        fisher_type="emp", comm=c),
+        "shampoo": lambda m, c: P.ShampooGradientMaker(m, P.PreconditioningConfig(**config),
+                                                       comm=c),
+        "jorge gradient": lambda m, c: P.JorgeGradientMaker(
+            m, P.PreconditioningConfig(**config), comm=c, strategy="gradient"),
+    }
+    for label, make in cases.items():
+        reference = on_root_then_broadcast(lambda: _precondition_run(
+            lambda m: make(m, None), np.arange(count), loss_fn=torch.nn.functional.cross_entropy))
+        got = _precondition_run(lambda m: make(m, comm), mine,
+                                loss_fn=torch.nn.functional.cross_entropy)
+        for step, (expected, actual) in enumerate(zip(reference, got)):
+            for e, a in zip(expected, actual):
+                torch.testing.assert_close(a, e, rtol=1e-10, atol=1e-13,
+                                           msg=f"{label}, step {step}")
+    model = torch.nn.Linear(3, 2)
+    no_size = P.PreconditioningConfig(damping=1e-3)
+    P.ShampooGradientMaker(model, no_size, comm=ALONE)  # one process: the loss as set up
+    if size > 1:
+        raises_on_every_rank(lambda: P.ShampooGradientMaker(model, no_size, comm=comm),
+                             f"over {size} ranks needs PreconditioningConfig.data_size")
 
 
 class _Tokens(torch.nn.Module):
