@@ -187,8 +187,11 @@ def _maker(library, method, interval, model, data_size, **distribution):
                                                curvature_upd_interval=interval,
                                                preconditioner_upd_interval=interval)
         return library.KfacGradientMaker(model, config, fisher_type="fisher_emp", **distribution)
+    # One process needs no data_size here (ASDL's Shampoo takes none); ranks divide their
+    # summed losses by it.
+    counted = dict(data_size=data_size) if distribution.get("comm") is not None else {}
     config = library.PreconditioningConfig(damping=1e-4, curvature_upd_interval=interval,
-                                           preconditioner_upd_interval=interval)
+                                           preconditioner_upd_interval=interval, **counted)
     if method == "shampoo":
         return library.ShampooGradientMaker(model, config, **distribution)
     return library.JorgeGradientMaker(model, config, grafting=None, **distribution)

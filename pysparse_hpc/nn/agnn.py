@@ -74,4 +74,5 @@ class AGNNConv(torch.nn.Module):
         return out
 
     def extra_repr(self):
-        return f"requires_grad={self.requires_grad}"
+        return (f"requires_grad={self.requires_grad}"
+                + ("" if self.add_self_loops else ", add_self_loops=False"))

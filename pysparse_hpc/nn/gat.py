@@ -172,5 +172,10 @@ class GATConv(torch.nn.Module):
         return out
 
     def extra_repr(self):
+        # the options that change results are shown where they differ from the defaults
         return (f"{self.in_channels}, {self.out_channels}, heads={self.heads}, "
-                f"concat={self.concat}, dropout={self.dropout}, cache={self.cache!r}")
+                f"concat={self.concat}, dropout={self.dropout}, cache={self.cache!r}"
+                + ("" if self.negative_slope == 0.2 else
+                   f", negative_slope={self.negative_slope}")
+                + ("" if self.add_self_loops else ", add_self_loops=False")
+                + ("" if self.bias is not None else ", bias=False"))

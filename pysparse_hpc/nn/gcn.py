@@ -345,5 +345,7 @@ class GCNConv(torch.nn.Module):
         return out
 
     def extra_repr(self):
+        # the options that change results are shown where they differ from the defaults
         return (f"{self.in_channels}, {self.out_channels}, order={self.order!r}, "
-                f"cached={self.cached}")
+                f"cached={self.cached}" + ("" if self.normalize else ", normalize=False")
+                + ("" if self.bias is not None else ", bias=False"))

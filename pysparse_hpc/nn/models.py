@@ -1,15 +1,17 @@
 """Two-layer node classifiers with the published hyper-parameters (the demo, examples and the
 benchmark share them, so ours and PyG's run the same model).
 
-Dropout is `pysparse_hpc.nn.functional.dropout` unless ``fast_dropout=False``: torch's on the
-CPU costs more than both GCN layers together on Cora (a Bernoulli draw per feature), ours hashes
-the mask and stores none. The option exists so the benchmark can show what each part gains.
+Feature dropout is `pysparse_hpc.nn.functional.dropout` unless ``fast_dropout=False``: torch's
+on the CPU costs more than both GCN layers together on Cora (a Bernoulli draw per feature), ours
+hashes the mask and stores none. GAT's attention dropout is `GATConv`'s, always ours (its masks
+keyed by edge). The option exists so the benchmark can show what each part gains.
 Ours keys the masks by global node id, so a model on a `pysparse_hpc.distributed.DistGraph`
 drops the same features whatever the number of ranks (torch's draws depend on the shapes).
 """
 import torch
 import torch.nn.functional as F
 
+from .._sputils import check_flag
 from . import functional
 from ._checks import check_channels, check_probability
 from .agnn import AGNNConv
@@ -19,14 +21,17 @@ from .gcn import GCNConv
 __all__ = ["GCN", "GAT", "AGNN", "MODELS"]
 
 
-def _check_options(dropout, **sizes):
+def _check_options(dropout, flags, **sizes):
     """Refuse, when the model is built, what its layers would take or refuse only later: a
     width of 0 (``torch.nn.Linear`` builds it, and the model then ignores its input) or a
-    negative one (refused by torch without the argument's name), and a dropout rate outside
-    [0, 1] (refused only by the first training step, never in evaluation)."""
+    negative one (refused by torch without the argument's name), a dropout rate outside
+    [0, 1] (refused only by the first training step, never in evaluation), and a switch
+    (name -> value in ``flags``) that is no bool (the string "False" is truthy)."""
     for name, value in sizes.items():
         check_channels(value, name)
     check_probability(dropout, "dropout", one=True)
+    for name, value in flags.items():
+        check_flag(value, name)
 
 
 def _feature_dropout(model, x, adj):
@@ -55,8 +60,8 @@ class GCN(torch.nn.Module):
     def __init__(self, in_channels, hidden, out_channels, dropout=0.5, input_dropout=True,
                  fast_dropout=True, **layer_options):
         super().__init__()
-        _check_options(dropout, in_channels=in_channels, hidden=hidden,
-                       out_channels=out_channels)
+        _check_options(dropout, dict(input_dropout=input_dropout, fast_dropout=fast_dropout),
+                       in_channels=in_channels, hidden=hidden, out_channels=out_channels)
         self.dropout, self.input_dropout = dropout, input_dropout
         self.fast_dropout = fast_dropout
         self.conv1 = GCNConv(in_channels, hidden, **layer_options)
@@ -82,7 +87,11 @@ class GCN(torch.nn.Module):
 
 class GAT(torch.nn.Module):
     """Velickovic et al.'s GAT for Cora: 8 heads x 8 hidden, ELU, one output head, dropout 0.6
-    on the inputs and the attention."""
+    on the inputs and the attention.
+
+    ``fast_dropout=False`` gives torch's dropout on the features; the attention dropout is
+    `GATConv`'s own, the library's, either way.
+    """
 
     architecture = dict(hidden=8, heads=8, dropout=0.6)
     training = dict(epochs=200, lr=0.005, weight_decay=5e-4)
@@ -90,8 +99,8 @@ class GAT(torch.nn.Module):
     def __init__(self, in_channels, hidden, out_channels, heads=8, dropout=0.6, fast_dropout=True,
                  **layer_options):
         super().__init__()
-        _check_options(dropout, in_channels=in_channels, hidden=hidden,
-                       out_channels=out_channels)
+        _check_options(dropout, dict(fast_dropout=fast_dropout), in_channels=in_channels,
+                       hidden=hidden, out_channels=out_channels)
         self.dropout = dropout
         self.fast_dropout = fast_dropout
         self.conv1 = GATConv(in_channels, hidden, heads=heads, dropout=dropout, **layer_options)
@@ -122,8 +131,8 @@ class AGNN(torch.nn.Module):
     def __init__(self, in_channels, hidden, out_channels, dropout=0.5, fast_dropout=True,
                  **layer_options):
         super().__init__()
-        _check_options(dropout, in_channels=in_channels, hidden=hidden,
-                       out_channels=out_channels)
+        _check_options(dropout, dict(fast_dropout=fast_dropout), in_channels=in_channels,
+                       hidden=hidden, out_channels=out_channels)
         self.dropout = dropout
         self.fast_dropout = fast_dropout
         self.lin1 = torch.nn.Linear(in_channels, hidden)

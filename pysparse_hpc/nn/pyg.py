@@ -40,7 +40,7 @@ def to_pyg_state_dict(model):
                         "state dict alone, load it into the model first: which entries are "
                         "GATConv's attention vectors depends on the model)")
     state = model.state_dict()
-    for prefix, module in model.named_modules():
+    for prefix, module in model.named_modules(remove_duplicate=False):
         if not isinstance(module, GATConv):
             continue
         for name in ("att_src", "att_dst"):

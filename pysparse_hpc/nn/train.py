@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from .._compiling import compile_messages
-from .._sputils import check_real_number
+from .._sputils import check_flag, check_real_number
 from ..distributed.graph import DistGraph, comm_sum
 
 __all__ = ["TrainResult", "default_damping", "fit", "node_tensors", "normalize_features",
@@ -35,7 +35,9 @@ class TrainResult:
     test_accuracy, val_accuracy : float
         At the epoch of best validation accuracy (ties: lower validation loss); without
         validation nodes, at the last epoch, whose validation accuracy is then NaN (none was
-        measured), as the test accuracy is without test nodes. NaN when no epoch ran.
+        measured), as the test accuracy is without test nodes. NaN when no epoch ran. The
+        model holds that epoch's weights after ``fit(restore_best=True)``; by default it
+        holds the last epoch's.
     best_epoch : int
         That epoch (-1 when no epoch ran).
     seconds_per_epoch : float
@@ -187,7 +189,7 @@ def fit(model, x, adj, y, masks, *, epochs=200, lr=0.01, weight_decay=5e-4, prog
         description="training", preconditioner=None, curvature_interval=10, optimizer="adam",
         compression="none", momentum_sync=None, skip_nonfinite=True, checkpointer=None,
         checkpoint_every=10, resume_from=None, checkpoint_extras=None, damping=None,
-        kl_clip=None):
+        kl_clip=None, restore_best=False):
     """Train ``model(x, adj)`` with Adam (or SGD, or Lion) and cross-entropy on the training
     nodes.
 
@@ -251,11 +253,28 @@ def fit(model, x, adj, y, masks, *, epochs=200, lr=0.01, weight_decay=5e-4, prog
         output distribution (KAISA's KL clipping, `KfacGradientMaker` ``kl_clip``), at the
         optimizer's current learning rate. Default: off.
 
+    restore_best : bool
+        Leave the model with the weights of the epoch `TrainResult` reports (the best
+        validation accuracy), kept in memory (and in the checkpoints) as training goes. By
+        default the model keeps the last epoch's weights, which need not score the reported
+        accuracies. Either way the model is left in evaluation mode.
+
     Returns
     -------
     TrainResult
+
+    Raises
+    ------
+    ValueError
+        For a class id in ``y`` (on a node of the masks) that the model's output has no
+        column for, at the first forward pass, before any step; for a model with no
+        parameter to train.
     """
     from tqdm.auto import tqdm
+
+    progress = check_flag(progress, "progress")
+    skip_nonfinite = check_flag(skip_nonfinite, "skip_nonfinite")
+    restore_best = check_flag(restore_best, "restore_best")
 
     graph = adj if isinstance(adj, DistGraph) else None
     if graph is None:
@@ -291,7 +310,7 @@ def fit(model, x, adj, y, masks, *, epochs=200, lr=0.01, weight_decay=5e-4, prog
         trained = DataParallel(model, graph.comm, average=False)
     params = [p for p in model.parameters() if p.requires_grad]
     run = _Progress()
-    saved = _Saved(model, step_optimizer, maker, run)
+    saved = _Saved(model, step_optimizer, maker, run, restore_best)
     if resume_from is not None:
         saved.restore(resume_from)
         if run.epochs_done > epochs and (graph is None or graph.comm.rank == 0):
@@ -300,6 +319,15 @@ def fit(model, x, adj, y, masks, *, epochs=200, lr=0.01, weight_decay=5e-4, prog
             warnings.warn(f"the checkpoint holds {run.epochs_done} epochs, more than the "
                           f"{epochs} asked for: nothing is trained, and the result is that "
                           f"of its {run.epochs_done} epochs", UserWarning, stacklevel=2)
+    if not params:
+        raise ValueError("the model has no parameter that requires grad: nothing to train")
+    labelled = masks[0] | masks[1] | masks[2]
+
+    def first_forward(module, args, logits):
+        # once: a hook left behind by an error would run (a collective) on later calls
+        check_classes.remove()
+        _check_classes(graph, y, labelled, logits)
+    check_classes = model.register_forward_hook(first_forward)
     show = progress and (graph is None or graph.comm.rank == 0)
     bar = tqdm(range(run.epochs_done, epochs), desc=description, disable=not show, leave=False,
                mininterval=0.5, initial=run.epochs_done, total=epochs)
@@ -346,12 +374,17 @@ def fit(model, x, adj, y, masks, *, epochs=200, lr=0.01, weight_decay=5e-4, prog
                         run.diverged = epoch
                 elif select_last or (val_accuracy, -val_loss) > (best[0], -best[1]):
                     best = (val_accuracy, val_loss, _ratio(test_correct, n_test), epoch)
+                    if restore_best:
+                        saved.keep_best()
             bar.set_postfix(loss=f"{losses[-1]:.3f}", val=f"{val_accuracy:.3f}", refresh=False)
             run.best, run.epochs_done = best, epoch + 1
             if checkpointer is not None and (run.epochs_done % checkpoint_every == 0
                                              or run.epochs_done == epochs):
                 saved.save(checkpointer, checkpoint_extras)
     bar.close()
+    check_classes.remove()   # where no epoch ran
+    if restore_best:
+        saved.restore_best()
     if checkpointer is not None:
         checkpointer.wait()  # the last checkpoint is durable before fit returns
     if best[3] < 0:   # no epoch ran: no accuracy was measured
@@ -363,6 +396,26 @@ def fit(model, x, adj, y, masks, *, epochs=200, lr=0.01, weight_decay=5e-4, prog
                        skipped_epochs=skipped,
                        damping=None if maker is None else maker.config.damping,
                        diverged_epoch=run.diverged)
+
+
+def _check_classes(graph, y, labelled, logits):
+    """At `fit`'s first forward pass: refuse, before anything is learnt, class ids that
+    ``logits`` has no column for. cross_entropy raised a bare IndexError for one on
+    a training node, after the first step for one on a validation node, and never for one on
+    a test node, which counted as wrong."""
+    error = None
+    if not isinstance(logits, torch.Tensor) or logits.dim() != 2:
+        found = (f"{logits.dim()}-D" if isinstance(logits, torch.Tensor)
+                 else type(logits).__name__)
+        error = TypeError(f"the model must return (nodes, classes) logits, got {found}")
+    elif bool(labelled.any()) and int(y[labelled].max()) >= logits.shape[1]:
+        error = ValueError(f"y holds the class id {int(y[labelled].max())} on a node of the "
+                           f"masks, but the model's output has {logits.shape[1]} classes")
+    if graph is None:
+        if error is not None:
+            raise error
+    else:  # the forward of every rank reaches this hook: agree, so every rank raises
+        graph.comm.raise_if_any(error)
 
 
 @dataclass
@@ -387,8 +440,21 @@ class _Saved:
     part holds all its state.
     """
 
-    def __init__(self, model, optimizer, maker, progress):
+    def __init__(self, model, optimizer, maker, progress, restore_best=False):
         self.model, self.optimizer, self.maker, self.progress = model, optimizer, maker, progress
+        #: The best epoch's model state, with ``restore_best`` (else None).
+        self.best_model = None
+        self.restore_best_model = restore_best
+
+    def keep_best(self):
+        """Copy the model's state as the best epoch's."""
+        self.best_model = {name: value.detach().clone()
+                           for name, value in self.model.state_dict().items()}
+
+    def restore_best(self):
+        """Load the best epoch's state into the model (where an epoch was selected)."""
+        if self.best_model is not None:
+            self.model.load_state_dict(self.best_model)
 
     def _own(self):
         from ..distributed.checkpoint import rng_states
@@ -401,6 +467,8 @@ class _Saved:
         own = self._own()
         shared = dict(extras or {}, model=self.model.state_dict(),
                       progress=vars(self.progress), **own)
+        if self.restore_best_model:
+            shared["best_model"] = self.best_model
         if self.maker is not None:  # a collective: KAISA's owners hold parts of it
             shared["preconditioner"] = self.maker.consolidated_state_dict()
         # One process's own state is all in the shared part: an empty shard writes it once.
@@ -436,6 +504,11 @@ class _Saved:
         for name, value in shared["progress"].items():
             setattr(self.progress, name, tuple(value) if name == "best" else list(value)
                     if isinstance(value, (list, tuple)) else value)
+        if self.restore_best_model:
+            if "best_model" not in shared and self.progress.best[3] >= 0:
+                raise ValueError(f"checkpoint {checkpoint.path} was saved without "
+                                 f"restore_best: it lacks the best epoch's weights")
+            self.best_model = shared.get("best_model")
 
 
 def _optimizer(name, groups, lr, graph, compression, momentum_sync, preconditioner):

@@ -1122,7 +1122,8 @@ def check_precondition():
     cases.append(("diag gradient", lambda m, c: P.DiagNaturalGradientMaker(
         m, P.PreconditioningConfig(**plain), fisher_type="emp", comm=c, strategy="gradient"),
         8))
-    intervals = dict(damping=1e-3, curvature_upd_interval=2, preconditioner_upd_interval=2)
+    intervals = dict(data_size=30, damping=1e-3, curvature_upd_interval=2,
+                     preconditioner_upd_interval=2)
     for strategy in ("inverse", "gradient"):
         cases.append((f"shampoo {strategy}", lambda m, c, st=strategy: P.ShampooGradientMaker(
             m, P.PreconditioningConfig(**plain), block_size=6, grafting="adagrad", comm=c,

@@ -1,0 +1,139 @@
+"""`pysparse_hpc.nn.train.fit` in one process, and the models' and layers' options, on a small
+planted-community graph (its labels are the communities)."""
+import numpy as np
+import pytest
+import torch
+
+import pysparse_hpc as sph
+from pysparse_hpc.distributed import Checkpointer
+from pysparse_hpc.generators import planted_partition
+from pysparse_hpc.nn import models
+from pysparse_hpc.nn.train import fit
+
+
+@pytest.fixture(scope="module")
+def problem():
+    """(adj, x, y, masks) of 4 communities of 30 nodes, noisy features."""
+    adj, labels = planted_partition(4, 30, internal_degree=6.0, external_degree=3.0, seed=2)
+    rng = np.random.default_rng(0)
+    x = torch.from_numpy(np.eye(4, dtype=np.float32)[labels]
+                         + rng.standard_normal((120, 4), dtype=np.float32))
+    role = rng.permutation(120) % 3
+    masks = [torch.from_numpy(role == k) for k in range(3)]
+    return adj, x, torch.from_numpy(labels), masks
+
+
+def _accuracy(model, x, adj, y, mask):
+    model.eval()
+    with torch.no_grad():
+        return int((model(x, adj).argmax(1)[mask] == y[mask]).sum()) / int(mask.sum())
+
+
+def _gcn(seed=0):
+    torch.manual_seed(seed)
+    return models.GCN(4, 8, 4)
+
+
+def test_restore_best_leaves_the_model_that_scored_the_result(problem):
+    """The result reports the best epoch; the model held the last epoch's weights (without a
+    word in the docs). ``restore_best=True`` leaves the model that scored it."""
+    adj, x, y, masks = problem
+    settings = dict(epochs=40, lr=0.05, progress=False)
+    last = _gcn()
+    result = fit(last, x, adj, y, masks, **settings)
+    assert not last.training and result.best_epoch < 39   # else nothing to tell apart
+    best = _gcn()
+    restored = fit(best, x, adj, y, masks, restore_best=True, **settings)
+    assert restored.losses == result.losses and restored.best_epoch == result.best_epoch
+    assert _accuracy(best, x, adj, y, masks[1]) == restored.val_accuracy
+    assert _accuracy(best, x, adj, y, masks[2]) == restored.test_accuracy
+    assert not all(torch.equal(a, b) for a, b in zip(best.parameters(), last.parameters()))
+
+
+def test_restore_best_resumes_with_the_best_weights(problem, tmp_path):
+    """A run resumed from its checkpoint restores the best epoch even where that epoch came
+    before the checkpoint; a checkpoint saved without the option cannot."""
+    adj, x, y, masks = problem
+    settings = dict(lr=0.05, progress=False, restore_best=True)
+    whole = _gcn()
+    fit(whole, x, adj, y, masks, epochs=30, **settings)
+    with Checkpointer(tmp_path / "best") as checkpoints:
+        fit(_gcn(), x, adj, y, masks, epochs=15, checkpointer=checkpoints, **settings)
+        saved = checkpoints.load()
+    resumed = _gcn(seed=1)
+    fit(resumed, x, adj, y, masks, epochs=30, resume_from=saved, **settings)
+    for a, b in zip(resumed.parameters(), whole.parameters()):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    with Checkpointer(tmp_path / "plain") as checkpoints:
+        fit(_gcn(), x, adj, y, masks, epochs=5, checkpointer=checkpoints, lr=0.05,
+            progress=False)
+        plain = checkpoints.load()
+    with pytest.raises(ValueError, match="saved without restore_best: it lacks the best"):
+        fit(_gcn(), x, adj, y, masks, epochs=10, resume_from=plain, **settings)
+
+
+@pytest.mark.parametrize("where", [0, 1, 2])
+def test_a_class_id_the_model_has_no_output_for_is_refused_before_any_step(problem, where):
+    """On a training node cross_entropy raised a bare IndexError; on a validation node it did
+    so after the first step had changed the weights; on a test node nothing was said and the
+    node counted as wrong."""
+    adj, x, y, masks = problem
+    labels = y.clone()
+    labels[int(masks[where].nonzero()[0])] = 4
+    model = _gcn()
+    before = [p.detach().clone() for p in model.parameters()]
+    with pytest.raises(ValueError, match="class id 4 on a node of the masks, but the model's "
+                                         "output has 4 classes"):
+        fit(model, x, adj, labels, masks, epochs=3, progress=False)
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), before))
+    # the check is gone with the error: the model runs as before, and fit runs again
+    model(x, adj)
+    fit(model, x, adj, y, masks, epochs=1, progress=False)
+
+
+def test_fit_refuses_a_model_with_nothing_to_train(problem):
+    adj, x, y, masks = problem
+    model = _gcn().requires_grad_(False)
+    with pytest.raises(ValueError, match="no parameter that requires grad"):
+        fit(model, x, adj, y, masks, epochs=1, progress=False)
+
+
+@pytest.mark.parametrize("option", ["progress", "skip_nonfinite", "restore_best"])
+def test_fit_switches_take_bools_only(problem, option):
+    # "no" is truthy: progress="no" showed the bar
+    adj, x, y, masks = problem
+    with pytest.raises(TypeError, match=f"{option} must be a bool, got str 'no'"):
+        fit(_gcn(), x, adj, y, masks, epochs=1, **{"progress": False, option: "no"})
+
+
+@pytest.mark.parametrize("name, option", [("gcn", "input_dropout"), ("gcn", "fast_dropout"),
+                                          ("gat", "fast_dropout"), ("agnn", "fast_dropout")])
+def test_model_switches_take_bools_only(name, option):
+    # input_dropout="False" kept the input dropout on, as the layers' flags refuse
+    with pytest.raises(TypeError, match=f"{option} must be a bool, got str 'False'"):
+        models.MODELS[name](5, 4, 3, **{option: "False"})
+
+
+def test_layer_reprs_show_the_options_that_change_results():
+    assert sph.nn.GCNConv(3, 2).extra_repr() == "3, 2, order='auto', cached=False"
+    assert sph.nn.GCNConv(3, 2, normalize=False, bias=False).extra_repr().endswith(
+        "cached=False, normalize=False, bias=False")
+    gat = sph.nn.GATConv(3, 2, negative_slope=0.1, add_self_loops=False, bias=False)
+    assert gat.extra_repr().endswith("negative_slope=0.1, add_self_loops=False, bias=False")
+    assert "negative_slope" not in repr(sph.nn.GATConv(3, 2))
+    assert repr(sph.nn.AGNNConv(add_self_loops=False)) == (
+        "AGNNConv(requires_grad=True, add_self_loops=False)")
+
+
+def test_to_pyg_state_dict_converts_a_layer_under_every_name():
+    """A GATConv registered under two names is listed twice in the state dict; the second
+    entry kept our 2-D attention vectors, which PyG's layer refuses."""
+    class Shared(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = sph.nn.GATConv(4, 4)
+            self.b = self.a
+
+    state = sph.nn.to_pyg_state_dict(Shared())
+    assert state["a.att_src"].shape == state["b.att_src"].shape == (1, 1, 4)
+    assert state["b.att_dst"].shape == (1, 1, 4)
