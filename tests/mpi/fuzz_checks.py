@@ -308,7 +308,7 @@ def check_preconditioning_refuses_unlike_makers():
     raises_on_every_rank(lambda: step(kfac(), frozen=last), "unlike KfacGradientMakers")
     raises_on_every_rank(lambda: step(kfac(pi_damping=not last)), "pi_damping")
     raises_on_every_rank(lambda: step(lambda m: P.JorgeGradientMaker(
-        m, P.PreconditioningConfig(damping=1e-3), comm=comm,
+        m, P.PreconditioningConfig(data_size=6, damping=1e-3), comm=comm,
         series_radius=0.25 if last else 0.5)), "series_radius")
     step(kfac(seed=rank))  # each rank may sample its own labels: not a difference
 
