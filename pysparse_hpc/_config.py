@@ -175,9 +175,10 @@ def get_num_threads():
     it; a ``numba.set_num_threads`` of the thread's own in between is kept. The kernels' drivers
     and the Cython conversions read it through this function just before they run.
     """
-    if getattr(_applied, "threads", None) != _num_threads:
-        numba.set_num_threads(_num_threads)
-        _applied.threads = _num_threads
+    threads = _num_threads   # read once: another thread may set it meanwhile
+    if getattr(_applied, "threads", None) != threads:
+        numba.set_num_threads(threads)
+        _applied.threads = threads
     return numba.get_num_threads()
 
 
@@ -219,6 +220,12 @@ def set_num_threads(n):
     if not 1 <= n <= numba.config.NUMBA_NUM_THREADS:
         raise ValueError(
             f"number of threads must be in [1, {numba.config.NUMBA_NUM_THREADS}], got {n}")
+    if n > 1 and _forked:
+        raise RuntimeError(
+            "this process was forked from one that had started the kernels' OpenMP threads, "
+            "which GNU OpenMP cannot run again in a child (Numba ends such a child, and the "
+            "conversions wait for ever): its kernels run on one thread. Start child processes "
+            "with the 'spawn' or 'forkserver' method to run them on several")
     _use_num_threads(n)
 
 
@@ -245,4 +252,41 @@ def _start_numba_pool(threads):
         _OPENMP.omp_set_num_threads(_OPENMP_THREADS)
 
 
-_start_numba_pool(_initial_threads())
+#: Whether this process is a child forked from one that had imported the library.
+_forked = False
+
+
+def _after_fork_in_child():
+    """One thread for the kernels, and a fresh launch lock, in a forked child.
+
+    The parent started Numba's pool at import (and the conversions' OpenMP threads when they
+    ran): a child forked from it that runs a parallel Numba kernel is ended by Numba under GNU
+    OpenMP, and a parallel conversion waits for ever on threads that were not forked. Torch
+    puts its data-loader workers on one thread for the same reason. Another thread of the
+    parent may have held the lock at the fork, and no thread of the child would release it.
+    """
+    global _forked, _num_threads, _applied, _WORKQUEUE_LOCK
+    _forked = True
+    _num_threads = 1
+    _applied = threading.local()   # the forking thread's record is the parent's count
+    _WORKQUEUE_LOCK = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _start_pool_at_import():
+    """`_start_numba_pool` with the thread count of the environment; a threading layer that
+    cannot load is named by the variable that chose it."""
+    try:
+        _start_numba_pool(_initial_threads())
+    except ValueError as exc:
+        layer = environment_value("NUMBA_THREADING_LAYER")
+        if layer is None or "threading layer" not in str(exc):
+            raise
+        raise ValueError(f"NUMBA_THREADING_LAYER={layer}: {exc} (unset it, or install the "
+                         f"layer)") from None
+
+
+_start_pool_at_import()

@@ -137,3 +137,26 @@ def test_to_pyg_state_dict_converts_a_layer_under_every_name():
     state = sph.nn.to_pyg_state_dict(Shared())
     assert state["a.att_src"].shape == state["b.att_src"].shape == (1, 1, 4)
     assert state["b.att_dst"].shape == (1, 1, 4)
+
+
+def test_fit_leaves_no_hook_on_a_model_whose_first_forward_fails(problem):
+    """An error (or a KeyboardInterrupt) before the first forward ended left fit's class check
+    hooked to the user's model, to run (on a DistGraph, a collective) on later calls."""
+    adj, x, y, masks = problem
+
+    class FailsOnce(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner, self.failed = _gcn(), False
+
+        def forward(self, x, adj):
+            if not self.failed:
+                self.failed = True
+                raise KeyboardInterrupt
+            return self.inner(x, adj)
+
+    model = FailsOnce()
+    with pytest.raises(KeyboardInterrupt):
+        fit(model, x, adj, y, masks, epochs=2, progress=False)
+    assert not model._forward_hooks
+    fit(model, x, adj, y, masks, epochs=2, progress=False)

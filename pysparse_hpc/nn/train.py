@@ -327,62 +327,65 @@ def fit(model, x, adj, y, masks, *, epochs=200, lr=0.01, weight_decay=5e-4, prog
         # once: a hook left behind by an error would run (a collective) on later calls
         check_classes.remove()
         _check_classes(graph, y, labelled, logits)
-    check_classes = model.register_forward_hook(first_forward)
     show = progress and (graph is None or graph.comm.rank == 0)
     bar = tqdm(range(run.epochs_done, epochs), desc=description, disable=not show, leave=False,
                mininterval=0.5, initial=run.epochs_done, total=epochs)
     best, step_seconds, losses, skipped = run.best, run.step_seconds, run.losses, run.skipped
+    check_classes = model.register_forward_hook(first_forward)
     # A first run stops in the first epoch while kernels compile: the bar's output says why.
-    with compile_messages(tqdm.write) if show else contextlib.nullcontext():
-        for epoch in bar:
-            model.train()
-            start = time.perf_counter()
-            step_optimizer.zero_grad()
-            if maker is None:
-                logits = trained(x, adj)
-                loss = (F.cross_entropy(logits[train_mask], y[train_mask], reduction="sum")
-                        / n_train)
-                loss.backward()
-            else:
-                placeholder = maker.setup_model_call(model, x, adj)
-                maker.setup_loss_call(partial(_summed_cross_entropy, count=n_train),
-                                      placeholder[train_mask], y[train_mask])
-                _, loss = maker.forward_and_backward()
-            failed = _nonfinite_ranks(graph, loss, params) if skip_nonfinite else []
-            if failed:
-                skipped.append(epoch)
-                _say(show, graph, f"epoch {epoch + 1}: non-finite loss or gradient on rank"
-                     f"{'s' if len(failed) > 1 else ''} {', '.join(map(str, failed))}; "
-                     "step skipped on every rank")
-            else:
-                step_optimizer.step()
-            step_seconds.append(time.perf_counter() - start)
-            losses.append(total(loss.item()))
-            model.eval()
-            with torch.no_grad():
-                logits = model(x, adj)
-                val_loss, val_correct, test_correct, nonfinite = total(
-                    float(F.cross_entropy(logits[val_mask], y[val_mask], reduction="sum")),
-                    _correct(logits, y, val_mask), _correct(logits, y, test_mask),
-                    float((~torch.isfinite(logits)).sum()))
-                # No validation nodes: no accuracy (NaN), where 0 read as a model wrong on
-                # every node.
-                val_loss, val_accuracy = _ratio(val_loss, n_val), _ratio(val_correct, n_val)
-                if nonfinite:
-                    # NaN outputs predict class 0 everywhere: an accuracy, but not a model's
-                    if run.diverged < 0:
-                        run.diverged = epoch
-                elif select_last or (val_accuracy, -val_loss) > (best[0], -best[1]):
-                    best = (val_accuracy, val_loss, _ratio(test_correct, n_test), epoch)
-                    if restore_best:
-                        saved.keep_best()
-            bar.set_postfix(loss=f"{losses[-1]:.3f}", val=f"{val_accuracy:.3f}", refresh=False)
-            run.best, run.epochs_done = best, epoch + 1
-            if checkpointer is not None and (run.epochs_done % checkpoint_every == 0
-                                             or run.epochs_done == epochs):
-                saved.save(checkpointer, checkpoint_extras)
-    bar.close()
-    check_classes.remove()   # where no epoch ran
+    try:
+        with compile_messages(tqdm.write) if show else contextlib.nullcontext():
+            for epoch in bar:
+                model.train()
+                start = time.perf_counter()
+                step_optimizer.zero_grad()
+                if maker is None:
+                    logits = trained(x, adj)
+                    loss = (F.cross_entropy(logits[train_mask], y[train_mask], reduction="sum")
+                            / n_train)
+                    loss.backward()
+                else:
+                    placeholder = maker.setup_model_call(model, x, adj)
+                    maker.setup_loss_call(partial(_summed_cross_entropy, count=n_train),
+                                          placeholder[train_mask], y[train_mask])
+                    _, loss = maker.forward_and_backward()
+                failed = _nonfinite_ranks(graph, loss, params) if skip_nonfinite else []
+                if failed:
+                    skipped.append(epoch)
+                    _say(show, graph, f"epoch {epoch + 1}: non-finite loss or gradient on rank"
+                         f"{'s' if len(failed) > 1 else ''} {', '.join(map(str, failed))}; "
+                         "step skipped on every rank")
+                else:
+                    step_optimizer.step()
+                step_seconds.append(time.perf_counter() - start)
+                losses.append(total(loss.item()))
+                model.eval()
+                with torch.no_grad():
+                    logits = model(x, adj)
+                    val_loss, val_correct, test_correct, nonfinite = total(
+                        float(F.cross_entropy(logits[val_mask], y[val_mask], reduction="sum")),
+                        _correct(logits, y, val_mask), _correct(logits, y, test_mask),
+                        float((~torch.isfinite(logits)).sum()))
+                    # No validation nodes: no accuracy (NaN), where 0 read as a model wrong on
+                    # every node.
+                    val_loss, val_accuracy = _ratio(val_loss, n_val), _ratio(val_correct, n_val)
+                    if nonfinite:
+                        # NaN outputs predict class 0 everywhere: an accuracy, but not a model's
+                        if run.diverged < 0:
+                            run.diverged = epoch
+                    elif select_last or (val_accuracy, -val_loss) > (best[0], -best[1]):
+                        best = (val_accuracy, val_loss, _ratio(test_correct, n_test), epoch)
+                        if restore_best:
+                            saved.keep_best()
+                bar.set_postfix(loss=f"{losses[-1]:.3f}", val=f"{val_accuracy:.3f}", refresh=False)
+                run.best, run.epochs_done = best, epoch + 1
+                if checkpointer is not None and (run.epochs_done % checkpoint_every == 0
+                                                 or run.epochs_done == epochs):
+                    saved.save(checkpointer, checkpoint_extras)
+    finally:
+        # an error or an interrupt before the first forward ended leaves no hook behind
+        check_classes.remove()
+        bar.close()
     if restore_best:
         saved.restore_best()
     if checkpointer is not None:
