@@ -252,7 +252,6 @@ def fit(model, x, adj, y, masks, *, epochs=200, lr=0.01, weight_decay=5e-4, prog
         With ``preconditioner="kfac"``: bound every step's predicted change of the model's
         output distribution (KAISA's KL clipping, `KfacGradientMaker` ``kl_clip``), at the
         optimizer's current learning rate. Default: off.
-
     restore_best : bool
         Leave the model with the weights of the epoch `TrainResult` reports (the best
         validation accuracy), kept in memory (and in the checkpoints) as training goes. By
