@@ -2,6 +2,8 @@
 preconditioned and what keeps its plain gradient, K-FAC equal to the same layer written with a
 plain ``nn.Linear`` and `functional.spmm`, the same statistics whatever operator order the layer
 takes, and GAT's recomputing cache counted once."""
+import warnings
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -155,19 +157,31 @@ def test_gat_cache_none_counts_the_recomputed_transform_once():
     assert_same_grads(results[0], results[2])
 
 
-def test_a_dtype_cast_call_is_not_watched():
-    """An input in another dtype than the weights goes through F.linear (no hooks): K-FAC
-    reports the module as missing its curvature and keeps the plain gradient, as for any
-    module off the loss path."""
+@pytest.mark.parametrize("layer", ["gcn", "gat"])
+def test_an_input_of_another_dtype_than_the_weights_is_watched(layer):
+    """An input in another dtype than the weights (float64 features, a float32 model) went
+    through F.linear, past the module's hooks: K-FAC built no curvature for the layer, kept
+    its plain gradient, and blamed the loss path. The module is now called with its
+    parameters cast, so its hooks (the maker's, a user's) see the call, and the preconditioned
+    gradients are those of float32 features, to float32's precision."""
     graph = small_graph()
     x, y, mask = node_batch()
-    model = TwoLayerGCN().to(torch.float32)
-    maker = kfac(model, mask)
-    placeholder = maker.setup_model_call(model, x, graph)   # float64 input, float32 weights
-    maker.setup_loss_call(F.cross_entropy, placeholder[mask], y[mask])
-    with pytest.warns(UserWarning, match="conv1.lin"):
-        maker.forward_and_backward()
-    assert all(torch.isfinite(p.grad).all() for p in model.parameters())
+
+    def build():
+        torch.manual_seed(0)
+        return (TwoLayerGCN() if layer == "gcn" else GATConv(12, 3, heads=2)).to(torch.float32)
+    seen = []
+    model = build()
+    model.get_submodule("conv1.lin" if layer == "gcn" else "lin").register_forward_hook(
+        lambda module, args, output: seen.append(args[0].dtype))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")   # no module reported as missing its curvature
+        got = run_steps(kfac(model, mask), model, x, graph, y, mask, steps=2)
+    assert seen and set(seen) == {torch.float64}
+    reference = build()
+    expected = run_steps(kfac(reference, mask), reference, x.float(), graph, y, mask, steps=2)
+    assert_same_grads(expected, got, rtol=1e-4)
+    assert all(g.dtype == torch.float32 for step in got for g in step.values())
 
 
 def test_fit_with_a_preconditioner():

@@ -70,13 +70,16 @@ def glorot_linear_(linear):
 
 def dense_transform(linear, x):
     """``x @ W`` through ``linear`` (a call of the module: its hooks see the input and the
-    output), in ``x``'s dtype; an input of another dtype than the weight goes through
-    ``F.linear`` with the weight cast, without the module's hooks."""
+    output, as a preconditioner's do), in ``x``'s dtype; for an input of another dtype than
+    the weight, the module is called with its parameters cast to it."""
     if x.dtype == linear.weight.dtype:
         # Under torch.autocast the module returns the autocast dtype (bfloat16), which the
-        # sparse kernels do not take: back to x's dtype, as PyG's layers then return.
+        # sparse kernels do not take: back to x's dtype, as GCNConv of PyG then returns.
         return linear(x).to(x.dtype)
-    return torch.nn.functional.linear(x, linear.weight.to(x.dtype)).to(x.dtype)
+    # A call of F.linear would skip the module's hooks: K-FAC's curvature of the layer was
+    # then never built, and its gradient left plain.
+    cast = {name: param.to(x.dtype) for name, param in linear.named_parameters(recurse=False)}
+    return torch.func.functional_call(linear, cast, (x,)).to(x.dtype)
 
 
 class _MemoToken:

@@ -272,6 +272,7 @@ class PreconditionedGradientMaker:
         self._model_output = None
         self._loss = None
         self._grad_weight = None
+        self._weight_dtypes = {}   # name -> weight dtype during a curvature pass
         self._modules = OrderedDict()
         self._unpreconditioned = OrderedDict()
         self._select_modules()
@@ -720,6 +721,11 @@ class PreconditionedGradientMaker:
         """
         data_size = self.config.data_size
         handles = []
+        # Read before the forward: a layer that calls its module with parameters cast to its
+        # input's dtype (GCNConv's transform of float64 features with float32 weights) shows
+        # the cast ones to the hooks, and the curvature follows the parameters.
+        self._weight_dtypes = {name: module.weight.dtype
+                               for name, (module, _) in self._modules.items()}
         try:
             for name, (module, _) in self._modules.items():
                 handles.append(module.register_forward_hook(

@@ -63,10 +63,11 @@ def _fits(shape, expected):
         want is None or have == want for have, want in zip(shape, expected))
 
 
-def in_curvature_dtype(tensor, module):
-    """A captured input or output gradient of ``module`` in the dtype its curvature is kept in
-    (`curvature_dtype`: float32 for half-precision weights); integer inputs as they are."""
-    dtype = curvature_dtype(module.weight.dtype)
+def in_curvature_dtype(tensor, weight_dtype):
+    """A captured input or output gradient of a module whose weight has ``weight_dtype``, in
+    the dtype its curvature is kept in (`curvature_dtype`: float32 for half-precision
+    weights); integer inputs as they are."""
+    dtype = curvature_dtype(weight_dtype)
     return tensor.to(dtype) if tensor.is_floating_point() and tensor.dtype != dtype else tensor
 
 

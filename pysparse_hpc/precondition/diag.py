@@ -103,10 +103,10 @@ class DiagNaturalGradientMaker(NaturalGradientMaker):
     # The diagonals are kept in the curvature's dtype, float32 for half-precision weights:
     # in float16 1 / (0 + damping) overflows at the default damping (1e-7).
     def _on_input(self, name, module, x):
-        return in_curvature_dtype(x, module)
+        return in_curvature_dtype(x, self._weight_dtypes[name])
 
     def _on_output_grad(self, name, module, grad, weight, context):
-        grad = in_curvature_dtype(grad, module)
+        grad = in_curvature_dtype(grad, self._weight_dtypes[name])
         contribution = _DIAGONALS[self._modules[name][1]](module, context, grad)
         for key, value in contribution.items():
             if weight != 1.0:

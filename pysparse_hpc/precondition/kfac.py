@@ -417,7 +417,7 @@ class KfacGradientMaker(NaturalGradientMaker):
 
     # ------------------------------------------------------------------ compute
     def _on_input(self, name, module, x):
-        x = in_curvature_dtype(x, module)
+        x = in_curvature_dtype(x, self._weight_dtypes[name])
         # Added with the call's first output gradient, not here: a call whose output gets no
         # gradient (a forward re-run by activation checkpointing inside backward, as
         # GATConv(cache="none") does) must not count twice.
@@ -431,7 +431,7 @@ class KfacGradientMaker(NaturalGradientMaker):
     def _on_output_grad(self, name, module, grad, weight, context):
         if context:
             self._add_pending(name, *context.pop())
-        grad = in_curvature_dtype(grad, module)
+        grad = in_curvature_dtype(grad, self._weight_dtypes[name])
         contribution = self._modules[name][1].grad_factor(module, grad)
         if weight != 1.0:
             contribution.mul_(weight)
