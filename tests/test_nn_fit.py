@@ -160,3 +160,20 @@ def test_fit_leaves_no_hook_on_a_model_whose_first_forward_fails(problem):
         fit(model, x, adj, y, masks, epochs=2, progress=False)
     assert not model._forward_hooks
     fit(model, x, adj, y, masks, epochs=2, progress=False)
+
+
+def test_layers_called_from_threads_with_features_of_another_dtype_keep_their_parameters():
+    """The call with parameters cast swaps the module's attributes for its duration: threads
+    swapping at once could leave one's cast tensor where the parameter was."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    adj, _ = planted_partition(4, 30, seed=3)
+    x = torch.randn(120, 16, dtype=torch.float64)
+    torch.manual_seed(0)
+    conv = sph.nn.GCNConv(16, 8)
+    expected = conv(x, adj)
+    with ThreadPoolExecutor(4) as pool:
+        outputs = list(pool.map(lambda _: conv(x, adj), range(256)))
+    assert all(torch.equal(out, expected) for out in outputs)
+    assert isinstance(conv.lin.weight, torch.nn.Parameter)
+    assert [p.dtype for p in conv.parameters()] == [torch.float32] * 2

@@ -8,6 +8,7 @@ unchanged input (a first layer fed the raw features, or evaluation passes) with 
 ``Â X`` is computed once and reused: the layer is then a dense product, with no SpMM at all.
 """
 import math
+import threading
 import weakref
 
 import numpy as np
@@ -77,9 +78,16 @@ def dense_transform(linear, x):
         # sparse kernels do not take: back to x's dtype, as GCNConv of PyG then returns.
         return linear(x).to(x.dtype)
     # A call of F.linear would skip the module's hooks: K-FAC's curvature of the layer was
-    # then never built, and its gradient left plain.
+    # then never built, and its gradient left plain. functional_call swaps the module's
+    # attributes for the call: two threads swapping at once could restore each other's cast
+    # tensors in place of the parameters, so such calls take turns.
     cast = {name: param.to(x.dtype) for name, param in linear.named_parameters(recurse=False)}
-    return torch.func.functional_call(linear, cast, (x,)).to(x.dtype)
+    with _CAST_CALL_LOCK:
+        return torch.func.functional_call(linear, cast, (x,)).to(x.dtype)
+
+
+#: Held around `dense_transform`'s calls with cast parameters.
+_CAST_CALL_LOCK = threading.Lock()
 
 
 class _MemoToken:
