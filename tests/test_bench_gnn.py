@@ -62,6 +62,27 @@ def test_gnn_benchmark_cli(tmp_path):
     assert plot.stat().st_size > 0
 
 
+@requires_pyg
+@requires_data
+def test_gnn_benchmark_gives_pyg_a_sparse_adj_t(tmp_path):
+    """``--pyg-input adj_t``: PyG's models run on its sparse path (a torch CSR adj_t), after
+    the same check against ours; the header says which input PyG had."""
+    table = tmp_path / "gnn.csv"
+    result = run(["--data", str(DATA_DIR), "--graph", "cora", "--hidden", "16", "--repeat", "1",
+                  "--model", "gcn", "--model", "gat", "--pyg-input", "adj_t", "--csv",
+                  str(table)])
+    assert result.returncode == 0, result.stderr
+    assert ("variant pyg: PyTorch Geometric's model on a torch sparse CSR adj_t (transposed "
+            "adjacency)") in result.stdout
+    assert len(table.read_text().splitlines()) == 1 + 6 + 7
+    from pysparse_hpc.bench.gnn import pyg_input_of
+    import pysparse_hpc as sph
+    A = sph.csr_array(([1.0, 2.0], ([0, 2], [1, 0])), shape=(3, 3))
+    adj_t = pyg_input_of(A, "adj_t")   # row = target, column = source: our A itself
+    assert adj_t.layout == __import__("torch").sparse_csr
+    assert adj_t.to_dense().tolist() == [[0, 1, 0], [0, 0, 0], [1, 0, 0]]
+
+
 @pytest.mark.parametrize("args, message", [
     (["--graph", "nosuch"], "invalid choice"),
     (["--model", "gin"], "invalid choice"),

@@ -9,7 +9,9 @@ each per round, so a passing disturbance costs each of them one sample, not one 
 Our models (`pysparse_hpc.nn.models`, defaults: GCN ``order="auto"``, GAT ``cache="auto"``,
 our dropout) run against PyG's models of the same architecture (``GCNConv(cached=True)``,
 ``GATConv``, ``AGNNConv``, same dropout positions, torch's dropout) on an ``edge_index``,
-torch on as many threads as our kernels.
+torch on as many threads as our kernels. ``--pyg-input adj_t`` gives PyG's models the
+transposed adjacency as a torch sparse CSR tensor instead (PyG's sparse path, which its
+documentation recommends for speed and memory), with the same checks.
 
 Next to the full model, each model has a headline row "ours, torch dropout" (variant
 ``torch_dropout``): our layers with ``torch.nn.functional.dropout`` in place of our hashed
@@ -312,6 +314,9 @@ def add_arguments(parser):
     parser.add_argument("--model", action="append", choices=MODEL_NAMES, metavar="NAME",
                         help=f"benchmark only this model (repeatable; one of "
                              f"{', '.join(MODEL_NAMES)}; default: all)")
+    parser.add_argument("--pyg-input", choices=PYG_INPUTS, default="edge_index",
+                        help="the graph PyG's models take: an edge_index, or the transposed "
+                             "adjacency as a torch sparse CSR tensor (default: edge_index)")
     parser.add_argument("--accuracy", action="store_true",
                         help="also train ours and PyG's GCN and GAT on Cora with the models' "
                              "published settings and compare mean test accuracy")
@@ -457,6 +462,20 @@ def load_graph(name, data_dir):
     return replace(
         _random_node_data(name, adj, GENERATED_FEATURES, GENERATED_CLASSES, GENERATED_SPLIT, 1,
                           note), communities=communities)
+
+
+#: The forms of the graph PyG's models can be given (``--pyg-input``).
+PYG_INPUTS = ("edge_index", "adj_t")
+
+
+def pyg_input_of(adj, form):
+    """The graph PyG's models take, in ``form`` (one of `PYG_INPUTS`): `edge_index_of`, or
+    ``adj_t``, the transposed adjacency (row = target) as a torch sparse CSR tensor."""
+    edge_index = edge_index_of(adj)
+    if form == "edge_index":
+        return edge_index
+    from torch_geometric.utils import to_torch_csr_tensor
+    return to_torch_csr_tensor(edge_index.flip(0), size=adj.shape)
 
 
 def edge_index_of(adj):
@@ -612,7 +631,8 @@ def _check_close(what, result, reference, rtol=RTOL, atol=ATOL, scale=None):
 
 def check_model(case, model, hidden, edge_index):
     """One cheap check of our model on ``case`` (evaluation mode, no gradient), on the device of
-    ``case``'s tensors (``edge_index`` must be there too).
+    ``case``'s tensors (``edge_index``, PyG's graph in either of `PYG_INPUTS`, must be there
+    too).
 
     Our model given PyG's weights gives PyG's output, and is finite; for GCN, our layer gives
     the same result in both orders.
@@ -809,7 +829,8 @@ def host_uploads(step):
 
 def measure(case, model, hidden, edge_index, repeat):
     """PyG's model and each of our configurations on one (graph, hidden, model), on the device
-    of ``case``'s tensors (``edge_index`` must be there too; on a GPU, the configurations of
+    of ``case``'s tensors (``edge_index``, PyG's graph in either of `PYG_INPUTS`, must be
+    there too; on a GPU, the configurations of
     `variants` for it, each step timed with `median_step_seconds`'s ``synchronize``).
 
     Returns
@@ -1091,9 +1112,11 @@ def write_plot(results, path, threads, repeat, gpu=None):
     plt.close(figure)
 
 
-def _legend(device="cpu"):
+def _legend(device="cpu", pyg_input="edge_index"):
     """Header lines explaining the variant labels (those measured on ``device``)."""
-    lines = [f"variant {PEER}: PyTorch Geometric's model on edge_index (torch's dropout)"]
+    given = ("edge_index" if pyg_input == "edge_index"
+             else "a torch sparse CSR adj_t (transposed adjacency)")
+    lines = [f"variant {PEER}: PyTorch Geometric's model on {given} (torch's dropout)"]
     for model in MODEL_NAMES:
         lines += [f"variant {model} {_legend_label(v.name)}: {v.description}"
                   for v in variants(model, device)]
@@ -1177,7 +1200,7 @@ def run(args, out=None):
                 notes.append(f"{name}: {cpu_case.nodes} nodes, {cpu_case.edges} stored edges: "
                              f"{cpu_case.note}")
             case = to_device(cpu_case, device) if on_gpu else cpu_case
-            edge_index = edge_index_of(case.adj).to(device)
+            edge_index = pyg_input_of(case.adj, args.pyg_input).to(device)
             for model in models:
                 try:
                     progress.set_postfix_str(f"{name} {model} check and warm-up")
@@ -1223,7 +1246,8 @@ def run(args, out=None):
               "against PyG ran on the GPU, and ours on the GPU was checked against ours on the "
               "CPU (output and parameter gradients of the training loss, same weights, "
               f"evaluation mode, rtol {DEVICE_RTOL:g})", file=out)
-    for line in _legend(args.device) + (_left_out(models) if on_gpu else []) + notes:
+    for line in (_legend(args.device, args.pyg_input) + (_left_out(models) if on_gpu else [])
+                 + notes):
         print(line, file=out)
     if on_gpu:
         print(_upload_line(uploads), file=out)
