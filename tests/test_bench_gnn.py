@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+import warnings
 
 import pytest
 
@@ -75,10 +76,12 @@ def test_gnn_benchmark_gives_pyg_a_sparse_adj_t(tmp_path):
     assert ("variant pyg: PyTorch Geometric's model on a torch sparse CSR adj_t (transposed "
             "adjacency)") in result.stdout
     assert len(table.read_text().splitlines()) == 1 + 6 + 7
-    from pysparse_hpc.bench.gnn import pyg_input_of
     import pysparse_hpc as sph
+    from pysparse_hpc.bench.gnn import pyg_input_of
     A = sph.csr_array(([1.0, 2.0], ([0, 2], [1, 0])), shape=(3, 3))
-    adj_t = pyg_input_of(A, "adj_t")   # row = target, column = source: our A itself
+    with warnings.catch_warnings():   # torch_geometric's import: torch.jit's deprecation
+        warnings.simplefilter("ignore", DeprecationWarning)
+        adj_t = pyg_input_of(A, "adj_t")   # row = target, column = source: our A itself
     assert adj_t.layout == __import__("torch").sparse_csr
     assert adj_t.to_dense().tolist() == [[0, 1, 0], [0, 0, 0], [1, 0, 0]]
 

@@ -474,8 +474,15 @@ def pyg_input_of(adj, form):
     edge_index = edge_index_of(adj)
     if form == "edge_index":
         return edge_index
+    import warnings
+
     from torch_geometric.utils import to_torch_csr_tensor
-    return to_torch_csr_tensor(edge_index.flip(0), size=adj.shape)
+    with warnings.catch_warnings():
+        # torch's notes that its CSR tensors are in beta and that it does not check their
+        # invariants: ours are canonical
+        warnings.filterwarnings("ignore", message="Sparse invariant checks")
+        warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
+        return to_torch_csr_tensor(edge_index.flip(0), size=adj.shape)
 
 
 def edge_index_of(adj):
