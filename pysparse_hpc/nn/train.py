@@ -374,8 +374,7 @@ def fit(model, x, adj, y, masks, *, epochs=200, lr=0.01, weight_decay=5e-4, prog
                             run.diverged = epoch
                     elif select_last or (val_accuracy, -val_loss) > (best[0], -best[1]):
                         best = (val_accuracy, val_loss, _ratio(test_correct, n_test), epoch)
-                        if restore_best:
-                            saved.keep_best()
+                        saved.keep_best()
                 bar.set_postfix(loss=f"{losses[-1]:.3f}", val=f"{val_accuracy:.3f}", refresh=False)
                 run.best, run.epochs_done = best, epoch + 1
                 if checkpointer is not None and (run.epochs_done % checkpoint_every == 0
@@ -385,8 +384,7 @@ def fit(model, x, adj, y, masks, *, epochs=200, lr=0.01, weight_decay=5e-4, prog
         # an error or an interrupt before the first forward ended leaves no hook behind
         check_classes.remove()
         bar.close()
-    if restore_best:
-        saved.restore_best()
+    saved.restore_best()
     if checkpointer is not None:
         checkpointer.wait()  # the last checkpoint is durable before fit returns
     if best[3] < 0:   # no epoch ran: no accuracy was measured
@@ -444,17 +442,19 @@ class _Saved:
 
     def __init__(self, model, optimizer, maker, progress, restore_best=False):
         self.model, self.optimizer, self.maker, self.progress = model, optimizer, maker, progress
-        #: The best epoch's model state, with ``restore_best`` (else None).
+        #: Whether the best epoch's model state is kept (``fit(restore_best=True)``), and it.
+        self.keeps_best = restore_best
         self.best_model = None
-        self.restore_best_model = restore_best
 
     def keep_best(self):
-        """Copy the model's state as the best epoch's."""
-        self.best_model = {name: value.detach().clone()
-                           for name, value in self.model.state_dict().items()}
+        """Copy the model's state as the best epoch's, where it is kept."""
+        if self.keeps_best:
+            self.best_model = {name: value.detach().clone()
+                               for name, value in self.model.state_dict().items()}
 
     def restore_best(self):
-        """Load the best epoch's state into the model (where an epoch was selected)."""
+        """Load the best epoch's state into the model (where it is kept and an epoch was
+        selected)."""
         if self.best_model is not None:
             self.model.load_state_dict(self.best_model)
 
@@ -469,7 +469,7 @@ class _Saved:
         own = self._own()
         shared = dict(extras or {}, model=self.model.state_dict(),
                       progress=vars(self.progress), **own)
-        if self.restore_best_model:
+        if self.keeps_best:
             shared["best_model"] = self.best_model
         if self.maker is not None:  # a collective: KAISA's owners hold parts of it
             shared["preconditioner"] = self.maker.consolidated_state_dict()
@@ -506,7 +506,7 @@ class _Saved:
         for name, value in shared["progress"].items():
             setattr(self.progress, name, tuple(value) if name == "best" else list(value)
                     if isinstance(value, (list, tuple)) else value)
-        if self.restore_best_model:
+        if self.keeps_best:
             if "best_model" not in shared and self.progress.best[3] >= 0:
                 raise ValueError(f"checkpoint {checkpoint.path} was saved without "
                                  f"restore_best: it lacks the best epoch's weights")
