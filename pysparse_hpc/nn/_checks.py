@@ -80,7 +80,11 @@ def warn_once_if_nan(layer, out):
     it is narrower, and NaN in the features always reaches it."""
     if getattr(layer, "_warned_nan", False):
         return
-    if bool(torch.isnan(out.detach()).any()):
+    try:
+        has_nan = bool(torch.isnan(out.detach()).any())
+    except RuntimeError:  # under torch.func.vmap a tensor's values cannot steer Python
+        return
+    if has_nan:
         layer._warned_nan = True
         warnings.warn(f"{type(layer).__name__} produced NaN: the input features (or the "
                       "weights) hold NaN, and it propagates to every node that reads them",

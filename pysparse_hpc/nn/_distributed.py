@@ -35,10 +35,13 @@ class _HaloRows(torch.autograd.Function):
     Function again, so a second derivative (a gradient penalty) is exact and not cut short."""
 
     @staticmethod
-    def forward(ctx, x, graph):
-        ctx.graph = graph
+    def forward(x, graph):
         halo = torch.from_numpy(graph.halo_exchange(_local_array(x)))
         return torch.cat([x.detach(), halo])
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.graph = inputs[1]
 
     @staticmethod
     def backward(ctx, grad):
@@ -49,11 +52,14 @@ class _HaloRowsAdjoint(torch.autograd.Function):
     """The owned rows of ``grad`` with its halo rows sent back and summed into their owners'."""
 
     @staticmethod
-    def forward(ctx, grad, graph):
-        ctx.graph = graph
+    def forward(grad, graph):
         grad = grad.detach().contiguous()
         add_into = graph.start_reverse_exchange(grad[graph.n_local:].numpy()).wait()
         return add_into(grad[:graph.n_local].clone())
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.graph = inputs[1]
 
     @staticmethod
     def backward(ctx, grad):
@@ -87,10 +93,7 @@ class _SpMMOverlapped(torch.autograd.Function):
     Function, so second derivatives are exact, as the one-process product's are."""
 
     @staticmethod
-    def forward(ctx, x, graph, parts):
-        # The parts are those of the first forward pass all the way down: the derivatives
-        # are of the matrix that pass read.
-        ctx.graph, ctx.parts = graph, parts
+    def forward(x, graph, parts):
         owned_part, halo_part = parts
         x = x.detach().contiguous()
         pending = graph.start_halo_exchange(x.numpy())
@@ -99,6 +102,12 @@ class _SpMMOverlapped(torch.autograd.Function):
         if graph.n_halo:
             y += _backend.spmm_fixed(halo_part, torch.from_numpy(halo))
         return y
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        # The parts are those of the first forward pass all the way down: the derivatives
+        # are of the matrix that pass read.
+        ctx.graph, ctx.parts = inputs[1:]
 
     @staticmethod
     def backward(ctx, grad_y):
@@ -112,8 +121,7 @@ class _SpMMOverlappedAdjoint(torch.autograd.Function):
     computed while it travels."""
 
     @staticmethod
-    def forward(ctx, grad_y, graph, parts):
-        ctx.graph, ctx.parts = graph, parts
+    def forward(grad_y, graph, parts):
         owned_part, halo_part = parts
         grad_y = grad_y.detach().contiguous()
         grad_halo = (_backend.spmm_fixed(_graph.transposed_like(halo_part), grad_y)
@@ -122,6 +130,10 @@ class _SpMMOverlappedAdjoint(torch.autograd.Function):
         grad_x = _backend.spmm_fixed(_graph.transposed_like(owned_part), grad_y)
         add_into = pending.wait()
         return add_into(grad_x)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.graph, ctx.parts = inputs[1:]
 
     @staticmethod
     def backward(ctx, grad_x):

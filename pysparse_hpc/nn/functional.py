@@ -85,48 +85,72 @@ def _public_operation(function):
     return torch.compiler.disable(_graph.checked_once(function))
 
 
-class _RefuseSecondDerivative(torch.autograd.Function):
-    """Passes ``out`` through and raises when differentiated: attached to the outputs of a
-    once-differentiable backward, with the tensors they were computed from as extra inputs so
-    that every path to those tensors goes through it."""
+def _vmap_slice_by_slice(function, info, in_dims, args):
+    """A ``vmap`` rule for ``function``: applied to each slice of the batch, the results
+    stacked along a new first dimension. The Numba kernels read plain tensors only, so the
+    batch cannot reach them whole."""
+    results = []
+    for index in range(info.batch_size):
+        sliced = [arg if dim is None else arg.select(dim, index)
+                  for arg, dim in zip(args, in_dims)]
+        results.append(function.apply(*sliced))
+    if not isinstance(results[0], tuple):
+        return torch.stack(results), 0
+    stacked = tuple(None if not isinstance(first, torch.Tensor)
+                    else torch.stack([result[position] for result in results])
+                    for position, first in enumerate(results[0]))
+    return stacked, tuple(None if out is None else 0 for out in stacked)
+
+
+class _OnceDifferentiableStep(torch.autograd.Function):
+    """The numeric backward of a once-differentiable operation, run as the forward of this
+    Function, whose own backward raises.
+
+    Its inputs are the incoming gradients and the saved tensors themselves, so any second
+    derivative through the operation reaches the error, whichever inputs are asked for. And a
+    Function's forward gets plain tensors under the ``torch.func`` transforms, which is what
+    the Numba kernels read."""
 
     @staticmethod
-    def forward(ctx, name, out, *sources):
-        ctx.name = name
-        return out.view_as(out)
+    def forward(name, compute, *tensors):
+        return compute(*tensors)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.name = inputs[0]
+
+    @staticmethod
+    def vmap(info, in_dims, *args):
+        return _vmap_slice_by_slice(_OnceDifferentiableStep, info, in_dims, args)
 
     @staticmethod
     def backward(ctx, *grads):
         raise RuntimeError(f"pysparse_hpc.nn.functional: cannot differentiate twice through "
                            f"{ctx.name}, which is once-differentiable: take the gradient without "
-                           "create_graph=True, or compute the second derivative another way "
-                           "(finite differences of the gradient, or a dense reference)")
+                           "create_graph=True (or a single torch.func.grad), or compute the "
+                           "second derivative another way (finite differences of the gradient, "
+                           "or a dense reference)")
 
 
 def _once_differentiable(name):
     """``torch.autograd.function.once_differentiable`` that cannot be bypassed, for the backward
-    of operation ``name``.
+    of operation ``name``, written as ``backward(ctx, saved_tensors, *grad_outputs)``.
 
     Torch's hangs its error on fresh leaves, so ``torch.autograd.grad(..., inputs=[...])``
-    never reaches it and returns a second derivative without this operation's term. Here each
-    output depends, through `_RefuseSecondDerivative`, on the incoming gradients and the saved
-    tensors themselves: any second derivative through it raises, whichever inputs are asked
-    for.
+    never reaches it and returns a second derivative without this operation's term. Here the
+    backward runs inside `_OnceDifferentiableStep`, on the incoming gradients and the saved
+    tensors.
     """
     def decorate(backward):
         @functools.wraps(backward)
         def wrapper(ctx, *grad_outputs):
-            with torch.no_grad(), _graph.graphs_unchanged():
-                _check_pattern_unchanged(ctx, name)
-                outputs = backward(ctx, *grad_outputs)
-            if not torch.is_grad_enabled():  # no create_graph: nothing can differentiate them
-                return outputs
-            sources = [t for t in (*grad_outputs, *ctx.saved_tensors)
-                       if isinstance(t, torch.Tensor) and t.requires_grad]
-            if not sources:
-                return outputs
-            return tuple(_RefuseSecondDerivative.apply(name, out, *sources)
-                         if isinstance(out, torch.Tensor) else out for out in outputs)
+            def compute(*tensors):
+                with torch.no_grad(), _graph.graphs_unchanged():
+                    _check_pattern_unchanged(ctx, name)
+                    return backward(ctx, tensors[len(grad_outputs):],
+                                    *tensors[:len(grad_outputs)])
+            return _OnceDifferentiableStep.apply(name, compute, *grad_outputs,
+                                                 *ctx.saved_tensors)
         return wrapper
     return decorate
 
@@ -158,11 +182,22 @@ class _SpMMFixed(torch.autograd.Function):
     """``Y = A @ X`` with A's own (constant) values."""
 
     @staticmethod
-    def forward(ctx, x, adj):
+    def forward(x, adj):
+        return _backend.spmm_fixed(adj, x)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
         # The backward reads adj's values again (through its transpose); the token tells it
         # whether they are still those the forward read, as torch's version counters do.
+        adj = inputs[1]
         ctx.adj, ctx.adj_token = adj, _graph.values_token(adj)
-        return _backend.spmm_fixed(adj, x)
+
+    @staticmethod
+    def vmap(info, in_dims, x, adj):
+        # The batch joins the feature columns: one product, however large the batch.
+        x = x.movedim(in_dims[0], 1)
+        batched = _SpMMFixed.apply(x.reshape(x.shape[0], -1), adj)
+        return batched.view(batched.shape[0], *x.shape[1:]), 1
 
     @staticmethod
     @_graph.checked_once   # the token and the transpose read the same arrays
@@ -192,15 +227,23 @@ class _SpMMValues(torch.autograd.Function):
     """``Y = A @ X`` with per-edge ``values`` (nnz,) or (nnz, heads) on A's pattern."""
 
     @staticmethod
-    def forward(ctx, values, x, csr):
-        ctx.csr, ctx.pattern_state = csr, _pattern_state(csr)
-        ctx.save_for_backward(values, x)
+    def forward(values, x, csr):
         return _backend.spmm_values(csr, values, x)
 
     @staticmethod
+    def setup_context(ctx, inputs, output):
+        values, x, csr = inputs
+        ctx.csr, ctx.pattern_state = csr, _pattern_state(csr)
+        ctx.save_for_backward(values, x)
+
+    @staticmethod
+    def vmap(info, in_dims, *args):
+        return _vmap_slice_by_slice(_SpMMValues, info, in_dims, args)
+
+    @staticmethod
     @_once_differentiable("spmm with per-edge values")
-    def backward(ctx, grad_y):
-        values, x = ctx.saved_tensors
+    def backward(ctx, saved, grad_y):
+        values, x = saved
         grad_values = grad_x = None
         if ctx.needs_input_grad[1]:
             grad_x = _spmm_transposed(ctx.csr, values.detach(), grad_y)
@@ -213,15 +256,23 @@ class _SDDMM(torch.autograd.Function):
     """``s_ij = <X_i, Y_j>`` on A's pattern."""
 
     @staticmethod
-    def forward(ctx, x, y, csr):
-        ctx.csr, ctx.pattern_state = csr, _pattern_state(csr)
-        ctx.save_for_backward(x, y)
+    def forward(x, y, csr):
         return _backend.sddmm_values(csr, x, y)
 
     @staticmethod
+    def setup_context(ctx, inputs, output):
+        x, y, csr = inputs
+        ctx.csr, ctx.pattern_state = csr, _pattern_state(csr)
+        ctx.save_for_backward(x, y)
+
+    @staticmethod
+    def vmap(info, in_dims, *args):
+        return _vmap_slice_by_slice(_SDDMM, info, in_dims, args)
+
+    @staticmethod
     @_once_differentiable("sddmm")
-    def backward(ctx, grad_s):
-        x, y = ctx.saved_tensors
+    def backward(ctx, saved, grad_s):
+        x, y = saved
         grad_x = grad_y = None
         if ctx.needs_input_grad[0]:
             grad_x = _backend.spmm_values(ctx.csr, grad_s, y)
@@ -232,40 +283,58 @@ class _SDDMM(torch.autograd.Function):
 
 class _EdgeSoftmax(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, scores, csr):
+    def forward(scores, csr):
+        return _backend.softmax_rows(csr, scores)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        csr = inputs[1]
         ctx.csr, ctx.pattern_state = csr, _pattern_state(csr)
-        alpha = _backend.softmax_rows(csr, scores)
-        ctx.save_for_backward(alpha)
-        return alpha
+        ctx.save_for_backward(output)
+
+    @staticmethod
+    def vmap(info, in_dims, *args):
+        return _vmap_slice_by_slice(_EdgeSoftmax, info, in_dims, args)
 
     @staticmethod
     @_once_differentiable("edge_softmax")
-    def backward(ctx, grad_alpha):
-        alpha, = ctx.saved_tensors
+    def backward(ctx, saved, grad_alpha):
+        alpha, = saved
         return _backend.softmax_backward(ctx.csr, alpha, grad_alpha), None
 
 
 class _GATAttention(torch.autograd.Function):
+    """Returns the probabilities and the LeakyReLU sign mask (not differentiable), which
+    the backward reads when ``keep == "alpha"``."""
+
     @staticmethod
-    def forward(ctx, s_dst, s_src, csr, negative_slope, keep):
+    def forward(s_dst, s_src, csr, negative_slope, keep):
+        alpha, positive = _backend.gat_softmax(csr, s_dst, s_src, negative_slope)
+        return alpha, torch.from_numpy(positive)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        s_dst, s_src, csr, negative_slope, keep = inputs
         ctx.csr, ctx.negative_slope, ctx.keep = csr, negative_slope, keep
         ctx.pattern_state = _pattern_state(csr)
-        alpha, positive = _backend.gat_softmax(csr, s_dst, s_src, negative_slope)
+        ctx.mark_non_differentiable(output[1])
         if keep == "alpha":
-            ctx.positive = positive
-            ctx.save_for_backward(alpha)
+            ctx.save_for_backward(*output)
         else:  # recompute both in backward from the (n, heads) node scores
             ctx.save_for_backward(s_dst, s_src)
-        return alpha
+
+    @staticmethod
+    def vmap(info, in_dims, *args):
+        return _vmap_slice_by_slice(_GATAttention, info, in_dims, args)
 
     @staticmethod
     @_once_differentiable("gat_attention")
-    def backward(ctx, grad_alpha):
+    def backward(ctx, saved, grad_alpha, grad_positive):
         if ctx.keep == "alpha":
-            alpha, = ctx.saved_tensors
-            positive = ctx.positive
+            alpha, positive = saved
+            positive = positive.numpy()
         else:
-            s_dst, s_src = ctx.saved_tensors
+            s_dst, s_src = saved
             alpha, positive = _backend.gat_softmax(ctx.csr, s_dst, s_src, ctx.negative_slope)
         grad_s_dst, grad_s_src = _backend.gat_softmax_backward(ctx.csr, alpha, positive,
                                                                grad_alpha, ctx.negative_slope)
@@ -274,9 +343,17 @@ class _GATAttention(torch.autograd.Function):
 
 class _Dropout(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, p, seed, row_ids):
-        ctx.p, ctx.seed, ctx.row_ids = p, seed, row_ids
+    def forward(x, p, seed, row_ids):
         return _backend.dropout(x, p, seed, row_ids)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.p, ctx.seed, ctx.row_ids = inputs[1:]
+
+    @staticmethod
+    def vmap(info, in_dims, *args):
+        # Each slice gets the mask of the one seed: the same randomness for the whole batch.
+        return _vmap_slice_by_slice(_Dropout, info, in_dims, args)
 
     @staticmethod
     def backward(ctx, grad_out):
@@ -553,7 +630,7 @@ def gat_attention(adj, s_dst, s_src, negative_slope=0.2, keep="alpha"):
 def _gat_attention_csr(csr, s_dst, s_src, negative_slope, keep):
     """`gat_attention` on a canonical CSR pattern: s_dst per row, s_src per column."""
     if _backend.on_cpu(s_dst):
-        return _GATAttention.apply(s_dst, s_src, csr, float(negative_slope), keep)
+        return _GATAttention.apply(s_dst, s_src, csr, float(negative_slope), keep)[0]
     rows = _backend.edge_rows(csr, s_dst.device)
     cols = _backend.edge_cols(csr, s_dst.device)
     scores = torch.nn.functional.leaky_relu(s_dst[rows] + s_src[cols], negative_slope)

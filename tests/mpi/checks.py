@@ -14,7 +14,7 @@ import pysparse_hpc as sph
 from pysparse_hpc import distributed
 from pysparse_hpc.distributed import Communicator, DistGraph, partition
 from pysparse_hpc.distributed.training import train
-from pysparse_hpc.nn import GCNConv
+from pysparse_hpc.nn import GATConv, GCNConv
 from pysparse_hpc.nn import functional as F
 
 comm = distributed.init()
@@ -159,6 +159,30 @@ def check_second_derivatives_match_one_process():
     comm.Allreduce(grad_weight)
     torch.testing.assert_close(summed, whole_x, rtol=1e-11, atol=1e-11)
     torch.testing.assert_close(grad_weight, whole_weight, rtol=1e-11, atol=1e-11)
+
+
+def check_torch_func_grad_matches_one_process():
+    """``torch.func.grad`` of a loss in a GCN's and a GAT's parameters, through the halo
+    exchange of a DistGraph, summed over the ranks, equals one process's."""
+    rng = np.random.default_rng(12)
+    n = 29
+    A = sph.csr_array(rng.random((n, n)) * (rng.random((n, n)) < 0.15) + np.eye(n))
+    graph = DistGraph(A, rng.integers(0, size, n), comm)
+    owned = torch.from_numpy(graph.owned)
+    x = torch.from_numpy(rng.standard_normal((n, 3)))
+    torch.manual_seed(0)
+    for layer in (GCNConv(3, 2).double(), GATConv(3, 2, heads=2).double()):
+        params = {key: value.detach().clone() for key, value in layer.named_parameters()}
+
+        def loss(params, adj, rows):
+            return torch.func.functional_call(layer, params, (x[rows], adj)).square().sum()
+
+        grads = torch.func.grad(loss)(params, graph, owned)
+        whole = on_root_then_broadcast(
+            lambda: torch.func.grad(loss)(params, A, torch.arange(n)))
+        for key, grad in grads.items():
+            comm.Allreduce(grad)
+            torch.testing.assert_close(grad, whole[key], rtol=1e-11, atol=1e-11)
 
 
 def check_edge_cases():
