@@ -654,6 +654,134 @@ def test_an_interrupted_save_or_wait_keeps_the_save_before(tmp_path, monkeypatch
     assert torch.equal(checkpoints.load().shard["w"], torch.full((2,), 3.0))
 
 
+def two_saved(directory):
+    with make(directory, keep=2) as checkpoints:
+        for step in (1, 2):
+            checkpoints.save(step, {"w": torch.full((2,), float(step))})
+
+
+@pytest.mark.parametrize("when", ["before the thread starts", "after it started",
+                                  "after the job is queued"])
+def test_a_save_interrupted_while_starting_its_writer_loses_nothing(tmp_path, monkeypatch,
+                                                                    when):
+    """Ctrl-C inside `save` as it starts the background writer (starting a thread waits for
+    it to be scheduled). The save was left pending with no job: `close` committed a manifest
+    without this rank's files, `keep` counted it and deleted the last good checkpoint; an
+    interrupt inside the thread's start made `close` fail with a TypeError."""
+    two_saved(tmp_path)
+    original_start, original_background = threading.Thread.start, Checkpointer._background
+
+    def interrupted_start(thread):
+        if thread.name == "checkpoint-writer":
+            if when == "after it started":
+                original_start(thread)
+            raise KeyboardInterrupt
+        return original_start(thread)
+
+    def interrupted_background(self, *args, **kwargs):
+        original_background(self, *args, **kwargs)
+        raise KeyboardInterrupt
+
+    checkpoints = make(tmp_path, keep=1)   # a resumed run
+    assert checkpoints.load().step == 2
+    with monkeypatch.context() as patch:
+        if when == "after the job is queued":
+            patch.setattr(Checkpointer, "_background", interrupted_background)
+        else:
+            patch.setattr(threading.Thread, "start", interrupted_start)
+        with pytest.raises(KeyboardInterrupt):
+            checkpoints.save(3, {"w": torch.full((2,), 3.0)})
+    checkpoints.close()
+    # The writer may have taken the queued job before the interrupt was handled: then step 3
+    # is whole and committed; else it was dropped. Either way nothing torn is kept.
+    loaded = make(tmp_path).load()
+    assert loaded.step in (2, 3) and torch.equal(loaded.shard["w"],
+                                                 torch.full((2,), float(loaded.step)))
+    if when != "after the job is queued":
+        assert checkpoints.steps() == [1, 2]  # nothing committed, nothing pruned
+    with make(tmp_path, keep=1) as again:   # and the directory takes the next save
+        again.save(4, {"w": torch.full((2,), 4.0)})
+    assert make(tmp_path).load().step == 4
+
+
+def test_a_commit_interrupted_in_wait_is_taken_up_by_the_next_call(tmp_path, monkeypatch):
+    """Ctrl-C while `wait` writes the manifest lost the save: `wait` had let it go before
+    committing, so the next `wait` found nothing, and the next save deleted its files."""
+    checkpoints = make(tmp_path)
+    checkpoints.save(1, {"w": torch.ones(2)})
+    checkpoints.wait()
+    checkpoints.save(2, {"w": torch.full((2,), 2.0)})
+
+    def interrupted(path, obj):
+        raise KeyboardInterrupt
+    with monkeypatch.context() as patch:
+        patch.setattr(ckpt._files, "write_json", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            checkpoints.wait()
+    assert checkpoints.wait() == 2 and checkpoints.steps() == [1, 2]
+    checkpoints.save(3, {"w": torch.full((2,), 3.0)})
+    checkpoints.close()
+    assert checkpoints.steps() == [1, 2, 3]
+
+
+def test_a_commit_of_a_save_without_its_files_is_refused(tmp_path):
+    checkpoints = make(tmp_path)
+    with pytest.raises(RuntimeError, match="no rank-00000.ckpt written"):
+        checkpoints._commit(5, [{}])
+    checkpoints.close()
+    assert checkpoints.steps() == []
+
+
+def test_a_directory_deleted_under_the_run_is_not_made_again(tmp_path):
+    """The step's directory was made with its parents: the deleted checkpoint directory came
+    back without its CHECKPOINTS file and lock, and the resumed run was refused."""
+    directory = tmp_path / "run"
+    checkpoints = make(directory)
+    checkpoints.save(1, {"w": torch.ones(2)})
+    checkpoints.wait()
+    shutil.rmtree(directory)
+    checkpoints.save(2, {"w": torch.ones(2)})
+    with pytest.raises(FileNotFoundError) as caught:
+        checkpoints.wait()
+    assert "saving checkpoint step 2" in caught.value.__notes__[-1]
+    checkpoints.close()
+    assert not directory.exists()
+
+
+def test_a_linked_step_is_pruned_by_removing_the_link(tmp_path):
+    """A step directory linked to a copy kept elsewhere: pruning deleted the copy's manifest
+    (through the link) and then failed to remove the link."""
+    directory, archive = tmp_path / "run", tmp_path / "archive"
+    two_saved(directory)
+    shutil.move(directory / "step-000000001", archive)
+    os.symlink(archive, directory / "step-000000001")
+    with make(directory, keep=2) as checkpoints:
+        checkpoints.save(3, {"w": torch.full((2,), 3.0)})
+    assert sorted(os.listdir(directory)) == [".lock", "CHECKPOINTS", "step-000000002",
+                                             "step-000000003"]
+    assert sorted(os.listdir(archive)) == ["manifest.json", "rank-00000.ckpt"]
+
+
+def test_a_failed_write_names_its_file(tmp_path, monkeypatch):
+    def failing_fsync(descriptor):
+        raise OSError(28, "No space left on device")
+    checkpoints = make(tmp_path)
+    with monkeypatch.context() as patch:
+        patch.setattr(ckpt._files.os, "fsync", failing_fsync)
+        checkpoints.save(1, {"w": torch.ones(2)})
+        with pytest.raises(OSError, match="No space left") as caught:
+            checkpoints.wait()
+    assert any(note.startswith("while writing ") and "rank-00000.ckpt" in note
+               for note in caught.value.__notes__)
+    checkpoints.close()
+
+
+def test_a_bytes_path_is_taken(tmp_path):
+    with make(os.fsencode(tmp_path / "run")) as checkpoints:
+        checkpoints.save(1, {"w": torch.ones(2)})
+    assert make(tmp_path / "run").load().step == 1
+
+
 def test_a_first_save_that_failed_leaves_the_directory_to_the_next_run(tmp_path, monkeypatch):
     """A first save that failed after taking the directory's lock (no memory for the copy)
     left the lock file beside nothing else: the corrected run took it for a foreign folder."""

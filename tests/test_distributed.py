@@ -975,10 +975,11 @@ def test_different_errors_of_several_ranks_are_each_told():
     """Every failing rank was named beside the first one's message alone."""
     comm = Communicator(None)
     comm.size = 2
-    comm.allgather = lambda report: [("builtins", "KeyError", "'lost'"), report]
+    comm.allgather = lambda report: [("builtins", "KeyError", "'lost'", ["on rank 0"]), report]
     with pytest.raises(KeyError) as raised:
         comm.raise_if_any(ValueError("bad value"))
     assert str(raised.value) == ("\"rank 0: 'lost'; rank 1 raised ValueError: bad value\"")
+    assert raised.value.__notes__ == ["on rank 0"]   # the first failing rank's notes travel
     comm.allgather = lambda report: [report, report]
     with pytest.raises(ValueError, match="^ranks 0, 1: same$"):
         comm.raise_if_any(ValueError("same"))

@@ -62,8 +62,9 @@ def test_load_arguments_are_checked_on_every_rank():
 
 @requires_mpi
 @pytest.mark.parametrize("ranks", [2, 3])
-def test_a_staging_failure_on_one_rank_is_raised_on_every_rank(ranks):
-    run_resume_checks(ranks, "staging_failure_on_one_rank", timeout=60)
+def test_a_staging_failure_or_an_interrupted_save_on_one_rank_is_raised_everywhere(ranks):
+    run_resume_checks(ranks, "staging_failure_on_one_rank", "interrupted_save_on_one_rank",
+                      timeout=90)
 
 
 def _train_command(*options):

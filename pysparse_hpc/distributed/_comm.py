@@ -893,9 +893,11 @@ class Communicator:
                 raise _alike(error)
             return
         # The class by name, not pickled: a class defined in a function does not pickle,
-        # which would fail on the failing rank only.
+        # which would fail on the failing rank only. The notes go too: they say what the
+        # failing rank was doing (the file, the step), which the other ranks cannot tell.
         reports = self.allgather(None if error is None else (
-            type(error).__module__, type(error).__qualname__, str(error)))
+            type(error).__module__, type(error).__qualname__, str(error),
+            [str(note) for note in getattr(error, "__notes__", ())]))
         failed = [(rank, report) for rank, report in enumerate(reports) if report is not None]
         if not failed:
             return
@@ -904,14 +906,18 @@ class Communicator:
         # Ranks that raised the same error are named together; each different error is told
         # too (only the first rank's was, under every failing rank's number).
         groups = {}
-        for rank, report in failed:
-            groups.setdefault(report, []).append(rank)
-        ((module, name, message), first_ranks), *others = groups.items()
+        for rank, (module, name, message, notes) in failed:
+            groups.setdefault((module, name, message), []).append((rank, notes))
+        ((module, name, message), first), *others = groups.items()
         for (other_module, other_name, other_message), ranks in others:
             qualified = other_name if other_module == "builtins" \
                 else f"{other_module}.{other_name}"
-            message += f"; {_ranks_label(ranks)} raised {qualified}: {other_message}"
-        raise _alike(_rebuilt(module, name, _ranks_label(first_ranks), message))
+            message += (f"; {_ranks_label([rank for rank, _ in ranks])} raised {qualified}: "
+                        f"{other_message}")
+        rebuilt = _rebuilt(module, name, _ranks_label([rank for rank, _ in first]), message)
+        for note in first[0][1]:
+            rebuilt.add_note(note)
+        raise _alike(rebuilt)
 
     def check_alike(self, entries, problem, remedy):
         """Raise on every rank when the ranks' ``entries`` differ (collective; free on one rank).

@@ -191,5 +191,41 @@ def check_staging_failure_on_one_rank():
     checkpoints.close()
 
 
+def check_interrupted_save_on_one_rank():
+    """Ctrl-C on one rank as its save starts the background writer: that rank drops the save
+    while the others have it pending. Every rank then raises at the next `wait`, with the
+    interrupted rank's notes; the save before it stays, and the next save works. The dropped
+    save had been committed without that rank's files, or the ranks' collectives paired
+    with different saves and the job hung."""
+    import pytest
+
+    from pysparse_hpc.distributed import Checkpointer
+
+    checkpoints = Checkpointer(_shared_directory(), comm=comm, keep=1)
+    checkpoints.save(1, {"rank": rank})
+    checkpoints.wait()
+    last = comm.size - 1
+    if rank == last:
+        def interrupted(*args, **kwargs):
+            raise KeyboardInterrupt
+        checkpoints._background = interrupted
+        with pytest.raises(KeyboardInterrupt):
+            checkpoints.save(2, {"rank": rank})
+        del checkpoints._background
+    else:
+        checkpoints.save(2, {"rank": rank})
+    with pytest.raises(RuntimeError, match="step 2 was not saved") as caught:
+        checkpoints.wait()
+    assert f"while saving checkpoint step 2 to {checkpoints.directory} on rank {last}" in \
+        caught.value.__notes__, caught.value.__notes__
+    comm.Barrier()
+    assert checkpoints.steps() == [1], checkpoints.steps()
+    checkpoints.save(3, {"rank": rank})
+    assert checkpoints.wait() == 3
+    loaded = checkpoints.load()
+    assert loaded.step == 3 and loaded.shard["rank"] == rank, loaded
+    checkpoints.close()
+
+
 if __name__ == "__main__":
     run_named(checks_in(globals()), sys.argv[1:])

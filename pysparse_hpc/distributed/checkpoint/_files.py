@@ -182,11 +182,14 @@ def write_atomic(path, chunks, threads=1):
             blocks = [[length, digest if isinstance(digest, str) else digest.result()]
                       for length, digest in blocks]
         os.replace(temporary, path)
-    except BaseException:
+    except BaseException as exc:
         try:
             os.unlink(temporary)
         except OSError:
             pass
+        if isinstance(exc, OSError) and exc.filename is None:
+            # A write or fsync that fails (no space left) names no file by itself.
+            exc.add_note(f"while writing {path}")
         raise
     fsync_directory(directory)
     return {"bytes": size, "sha256": blocks}

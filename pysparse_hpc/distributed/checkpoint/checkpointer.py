@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from .._comm import _ranks_label
 from . import _files
 from ._files import MANIFEST
 from ._format import ALIGN, FORMAT, VERSION, Damaged, Encoder, parse, prefix
@@ -123,13 +124,26 @@ def _finish_at_exit():
 
 class _Pending:
     """One save whose files are being written: its job's done event (``thread``), and what
-    the job left."""
+    the job left.
 
-    __slots__ = ("step", "thread", "records", "error", "commit")
+    ``claim`` decides, under ``lock``, who finishes a save whose start was interrupted
+    (Ctrl-C between queuing its job and returning): the writer, once it has started the job
+    ("started"), or the caller of `save` ("cancelled": the job then does nothing)."""
+
+    __slots__ = ("step", "thread", "records", "error", "commit", "lock", "claim")
 
     def __init__(self, step, commit=None):
         self.step, self.thread, self.records, self.error = step, None, {}, None
         self.commit = commit  # (step, records) of the previous save, for rank 0 to commit
+        self.lock, self.claim = threading.Lock(), None
+
+    def claim_for(self, who):
+        """Claim the save for ``who`` ("started" or "cancelled") unless it is claimed already;
+        whether ``who`` has it."""
+        with self.lock:
+            if self.claim is None:
+                self.claim = who
+            return self.claim == who
 
 
 def _check_step(step):
@@ -228,7 +242,9 @@ class Checkpointer:
     is a warning, and the block's exception propagates), while over several ranks it is left
     uncommitted (committing is collective and the other ranks may be elsewhere), and `load`
     then takes the save before it. A `save` or `wait` interrupted by Ctrl-C keeps the save
-    before it: `save` commits it, `wait` leaves it pending for the next call. A process that
+    before it: `save` commits it, `wait` leaves it for the next call; over several ranks, a
+    save dropped by Ctrl-C on some ranks only is raised on every rank by the next `wait`,
+    `save` or `close`, uncommitted. A process that
     ends without `close` (returning or failing) still finishes the background thread's work
     first, the commit of the save before the pending one included; the pending save itself is
     committed there in one process, and left uncommitted with a warning over several ranks.
@@ -254,7 +270,7 @@ class Checkpointer:
         from .._comm import check_communicator, init
         self.comm = comm = init() if comm is None else check_communicator(
             comm, ("rank", "size", "on_root", "gather", "allgather", "raise_if_any"))
-        self.directory = os.path.abspath(os.fspath(directory))
+        self.directory = os.path.abspath(os.fsdecode(os.fspath(directory)))
         if keep is not None:
             if isinstance(keep, bool) or not isinstance(keep, (int, np.integer)):
                 raise TypeError(f"keep must be a positive int or None, got {keep!r}")
@@ -274,6 +290,7 @@ class Checkpointer:
                              f"got {threads}")
         self.threads = int(threads)
         self._pending = None
+        self._uncommitted = None  # a collected save whose commit was interrupted
         self._pruning = None
         self._worker = self._queue = self._stop_worker = self._worker_pid = None
         self._staging = None
@@ -502,13 +519,31 @@ class Checkpointer:
             # Every rank raises, or none: a rank going on with the save would be a save ahead
             # of the failed one, and the next collective call would pair mismatched steps.
             self.comm.raise_if_any(error)
+            # Pending (and its done event made) before its job is queued: an interrupt past
+            # this point leaves a save that `wait` either collects or finds cancelled below.
+            pending.thread = threading.Event()
             self._pending = pending
-            pending.thread = self._background(self._write, pending, step_dir, jobs)
-        except BaseException:
+            self._background(self._write_unless_cancelled, pending, step_dir, jobs,
+                             done=pending.thread)
+        except BaseException as exc:
             # Interrupted (Ctrl-C, no memory for the copy) before the writer took over the
-            # previous save, whose files are whole: commit it here rather than lose it.
-            if previous is not None and pending.commit is not None and pending.thread is None:
-                self._commit_now(previous)
+            # previous save, whose files are whole: commit it here rather than lose it. A
+            # save the writer has started stays pending, and commits the previous one itself.
+            if pending.claim_for("cancelled"):
+                if pending.thread is not None:
+                    pending.thread.set()
+                if self._pending is pending and self.comm.size > 1:
+                    # Other ranks may have this save pending: the next `wait`, `save` or
+                    # `close` raises this on every rank, where their collectives would pair
+                    # with the next save's on this rank.
+                    pending.error = RuntimeError(
+                        f"checkpoint step {step} was not saved: its save was interrupted "
+                        f"({type(exc).__name__}) on rank {self.comm.rank} before its files "
+                        "were written")
+                elif self._pending is pending:
+                    self._pending = None
+                if previous is not None and pending.commit is not None:
+                    self._commit_now(previous)
             raise
 
     def _stage(self, encoders):
@@ -605,9 +640,17 @@ class Checkpointer:
             shutil.rmtree(aside, ignore_errors=True)
             os.replace(step_dir, aside)
             self._damaged.discard(step)
+        elif os.path.islink(step_dir):
+            os.unlink(step_dir)
         else:
             shutil.rmtree(step_dir)
         _files.fsync_directory(self.directory)
+
+    def _write_unless_cancelled(self, pending, step_dir, jobs):
+        """`_write` in the background thread, unless `save` was interrupted before the job
+        started (the caller then dropped the save and committed the previous one itself)."""
+        if pending.claim_for("started"):
+            self._write(pending, step_dir, jobs)
 
     def _write(self, pending, step_dir, jobs, threads=1):
         """Write this rank's files (background thread, or the caller's with blocking=True).
@@ -617,17 +660,24 @@ class Checkpointer:
         """
         if pending.commit is not None:
             try:
-                self._commit(*pending.commit)
+                self._commit_noted(*pending.commit)
                 committed, pending.commit = pending.commit[0], None
                 self._delete(self._retire(committed, busy=pending.step))
             except BaseException as exc:
+                if pending.commit is None and hasattr(exc, "add_note"):  # the pruning failed
+                    exc.add_note(f"while deleting the checkpoints that step {committed} made "
+                                 f"obsolete in {self.directory}")
                 if hasattr(exc, "add_note"):
-                    exc.add_note(f"while committing checkpoint step "
-                                 f"{(pending.commit or (committed,))[0]} in {self.directory}")
+                    exc.add_note(f"so checkpoint step {pending.step}'s files were not written")
                 pending.error = exc
                 return
         try:
-            os.makedirs(step_dir, exist_ok=True)
+            try:
+                # Not makedirs: a checkpoint directory deleted under the run must not come
+                # back without its CHECKPOINTS file and lock, refused when the run resumes.
+                os.mkdir(step_dir)
+            except FileExistsError:  # made by another rank
+                pass
             for name, (encoder, staged) in jobs.items():
                 chunks = [np.frombuffer(prefix(encoder.tree, encoder.size), np.uint8)]
                 chunks += [staged] if staged is not None else list(encoder.segments())
@@ -672,7 +722,10 @@ class Checkpointer:
         collected = self._collect()
         if collected is None:
             return None
+        # Kept until committed: a commit interrupted (Ctrl-C) is taken up by the next call.
+        self._uncommitted = collected
         self.comm.on_root(self._commit_noted, *collected)
+        self._uncommitted = None
         if self.comm.rank == 0:
             self._start_pruning(collected[0])
         return collected[0]
@@ -683,7 +736,8 @@ class Checkpointer:
         is pending."""
         pending = self._join()
         if pending is None:
-            return None
+            collected, self._uncommitted = self._uncommitted, None
+            return collected
         error = pending.error
         if error is not None and hasattr(error, "add_note"):
             error.add_note(f"while saving checkpoint step {pending.step} to {self.directory} "
@@ -726,6 +780,10 @@ class Checkpointer:
     def _commit(self, step, records):
         """Write the manifest (rank 0): the checkpoint exists from here on."""
         step_dir = os.path.join(self.directory, _step_name(step))
+        missing = [rank for rank, record in enumerate(records) if _shard_name(rank) not in record]
+        if missing:  # a save whose writing was never started: no checkpoint to commit
+            raise RuntimeError(f"checkpoint step {step} has no {_shard_name(missing[0])} "
+                               f"written ({_ranks_label(missing)}); it is not committed")
         files, nodes = {}, []
         for rank, record in enumerate(records):
             files.update(record)
@@ -753,8 +811,11 @@ class Checkpointer:
         for step, path in doomed:
             manifest = os.path.join(path, MANIFEST)
             try:
+                if os.path.islink(path):
+                    # A step linked to a copy kept elsewhere: the link goes, the copy stays.
+                    os.unlink(path)
                 # The manifest goes first: a half-deleted checkpoint is no checkpoint.
-                if os.path.exists(manifest):
+                elif os.path.exists(manifest):
                     os.unlink(manifest)
                     _files.fsync_directory(path)
             except OSError as exc:
@@ -765,6 +826,8 @@ class Checkpointer:
 
     def _delete(self, doomed):
         for _, path in doomed:
+            if os.path.islink(path) or not os.path.lexists(path):
+                continue  # a link `_retire` could not remove; gone already
             try:
                 shutil.rmtree(path)
             except OSError as exc:
@@ -781,22 +844,26 @@ class Checkpointer:
             self._pruning.wait()
             self._pruning = None
 
-    def _background(self, function, *args):
+    def _background(self, function, *args, done=None):
         """Run ``function(*args)`` in this checkpointer's background thread, after the work
-        queued before; returns an event set when it is done. One long-lived thread, not one
-        per save: starting a thread waits for it to be scheduled, a stall on busy cores."""
+        queued before; returns an event (``done``, or a new one) set when it is done. One
+        long-lived thread, not one per save: starting a thread waits for it to be scheduled,
+        a stall on busy cores."""
         if self._worker is None or not self._worker.is_alive():
-            self._queue = queue.SimpleQueue()
-            self._worker = threading.Thread(target=_serve, args=(self._queue,),
-                                            name="checkpoint-writer", daemon=True)
-            self._worker.start()
-            # A checkpointer dropped without `close` ends its thread when it is collected
-            # (not at exit: `_finish_at_exit` may still queue work then).
-            self._stop_worker = weakref.finalize(self, self._queue.put, None)
-            self._stop_worker.atexit = False
+            jobs = queue.SimpleQueue()
+            worker = threading.Thread(target=_serve, args=(jobs,), name="checkpoint-writer",
+                                      daemon=True)
+            worker.start()
+            # Kept only once started (an interrupt inside `start` leaves no half-made worker
+            # for `close` to stop). A checkpointer dropped without `close` ends its thread
+            # when it is collected (not at exit: `_finish_at_exit` may still queue work then).
+            stop = weakref.finalize(self, jobs.put, None)
+            stop.atexit = False
+            self._queue, self._worker, self._stop_worker = jobs, worker, stop
             self._worker_pid = os.getpid()
             _STARTED.add(self)
-        done = threading.Event()
+        if done is None:
+            done = threading.Event()
         self._queue.put((function, args, done))
         return done
 
@@ -845,7 +912,7 @@ class Checkpointer:
         finally:
             self._join_pruning()
             self._staging = None
-            if self._worker is not None:
+            if self._stop_worker is not None:
                 self._stop_worker()
                 self._worker = self._queue = self._stop_worker = None
             _STARTED.discard(self)
