@@ -169,6 +169,28 @@ def test_gcn_norm_propagates_a_nan_weight_to_its_row_and_column():
     assert torch.isnan(out).all()
 
 
+def test_gcn_norm_keeps_an_edge_stored_with_weight_zero():
+    """An edge stored with weight 0 (a masked edge) stays, as in PyG and on a DistGraph: adding
+    the loops by scipy's sum dropped it, so an inf in its source's features no longer made
+    its target NaN, in one process only."""
+    from pysparse_hpc.distributed import Communicator, DistGraph
+    from torch_geometric.nn.conv.gcn_conv import gcn_norm as pyg_gcn_norm
+    adj = sph.csr_array((np.array([0.0]), (np.array([1]), np.array([0]))), shape=(2, 2))
+    normalized = nn.gcn_norm(adj)
+    assert normalized.nnz == 3 and normalized.toarray()[1, 0] == 0
+    edge_index, weight = pyg_gcn_norm(torch.tensor([[0], [1]]), torch.tensor([0.0]), 2)
+    assert edge_index.shape[1] == 3
+    x = torch.tensor([[np.inf], [1.0]])
+    conv = nn.GCNConv(1, 1, bias=False)
+    twin = copy.deepcopy(conv)
+    with pytest.warns(RuntimeWarning, match="NaN"):
+        out = conv(x, adj)
+    assert torch.isnan(out[1]).all()
+    with pytest.warns(RuntimeWarning, match="NaN"):
+        out_graph = twin(x, DistGraph(adj, np.zeros(2, np.int64), Communicator(None)))
+    torch.testing.assert_close(out_graph, out, equal_nan=True)
+
+
 def test_gcn_norm_refuses_a_non_bool_add_self_loops():
     """A string such as "False" is truthy and added the loops it was meant to leave out."""
     adj = sph.csr_array(np.array([[0.0, 1.0], [1.0, 0.0]]))

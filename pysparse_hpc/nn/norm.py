@@ -70,9 +70,14 @@ def gcn_norm(adj, add_self_loops=True, num_nodes=None, dtype=None):
         # In A's index dtype: scipy keeps int64 coordinates' dtype, and the SpMM would then
         # read twice the index bytes of A's int32.
         missing = missing.astype(matrix.indices.dtype)
-        loops = scipy.sparse.csr_array((np.ones(missing.size), (missing, missing)),
-                                       shape=matrix.shape)
-        matrix = scipy.sparse.csr_array(matrix + loops)
+        # The loops join A's entries as coordinates: scipy's sum A + I drops the entries that
+        # are 0, and an edge stored with weight 0 must stay, as in PyG (0 * inf is NaN) and
+        # in the DistGraph's normalization.
+        rows, cols = _coordinates(matrix.indptr, matrix.indices)
+        matrix = scipy.sparse.csr_array(scipy.sparse.coo_array(
+            (np.concatenate([matrix.data, np.ones(missing.size)]),
+             (np.concatenate([rows.astype(missing.dtype), missing]),
+              np.concatenate([cols, missing]))), shape=matrix.shape))
         matrix.sum_duplicates()
     degree = np.asarray(matrix.sum(axis=1)).ravel()
     _warn_if_negative(degree)
