@@ -564,7 +564,8 @@ def edge_softmax(adj, scores):
     -------
     torch.Tensor
         Same shape: for each row i (and head), the entries of row i sum to 1. A row whose
-        scores are all ``-inf`` spreads evenly on the CPU.
+        scores are all ``-inf`` spreads evenly on the CPU, and is NaN on a GPU (as in torch
+        and PyG).
     """
     _check_adj(adj)
     if isinstance(adj, DistGraph):  # a row's entries are all on its owner: no exchange
@@ -601,7 +602,8 @@ def gat_attention(adj, s_dst, s_src, negative_slope=0.2, keep="alpha"):
     Returns
     -------
     torch.Tensor, shape (nnz, heads)
-        Aligned with ``pattern(adj)``.
+        Aligned with ``pattern(adj)``. A row whose scores are all ``-inf`` (a node score of
+        ``-inf``) spreads evenly on the CPU, and is NaN on a GPU, as in `edge_softmax`.
     """
     _check_adj(adj)
     if keep not in GAT_KEEP:
