@@ -204,6 +204,25 @@ def test_lion_refuses_a_state_with_bad_settings(edit, message):
     assert optimizer.param_groups[0]["lr"] == 0.2
 
 
+def test_a_refused_state_fires_the_hooks_of_one_load():
+    """A load kept a copy to go back to through `state_dict` and went back through a second
+    load: the user's hooks were told of a state dict taken and of two loads, the second as
+    if the refused one had been followed by another."""
+    model = _mlp()
+    state = Lion(model.parameters(), lr=0.1).state_dict()
+    state["param_groups"][0]["lr"] = float("nan")
+    optimizer = Lion(model.parameters(), lr=0.2)
+    calls = []
+    optimizer.register_state_dict_pre_hook(lambda *args: calls.append("state_dict"))
+    optimizer.register_load_state_dict_pre_hook(lambda *args: calls.append("load"))
+    with pytest.raises(ValueError, match="lr must be"):
+        optimizer.load_state_dict(state)
+    assert calls == ["load"] and optimizer.param_groups[0]["lr"] == 0.2
+    model(torch.ones(1, 6, dtype=torch.float64)).sum().backward()
+    optimizer.step()   # the groups restored are those the optimizer steps
+    assert all("exp_avg" in optimizer.state[p] for p in model.parameters())
+
+
 def test_distributed_lion_refuses_incomplete_counters():
     optimizer = DistributedLion(_mlp().parameters())
     state = optimizer.state_dict()

@@ -47,7 +47,11 @@ tensor, traffic kind `PARTICIPATION_KIND`, on more than one rank): those with a 
 some rank. A rank where such a parameter's ``.grad`` is None (unused in its backward) takes
 part with a zero gradient, written to its ``.grad``, as `pysparse_hpc.distributed.DataParallel`
 does; a parameter with no gradient on any rank is skipped, as one process's Lion skips it.
-Without the agreement the ranks' votes would line up against different tensors.
+Without the agreement the ranks' votes would line up against different tensors. Before it,
+the ranks compare their number of parameters, counters and a digest of their groups' settings
+and shapes (80 bytes, traffic kind `AGREEMENT_KIND`): optimizers that parted after
+construction (a group added, a state loaded or a rate changed on some ranks only) are a
+ValueError on every rank.
 
 In the compressed modes each rank updates its momentum with its own gradient. With
 ``momentum_sync="local"`` (Distributed Lion) the momenta are never synchronised; ``"always"``
@@ -67,6 +71,7 @@ seeds): each vote carries its rank's own gradient.
 """
 import copy
 import functools
+import hashlib
 import math
 import numbers
 import warnings
@@ -75,7 +80,7 @@ import numpy as np
 import torch
 
 from .._sputils import check_flag, check_integer
-from ..distributed._comm import check_communicator, init
+from ..distributed._comm import check_communicator, init, raising_alike
 from ..kernels.cpu import votes as vote_kernels
 from . import _votes
 from ._modes import COMPRESSIONS, MOMENTUM_SYNC, default_momentum_sync
@@ -83,13 +88,18 @@ from .lion import (Lion, apply_update, interpolate, kernel_arrays, kernel_scalar
                    written)
 
 __all__ = ["DistributedLion", "VOTE_KIND", "GRADIENT_KIND", "MOMENTUM_KIND",
-           "PARTICIPATION_KIND"]
+           "PARTICIPATION_KIND", "AGREEMENT_KIND"]
 
 #: The communicator's traffic kinds of `DistributedLion` (`Communicator.stats`).
 VOTE_KIND = "lion votes"
 GRADIENT_KIND = "gradient allreduce"
 MOMENTUM_KIND = "momentum sync"
 PARTICIPATION_KIND = "lion participation"
+AGREEMENT_KIND = "lion agreement"
+
+#: What the ranks compare before every step (`DistributedLion._check_still_alike`).
+_AGREED = ("the number of parameters", "the steps taken", "the momentum syncs made",
+           "the step of the next momentum sync", "the parameter groups' settings or shapes")
 
 
 def _one_bit_allreduce(comm, packed, kind, step):
@@ -156,11 +166,18 @@ def _checked_settings(compression, momentum_sync, sync_doubling, average, ranks)
     return compression, momentum_sync, sync_doubling, average
 
 
-def _layout(param_groups, compression, momentum_sync, average, sync_doubling):
+def _layout(param_groups, compression, momentum_sync, average, sync_doubling,
+            decoupled_weight_decay, init_lr):
     """What must be alike on every rank: the settings, each group's options, and the shape
-    and dtype of each parameter."""
+    and dtype of each parameter. The counts come first, so that the first difference named
+    is a group or parameter missing, not its neighbour's settings."""
     entries = [("compression", compression), ("momentum_sync", momentum_sync),
-               ("average", average), ("sync_doubling", sync_doubling)]
+               ("average", average), ("sync_doubling", sync_doubling),
+               ("decoupled_weight_decay", decoupled_weight_decay),
+               ("constructor lr", repr(init_lr)),
+               ("parameter groups", len(param_groups))]
+    entries += [(f"group {index} parameters", len(group["params"]))
+                for index, group in enumerate(param_groups)]
     for index, group in enumerate(param_groups):
         entries += [(f"group {index} {name}", repr(value)) for name, value in sorted(
             group.items()) if name != "params"]
@@ -246,7 +263,8 @@ class DistributedLion(Lion):
             # Unlike parameters pair their collectives wrongly (an error inside MPI, or
             # nonsense sums); another mode or rate moves the replicas apart without a word.
             self.comm.check_alike(
-                _layout(self.param_groups, compression, momentum_sync, average, sync_doubling),
+                _layout(self.param_groups, compression, momentum_sync, average, sync_doubling,
+                        self.decoupled_weight_decay, self._init_lr),
                 "the ranks build unlike DistributedLion optimizers",
                 "pass the same parameters and settings on every rank")
         self.compression, self.momentum_sync = compression, momentum_sync
@@ -315,6 +333,7 @@ class DistributedLion(Lion):
         entries = [(group, param) for group in self.param_groups for param in group["params"]]
         has_grad = np.array([param.grad is not None for _, param in entries], dtype=np.uint8)
         if self.comm.size > 1:
+            self._check_still_alike(len(entries))
             self.comm.Allreduce(has_grad, "max", kind=PARTICIPATION_KIND)
         taking_part = []
         for (group, param), flag in zip(entries, has_grad):
@@ -323,6 +342,32 @@ class DistributedLion(Lion):
                     param.grad = torch.zeros_like(param)
                 taking_part.append((group, param))
         return taking_part
+
+    def _check_still_alike(self, n_entries):
+        """Raise on every rank where the ranks' optimizers have parted since construction: a
+        group added, a state loaded or a learning rate changed on some ranks only. Their
+        collectives would then pair unlike buffers (an error inside MPI, or a hang), or the
+        replicas part without a word. One MAX allreduce of 80 bytes (each value and its
+        negation, so every rank sees the same maximum and minimum and raises alike)."""
+        groups = [(sorted((name, repr(value)) for name, value in group.items()
+                          if name != "params"),
+                   [(tuple(param.shape), str(param.dtype)) for param in group["params"]])
+                  for group in self.param_groups]
+        settings = repr((groups, self.decoupled_weight_decay, repr(self._init_lr)))
+        digest = int.from_bytes(hashlib.blake2b(settings.encode(), digest_size=7).digest(),
+                                "little")
+        values = np.array([n_entries, self.steps_taken, self.momentum_syncs, self._next_sync,
+                           digest], dtype=np.int64)
+        extremes = np.concatenate([values, -values])
+        self.comm.Allreduce(extremes, "max", kind=AGREEMENT_KIND)
+        differ = [name for name, most, least in zip(_AGREED, extremes[:values.size],
+                                                    -extremes[values.size:]) if most != least]
+        if differ:
+            with raising_alike():
+                raise ValueError(
+                    f"the ranks' DistributedLion optimizers differ in {', '.join(differ)}: "
+                    "add_param_group, load_state_dict and changes to a group's settings (an lr "
+                    "scheduler) must be made alike on every rank")
 
     def _step_on_reduced_gradients(self, entries):
         # A sparse gradient (an Embedding's) is summed densely: the ranks' rows differ.

@@ -210,7 +210,9 @@ class Lion(torch.optim.Optimizer):
         """Torch's, refusing a state whose groups' hyper-parameters are out of range (the
         state of another optimizer, such as SGD's, has none) or whose momenta do not have
         their parameters' shapes; the optimizer is then left as it was."""
-        before = self.state_dict()
+        # Torch's load puts a new state and new groups in place: the old ones are intact to
+        # go back to (where a second load, or `state_dict`, would fire the user's hooks).
+        before = self.state, self.param_groups
         super().load_state_dict(state_dict)
         try:
             for index, group in enumerate(self.param_groups):
@@ -226,7 +228,7 @@ class Lion(torch.optim.Optimizer):
                     if "exp_avg" in state:
                         _check_momentum(state["exp_avg"], param)
         except (TypeError, ValueError) as error:
-            super().load_state_dict(before)
+            self.state, self.param_groups = before
             # What a state dict holds are values: a wrong one, of whatever type, is a bad
             # state (ValueError, which a resumed run reports as a bad checkpoint).
             raise ValueError(str(error)) from None

@@ -22,7 +22,7 @@ from reference import reference_lion_agreement  # noqa: E402
 
 from pysparse_hpc.optim import COMPRESSIONS, DistributedLion, bytes_per_step  # noqa: E402
 from pysparse_hpc.optim.distributed_lion import (  # noqa: E402
-    GRADIENT_KIND, MOMENTUM_KIND, PARTICIPATION_KIND, VOTE_KIND)
+    AGREEMENT_KIND, GRADIENT_KIND, MOMENTUM_KIND, PARTICIPATION_KIND, VOTE_KIND)
 from pysparse_hpc.optim.lion import interpolate  # noqa: E402
 
 SHAPES = [(0,), (1,), (), (7,), (8,), (9,), (63,), (64,), (65,), (3, 5), (2, 0, 3), (40, 3)]
@@ -75,6 +75,7 @@ def _simulate(starts, groups, grads, settings, compression, sync, doubling, aver
 
     for step_grads in grads:
         if size > 1:
+            count(AGREEMENT_KIND, 80)  # five int64 counters and their negations
             count(PARTICIPATION_KIND, len(order))
         part = [k for k in order if any(step_grads[r][k] is not None for r in range(size))]
         if not part:
@@ -143,7 +144,8 @@ def _run(starts, groups, grads, settings, **options):
         optimizer.step()
     stats = comm.stats()
     counted = {kind: entry["bytes_sent"] for kind, entry in stats.items()
-               if kind in (VOTE_KIND, GRADIENT_KIND, MOMENTUM_KIND, PARTICIPATION_KIND)}
+               if kind in (VOTE_KIND, GRADIENT_KIND, MOMENTUM_KIND, PARTICIPATION_KIND,
+                           AGREEMENT_KIND)}
     for kind in counted:
         assert stats[kind]["bytes_sent"] == stats[kind]["bytes_received"], (kind, stats)
     return ([p.detach() for p in params], [optimizer.momentum(p) for p in params],

@@ -295,6 +295,55 @@ def check_lion_refuses_unlike_ranks():
     wide = torch.nn.Linear(4, 3 if last else 2)
     raises_on_every_rank(lambda: build(wide.parameters()), "unlike DistributedLion")
     build(lr=1e-4, compression="votes")  # alike: built
+    # With decoupled decay the constructor's lr scales the decay of every group, even one
+    # with its own lr: compared too. Both were not, and the replicas parted.
+    groups = [{"params": list(_model().parameters()), "lr": 1e-3}]
+    raises_on_every_rank(lambda: build(groups, lr=1e-2, weight_decay=0.1,
+                                       decoupled_weight_decay=not last),
+                         "decoupled_weight_decay True where")
+    raises_on_every_rank(lambda: build(groups, lr=2e-2 if last else 1e-2, weight_decay=0.1,
+                                       decoupled_weight_decay=True),
+                         "constructor lr 0.01 where")
+
+
+def check_lion_refuses_ranks_that_parted():
+    """Ranks whose optimizers part after construction (a group added, a state loaded or a
+    rate changed on some ranks only) are refused by name at their next step, on every rank.
+    Before, the participation allreduce failed inside MPI ("Message truncated"), or the
+    replicas parted without a word (another rate; another step count in the 1-bit mode's
+    tie mask)."""
+    last = rank == size - 1
+
+    def stepped(optimizer, model, steps):
+        for step in range(steps):
+            optimizer.zero_grad()
+            data, target = _batch(slice(rank, None, size), step)
+            torch.nn.functional.cross_entropy(model(data), target).backward()
+            optimizer.step()
+
+    def parted(change, message, compression="votes"):
+        model = _model()
+        optimizer = DistributedLion(model.parameters(), comm, lr=LR, compression=compression)
+        stepped(optimizer, model, 2)
+        saved = optimizer.state_dict()
+        stepped(optimizer, model, 1)
+        if last:
+            change(optimizer, saved)
+        raises_on_every_rank(lambda: stepped(optimizer, model, 1), message)
+
+    parted(lambda optimizer, saved: optimizer.add_param_group(
+        {"params": [torch.nn.Parameter(torch.zeros(3, dtype=torch.float64))]}),
+        "differ in the number of parameters")
+    parted(lambda optimizer, saved: optimizer.param_groups[0].update(lr=LR / 2),
+           "differ in the parameter groups' settings")
+    parted(lambda optimizer, saved: optimizer.load_state_dict(saved), "differ in the steps taken",
+           compression="1bit")
+    model = _model()   # alike on every rank: the steps go on
+    optimizer = DistributedLion(model.parameters(), comm, lr=LR)
+    stepped(optimizer, model, 2)
+    optimizer.add_param_group({"params": [torch.nn.Parameter(torch.zeros(3))]})
+    optimizer.load_state_dict(optimizer.state_dict())
+    stepped(optimizer, model, 1)
 
 
 def check_lion_training():
