@@ -149,6 +149,10 @@ def _once_differentiable(name):
                     _check_pattern_unchanged(ctx, name)
                     return backward(ctx, tensors[len(grad_outputs):],
                                     *tensors[:len(grad_outputs)])
+            if not torch.is_grad_enabled():
+                # No create_graph, and no torch.func transform (which differentiates with
+                # create_graph): plain tensors that nothing will differentiate again.
+                return compute(*grad_outputs, *ctx.saved_tensors)
             return _OnceDifferentiableStep.apply(name, compute, *grad_outputs,
                                                  *ctx.saved_tensors)
         return wrapper
