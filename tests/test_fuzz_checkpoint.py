@@ -8,6 +8,7 @@ files by directories, links, FIFOs and devices, named step directories every oth
 permissions and killed saving processes at every file operation. The cases here are those
 that went wrong, and a representative sample of those that did not.
 """
+import hashlib
 import json
 import os
 import shutil
@@ -23,6 +24,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from pysparse_hpc.distributed.checkpoint import _files  # noqa: E402
+from pysparse_hpc.distributed.checkpoint import _format as ckpt_format  # noqa: E402
 
 from .conftest import run_isolated  # noqa: E402
 from .test_checkpoint import assert_same, make  # noqa: E402
@@ -257,7 +259,8 @@ def test_a_manifest_that_is_a_fifo_or_a_device_is_damaged_not_read_for_ever(tmp_
             assert loaded.step == 2 and loaded.shared == {{"s": 2}}, loaded
             assert (loaded.shard["w"] == np.arange(5) * 2).all()
             message = str(caught[0].message)
-            assert "manifest.json is not a regular file" in message, message
+            expected = "is a symbolic link" if kind == "device" else "is not a regular file"
+            assert f"manifest.json {{expected}}" in message, message
             print(kind, "ok")
     """)
 
@@ -410,7 +413,7 @@ def test_a_lock_directory_or_stray_names_do_not_stop_a_load(run):
     (run / STEP_3 / "shared.ckpt").mkdir()
     loaded = load_exactly(run, 2)
     assert [s for s, _ in loaded.skipped] == [9, 8, 3]
-    assert loaded.skipped[2][1].startswith("shared.ckpt has")  # the first file read
+    assert loaded.skipped[2][1] == "shared.ckpt is not a regular file"  # the first file read
 
 
 def test_files_swapped_between_steps_or_from_another_run_are_refused(run, tmp_path):
@@ -428,3 +431,96 @@ def test_files_swapped_between_steps_or_from_another_run_are_refused(run, tmp_pa
                                          r"fingerprint differs in 'model' \(saved 'gat', given "
                                          r"'gcn'\)"):
         make(run, fingerprint=FINGERPRINT).load()
+
+
+def array_nodes(tree):
+    """The header nodes of ``tree``'s arrays, tensors and bytes, in payload order."""
+    if isinstance(tree, list):
+        return [leaf for item in tree for leaf in array_nodes(item)]
+    if not isinstance(tree, dict):
+        return []
+    if "at" in tree:
+        return [tree]
+    return [leaf for key in ("k", "v", "meta") if key in tree for leaf in array_nodes(tree[key])]
+
+
+def rewrite_state(directory, name, change, step=3, extra=b""):
+    """Give state file ``name`` the header ``change`` makes (and ``extra`` bytes after its
+    payload), its hashes recomputed in the manifest: a file that verifies, made by another
+    tool or an adversary, which only its own consistency can tell apart."""
+    path = directory / f"step-{step:09d}" / name
+    data = path.read_bytes()
+    length = int.from_bytes(data[8:16], "little")
+    header = json.loads(data[16:16 + length])
+    payload = data[-(-(16 + length) // ckpt_format.ALIGN) * ckpt_format.ALIGN:]
+    change(header["tree"])
+    data = ckpt_format.prefix(header["tree"], header["payload"]) + payload + extra
+    path.write_bytes(data)
+    blocks = [[len(data[i:i + _files.BLOCK]), hashlib.sha256(data[i:i + _files.BLOCK]).hexdigest()]
+              for i in range(0, len(data), _files.BLOCK)]
+    edit_manifest(directory, lambda manifest: manifest["files"].__setitem__(
+        name, {"bytes": len(data), "sha256": blocks}), step)
+
+
+def overlapping(tree):
+    first, second = array_nodes(tree)[:2]
+    second["at"] = first["at"]
+
+
+@pytest.mark.parametrize("name, change, message", [
+    ("rank-00000.ckpt", overlapping, "overlap another's"),
+    ("rank-00000.ckpt", lambda tree: array_nodes(tree)[0].update(at=1), "not an aligned range"),
+    ("rank-00000.ckpt", lambda tree: array_nodes(tree)[0].update(at=True), "not an aligned"),
+    ("rank-00000.ckpt", lambda tree: array_nodes(tree)[0].update(shape=[-1]), "list of sizes"),
+    ("rank-00000.ckpt", lambda tree: array_nodes(tree)[0].update(shape=[5, 3]), "does not fill"),
+    ("rank-00000.ckpt", lambda tree: array_nodes(tree)[0].update(dtype="float32; import os"),
+     "is no torch dtype's name"),
+    ("rank-00000.ckpt", lambda tree: array_nodes(tree)[0].update(dtype="_dynamo"),
+     "is no torch dtype's name"),
+    ("rank-00000.ckpt", lambda tree: tree["v"].pop(), "keys and values do not pair up"),
+    ("rank-00000.ckpt", lambda tree: tree["k"].__setitem__(1, tree["k"][0]), "twice"),
+    ("nodes-00000.ckpt", lambda tree: tree["k"].__setitem__(0, "ids"),
+     "does not hold per-node state"),
+    ("shared.ckpt", lambda tree: None, "bytes of payload where its header says"),
+])
+def test_a_state_file_that_verifies_but_was_not_written_so_is_damaged(
+        run, name, change, message):
+    """Files whose checksums were recomputed (another tool, an adversary) are checked for what
+    the writer never makes. Overlapping ranges loaded as tensors sharing memory (one payload
+    read as many copies: a 1 MB file gave gigabytes), a shape of -1 was inferred, a dict
+    dropped its unpaired values, a name such as "_dynamo" imported torch's submodule, per-node
+    files failed later with a bare IndexError."""
+    rewrite_state(run, name, change, extra=b"trailing" if name == "shared.ckpt" else b"")
+    load_exactly(run, 2, skipped=message)
+
+
+@pytest.mark.parametrize("kind", ["outside", "within"])
+def test_a_state_file_that_is_a_link_is_damaged_not_followed(run, tmp_path, kind):
+    """A state file linked elsewhere was read through the link: a valid file from outside
+    loaded as this step, and the size of any file (/etc/shadow) showed in the warning."""
+    target = tmp_path / "elsewhere.ckpt" if kind == "outside" else run / STEP_3 / "copy.ckpt"
+    shard = run / STEP_3 / "rank-00000.ckpt"
+    shutil.copy(shard, target)
+    shard.unlink()
+    os.symlink(target, shard)
+    load_exactly(run, 2, skipped="rank-00000.ckpt is a symbolic link")
+
+
+def test_links_planted_in_the_directory_are_not_written_through(run, tmp_path):
+    """A link planted at the name of the temporary file a write uses, or at the lock file's:
+    the marker's repair wrote the checkpoint's JSON into the link's target, and the lock wrote
+    and then emptied it (any file of the user running the job)."""
+    victim = tmp_path / "victim.txt"
+    victim.write_text("important")
+    (run / "CHECKPOINTS").write_text("garbage")
+    os.symlink(victim, run / f".CHECKPOINTS.{os.getpid()}.tmp")
+    with pytest.warns(UserWarning, match="written again from the manifest"):
+        checkpoints = make(run, fingerprint=FINGERPRINT)
+    assert victim.read_text() == "important"
+    assert not (run / "CHECKPOINTS").is_symlink() and not list(run.glob(".CHECKPOINTS.*"))
+    checkpoints.close()
+    (run / ".lock").unlink()
+    os.symlink(victim, run / ".lock")
+    with pytest.raises(OSError, match="is a symbolic link"):
+        make(run, fingerprint=FINGERPRINT).save(4, {"w": 1})
+    assert victim.read_text() == "important"

@@ -19,10 +19,45 @@ from ._format import FORMAT, VERSION, Damaged
 
 MANIFEST = "manifest.json"
 BLOCK = 16 << 20
+#: The most bytes a manifest is read to: one holds a file record per rank, each a hash per
+#: `BLOCK`, about 100 bytes apiece (a 1 TB checkpoint on 4096 ranks: about 10 MB).
+MANIFEST_LIMIT = 256 << 20
 
 
 #: The file whose lock says which run writes a checkpoint directory.
 LOCK = ".lock"
+
+#: Flags that keep a file operation inside the directory and out of a wait: a symbolic link
+#: in a file's place (planted, or made by a tool) is not followed, and a FIFO does not block.
+_NO_FOLLOW = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+_NO_WAIT = getattr(os, "O_NONBLOCK", 0)
+
+
+def open_regular(path, limit=None):
+    """``(fd, size)`` of ``path`` opened for reading, when it is a regular file (not a link,
+    a FIFO or a device) of at most ``limit`` bytes; raises `Damaged` saying what it is
+    instead, and ``FileNotFoundError`` where it is missing."""
+    name = os.path.basename(path)
+    try:
+        fd = os.open(path, os.O_RDONLY | _NO_FOLLOW | _NO_WAIT)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise Damaged(f"{name} is a symbolic link, which a checkpoint does not hold") \
+                from None
+        raise Damaged(f"{name} cannot be read ({exc})") from None
+    try:
+        status = os.fstat(fd)
+        if not stat.S_ISREG(status.st_mode):
+            raise Damaged(f"{name} is not a regular file")
+        if limit is not None and status.st_size > limit:
+            raise Damaged(f"{name} has {status.st_size} bytes, more than such a file holds "
+                          f"({limit})")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, status.st_size
 
 
 def lock_directory(path):
@@ -38,7 +73,19 @@ def lock_directory(path):
         import fcntl
     except ImportError:
         return None
-    handle = open(os.path.join(path, LOCK), "a+")
+    lock_path = os.path.join(path, LOCK)
+    try:
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | _NO_FOLLOW, 0o666)
+    except OSError as exc:
+        if exc.errno != errno.ELOOP:
+            raise
+        # Written (the holder's name) and emptied: a link would have them write its target.
+        raise OSError(exc.errno, f"{lock_path} is a symbolic link; the lock file must be a "
+                      "plain file (remove the link)") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, f"{lock_path} is not a regular file (remove it)")
+    handle = open(fd, "a+")
     try:
         fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -169,8 +216,13 @@ def write_atomic(path, chunks, threads=1):
     temporary = os.path.join(directory, f".{name}.{os.getpid()}.tmp")
     pool = _pool(threads)
     blocks, size = [], 0
+    if os.path.lexists(temporary):
+        # What a killed process of this PID left, or a link put in its place: removed (a
+        # link, not what it points to), then made afresh without following links.
+        os.unlink(temporary)
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NO_FOLLOW, 0o666)
     try:
-        with open(temporary, "wb") as handle:
+        with open(fd, "wb") as handle:
             for block in _blocks(chunks):
                 length = sum(len(piece) for piece in block)
                 blocks.append([length, pool.submit(_digest, block) if pool else _digest(block)])
@@ -204,11 +256,16 @@ def read_verified(path, entry, threads=1):
     ``entry`` (`write_atomic`'s record); raises `Damaged` naming what is wrong."""
     name = os.path.basename(path)
     try:
-        size = os.stat(path).st_size
+        fd, size = open_regular(path)
     except FileNotFoundError:
         raise Damaged(f"{name} is missing") from None
-    except OSError as exc:
-        raise Damaged(f"{name} cannot be read ({exc})") from None
+    try:
+        return _read_verified(fd, size, name, entry, threads)
+    finally:
+        os.close(fd)
+
+
+def _read_verified(fd, size, name, entry, threads):
     if size != entry["bytes"]:
         raise Damaged(f"{name} has {size} bytes but the manifest says {entry['bytes']} "
                       f"({'truncated' if size < entry['bytes'] else 'grown'})")
@@ -224,7 +281,7 @@ def read_verified(path, entry, threads=1):
     pool = _pool(threads)
     digests, position = [], 0
     try:
-        with open(path, "rb") as handle:
+        with open(fd, "rb", closefd=False) as handle:
             for length, _ in blocks:
                 view = memoryview(buffer)[position:position + length]
                 filled = 0
@@ -257,12 +314,10 @@ def read_manifest(step_dir):
     try:
         # Not blocking, and only a regular file: a FIFO would wait for a writer for ever, and
         # a device (a link to /dev/zero) would be read until memory runs out.
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        fd, _ = open_regular(path, MANIFEST_LIMIT)
         try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                raise Damaged(f"{MANIFEST} is not a regular file")
             with open(fd, "rb", closefd=False) as handle:
-                manifest = json.loads(handle.read())
+                manifest = json.loads(handle.read().decode("utf-8"))
         finally:
             os.close(fd)
         corrupt = not isinstance(manifest, dict) or manifest.get(

@@ -7,6 +7,8 @@ shape and a byte range of the payload: decoding runs no pickle, so a checkpoint 
 cannot run code, and arrays come back bit for bit.
 """
 import json
+import math
+import re
 import struct
 import sys
 from collections import OrderedDict
@@ -18,6 +20,9 @@ FORMAT = "pysparse_hpc checkpoint"
 VERSION = 1
 ALIGN = 64
 PLAIN = (type(None), bool, int, float, str)
+#: What a dtype's name looks like: another torch's dtype is unreadable here, anything else is
+#: damage.
+_DTYPE_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 #: The containers a checkpoint holds, exactly (their subclasses would load as these).
 _CONTAINERS = (dict, OrderedDict, list, tuple)
 
@@ -198,47 +203,116 @@ def prefix(tree, payload_bytes):
     return MAGIC + struct.pack("<Q", len(header)) + header + b" " * padding
 
 
+class _Payload:
+    """The payload and the end of the last array read from it. `Encoder` lays the arrays out
+    in the order `decode` meets them, each at an `ALIGN`-aligned offset past the one before:
+    a header whose ranges overlap (arrays that would share memory, one payload read as many
+    copies) or go backwards was not written by it."""
+
+    def __init__(self, payload):
+        self.bytes, self.end = payload, 0
+
+    def take(self, node):
+        at, n = node["at"], node["n"]
+        if type(at) is not int or type(n) is not int or at % ALIGN or n < 0:
+            raise Damaged(f"an array's byte range {at!r}..+{n!r} is not an aligned range")
+        if at < self.end or at + n > self.bytes.size:
+            raise Damaged(f"an array's bytes {at}..{at + n} overlap another's or lie outside "
+                          "the payload")
+        self.end = at + n
+        return self.bytes[at:at + n]
+
+
+def _shape(node, itemsize, n):
+    """The node's shape, checked against its ``n`` bytes (Python ints: no overflow)."""
+    shape = node["shape"]
+    if not isinstance(shape, list) or any(type(d) is not int or d < 0 for d in shape):
+        raise Damaged(f"an array's shape {shape!r} is not a list of sizes")
+    if math.prod(shape) * itemsize != n:
+        raise Damaged(f"an array of shape {shape} and {itemsize}-byte items does not fill its "
+                      f"{n} bytes")
+    return shape
+
+
+def _hashable(key):
+    return type(key) in PLAIN or type(key) is tuple and all(_hashable(k) for k in key)
+
+
 def decode(node, payload):
+    """The value of header ``node`` (a `_Payload` holds the arrays' bytes)."""
     if isinstance(node, list):
         return [decode(v, payload) for v in node]
     if not isinstance(node, dict):
+        if type(node) not in PLAIN:
+            raise Damaged(f"the header holds {node!r}")
         return node
     tag = node["$t"]
     if tag in ("dict", "odict"):
-        pairs = [(decode(k, payload), decode(v, payload)) for k, v in zip(node["k"], node["v"])]
-        if tag == "dict":
-            return dict(pairs)
-        result = OrderedDict(pairs)
-        if "meta" in node:
+        keys, values = node["k"], node["v"]
+        if not isinstance(keys, list) or not isinstance(values, list) \
+                or len(keys) != len(values):
+            raise Damaged("a dict's keys and values do not pair up")
+        result = {} if tag == "dict" else OrderedDict()
+        for key, value in zip(keys, values):
+            key = decode(key, payload)
+            if not _hashable(key) or key in result:
+                raise Damaged(f"a dict has the key {key!r} twice, or one it cannot hold")
+            result[key] = decode(value, payload)
+        if tag == "odict" and "meta" in node:
             result._metadata = decode(node["meta"], payload)
         return result
     if tag == "tuple":
         return tuple(decode(v, payload) for v in node["v"])
     if tag in ("ndarray", "npscalar", "bytes", "tensor"):
-        at, n = node["at"], node["n"]
-        if not 0 <= at <= at + n <= payload.size:
-            raise Damaged(f"an array's bytes {at}..{at + n} lie outside the payload")
-        raw = payload[at:at + n]
+        raw = payload.take(node)
         if tag == "bytes":
             return raw.tobytes()
         if tag == "tensor":
             torch = _torch_to_read()
             dtype = _torch_dtype(torch, node["dtype"])
-            tensor = torch.from_numpy(raw).view(dtype).view(node["shape"])
+            if dtype in _quantized(torch):
+                raise Damaged(f"a tensor of the quantized dtype {dtype}, which a checkpoint "
+                              "does not hold")
+            shape = _shape(node, torch.empty((), dtype=dtype).element_size(), raw.size)
+            if dtype == torch.bool and raw.size and raw.max() > 1:
+                raise Damaged("a bool tensor holds bytes other than 0 and 1")
+            tensor = torch.from_numpy(raw).view(dtype).view(shape)
+            if type(node["grad"]) is not bool or type(node["param"]) is not bool:
+                raise Damaged("a tensor's grad and param flags are not bools")
             if node["param"]:
                 return torch.nn.Parameter(tensor, requires_grad=node["grad"])
             return tensor.requires_grad_(node["grad"])
-        array = raw.view(np.lib.format.descr_to_dtype(_tuples(node["dtype"])))
-        array = array.reshape(node["shape"])
+        dtype = np.lib.format.descr_to_dtype(_tuples(node["dtype"]))
+        if dtype.hasobject:
+            raise Damaged(f"an array of dtype {dtype}, which holds Python objects")
+        shape = _shape(node, dtype.itemsize, raw.size)
+        if tag == "npscalar" and shape:
+            raise Damaged(f"a NumPy scalar of shape {shape}")
+        array = raw.view(dtype).reshape(shape)
+        code_points = raw.view(">u4" if dtype.byteorder == ">" else "<u4") \
+            if dtype.kind == "U" and raw.size else None
+        if code_points is not None and code_points.max() > 0x10FFFF:
+            raise Damaged("a string array holds a code point past Unicode's")
+        if dtype.kind == "b" and raw.size and raw.max() > 1:
+            raise Damaged("a bool array holds bytes other than 0 and 1")
         return array[()] if tag == "npscalar" else array
     torch = _torch_to_read()
     if tag == "torch.dtype":
         return _torch_dtype(torch, node["v"])
     if tag == "torch.Size":
-        return torch.Size(node["v"])
+        sizes = node["v"]
+        if not isinstance(sizes, list) or any(type(d) is not int or not 0 <= d < 2 ** 63
+                                              for d in sizes):
+            raise Damaged(f"a torch.Size of {sizes!r}")
+        return torch.Size(sizes)
     if tag == "torch.device":
         return torch.device(node["v"])
     raise Damaged(f"unknown entry {tag!r} in the header")
+
+
+def _quantized(torch):
+    return {getattr(torch, name) for name in ("qint8", "quint8", "qint32", "quint4x2",
+                                              "quint2x4") if hasattr(torch, name)}
 
 
 def _torch_to_read():
@@ -249,8 +323,11 @@ def _torch_to_read():
 
 
 def _torch_dtype(torch, name):
-    dtype = getattr(torch, name, None)
+    # From the module's names as they are: getattr would import a lazy submodule of that name.
+    dtype = torch.__dict__.get(name) if isinstance(name, str) else None
     if not isinstance(dtype, torch.dtype):
+        if not isinstance(name, str) or not _DTYPE_NAME.match(name) or name in torch.__dict__:
+            raise Damaged(f"a tensor's dtype {name!r} is no torch dtype's name")
         raise Unreadable(f"holds a tensor of dtype torch.{name}, which torch "
                          f"{torch.__version__} here does not have (it was saved by another "
                          "version)")
@@ -275,18 +352,24 @@ def parse(buffer, name):
             raise Damaged(f"{name} is not a checkpoint file (wrong magic bytes)")
         (length,) = struct.unpack("<Q", buffer[len(MAGIC):len(MAGIC) + 8].tobytes())
         start = len(MAGIC) + 8
-        header = json.loads(buffer[start:start + length].tobytes())
+        # Strictly UTF-8, as written: json.loads would guess UTF-16 from bytes.
+        header = json.loads(buffer[start:start + length].tobytes().decode("utf-8"))
         if header.get("format") != FORMAT or header.get("version") != VERSION:
             raise Damaged(f"{name} has format {header.get('format')!r} version "
                           f"{header.get('version')!r}, not {FORMAT!r} version {VERSION}")
         begin = -(-(start + length) // ALIGN) * ALIGN
-        payload = buffer[begin:begin + header["payload"]]
-        if payload.size != header["payload"]:
-            raise Damaged(f"{name} holds a shorter payload than its header says")
-        return decode(header["tree"], payload)
-    except Damaged:
-        raise
+        size = header["payload"]
+        if type(size) is not int or size < 0 or begin + size != buffer.size:
+            raise Damaged(f"{name} has {buffer.size - begin} bytes of payload where its header "
+                          f"says {size!r}")
+        return decode(header["tree"], _Payload(buffer[begin:]))
+    except Damaged as exc:
+        if str(exc).startswith(name):
+            raise
+        raise Damaged(f"{name}: {exc}") from None
     except Unreadable as exc:
         raise Unreadable(f"{name} {exc}") from None
+    except MemoryError:
+        raise  # no room to decode here: no fault of the file
     except Exception as exc:  # a file that passed its checksum but was written wrong
         raise Damaged(f"{name} cannot be decoded ({type(exc).__name__}: {exc})") from None

@@ -25,6 +25,7 @@ from ._nodes import as_ids, check_nodes, check_parts_agree, gather_node_rows, no
 MARKER = "CHECKPOINTS"
 SHARED = "shared.ckpt"
 _STEP_DIR = re.compile(r"^step-([0-9]+)$")
+_MARKER_LIMIT = 1 << 20  # a marker holds a fingerprint: a few hundred bytes
 _MARKER_TEMPORARY = re.compile(rf"^\.{MARKER}\.[0-9]+\.tmp$")  # `_files.write_atomic`'s name
 #: How many times `Checkpointer.load` lists the directory again when every checkpoint it
 #: listed failed while another run was committing (and pruning) checkpoints there.
@@ -346,9 +347,10 @@ class Checkpointer:
                 self._wrote_marker = True
                 return
             try:
-                with open(marker) as handle:
-                    saved = json.load(handle)
-            except (OSError, ValueError, RecursionError) as exc:
+                fd, _ = _files.open_regular(marker, _MARKER_LIMIT)
+                with open(fd, "rb") as handle:
+                    saved = json.loads(handle.read().decode("utf-8"))
+            except (Damaged, OSError, ValueError, RecursionError) as exc:
                 # RecursionError: JSON nested deeper than the parser goes (garbage).
                 self._recover_marker(marker, f"cannot be read ({exc})")
                 return
@@ -1149,7 +1151,15 @@ class Checkpointer:
             if name not in files:
                 raise Damaged(f"{name} is not in the manifest")
             path = os.path.join(step_dir, name)
-            return parse(_files.read_verified(path, files[name], self.threads), name)
+            held = parse(_files.read_verified(path, files[name], self.threads), name)
+            if name.startswith("nodes-"):
+                # What `save` checked, checked again: gathering by node id, or a caller,
+                # would otherwise fail on a file made elsewhere with a bare IndexError.
+                try:
+                    held = check_nodes(held)
+                except (TypeError, ValueError) as exc:
+                    raise Damaged(f"{name} does not hold per-node state: {exc}") from None
+            return held
 
         same = ranks == self.comm.size
         shared = state(SHARED) if manifest["has_shared"] else None
