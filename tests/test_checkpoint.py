@@ -257,6 +257,11 @@ def test_a_failed_commit_says_whether_the_checkpoint_has_its_manifest(
     else:
         assert "(writing its manifest.json)" in notes
         assert make(tmp_path).steps() == []
+    # raised once, not tried again by the next call; the next save goes on
+    assert checkpoints.wait() is None
+    checkpoints.save(2, {"w": torch.full((3,), 2.0)})
+    checkpoints.close()
+    assert make(tmp_path).load().step == 2
 
 
 def save_three(directory, **kwargs):

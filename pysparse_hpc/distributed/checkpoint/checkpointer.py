@@ -724,9 +724,14 @@ class Checkpointer:
         collected = self._collect()
         if collected is None:
             return None
-        # Kept until committed: a commit interrupted (Ctrl-C) is taken up by the next call.
+        # Kept until committed: a commit interrupted (Ctrl-C) is taken up by the next call. A
+        # commit that failed is raised once, as a failed write is, and not tried again.
         self._uncommitted = collected
-        self.comm.on_root(self._commit_noted, *collected)
+        try:
+            self.comm.on_root(self._commit_noted, *collected)
+        except Exception:
+            self._uncommitted = None
+            raise
         self._uncommitted = None
         if self.comm.rank == 0:
             self._start_pruning(collected[0])
