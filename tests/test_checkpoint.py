@@ -787,6 +787,45 @@ def test_a_bytes_path_is_taken(tmp_path):
     assert make(tmp_path / "run").load().step == 1
 
 
+def test_what_save_takes_loads(tmp_path):
+    """Tuple keys holding NumPy scalars, bytes or torch values, a torch.Size key, and a bool
+    tensor viewed from bytes other than 0 and 1: saved without a word, then refused as
+    damage by the stricter loader (which must load whatever the writer writes)."""
+    mask = torch.tensor([0, 2, 255], dtype=torch.uint8).view(torch.bool)
+    state = {("layer", np.int64(0)): torch.ones(2), (b"k", 1): 2, (torch.float32, "x"): 3,
+             torch.Size([2, 3]): 4, "mask": mask}
+    with make(tmp_path) as checkpoints:
+        checkpoints.save(1, state)
+    loaded = make(tmp_path).load().shard
+    assert set(loaded) == set(state)
+    assert torch.equal(loaded["mask"], mask) and torch.equal(loaded[("layer", 0)], torch.ones(2))
+
+
+def test_a_wait_interrupted_while_it_gathers_keeps_the_save(tmp_path, monkeypatch):
+    """Ctrl-C in the collectives of `wait` (gathering the ranks' records, which waits for the
+    slowest rank) lost the save: it had been let go of before them."""
+    checkpoints = make(tmp_path)
+    checkpoints.save(1, {"w": torch.ones(2)})
+    with monkeypatch.context() as patch:
+        def interrupted(records):
+            raise KeyboardInterrupt
+        patch.setattr(checkpoints.comm, "gather", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            checkpoints.wait()
+    assert checkpoints.wait() == 1
+    checkpoints.close()
+    assert checkpoints.steps() == [1]
+
+
+def test_a_large_fingerprint_reopens_without_repair(tmp_path):
+    fingerprint = {"vocabulary": ["w%d" % i for i in range(200_000)]}   # about 2 MB
+    with make(tmp_path, fingerprint=fingerprint) as checkpoints:
+        checkpoints.save(1, {"w": 1})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert make(tmp_path, fingerprint=fingerprint).load().step == 1
+
+
 def test_a_first_save_that_failed_leaves_the_directory_to_the_next_run(tmp_path, monkeypatch):
     """A first save that failed after taking the directory's lock (no memory for the copy)
     left the lock file beside nothing else: the corrected run took it for a foreign folder."""

@@ -185,3 +185,13 @@ def test_vmap_of_layers_ensembles_and_per_sample_gradients(adj, name):
     for index, x in enumerate(features):
         for key, grad in torch.func.grad(loss)(own, x).items():
             torch.testing.assert_close(per_sample[key][index], grad)
+
+
+def test_an_empty_batch(adj):
+    """vmap over a batch of none: the slice-by-slice rule read its first result."""
+    x, nnz = f64(6, 3, seed=1), F.pattern(adj).nnz
+    empty = torch.randn(0, 6, 3, dtype=DOUBLE)
+    assert torch.func.vmap(lambda t: F.sddmm(adj, t, x))(empty).shape == (0, nnz)
+    assert torch.func.vmap(lambda t: F.spmm(adj, t))(empty).shape == (0, 6, 3)
+    scores = torch.randn(0, 6, 2, dtype=DOUBLE)
+    assert torch.func.vmap(lambda s: F.gat_attention(adj, s, s))(scores).shape == (0, nnz, 2)

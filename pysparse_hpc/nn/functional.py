@@ -89,6 +89,16 @@ def _vmap_slice_by_slice(function, info, in_dims, args):
     """A ``vmap`` rule for ``function``: applied to each slice of the batch, the results
     stacked along a new first dimension. The Numba kernels read plain tensors only, so the
     batch cannot reach them whole."""
+    if info.batch_size == 0:
+        # One slice of zeros, for the outputs' shapes and dtypes: an empty batch of each.
+        zeros = [arg if dim is None else arg.new_zeros(arg.shape[:dim] + arg.shape[dim + 1:])
+                 for arg, dim in zip(args, in_dims)]
+        result = function.apply(*zeros)
+        outputs = result if isinstance(result, tuple) else (result,)
+        empty = tuple(out.new_empty((0, *out.shape)) if isinstance(out, torch.Tensor) else None
+                      for out in outputs)
+        dims = tuple(None if out is None else 0 for out in empty)
+        return (empty, dims) if isinstance(result, tuple) else (empty[0], 0)
     results = []
     for index in range(info.batch_size):
         sliced = [arg if dim is None else arg.select(dim, index)

@@ -48,8 +48,9 @@ some rank. A rank where such a parameter's ``.grad`` is None (unused in its back
 part with a zero gradient, written to its ``.grad``, as `pysparse_hpc.distributed.DataParallel`
 does; a parameter with no gradient on any rank is skipped, as one process's Lion skips it.
 Without the agreement the ranks' votes would line up against different tensors. Before it,
-the ranks compare their number of parameters, counters and a digest of their groups' settings
-and shapes (80 bytes, traffic kind `AGREEMENT_KIND`): optimizers that parted after
+the ranks compare their number of parameters, counters and a digest of their groups' ``lr``,
+``betas`` and ``weight_decay`` and their parameters' shapes (80 bytes, traffic kind
+`AGREEMENT_KIND`): optimizers that parted after
 construction (a group added, a state loaded or a rate changed on some ranks only) are a
 ValueError on every rank.
 
@@ -166,6 +167,26 @@ def _checked_settings(compression, momentum_sync, sync_doubling, average, ranks)
     return compression, momentum_sync, sync_doubling, average
 
 
+def _canonical(value):
+    """``value`` as the same text on every rank that holds an equal one: numbers as floats
+    (``np.float64(1e-3)`` and ``1e-3``, ``0`` and ``0.0`` alike), sequences item by item,
+    anything else by its ``repr``."""
+    if isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_)):
+        return repr(float(value))
+    if isinstance(value, (tuple, list)):
+        return "(" + ", ".join(_canonical(item) for item in value) + ")"
+    return repr(value)
+
+
+#: The settings of a group that Lion's update reads: the others (a name, a tag for the
+#: user's own code) may differ between ranks without moving the replicas apart.
+_LION_SETTINGS = ("lr", "betas", "weight_decay")
+
+
+def _group_settings(group):
+    return [(name, _canonical(group.get(name))) for name in _LION_SETTINGS]
+
+
 def _layout(param_groups, compression, momentum_sync, average, sync_doubling,
             decoupled_weight_decay, init_lr):
     """What must be alike on every rank: the settings, each group's options, and the shape
@@ -174,13 +195,12 @@ def _layout(param_groups, compression, momentum_sync, average, sync_doubling,
     entries = [("compression", compression), ("momentum_sync", momentum_sync),
                ("average", average), ("sync_doubling", sync_doubling),
                ("decoupled_weight_decay", decoupled_weight_decay),
-               ("constructor lr", repr(init_lr)),
+               ("constructor lr", _canonical(init_lr)),
                ("parameter groups", len(param_groups))]
     entries += [(f"group {index} parameters", len(group["params"]))
                 for index, group in enumerate(param_groups)]
     for index, group in enumerate(param_groups):
-        entries += [(f"group {index} {name}", repr(value)) for name, value in sorted(
-            group.items()) if name != "params"]
+        entries += [(f"group {index} {name}", value) for name, value in _group_settings(group)]
         entries += [(f"group {index} parameter {k}", tuple(param.shape), str(param.dtype))
                     for k, param in enumerate(group["params"])]
     return tuple(entries)
@@ -314,6 +334,10 @@ class DistributedLion(Lion):
     def _update(self):
         """One step of every parameter that has a gradient on some rank, agreed over the
         ranks."""
+        if self.comm.size > 1:
+            # First: a rate that is wrong on some ranks only is a difference, raised on every
+            # rank, where check_groups would raise on those ranks alone and the others wait.
+            self._check_still_alike(sum(len(group["params"]) for group in self.param_groups))
         self.check_groups()
         entries = self._taking_part()
         if entries:
@@ -333,7 +357,6 @@ class DistributedLion(Lion):
         entries = [(group, param) for group in self.param_groups for param in group["params"]]
         has_grad = np.array([param.grad is not None for _, param in entries], dtype=np.uint8)
         if self.comm.size > 1:
-            self._check_still_alike(len(entries))
             self.comm.Allreduce(has_grad, "max", kind=PARTICIPATION_KIND)
         taking_part = []
         for (group, param), flag in zip(entries, has_grad):
@@ -349,11 +372,10 @@ class DistributedLion(Lion):
         collectives would then pair unlike buffers (an error inside MPI, or a hang), or the
         replicas part without a word. One MAX allreduce of 80 bytes (each value and its
         negation, so every rank sees the same maximum and minimum and raises alike)."""
-        groups = [(sorted((name, repr(value)) for name, value in group.items()
-                          if name != "params"),
+        groups = [(_group_settings(group),
                    [(tuple(param.shape), str(param.dtype)) for param in group["params"]])
                   for group in self.param_groups]
-        settings = repr((groups, self.decoupled_weight_decay, repr(self._init_lr)))
+        settings = repr((groups, self.decoupled_weight_decay, _canonical(self._init_lr)))
         digest = int.from_bytes(hashlib.blake2b(settings.encode(), digest_size=7).digest(),
                                 "little")
         values = np.array([n_entries, self.steps_taken, self.momentum_syncs, self._next_sync,

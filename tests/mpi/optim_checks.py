@@ -338,8 +338,13 @@ def check_lion_refuses_ranks_that_parted():
            "differ in the parameter groups' settings")
     parted(lambda optimizer, saved: optimizer.load_state_dict(saved), "differ in the steps taken",
            compression="1bit")
+    # A rate wrong on some ranks only raised there alone, while the others waited.
+    parted(lambda optimizer, saved: optimizer.param_groups[0].update(lr=float("nan")),
+           "differ in the parameter groups' settings")
     model = _model()   # alike on every rank: the steps go on
-    optimizer = DistributedLion(model.parameters(), comm, lr=LR)
+    # the same rate as another type, and keys of the user's own that differ, are alike
+    optimizer = DistributedLion([{"params": list(model.parameters()), "name": f"rank {rank}",
+                                  "lr": np.float64(LR) if rank else LR}], comm, lr=LR)
     stepped(optimizer, model, 2)
     optimizer.add_param_group({"params": [torch.nn.Parameter(torch.zeros(3))]})
     optimizer.load_state_dict(optimizer.state_dict())

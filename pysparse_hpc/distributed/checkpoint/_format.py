@@ -235,7 +235,11 @@ def _shape(node, itemsize, n):
 
 
 def _hashable(key):
-    return type(key) in PLAIN or type(key) is tuple and all(_hashable(k) for k in key)
+    try:
+        hash(key)
+    except TypeError:
+        return False
+    return True
 
 
 def decode(node, payload):
@@ -274,8 +278,6 @@ def decode(node, payload):
                 raise Damaged(f"a tensor of the quantized dtype {dtype}, which a checkpoint "
                               "does not hold")
             shape = _shape(node, torch.empty((), dtype=dtype).element_size(), raw.size)
-            if dtype == torch.bool and raw.size and raw.max() > 1:
-                raise Damaged("a bool tensor holds bytes other than 0 and 1")
             tensor = torch.from_numpy(raw).view(dtype).view(shape)
             if type(node["grad"]) is not bool or type(node["param"]) is not bool:
                 raise Damaged("a tensor's grad and param flags are not bools")
@@ -293,8 +295,6 @@ def decode(node, payload):
             if dtype.kind == "U" and raw.size else None
         if code_points is not None and code_points.max() > 0x10FFFF:
             raise Damaged("a string array holds a code point past Unicode's")
-        if dtype.kind == "b" and raw.size and raw.max() > 1:
-            raise Damaged("a bool array holds bytes other than 0 and 1")
         return array[()] if tag == "npscalar" else array
     torch = _torch_to_read()
     if tag == "torch.dtype":

@@ -25,7 +25,6 @@ from ._nodes import as_ids, check_nodes, check_parts_agree, gather_node_rows, no
 MARKER = "CHECKPOINTS"
 SHARED = "shared.ckpt"
 _STEP_DIR = re.compile(r"^step-([0-9]+)$")
-_MARKER_LIMIT = 1 << 20  # a marker holds a fingerprint: a few hundred bytes
 _MARKER_TEMPORARY = re.compile(rf"^\.{MARKER}\.[0-9]+\.tmp$")  # `_files.write_atomic`'s name
 #: How many times `Checkpointer.load` lists the directory again when every checkpoint it
 #: listed failed while another run was committing (and pruning) checkpoints there.
@@ -347,7 +346,8 @@ class Checkpointer:
                 self._wrote_marker = True
                 return
             try:
-                fd, _ = _files.open_regular(marker, _MARKER_LIMIT)
+                # As large as a manifest may be: both hold the fingerprint.
+                fd, _ = _files.open_regular(marker, _files.MANIFEST_LIMIT)
                 with open(fd, "rb") as handle:
                     saved = json.loads(handle.read().decode("utf-8"))
             except (Damaged, OSError, ValueError, RecursionError) as exc:
@@ -500,12 +500,12 @@ class Checkpointer:
         previous = self._collect()
         try:
             step, encoders = self._prepare_save(step, shard, shared, nodes, previous)
+            pending = _Pending(step, previous if self.comm.rank == 0 else None)
+            step_dir = os.path.join(self.directory, _step_name(step))
         except BaseException:
             if previous is not None:
                 self._commit_now(previous)
             raise
-        pending = _Pending(step, previous if self.comm.rank == 0 else None)
-        step_dir = os.path.join(self.directory, _step_name(step))
         try:
             if blocking:
                 self._write(pending, step_dir,
@@ -696,13 +696,15 @@ class Checkpointer:
         return (pending is not None and pending.thread is not None
                 and not pending.thread.is_set() or pruning is not None and not pruning.is_set())
 
-    def _join(self):
+    def _join(self, keep=False):
+        """Wait for the pending save's files; the save, let go of unless ``keep``."""
         self._join_pruning()
         pending = self._pending
         if pending is not None and pending.thread is not None:
             pending.thread.wait()
         # Only now: a wait interrupted (Ctrl-C) leaves the save pending for the next one.
-        self._pending = None
+        if not keep:
+            self._pending = None
         return pending
 
     def wait(self):
@@ -741,16 +743,25 @@ class Checkpointer:
         """Wait for the pending save's files (collective): raise what failed on any rank, else
         ``(step, every rank's file records)`` (the records on rank 0 only); None if no save
         is pending."""
-        pending = self._join()
+        pending = self._join(keep=True)
         if pending is None:
             collected, self._uncommitted = self._uncommitted, None
             return collected
         error = pending.error
-        if error is not None and hasattr(error, "add_note"):
+        if error is not None and hasattr(error, "add_note") and not getattr(
+                error, "_noted", False):
             error.add_note(f"while saving checkpoint step {pending.step} to {self.directory} "
                            f"on rank {self.comm.rank}")
-        self.comm.raise_if_any(error)
-        return pending.step, self.comm.gather(pending.records)
+            error._noted = True
+        try:
+            self.comm.raise_if_any(error)
+        except Exception:
+            self._pending = None  # raised once
+            raise
+        # Let go of only once collected: a Ctrl-C in these collectives leaves it pending.
+        collected = pending.step, self.comm.gather(pending.records)
+        self._pending = None
+        return collected
 
     def _commit_now(self, collected):
         """Commit a collected save here and now (rank 0; others have nothing to do), when the
