@@ -20,6 +20,7 @@ import scipy.sparse
 from ._base import sparray
 from ._csr import csr_array
 from ._sputils import check_flag, check_index_dtype, described_sparse, refuse_beyond_memory
+from .kernels.cpu import mm_tokens
 
 __all__ = ["load_npz", "save_npz", "read_matrix_market", "write_matrix_market"]
 
@@ -49,7 +50,9 @@ def _existing_path(path):
 # What reading a damaged member of an archive raises: zip and deflate errors, and NumPy's parse
 # of a garbled .npy header (which tokenizes it as a Python literal).
 _CORRUPT_MEMBER_ERRORS = (ValueError, EOFError, OSError, zipfile.BadZipFile, zlib.error,
-                          tokenize.TokenError, SyntaxError)
+                          tokenize.TokenError, SyntaxError,
+                          # an encrypted member, a compression method zipfile lacks
+                          RuntimeError, NotImplementedError)
 
 
 def _npz_source(path):
@@ -283,6 +286,10 @@ _MM_FLOAT_BYTES = b"0123456789+-.eEnNaAiIfFtTyY"   # with nan, inf and infinity
 _MM_TOKEN_BYTES = {"pattern": b"0123456789+-", "integer": b"0123456789+-",
                    "real": _MM_FLOAT_BYTES, "double": _MM_FLOAT_BYTES}
 _MM_VALUE_TOKENS = {"pattern": 0, "integer": 1, "real": 1, "double": 1}
+# The grammar each field's numbers are checked against, whole: the bytes alone let "1-2"
+# through as 1, "2.5.7" as 2.5 and, as a column index, "2-1" put the value -1 in column 2.
+_MM_GRAMMAR = {"pattern": mm_tokens.INTEGER, "integer": mm_tokens.INTEGER,
+               "real": mm_tokens.REAL, "double": mm_tokens.REAL}
 
 
 def _open_mm(path):
@@ -336,10 +343,25 @@ def _check_mm_body(path, info):
             chunk = stream.read(chunk_size)
             if not chunk:
                 break
+            if not chunk.endswith(b"\n"):
+                # Whole lines: no number cut in two. An entry's line is short; one of a
+                # megabyte is no Matrix Market line (a decompression bomb's, say).
+                rest = stream.readline(chunk_size)
+                if len(rest) == chunk_size and not rest.endswith(b"\n"):
+                    raise ValueError(f"{path!r} is not a valid Matrix Market file: a line of "
+                                     f"its entries, at byte {offset + len(chunk)}, is longer "
+                                     f"than {chunk_size} bytes")
+                chunk += rest
             classes = chunk.translate(table)
             bad = classes.find(2)
             if bad >= 0:
                 raise ValueError(_mm_bad_byte(path, chunk, bad, offset))
+            start, stop = mm_tokens.first_malformed(chunk, _MM_GRAMMAR[field])
+            if start >= 0:
+                raise ValueError(f"{path!r} is not a valid Matrix Market file: "
+                                 f"{chunk[start:min(stop, start + 40)]!r} at byte "
+                                 f"{offset + start} of the entries is not a number of its "
+                                 f"{field} field")
             codes = np.frombuffer(classes, dtype=np.uint8)
             # A number starts wherever a byte of one follows whitespace.
             tokens += int(codes[0] > previous) + int(np.count_nonzero(codes[1:] > codes[:-1]))
@@ -405,10 +427,13 @@ def read_matrix_market(path):
     ValueError
         Anything else that is not a valid Matrix Market file, named: a bad header, a
         symmetric matrix that is not square, an entry out of range, a value the field does
-        not allow (``1,5`` in a real field, ``2.5`` in an integer one), more or fewer numbers
+        not allow (``1,5`` or ``1-2`` in a real field, ``2.5`` in an integer one, checked
+        whole: scipy reads a number up to its first byte it cannot take), a line of more than
+        a megabyte (a decompression bomb's), more or fewer numbers
         than the header declares, a non-zero diagonal entry in a skew-symmetric file
-        (entries there that sum to zero are kept as stored zeros), a path that is not a
-        regular file.
+        (entries there that sum to zero are kept as stored zeros), an entry stored with its
+        mirror in a symmetric, skew-symmetric or hermitian file (which holds one triangle:
+        both would be read doubled), a path that is not a regular file.
     MemoryError
         The file declares more rows than this machine's memory can index (the CSR row
         pointer), found before reading it.
@@ -433,6 +458,8 @@ def read_matrix_market(path):
         raise ValueError(f"{path!r} is not a valid Matrix Market file: {exc}") from None
     if isinstance(matrix, np.ndarray):
         return csr_array(matrix)
+    if symmetry != "general":
+        _refuse_both_triangles(path, matrix, info[2], symmetry)
     diagonal = matrix.row == matrix.col if symmetry == "skew-symmetric" else None
     if diagonal is not None and diagonal.any() and np.any(np.bincount(
             matrix.row[diagonal], weights=matrix.data[diagonal], minlength=rows) != 0):
@@ -441,6 +468,25 @@ def read_matrix_market(path):
         raise ValueError(f"{path!r} is not a valid Matrix Market file: a skew-symmetric "
                          f"matrix with a non-zero diagonal entry")
     return csr_array(matrix).canonical()
+
+
+def _refuse_both_triangles(path, matrix, stored, symmetry):
+    """Refuse a file that stores an entry and its mirror (a full matrix under a symmetric
+    header, a common fault of writers): scipy mirrors every entry off the diagonal, and both
+    were read doubled. ``stored`` entries come first in scipy's result, their mirrors after.
+    A file that stores the upper triangle, or some entries in each, is read as meant."""
+    rows, cols = matrix.row[:stored], matrix.col[:stored]
+    lower, upper = rows > cols, rows < cols
+    if not (lower.any() and upper.any()):
+        return    # one triangle, as the format has it: no entry can have its mirror stored
+    rows, cols = rows.astype(np.int64), cols.astype(np.int64)
+    n = np.int64(max(matrix.shape[0], 1))
+    both = np.intersect1d(rows[lower] * n + cols[lower], cols[upper] * n + rows[upper])
+    if both.size:
+        row, col = divmod(int(both[0]), int(n))
+        raise ValueError(f"{path!r} is not a valid Matrix Market file: a {symmetry} file holds "
+                         f"one triangle, and it stores both entry ({row + 1}, {col + 1}) and "
+                         f"its mirror ({col + 1}, {row + 1}), which would each be counted twice")
 
 
 _SYMMETRIES = (None, "general", "symmetric", "skew-symmetric", "hermitian")

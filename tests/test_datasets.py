@@ -156,6 +156,28 @@ def test_load_file_checks_every_label(tmp_path):
     assert datasets.load_file(path, random_features=2).y[3] == -1
 
 
+def test_load_file_refuses_more_classes_than_nodes(tmp_path):
+    """3e8 classes on a 4-node graph asked torch for 19 GB of output weights in training."""
+    path = _small_graph(tmp_path / "g.npz", num_classes=np.array(300_000_000))
+    with pytest.raises(ValueError, match="num_classes is 300000000, more than its 4 nodes"):
+        datasets.load_file(path, random_features=2)
+
+
+def test_an_encrypted_member_is_a_named_error(tmp_path):
+    """A member flagged encrypted (or of a compression zipfile lacks) raised zipfile's bare
+    RuntimeError (NotImplementedError)."""
+    path = _small_graph(tmp_path / "g.npz")
+    data = bytearray(path.read_bytes())
+    for signature, flag_offset in ((b"PK\x03\x04", 6), (b"PK\x01\x02", 8)):
+        start = data.find(signature)
+        while start >= 0:
+            data[start + flag_offset] |= 1           # the encryption bit
+            start = data.find(signature, start + 4)
+    path.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match="g.npz' has a corrupt member .*encrypted"):
+        datasets.load_file(path, random_features=2)
+
+
 def test_load_file_names_what_a_wrong_file_lacks(tmp_path):
     import scipy.sparse
     # Features stored without feat_indptr were reported as "no features" at all.

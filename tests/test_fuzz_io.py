@@ -144,6 +144,24 @@ def test_a_compressed_file_is_checked_too(tmp_path):
     ("%%MatrixMarket matrix array real symmetric\n2 3\n1\n2\n3\n", "must be square"),
     ("%%MatrixMarket matrix coordinate real skew-symmetric\n2 2 1\n1 1 5\n",
      "skew-symmetric matrix with a non-zero diagonal entry"),
+    # numbers whose bytes are all allowed, malformed whole: scipy reads up to the first byte
+    # it cannot take (the value in the comment) and skips the rest of the line
+    (HEADER + "2 2 1\n1 1 1-2\n", "b'1-2' at byte 4 of the entries is not a number"),  # 1
+    ("%%MatrixMarket matrix coordinate integer general\n2 2 1\n1 1 5+3\n", "b'5\\+3'"),
+    (HEADER + "2 2 1\n1 1 2.5.7\n", "b'2.5.7'"),                                      # 2.5
+    (HEADER + "2 2 1\n1 1 1e5e3\n", "b'1e5e3'"),                                      # 1e5
+    (HEADER + "2 2 1\n1 1 1e\n", "b'1e'"),                                            # 1
+    (HEADER + "2 2 1\n1 1 1nan\n", "b'1nan'"),                                        # 1
+    (HEADER + "2 2 1\n1 1 inf-3\n", "b'inf-3'"),                                      # inf
+    (HEADER + "2 2 1\n1 1 .\n", "b'.'"),
+    (HEADER + "2 2 1\n1 2-1 7\n", "b'2-1'"),                 # -1 in column 2, the 7 dropped
+    ("%%MatrixMarket matrix array real general\n1 1\n5-3\n", "b'5-3'"),             # 5
+    # a file that stores an entry and its mirror under a symmetric header: read doubled
+    ("%%MatrixMarket matrix coordinate real symmetric\n2 2 3\n1 1 1\n2 1 2\n1 2 2\n",
+     r"stores both entry \(2, 1\) and its mirror \(1, 2\)"),
+    ("%%MatrixMarket matrix coordinate real skew-symmetric\n2 2 2\n1 2 -4\n2 1 4\n",
+     "stores both entry"),
+    (HEADER + "2 2 1\n1 1 " + "1" * (2 << 20) + "\n", "longer than 1048576 bytes"),
 ])
 def test_a_file_that_does_not_match_its_header_is_refused(tmp_path, text, match):
     with pytest.raises(ValueError, match=match):
@@ -165,6 +183,12 @@ def test_lenient_but_valid_files_still_read(tmp_path):
         ("%%MatrixMarket matrix coordinate pattern symmetric\n2 2 1\n2 1", [[0, 1], [1, 0]]),
         (HEADER + "0 3 0\n", np.zeros((0, 3))),
         (HEADER + "3 0 0\n", np.zeros((3, 0))),
+        (HEADER + "2 2 4\n1 1 1.\n1 2 .5\n2 1 -1E-3\n2 2 2e+01\n",
+         [[1.0, 0.5], [-1e-3, 20.0]]),
+        (HEADER + "2 2 2\n1 2 -Infinity\n2 1 -nan\n", [[0, -np.inf], [np.nan, 0]]),
+        # one triangle, the upper one, or a part of each: mirrored as meant
+        ("%%MatrixMarket matrix coordinate real symmetric\n3 3 2\n1 2 5\n3 1 7\n",
+         [[0, 5, 7], [5, 0, 0], [7, 0, 0]]),
     ]
     for text, expected in cases:
         A = read_matrix_market(_mm(tmp_path, text))

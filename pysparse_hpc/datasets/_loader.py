@@ -182,8 +182,9 @@ def load_file(path, random_features=None, seed=0, name=None):
         No such file.
     ValueError
         The file lacks a key (named), its arrays disagree in length, a label is not an integer
-        in ``0..num_classes - 1`` (or -1, on a node outside the masks), a mask is not boolean,
-        the masks overlap, or the adjacency is not square.
+        in ``0..num_classes - 1`` (or -1, on a node outside the masks), ``num_classes`` is
+        more than the nodes, a mask is not boolean, the masks overlap, or the adjacency is not
+        square.
     """
     if name is not None and not isinstance(name, str):
         raise TypeError(f"name must be a string, got {type(name).__name__}")
@@ -221,6 +222,9 @@ def load_file(path, random_features=None, seed=0, name=None):
         raise ValueError(f"{path!r}: the adjacency is {adj.shape[0]} x {adj.shape[1]}; a graph's "
                          f"is square")
     n = adj.shape[0]
+    if num_classes > max(n, 1):
+        # A model gets one output per class: 3e8 classes asked torch for 19 GB of weights.
+        raise ValueError(f"{path!r}: num_classes is {num_classes}, more than its {n} nodes")
     # The Dataset's documented form, whatever the file stored: float32 weights (as the features)
     # and canonical rows, which kernels and reorderings expect. Checked after the cast and the
     # merge: a float64 weight beyond float32's range, or duplicates summing past it, became inf.
