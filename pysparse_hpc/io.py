@@ -81,6 +81,13 @@ def _open_npz(path, name=None):
         raise ValueError(f"{name!r} is not a readable .npz archive: {exc}") from None
     if not isinstance(archive, np.lib.npyio.NpzFile):
         raise ValueError(f"{name!r} holds a single array, not an .npz archive of CSR arrays")
+    names = archive.zip.namelist()
+    if len(names) != len(set(names)):
+        # NumPy reads the last of two members of one name; other zip tools show the first.
+        repeated = sorted({entry for entry in names if names.count(entry) > 1})
+        archive.close()
+        raise ValueError(f"{name!r} is not a readable .npz archive: it holds two members named "
+                         f"{repeated[0]!r}")
     return archive
 
 
@@ -369,6 +376,11 @@ def _check_mm_body(path, info):
             offset += len(chunk)
             if tokens > expected:
                 break
+            if offset > (1 << 20) + 64 * expected:
+                # A number and its separator take a few dozen bytes: gigabytes of blank lines
+                # (a decompression bomb of a few kilobytes) were read to the end.
+                raise ValueError(f"{path!r} is not a valid Matrix Market file: its entries run "
+                                 f"past {offset} bytes, more than {expected} numbers take")
     if tokens != expected:
         what = (f"{info[2]} entries of {2 + _MM_VALUE_TOKENS[field]} numbers"
                 if fmt == "coordinate" else f"{expected} values")

@@ -162,6 +162,7 @@ def test_a_compressed_file_is_checked_too(tmp_path):
     ("%%MatrixMarket matrix coordinate real skew-symmetric\n2 2 2\n1 2 -4\n2 1 4\n",
      "stores both entry"),
     (HEADER + "2 2 1\n1 1 " + "1" * (2 << 20) + "\n", "longer than 1048576 bytes"),
+    (HEADER + "2 2 1\n1 1 5\n" + "\n" * (3 << 20), "run past 2097152 bytes"),  # read to the end
 ])
 def test_a_file_that_does_not_match_its_header_is_refused(tmp_path, text, match):
     with pytest.raises(ValueError, match=match):
@@ -365,3 +366,24 @@ def test_rmat_refuses_boolean_probabilities():
         with pytest.raises(TypeError, match="probabilities must be 4 numbers"):
             rmat(3, probabilities=bad)
     assert rmat(3, probabilities=np.array([1, 0, 0, 0])).nnz == 1
+
+
+def test_an_archive_with_two_members_of_one_name_is_refused(tmp_path):
+    """NumPy read the last of the two, where other zip tools show the first."""
+    import io
+    import warnings
+    import zipfile
+
+    path = tmp_path / "a.npz"
+    S = scipy.sparse.random_array((5, 5), density=0.4, random_state=0, format="csr")
+    members = {"indptr": S.indptr, "indices": S.indices, "data": S.data,
+               "shape": np.array(S.shape), "format": np.array("csr")}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")   # zipfile's warning of the duplicate name
+        with zipfile.ZipFile(path, "w") as archive:
+            for name, array in [*members.items(), ("data", S.data * 2)]:
+                buffer = io.BytesIO()
+                np.lib.format.write_array(buffer, array)
+                archive.writestr(f"{name}.npy", buffer.getvalue())
+    with pytest.raises(ValueError, match="two members named 'data.npy'"):
+        load_npz(path)
