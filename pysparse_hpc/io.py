@@ -125,7 +125,9 @@ def _read_member(archive, key, path):
     if declared is not None and not declared[1].hasobject:  # objects: refused below, unread
         shape, dtype, held = declared
         needed = math.prod(shape) * dtype.itemsize
-        if needed > held:
+        if needed != held:
+            # NumPy writes the data right after the header, no more: bytes past it were put
+            # there by another tool, and a reader that stops at the header's size hides them.
             raise ValueError(f"{path!r} has a corrupt member {key!r}: its header declares "
                              f"{shape} {dtype} ({needed} bytes) but the member holds {held}")
         refuse_beyond_memory(float(needed), f"{path!r}: member {key!r} of shape {shape} "
@@ -416,6 +418,10 @@ def _mm_info(path):
         raise TypeError(f"{path!r} holds complex values; only real matrices are supported")
     if field not in _MM_TOKEN_BYTES:
         raise ValueError(f"{path!r} is not a valid Matrix Market file: field {field!r}")
+    if field == "pattern" and symmetry in ("skew-symmetric", "hermitian"):
+        # A pattern's entries are 1: mirrored as -1 (skew), they were not.
+        raise ValueError(f"{path!r} is not a valid Matrix Market file: a pattern file is "
+                         f"general or symmetric, not {symmetry}")
     if symmetry != "general" and rows != cols:
         raise ValueError(f"{path!r} is not a valid Matrix Market file: a {symmetry} matrix "
                          f"must be square, the header declares {rows} x {cols}")
@@ -448,7 +454,8 @@ def read_matrix_market(path):
         than the header declares, a non-zero diagonal entry in a skew-symmetric file
         (entries there that sum to zero are kept as stored zeros), an entry stored with its
         mirror in a symmetric, skew-symmetric or hermitian file (which holds one triangle:
-        both would be read doubled), a path that is not a regular file.
+        both would be read doubled), a pattern file declared skew-symmetric or hermitian
+        (its entries are 1), a path that is not a regular file.
     MemoryError
         The file declares more rows than this machine's memory can index (the CSR row
         pointer), found before reading it.

@@ -163,6 +163,8 @@ def test_a_compressed_file_is_checked_too(tmp_path):
      "stores both entry"),
     (HEADER + "2 2 1\n1 1 " + "1" * (2 << 20) + "\n", "longer than 1048576 bytes"),
     (HEADER + "2 2 1\n1 1 5\n" + "\n" * (3 << 20), "run past 2097152 bytes"),  # read to the end
+    ("%%MatrixMarket matrix coordinate pattern skew-symmetric\n2 2 1\n2 1\n",   # -1 above
+     "a pattern file is general or symmetric, not skew-symmetric"),
 ])
 def test_a_file_that_does_not_match_its_header_is_refused(tmp_path, text, match):
     with pytest.raises(ValueError, match=match):
@@ -314,6 +316,21 @@ def test_a_member_header_declaring_more_than_the_member_holds_is_refused(tmp_pat
     with pytest.raises(ValueError, match=rf"a\.npz' has a corrupt member 'indices': its "
                                          rf"header declares \({count},\) int32 \({4 * count} "
                                          rf"bytes\) but the member holds 64"):
+        load_npz(tmp_path / "a.npz")
+
+
+@pytest.mark.parametrize("compression", [0, 8])   # stored, deflated
+def test_a_member_holding_more_than_its_header_declares_is_refused(tmp_path, compression):
+    """Bytes past the data NumPy wrote were read past without a word (the reader stops at
+    the header's size), though another tool reading the member would see them."""
+    import io
+
+    buffer = io.BytesIO()
+    np.lib.format.write_array(buffer, np.arange(4, dtype=np.int32))
+    _npz_with_member(tmp_path / "a.npz", "indices", buffer.getvalue() + bytes(8), compression)
+    with pytest.raises(ValueError, match=r"a\.npz' has a corrupt member 'indices': its header "
+                                         r"declares \(4,\) int32 \(16 bytes\) but the member "
+                                         r"holds 24"):
         load_npz(tmp_path / "a.npz")
 
 
