@@ -160,6 +160,18 @@ def check_load_arguments_agree():
     checkpoints.close()
 
 
+def _step_1_kept_and_the_next_save_works(checkpoints):
+    """After a save that failed on some rank: step 1 alone is committed (on every rank's view
+    of the directory), and saving step 3 and loading it work on every rank."""
+    comm.Barrier()
+    assert checkpoints.steps() == [1], checkpoints.steps()
+    checkpoints.save(3, {"rank": rank})
+    assert checkpoints.wait() == 3
+    loaded = checkpoints.load()
+    assert loaded.step == 3 and loaded.shard["rank"] == rank, loaded
+    checkpoints.close()
+
+
 def check_staging_failure_on_one_rank():
     """No memory for the in-memory copy on one rank: every rank raises it, the previous save
     is committed all the same, and the next save and `wait` work. The failing rank raised alone
@@ -182,13 +194,7 @@ def check_staging_failure_on_one_rank():
     finally:
         _format.Encoder.stage = stage
     assert checkpoints.wait() is None
-    comm.Barrier()  # rank 0 committed step 1 before raising
-    assert checkpoints.steps() == [1], checkpoints.steps()
-    checkpoints.save(3, {"rank": rank})
-    assert checkpoints.wait() == 3
-    loaded = checkpoints.load()
-    assert loaded.step == 3 and loaded.shard["rank"] == rank, loaded
-    checkpoints.close()
+    _step_1_kept_and_the_next_save_works(checkpoints)  # rank 0 committed step 1 before raising
 
 
 def check_interrupted_save_on_one_rank():
@@ -218,13 +224,7 @@ def check_interrupted_save_on_one_rank():
         checkpoints.wait()
     assert f"while saving checkpoint step 2 to {checkpoints.directory} on rank {last}" in \
         caught.value.__notes__, caught.value.__notes__
-    comm.Barrier()
-    assert checkpoints.steps() == [1], checkpoints.steps()
-    checkpoints.save(3, {"rank": rank})
-    assert checkpoints.wait() == 3
-    loaded = checkpoints.load()
-    assert loaded.step == 3 and loaded.shard["rank"] == rank, loaded
-    checkpoints.close()
+    _step_1_kept_and_the_next_save_works(checkpoints)
 
 
 if __name__ == "__main__":
