@@ -111,6 +111,31 @@ def test_a_huge_declared_size_is_refused_before_allocating(tmp_path, text, match
     assert "ValueError" in out and match in out, out
 
 
+def test_a_gigabyte_comment_of_a_few_megabytes_of_gzip_is_refused(tmp_path):
+    # scipy's header reader held the whole line: 15 s, then a bare std::bad_alloc under this
+    # limit, the process killed without one. gzip reads concatenated members as one stream.
+    line = gzip.compress(b"x" * (16 << 20), compresslevel=9)
+    path = tmp_path / "bomb.mtx.gz"
+    path.write_bytes(gzip.compress(HEADER.encode() + b"%") + line * 64
+                     + gzip.compress(b"\n2 2 1\n1 1 5\n"))
+    match = "a line of its header, at byte 46, is longer than 1048576 bytes"
+    out = _run_limited(_expect_value_error(path, match), timeout=30, memory=768 << 20)
+    assert "ValueError" in out and match in out, out
+
+
+@pytest.mark.parametrize("text,match", [
+    (HEADER + "%" + "x" * (2 << 20) + "\n2 2 1\n1 1 5\n", "a line of its header, at byte 46"),
+    (HEADER + ("%" + "x" * 1023 + "\n") * (64 << 10) + "%\n2 2 1\n1 1 5\n",
+     "its header's comments run past 67108864 bytes"),
+])
+def test_a_header_of_endless_comments_is_refused(tmp_path, text, match):
+    with pytest.raises(ValueError, match=match):
+        read_matrix_market(_mm(tmp_path, text))
+    # comments of an ordinary length, however many of them a real file has, are read
+    ordinary = HEADER + "% a comment\n" * 1000 + "%" + "y" * 60000 + "\n2 2 1\n1 1 5\n"
+    assert read_matrix_market(_mm(tmp_path, ordinary, "ordinary.mtx")).toarray()[0, 0] == 5
+
+
 def test_a_compressed_file_is_checked_too(tmp_path):
     gz = tmp_path / "a.mtx.gz"
     gz.write_bytes(gzip.compress((HEADER + "2 2 10000000000\n1 1 1\n").encode()))
@@ -162,7 +187,7 @@ def test_a_compressed_file_is_checked_too(tmp_path):
     ("%%MatrixMarket matrix coordinate real skew-symmetric\n2 2 2\n1 2 -4\n2 1 4\n",
      "stores both entry"),
     (HEADER + "2 2 1\n1 1 " + "1" * (2 << 20) + "\n", "longer than 1048576 bytes"),
-    (HEADER + "2 2 1\n1 1 5\n" + "\n" * (3 << 20), "run past 2097152 bytes"),  # read to the end
+    (HEADER + "2 2 1\n1 1 5\n" + "\n" * (3 << 20), "run past 1048768 bytes"),  # read to the end
     ("%%MatrixMarket matrix coordinate pattern skew-symmetric\n2 2 1\n2 1\n",   # -1 above
      "a pattern file is general or symmetric, not skew-symmetric"),
 ])
