@@ -35,4 +35,5 @@ def test_lion_training_and_nonfinite_steps(ranks):
 @pytest.mark.parametrize("ranks", [2, 3])
 def test_lion_parameters_of_several_dtypes_and_unlike_ranks(ranks):
     run_optim_checks(ranks, "lion_mixed_dtypes", "lion_refuses_unlike_ranks",
-                     "lion_refuses_ranks_that_parted")
+                     "lion_refuses_ranks_that_parted",
+                     "lion_refuses_replicas_that_start_apart")

@@ -52,7 +52,9 @@ the ranks compare their number of parameters, counters and a digest of their gro
 ``betas`` and ``weight_decay`` and their parameters' shapes (80 bytes, traffic kind
 `AGREEMENT_KIND`): optimizers that parted after
 construction (a group added, a state loaded or a rate changed on some ranks only) are a
-ValueError on every rank.
+ValueError on every rank. At the first step after construction the digest covers the
+parameters' values as well: replicas that start apart are a ValueError too, where every
+rank's identical updates would keep them apart without a word.
 
 In the compressed modes each rank updates its momentum with its own gradient. With
 ``momentum_sync="local"`` (Distributed Lion) the momenta are never synchronised; ``"always"``
@@ -101,6 +103,12 @@ AGREEMENT_KIND = "lion agreement"
 #: What the ranks compare before every step (`DistributedLion._check_still_alike`).
 _AGREED = ("the number of parameters", "the steps taken", "the momentum syncs made",
            "the step of the next momentum sync", "the parameter groups' settings or shapes")
+
+
+def _value_bytes(param):
+    """The bytes of a parameter's values, whatever its dtype (bfloat16 has no NumPy one)."""
+    flat = param.detach().reshape(-1)
+    return flat.view(torch.uint8).numpy() if flat.numel() else b""
 
 
 def _one_bit_allreduce(comm, packed, kind, step):
@@ -292,6 +300,8 @@ class DistributedLion(Lion):
         self.steps_taken, self.momentum_syncs = 0, 0
         self._next_sync = 1
         self._sync_buffer = None
+        # The parameters' values join the agreement at the first step (_check_still_alike).
+        self._values_unchecked = True
 
     def add_param_group(self, param_group):
         """`Lion.add_param_group`, refusing parameters outside host memory and a parameter
@@ -316,7 +326,7 @@ class DistributedLion(Lion):
         state = super().__getstate__()
         state.update({name: getattr(self, name) for name in (
             "comm", "compression", "momentum_sync", "average", "sync_doubling", "steps_taken",
-            "momentum_syncs", "_next_sync")}, _sync_buffer=None)
+            "momentum_syncs", "_next_sync", "_values_unchecked")}, _sync_buffer=None)
         return state
 
     def __deepcopy__(self, memo):
@@ -371,25 +381,58 @@ class DistributedLion(Lion):
         group added, a state loaded or a learning rate changed on some ranks only. Their
         collectives would then pair unlike buffers (an error inside MPI, or a hang), or the
         replicas part without a word. One MAX allreduce of 80 bytes (each value and its
-        negation, so every rank sees the same maximum and minimum and raises alike)."""
-        groups = [(_group_settings(group),
-                   [(tuple(param.shape), str(param.dtype)) for param in group["params"]])
-                  for group in self.param_groups]
-        settings = repr((groups, self.decoupled_weight_decay, _canonical(self._init_lr)))
-        digest = int.from_bytes(hashlib.blake2b(settings.encode(), digest_size=7).digest(),
-                                "little")
-        values = np.array([n_entries, self.steps_taken, self.momentum_syncs, self._next_sync,
-                           digest], dtype=np.int64)
+        negation, so every rank sees the same maximum and minimum and raises alike).
+
+        At the first step after construction, the digest covers the parameters' values too
+        (construction is collective, so every rank takes that branch alike): every rank
+        applies the same update, so replicas that start apart (a model built from each rank's
+        own seed) stay apart, and only rank 0's would be evaluated. A resumed run loads its
+        checkpoint before that step. Hashing costs about a millisecond per megabyte of
+        parameters, once.
+        """
+        unchecked = self._values_unchecked
+        values = self._agreement(n_entries, unchecked)
         extremes = np.concatenate([values, -values])
         self.comm.Allreduce(extremes, "max", kind=AGREEMENT_KIND)
         differ = [name for name, most, least in zip(_AGREED, extremes[:values.size],
                                                     -extremes[values.size:]) if most != least]
+        if differ and unchecked and differ[-1] == _AGREED[-1]:
+            # The digest held the values too: a second comparison, on this failing path only,
+            # tells the settings from the values.
+            settings = self._agreement(n_entries, False)[-1:]
+            settings = np.concatenate([settings, -settings])
+            self.comm.Allreduce(settings, "max", kind=AGREEMENT_KIND)
+            if settings[0] == -settings[1]:
+                differ[-1] = "the parameters' values"
         if differ:
             with raising_alike():
+                if differ == ["the parameters' values"]:
+                    raise ValueError(
+                        "the ranks' parameters differ at DistributedLion's first step: "
+                        "replicas must start equal (DataParallel broadcasts rank 0's, or "
+                        "build the model from the same seed on every rank, or load the same "
+                        "checkpoint)")
                 raise ValueError(
                     f"the ranks' DistributedLion optimizers differ in {', '.join(differ)}: "
                     "add_param_group, load_state_dict and changes to a group's settings (an lr "
                     "scheduler) must be made alike on every rank")
+        self._values_unchecked = False
+
+    def _agreement(self, n_entries, with_values):
+        """The int64 values `_check_still_alike` compares: the counters, then a digest of the
+        groups' settings and the parameters' shapes (and values, ``with_values``)."""
+        groups = [(_group_settings(group),
+                   [(tuple(param.shape), str(param.dtype)) for param in group["params"]])
+                  for group in self.param_groups]
+        settings = repr((groups, self.decoupled_weight_decay, _canonical(self._init_lr)))
+        hashed = hashlib.blake2b(settings.encode(), digest_size=7)
+        if with_values:
+            for group in self.param_groups:
+                for param in group["params"]:
+                    hashed.update(_value_bytes(param))
+        digest = int.from_bytes(hashed.digest(), "little")
+        return np.array([n_entries, self.steps_taken, self.momentum_syncs, self._next_sync,
+                         digest], dtype=np.int64)
 
     def _step_on_reduced_gradients(self, entries):
         # A sparse gradient (an Embedding's) is summed densely: the ranks' rows differ.

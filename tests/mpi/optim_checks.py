@@ -351,6 +351,43 @@ def check_lion_refuses_ranks_that_parted():
     stepped(optimizer, model, 1)
 
 
+def check_lion_refuses_replicas_that_start_apart():
+    """Parameters that differ between the ranks at the first step (a model built from each
+    rank's own seed) are refused by name on every rank; before, every rank applied the same
+    update to its own weights and the replicas stayed apart without a word. Unlike settings
+    at that step are still named as such, and equal replicas step on."""
+    last = rank == size - 1
+
+    def first_step(model, **settings):
+        optimizer = DistributedLion(model.parameters(), comm, **settings)
+        data, target = _batch(slice(rank, None, size), 0)
+        torch.nn.functional.cross_entropy(model(data), target).backward()
+        optimizer.step()
+        return optimizer
+
+    def apart():
+        model = _model()
+        with torch.no_grad():
+            model[2].bias[1] += 1e-12 if last else 0.0   # one value, one rank
+        return model
+
+    for compression in ("none", "votes"):
+        raises_on_every_rank(lambda: first_step(apart(), lr=LR, compression=compression),
+                             "parameters differ at DistributedLion's first step")
+    model = apart()
+    optimizer = DistributedLion(model.parameters(), comm, lr=LR)
+    optimizer.param_groups[0]["lr"] = LR / 2 if last else LR
+    data, target = _batch(slice(rank, None, size), 0)
+    torch.nn.functional.cross_entropy(model(data), target).backward()
+    raises_on_every_rank(optimizer.step, "differ in the parameter groups' settings or shapes")
+    model = _model()   # alike: the steps go on, the values checked once
+    optimizer = first_step(model, lr=LR, compression="votes")
+    assert not optimizer._values_unchecked
+    flat = _flat(model.parameters())
+    gathered = comm.allgather(flat.numpy())
+    assert all(np.array_equal(gathered[0], other) for other in gathered)
+
+
 def check_lion_training():
     """``train(optimizer="lion")``: uncompressed, P ranks give the one-rank losses (float64);
     every compressed mode trains and reports its vote bytes."""
