@@ -15,7 +15,7 @@ import threading
 
 from .._config import get_num_threads, set_num_threads
 from . import (checkpoint, convergence, convert, distributed, firstrun, gnn, lion,
-               positive_int, precondition, reorder, sddmm, spmm)
+               positive_int, precondition, read, reorder, sddmm, spmm)
 from ._data import DATA_ENV, DataError, data_dir
 
 __all__ = ["COMMANDS", "REPEAT_KEPT", "UNUSED_OPTIONS", "build_parser", "main"]
@@ -32,6 +32,7 @@ COMMANDS = {
     "convergence": convergence,
     "checkpoint": checkpoint,
     "lion": lion,
+    "read": read,
 }
 
 
@@ -46,6 +47,7 @@ REPEAT_KEPT = {
     "precondition": "the median is kept",
     "checkpoint": "the median is kept",
     "lion": "the median step is kept (the best for the Lion.step peer)",
+    "read": "the best is kept",
 }
 
 #: Shared options a command does not use, with the reason: hidden from its help, and refused
@@ -57,6 +59,7 @@ UNUSED_OPTIONS = {
     "checkpoint": {"data": "it saves generated model states, not shared data"},
     "lion": {"data": "its workloads load the bundled graphs and scikit-learn's digits",
              "threads": "every MPI rank and the Lion.step peer run one thread"},
+    "read": {"data": "it reads the files it writes itself"},
 }
 
 #: ``--repeat`` when it is not given.

@@ -26,11 +26,6 @@ _WORDS = (b"nan", b"inf", b"infinity")
 
 
 @njit(cache=True, nogil=True)
-def _is_space(byte):
-    return byte == 32 or byte == 9 or byte == 13 or byte == 10
-
-
-@njit(cache=True, nogil=True)
 def _is_digit(byte):
     return 48 <= byte <= 57
 
