@@ -75,7 +75,8 @@ class sparray:
         return self.nnz
 
     def __len__(self):
-        raise TypeError("sparse array length is ambiguous; use .shape[0] or .nnz")
+        raise TypeError("sparse array length is ambiguous; use .shape[0] or .nnz (A.toarray() "
+                        "for a dense array)")
 
     # -- conversions ----------------------------------------------------------------------
     def tocsr(self, copy=False):
@@ -189,6 +190,47 @@ class sparray:
     __setitem__ = _refusing("item assignment")
     __iter__ = _refusing("iteration")
 
+    # Comparisons: Python's fallback compared identities, so a copy was != its original and
+    # np.array_equal(A, A.copy()) was False without a word. An operand scipy compares
+    # elementwise is refused; anything else (None, a string) is unequal, as before.
+    def _compared(self, other, symbol):
+        if other is self and symbol in ("==", "!="):
+            return symbol == "=="        # identity, which weak references compare by
+        if (issparse(other) or scipy.sparse.issparse(other) or is_torch_tensor(other)
+                or isinstance(other, (numbers.Number, np.ndarray, np.generic))):
+            self._refuse(f"comparisons ({symbol})")
+        return NotImplemented
+
+    def __eq__(self, other):
+        return self._compared(other, "==")
+
+    def __ne__(self, other):
+        return self._compared(other, "!=")
+
+    def __lt__(self, other):
+        return self._compared(other, "<")
+
+    def __le__(self, other):
+        return self._compared(other, "<=")
+
+    def __gt__(self, other):
+        return self._compared(other, ">")
+
+    def __ge__(self, other):
+        return self._compared(other, ">=")
+
+    __hash__ = object.__hash__   # hashed by identity, as before (caches key on arrays)
+    # NumPy's operators and ufuncs hand an array operand over to the methods here (their
+    # refusals) instead of taking the array as an object scalar.
+    __array_ufunc__ = None
+
+    def __array__(self, dtype=None, copy=None):
+        # NumPy made a 0-d object array of it (np.asarray), and scipy's and torch's
+        # constructors, which go through NumPy, failed with errors that named none of this.
+        raise TypeError(f"{type(self).__name__} is not converted implicitly: use A.toarray() "
+                        "for a dense NumPy array, A.to_scipy() for scipy.sparse (sparse @ "
+                        "sparse products included), and A @ X or X @ A for dense operands")
+
     def __getattr__(self, name):
         # Called only where the usual lookup failed: no cost to the attributes that exist.
         message = f"{type(self).__name__!r} object has no attribute {name!r}"
@@ -228,8 +270,14 @@ def _dimensions_message(side, ndim, operand):
 
 
 def _tracks_gradient(x):
-    """Whether ``x`` is a torch tensor whose product must carry a gradient."""
-    return is_torch_tensor(x) and x.requires_grad and sys.modules["torch"].is_grad_enabled()
+    """Whether ``x`` is a torch tensor whose product must go through the autograd Functions:
+    one that carries a gradient, or one a ``torch.func`` transform wraps (``vmap``'s batch,
+    whose rules only those Functions define; the kernels' path cannot read its data)."""
+    if not is_torch_tensor(x):
+        return False
+    torch = sys.modules["torch"]
+    return ((x.requires_grad and torch.is_grad_enabled())
+            or torch._C._functorch.is_functorch_wrapped_tensor(x))
 
 
 def _promoted(tensor, sparse_dtype):

@@ -166,6 +166,9 @@ class csr_array(sparray):
         self.check_format()
 
     def _init_from_tuple(self, arg, shape, dtype, copy, index_dtype):
+        if isinstance(arg, CooTriplets):
+            # read as (data, indices, indptr), its values were refused as a row pointer
+            arg = (arg.data, (arg.row, arg.col))
         arg = tuple(host_values(a) for a in arg)
         if len(arg) == 2 and _is_int(arg[0]) and _is_int(arg[1]):
             empty_shape = check_shape(arg)
@@ -241,7 +244,10 @@ class csr_array(sparray):
         index_dtype = index_dtype or get_index_dtype((row, col), maxval=max(shape + (data.size,)))
         check_index_dtype_holds(index_dtype, max(shape + (data.size,)))
         indptr, indices, summed = _convert.coo_to_csr(
-            shape[0], row.astype(index_dtype), col.astype(index_dtype),
+            # copied only where the dtype or layout differs (the kernel only reads them): two
+            # copies of the coordinates were a third of the peak on 20M entries
+            shape[0], np.ascontiguousarray(row, dtype=index_dtype),
+            np.ascontiguousarray(col, dtype=index_dtype),
             np.ascontiguousarray(upcast_for_sum(data)), True,
         )
         self._set_arrays(summed.astype(data.dtype, copy=False), indices, indptr, shape, True)
@@ -249,6 +255,7 @@ class csr_array(sparray):
     def _init_from_dense(self, arg, shape, dtype, index_dtype):
         if is_torch_tensor(arg):
             _refuse_meta(arg)
+            _refuse_gradient(arg)
             # The values, not the autograd graph NumPy cannot take, nor a lazy negation
             # (``z.conj().imag``) numpy() refuses; both resolve to the tensor itself otherwise.
             arg = arg.detach().cpu().resolve_neg().resolve_conj()
@@ -415,7 +422,11 @@ class csr_array(sparray):
         return result
 
     def tocoo(self):
-        """Return the entries as `CooTriplets` ``(row, col, data)`` in CSR order (copies)."""
+        """Return the entries as `CooTriplets` ``(row, col, data)`` in CSR order (copies).
+
+        ``csr_array(A.tocoo(), shape=A.shape)`` builds the array again; scipy takes them as
+        ``scipy.sparse.coo_array((t.data, (t.row, t.col)), shape=A.shape)``.
+        """
         row = np.repeat(np.arange(self.shape[0], dtype=self.index_dtype), np.diff(self.indptr))
         return CooTriplets(row, self.indices.copy(), self.data.copy())
 
@@ -539,7 +550,18 @@ def host_values(x):
         raise TypeError("values of dtype torch.bfloat16 are not supported; expected float16, "
                         "float32 or float64 (convert with .float())")
     _refuse_meta(x)
+    _refuse_gradient(x)
     return x.detach().cpu().resolve_neg().resolve_conj().numpy()
+
+
+def _refuse_gradient(x):
+    """Refuse a tensor whose gradient an array built from it would drop without a word (the
+    arrays hold NumPy arrays): learnable edge weights never trained."""
+    if x.requires_grad and sys.modules["torch"].is_grad_enabled():
+        raise TypeError("the tensor requires grad, and a sparse array holds its values as NumPy "
+                        "arrays, without their gradient: for learnable values keep them apart "
+                        "and pass them to pysparse_hpc.nn.functional.spmm(A, X, values=...); "
+                        "for constant ones pass tensor.detach()")
 
 
 def _contiguous(array, dtype, copy):

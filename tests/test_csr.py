@@ -322,17 +322,29 @@ def test_to_scipy_shares_or_copies():
 
 def test_torch_tensors_as_raw_and_coo_arrays():
     """Tensors among raw arrays are read as a dense tensor is: by their values. One that
-    requires grad or carries torch's negative bit raised torch's RuntimeError from numpy(),
-    bfloat16 torch's own TypeError, and a (2, nnz) index tensor, what a COO tensor's
-    ``indices()`` gives, was not recognised as (row, col)."""
+    carries torch's negative bit raised torch's RuntimeError from numpy(), bfloat16 torch's
+    own TypeError, and a (2, nnz) index tensor, what a COO tensor's ``indices()`` gives, was
+    not recognised as (row, col). One that requires grad is refused while gradients are on
+    (its gradient was dropped without a word: learnable edge weights never trained) and read
+    by its values under ``torch.no_grad()``."""
     torch = pytest.importorskip("torch")
     expected = np.array([[1.0, 0.0], [0.0, 2.0]])
     values = torch.tensor([1.0, 2.0], dtype=torch.float64, requires_grad=True)
     indices, indptr = torch.tensor([0, 1]), torch.tensor([0, 1, 2])
-    A = sph.csr_array((values, indices, indptr))
+    for make in (lambda: sph.csr_array((values, indices, indptr)),
+                 lambda: sph.csr_array((values, (indices, indices))),
+                 lambda: sph.csr_array(torch.diag(values)),
+                 lambda: sph.mebcrs_array((torch.ones(8, requires_grad=True), torch.tensor([1]),
+                                           torch.tensor([0, 1]), None), shape=(1, 2))):
+        with pytest.raises(TypeError, match=r"requires grad.*functional\.spmm\(A, X, "
+                                            r"values=\.\.\.\).*tensor\.detach\(\)"):
+            make()
+    with torch.no_grad():
+        A = sph.csr_array((values, indices, indptr))
+        B = sph.csr_array((values, (indices, indices)))
+        np.testing.assert_array_equal(sph.csr_array(torch.diag(values)).toarray(), expected)
     np.testing.assert_array_equal(A.toarray(), expected)
     assert A.dtype == np.float64
-    B = sph.csr_array((values, (indices, indices)))
     np.testing.assert_array_equal(B.toarray(), expected)
     C = sph.csr_array((values.detach(), torch.stack([indices, indices])), shape=(2, 2))
     np.testing.assert_array_equal(C.toarray(), expected)
@@ -344,7 +356,7 @@ def test_torch_tensors_as_raw_and_coo_arrays():
         sph.csr_array((values.to(torch.bfloat16), indices, indptr))
     with pytest.raises(TypeError, match="dense.*tensor"):
         sph.csr_array((values.detach().to_sparse(), indices, indptr))
-    blocked = sph.mebcrs_array((torch.tensor([1.0, 0, 0, 0, 0, 0, 0, 0], requires_grad=True),
+    blocked = sph.mebcrs_array((torch.tensor([1.0, 0, 0, 0, 0, 0, 0, 0]),
                                 torch.tensor([1]), torch.tensor([0, 1]), None), shape=(1, 2))
     np.testing.assert_array_equal(blocked.toarray(), [[0.0, 1.0]])
 
@@ -357,3 +369,13 @@ def test_raw_tensors_are_shared_unless_copy():
     assert np.shares_memory(A.data, values.numpy())
     B = sph.csr_array((values, torch.tensor([0, 1]), torch.tensor([0, 1, 2])), copy=True)
     assert not np.shares_memory(B.data, values.numpy())
+
+
+def test_tocoo_builds_the_array_again():
+    """`tocoo`'s triplets were read as (data, indices, indptr): refused, naming a float row
+    pointer."""
+    A = sph.csr_array(np.array([[0.0, 1.5, 0.0], [2.0, 0.0, 0.0]]), index_dtype=np.int64)
+    again = sph.csr_array(A.tocoo(), shape=A.shape)
+    np.testing.assert_array_equal(again.toarray(), A.toarray())
+    assert again.index_dtype == np.int64
+    assert sph.csr_array(A.tocoo()).shape == (2, 2)   # inferred, as scipy's COO input is

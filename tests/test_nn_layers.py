@@ -528,17 +528,24 @@ def test_layers_run_under_inference_mode_and_train_after(graph):
 
 def test_layers_and_models_pickle_after_use(graph):
     import io
+    import pickle
     x = features(14, 6)
     for module in (nn.GCNConv(6, 3), nn.GATConv(6, 3), nn.AGNNConv(), models.GCN(6, 4, 3),
                    models.GAT(6, 4, 3, heads=2), models.AGNN(6, 4, 3)):
         module = module.double().eval()
         expected = module(x, edge_index_of(graph))
-        module(x, graph)
+        on_graph = module(x, graph)
         buffer = io.BytesIO()
         torch.save(module, buffer)
         buffer.seek(0)
         loaded = torch.load(buffer, weights_only=False)
         torch.testing.assert_close(loaded(x, edge_index_of(graph)), expected)
+        # pickle's protocols 0 and 1 skipped the caches' __setstate__ for their empty state:
+        # the copies lacked their attributes (AttributeError at the first call)
+        for protocol in (0, 1):
+            loaded = pickle.loads(pickle.dumps(module, protocol=protocol))
+            torch.testing.assert_close(loaded(x, edge_index_of(graph)), expected)
+            torch.testing.assert_close(loaded(x, graph), on_graph)
 
 
 def test_a_graph_pickles_without_what_was_built_from_it(graph):
@@ -991,6 +998,10 @@ def test_layers_refuse_features_on_a_device_without_kernels(graph, layer):
     x = torch.empty(14, 3, device="meta")
     with pytest.raises(ValueError, match="x is on device 'meta'; the layers run on CPU or CUDA"):
         layer()(x, graph)
+    # an edge_index there: torch's "Cannot copy out of meta tensor" named nothing
+    edge_index = torch.empty(2, 5, dtype=torch.int64, device="meta")
+    with pytest.raises(ValueError, match="edge_index is on the 'meta' device"):
+        layer()(torch.ones(14, 3), edge_index)
 
 
 @pytest.mark.parametrize("layer", [lambda: nn.GATConv(3, 2, heads=2, add_self_loops=False),

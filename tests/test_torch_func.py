@@ -195,3 +195,18 @@ def test_an_empty_batch(adj):
     assert torch.func.vmap(lambda t: F.spmm(adj, t))(empty).shape == (0, 6, 3)
     scores = torch.randn(0, 6, 2, dtype=DOUBLE)
     assert torch.func.vmap(lambda s: F.gat_attention(adj, s, s))(scores).shape == (0, nnz, 2)
+
+
+def test_the_product_operator_under_vmap():
+    """``A @ v`` and ``v @ A`` under ``vmap`` went to the kernels' path, which cannot read a
+    batched tensor ("Cannot access data pointer of Tensor that doesn't have storage")."""
+    A = sph.csr_array(np.array([[0.0, 2.0, 0.0, 1.0], [3.0, 0.0, 0.0, 0.0],
+                                [0.0, 0.0, -1.0, 0.5]], dtype=np.float32))
+    dense = torch.from_numpy(A.toarray())
+    X, Y, Z = torch.randn(5, 4), torch.randn(5, 3), torch.randn(5, 4, 2)
+    torch.testing.assert_close(torch.vmap(lambda v: A @ v)(X), X @ dense.T)
+    torch.testing.assert_close(torch.vmap(lambda v: v @ A)(Y), Y @ dense)
+    torch.testing.assert_close(torch.vmap(lambda v: A @ v)(Z), dense @ Z)
+    X.requires_grad_()
+    torch.vmap(lambda v: A @ v)(X).square().sum().backward()
+    torch.testing.assert_close(X.grad, 2 * (X @ dense.T) @ dense)

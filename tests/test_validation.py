@@ -225,7 +225,9 @@ def test_operator_operands_are_named():
     A = sph.csr_array(np.eye(2))
     with pytest.raises(TypeError, match="sparse @ sparse products are not supported"):
         A @ A
-    with pytest.raises(TypeError, match="sparse @ sparse products are not supported"):
+    # scipy's product reads its operand through NumPy, which A refuses with its advice
+    with pytest.raises(TypeError, match=r"not converted implicitly.*A\.to_scipy\(\) for "
+                                        r"scipy\.sparse \(sparse @ sparse products included"):
         scipy.sparse.csr_array(np.eye(2)) @ A
     with pytest.raises(TypeError, match="the left operand of @ must hold float16"):
         np.ones((2, 2), dtype=int) @ A
@@ -241,9 +243,11 @@ def test_operator_operands_are_named():
     assert isinstance(product, torch.Tensor) and product.shape == (3, 2)
     with pytest.raises(TypeError, match="got torch.bfloat16 \\(convert with .float\\(\\)\\)"):
         A @ torch.ones(2, 2, dtype=torch.bfloat16)
-    # A tensor that requires grad gives its values, as torch.Tensor.numpy() after detach().
-    np.testing.assert_array_equal(sph.csr_array(torch.eye(2, requires_grad=True)).toarray(),
-                                  np.eye(2))
+    # A tensor that requires grad gives its values where no gradient is recorded; elsewhere
+    # it is refused, as its gradient would be dropped (test_csr).
+    with torch.no_grad():
+        np.testing.assert_array_equal(
+            sph.csr_array(torch.eye(2, requires_grad=True)).toarray(), np.eye(2))
     with pytest.raises(ValueError, match="axes must be None or \\(1, 0\\)"):
         A.transpose(axes=5)
     with pytest.raises(TypeError, match="out must be a NumPy array or a torch tensor, got list"):
@@ -395,6 +399,11 @@ def test_a_timedelta_is_not_a_real_number_anywhere():
         Lion([torch.nn.Parameter(torch.ones(2))], lr=np.timedelta64(3, "s"))
 
 
+def torch_tensor_of(A):
+    torch = pytest.importorskip("torch")
+    return torch.as_tensor(A)
+
+
 @pytest.mark.parametrize("convert", [lambda A: A, lambda A: A.to_mebcrs(),
                                      lambda A: A.to_blocked(window=16)])
 def test_what_scipy_sparse_has_points_to_to_scipy(convert):
@@ -408,7 +417,7 @@ def test_what_scipy_sparse_has_points_to_to_scipy(convert):
     for what, operation in [("+", lambda: A + A), ("+", lambda: dense + A),
                             ("-", lambda: 1 - A), (times, lambda: A * 2),
                             (times, lambda: np.float32(2) * A),
-                            (times, lambda: np.dot(dense, A)),   # NumPy takes A as a scalar
+                            (times, lambda: dense * A),
                             ("/", lambda: A / 2), ("**", lambda: A ** 2),
                             ("unary -", lambda: -A), ("abs()", lambda: abs(A)),
                             ("indexing", lambda: A[0, 1]), ("indexing", lambda: A[1:]),
@@ -418,6 +427,23 @@ def test_what_scipy_sparse_has_points_to_to_scipy(convert):
             operation()
     with pytest.raises(TypeError, match="item assignment"):
         A[0, 0] = 1.0
+    # NumPy took A as a 0-d object array: np.asarray(A) gave one, np.dot(X, A) multiplied by
+    # it, np.array_equal(A, A.copy()) was False; scipy's and torch's constructors, which go
+    # through NumPy, failed naming none of this
+    for convert_implicitly in (np.asarray, lambda A: np.dot(dense, A)):
+        with pytest.raises(TypeError, match=rf"^{name} is not converted implicitly: use "
+                                            r"A\.toarray\(\).*A\.to_scipy\(\)"):
+            convert_implicitly(A)
+    with pytest.raises(TypeError, match=r"A\.toarray\(\) for a dense array"):
+        torch_tensor_of(A)   # torch asks for the length first
+    # comparisons compared identities: a copy was != its original
+    for symbol, operation in [("==", lambda: A == A.copy()), ("!=", lambda: A != A.copy()),
+                              ("==", lambda: A == dense), ("<", lambda: A < 1),
+                              ("==", lambda: A == A.to_scipy())]:
+        with pytest.raises(TypeError, match=f"^{name} does not support comparisons "
+                                            f"\\({re.escape(symbol)}\\)"):
+            operation()
+    assert A == A and not A != A and A != "A" and A in [None, A] and {A: 1}[A] == 1
     with pytest.raises(AttributeError, match=r"no attribute 'multiply'; scipy.sparse's is "
                                              r"reached through A.to_scipy\(\).multiply$"):
         A.multiply(A)

@@ -128,6 +128,11 @@ class ValuesToken:
 
     __slots__ = ("__weakref__",)
 
+    def __reduce__(self):
+        # A fresh token (only identity means anything); pickle's protocols 0 and 1 cannot
+        # copy a class with slots otherwise.
+        return ValuesToken, ()
+
 
 def pattern(adj):
     """The canonical CSR form of ``adj`` (sorted, no duplicates): per-edge values, attention
@@ -247,6 +252,9 @@ def _from_edge_index(edge_index, num_nodes):
         raise ValueError(f"edge_index must have shape [2, E], got {list(edge_index.shape)}")
     if num_nodes is None:
         raise ValueError("an edge_index needs num_nodes (the number of rows of x)")
+    if edge_index.device.type == "meta":   # torch's own error named no edge_index
+        raise ValueError("edge_index is on the 'meta' device and holds no node ids; pass a "
+                         "CPU or CUDA tensor")
     ids = edge_index.detach().cpu().numpy()
     if ids.size:
         low, high = int(ids.min()), int(ids.max())
@@ -306,11 +314,10 @@ class EdgeIndexCache:
         # the adjacency another thread stored meanwhile (the checksum releases the GIL).
         self._entry = None
 
-    def __getstate__(self):
-        return {}
-
-    def __setstate__(self, state):
-        self.__init__()
+    def __reduce__(self):
+        # A fresh, empty one: an empty state would not do, pickle's protocols 0 and 1 skip
+        # __setstate__ for it and left the copy without its attributes.
+        return type(self), ()
 
     @staticmethod
     def _checksum(edge_index):

@@ -127,11 +127,10 @@ class _InputMemo:
         kept = self._kept
         return None if kept is None else kept[1]
 
-    def __getstate__(self):
-        return {}
-
-    def __setstate__(self, state):
-        self.clear()
+    def __reduce__(self):
+        # A fresh, empty one: an empty state would not do, pickle's protocols 0 and 1 skip
+        # __setstate__ for it and left the copy without its attributes.
+        return type(self), ()
 
     @staticmethod
     def usable(x):
