@@ -29,6 +29,7 @@ __all__ = [
     "check_seed",
     "described_sparse",
     "physical_memory",
+    "memory_limit",
     "refuse_beyond_memory",
 ]
 
@@ -278,13 +279,87 @@ def physical_memory():
         return None
 
 
-def refuse_beyond_memory(needed, description):
-    """Raise ``MemoryError("{description} need about ... GiB[, more than this machine's ...]")``
-    when ``needed`` bytes (a float; inf for a size past float's range) cannot be allocated:
-    beyond int64, or beyond this machine's memory. Found before the allocation, not by NumPy's
-    error, which names a shape but not the argument or file, nor by a process killed while
-    filling an overcommitted array."""
+def _read_int(path):
+    """The integer a one-line file holds (None where it is missing, unreadable or "max")."""
+    try:
+        with open(path) as handle:
+            return int(handle.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _cgroup_room():
+    """Bytes this process's memory cgroup lets it allocate beyond its use now (v2
+    ``memory.max`` less ``memory.current``, v1 ``memory.limit_in_bytes`` less
+    ``memory.usage_in_bytes``), or None where no limit is set or none can be read."""
+    try:
+        with open("/proc/self/cgroup") as handle:
+            lines = handle.read().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if controllers == "":
+            files, root = ("memory.max", "memory.current"), "/sys/fs/cgroup"
+        elif "memory" in controllers.split(","):
+            files, root = ("memory.limit_in_bytes", "memory.usage_in_bytes"), \
+                "/sys/fs/cgroup/memory"
+        else:
+            continue
+        # The group's own directory, or the mount's root where a namespace shows it as "/".
+        for directory in (root + path.rstrip("/"), root):
+            limit, used = (_read_int(os.path.join(directory, name)) for name in files)
+            if limit is not None and used is not None:
+                return max(limit - used, 0)
+    return None
+
+
+def _address_space_room():
+    """Bytes the address-space limit (``ulimit -v``, RLIMIT_AS) leaves this process, or None
+    where none is set."""
+    try:
+        import resource
+        soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    except (ImportError, OSError, ValueError):
+        return None
+    if soft == resource.RLIM_INFINITY:
+        return None
+    try:
+        with open("/proc/self/status") as handle:
+            size = next(int(line.split()[1]) * 1024 for line in handle
+                        if line.startswith("VmSize:"))
+    except (OSError, StopIteration, ValueError):
+        return None
+    return max(soft - size, 0)
+
+
+def memory_limit():
+    """``(bytes, what)``: the most this process can allocate, the smallest of this machine's
+    memory, its memory cgroup's room (a container's limit) and its address-space limit's room;
+    ``(None, None)`` where none is known."""
+    limits = []
     memory = physical_memory()
+    if memory is not None:
+        limits.append((memory, f"this machine's {memory / 2**30:.1f} GiB"))
+    room = _cgroup_room()
+    if room is not None:
+        limits.append((room, f"the {room / 2**30:.3g} GiB its memory cgroup (a container's "
+                             f"limit) leaves"))
+    room = _address_space_room()
+    if room is not None:
+        limits.append((room, f"the {room / 2**30:.3g} GiB its address-space limit (ulimit -v) "
+                             f"leaves"))
+    return min(limits, key=lambda limit: limit[0]) if limits else (None, None)
+
+
+def refuse_beyond_memory(needed, description):
+    """Raise ``MemoryError("{description} need about ... GiB[, more than ...]")`` when
+    ``needed`` bytes (a float; inf for a size past float's range) cannot be allocated: beyond
+    int64, or beyond `memory_limit` (this machine's memory, a container's limit or an
+    address-space limit, whichever is the smallest). Found before the allocation, not by
+    NumPy's error, which names a shape but not the argument or file, nor by a process killed
+    while filling an overcommitted array."""
+    memory, what = memory_limit()
     if needed >= 2.0 ** 63 or (memory is not None and needed > memory):
-        available = "" if memory is None else f", more than this machine's {memory / 2**30:.1f} GiB"
+        available = "" if memory is None else f", more than {what}"
         raise MemoryError(f"{description} need about {needed / 2**30:.3g} GiB{available}")

@@ -112,6 +112,18 @@ def _declared_array(archive, key):
         return None
 
 
+def _refuse_members_beyond_memory(archive, keys, path):
+    """Refuse members that each fit in memory but together do not (`_read_member` checks
+    one at a time): their headers' sizes, summed before any is read. A 39 MB file declaring
+    8 GiB in two members inflated the first for 9 s, then failed in NumPy, naming nothing."""
+    total = 0.0
+    for key in keys:
+        declared = _declared_array(archive, key)
+        if declared is not None and not declared[1].hasobject:
+            total += math.prod(declared[0]) * declared[1].itemsize
+    refuse_beyond_memory(total, f"{path!r}: its members {keys} would")
+
+
 def _read_member(archive, key, path):
     """The array stored under ``key``; a ValueError naming the file and the key if the member
     is damaged, holds objects (pickles are refused) or is not a ``.npy`` array at all (NumPy
@@ -186,6 +198,7 @@ def load_npz(path, prefix=None, index_dtype=None):
             raise ValueError(
                 f"{path!r} has no CSR matrix under prefix {prefix!r}: missing keys {missing}; "
                 f"found {sorted(keys)}")
+        _refuse_members_beyond_memory(archive, [prefix + key for key in _CSR_KEYS], path)
         arrays = {key: _read_member(archive, prefix + key, path) for key in _CSR_KEYS}
     shape = np.asarray(arrays["shape"]).ravel()
     if shape.dtype.kind not in "iu" or shape.size != 2:
@@ -467,6 +480,12 @@ def read_matrix_market(path):
     Symmetric files are expanded to both triangles; pattern files get the value 1.0. A name
     ending in ``.gz`` or ``.bz2`` is decompressed, as by ``scipy.io.mmread``.
 
+    Parameters
+    ----------
+    path : str, bytes, path-like or file object
+        A file object (binary or text) is read from its current position, as by
+        ``scipy.io.mmread``, and not decompressed.
+
     Returns
     -------
     csr_array
@@ -493,8 +512,15 @@ def read_matrix_market(path):
         The file declares more rows than this machine's memory can index (the CSR row
         pointer), found before reading it.
     """
+    if hasattr(path, "read"):
+        return _read_matrix_market_stream(path)
     path = _existing_path(path)
     info = _mm_info(path)
+    if info[3] == "array":
+        # Before its values are scanned: a few megabytes of gzip declaring 20000 x 20000
+        # zeros were scanned for 7 s, then scipy asked NumPy for the 3 GiB dense array.
+        refuse_beyond_memory(8.0 * info[0] * info[1],
+                             f"{path!r} declares a dense {info[0]} x {info[1]} array, which would")
     _check_mm_body(path, info)
     rows, cols, _, fmt, _, symmetry = info
     if fmt == "coordinate":
@@ -523,6 +549,34 @@ def read_matrix_market(path):
         raise ValueError(f"{path!r} is not a valid Matrix Market file: a skew-symmetric "
                          f"matrix with a non-zero diagonal entry")
     return csr_array(matrix).canonical()
+
+
+def _read_matrix_market_stream(stream):
+    """`read_matrix_market` of a file object's text: through a temporary file, since the
+    checks and scipy's reader each read the text from its start; the messages name the file
+    object, not the copy."""
+    import shutil
+    import tempfile
+
+    shown = repr(getattr(stream, "name", None) or f"<{type(stream).__name__} object>")
+    with tempfile.TemporaryDirectory() as folder:
+        copy = os.path.join(folder, "matrix.mtx")
+        with open(copy, "wb") as target:
+            first = stream.read(1 << 20)
+            if isinstance(first, str):      # a text stream: the format is ASCII
+                while first:
+                    target.write(first.encode("utf-8", "surrogateescape"))
+                    first = stream.read(1 << 20)
+            elif isinstance(first, (bytes, bytearray, memoryview)):
+                target.write(first)
+                shutil.copyfileobj(stream, target, 1 << 20)
+            else:
+                raise TypeError(f"expected a path or a file object whose read() gives bytes or "
+                                f"str, got {type(first).__name__} from {shown}")
+        try:
+            return read_matrix_market(copy)
+        except (ValueError, TypeError) as exc:
+            raise type(exc)(str(exc).replace(repr(copy), shown)) from None
 
 
 def _refuse_both_triangles(path, matrix, stored, symmetry):

@@ -15,7 +15,7 @@ import pysparse_hpc as sph
 from pysparse_hpc import _buffers, _config
 from pysparse_hpc.ops import pattern_spmm
 
-from .conftest import random_scipy
+from .conftest import random_scipy, run_child
 
 SHAPE = (300, 70)
 
@@ -125,6 +125,33 @@ def test_empty_cache_releases_idle_buffers(pooled):
     in_use.fill(3.0)          # a live result is untouched by the release
     del in_use
     assert sph.cached_bytes() > 0
+
+
+def test_idle_buffers_are_released_when_memory_runs_out():
+    """Freed results of other sizes stayed idle in the pool (up to its cap) while an
+    allocation that needed their memory failed with a MemoryError: the pool now gives them
+    back and the allocation is tried again. Address space capped above the current size."""
+    code = """
+        import resource
+        import numpy as np
+        import pysparse_hpc as sph
+        from pysparse_hpc import _buffers
+        size = next(int(line.split()[1]) * 1024 for line in open("/proc/self/status")
+                    if line.startswith("VmSize:"))
+        resource.setrlimit(resource.RLIMIT_AS, (size + (700 << 20),) * 2)
+        for megabytes in (150, 160, 170):
+            _buffers.empty((megabytes << 18,), np.float32)   # freed at once: kept idle
+        assert sph.cached_bytes() > 450 << 20
+        array = _buffers.empty((400 << 18,), np.float32)
+        array.fill(1.0)
+        print("allocated", sph.cached_bytes())
+        try:
+            np.empty(600 << 20, np.uint8)                    # still refused: none left
+        except MemoryError:
+            print("refused")
+        """
+    out = run_child(code, timeout=60).stdout.split()
+    assert out == ["allocated", "0", "refused"], out
 
 
 def test_object_dtype_is_never_pooled(pooled):

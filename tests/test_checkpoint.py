@@ -1228,3 +1228,29 @@ def test_gathered_per_node_tensors_are_leaves_as_saved(tmp_path):
     assert type(nodes["p"]) is torch.nn.Parameter and nodes["p"].tolist() == [3.0, 1.0]
     assert not nodes["c"].requires_grad and nodes["c"].tolist() == [3, 1]
     checkpoints.close()
+
+
+def test_an_asynchronous_save_without_memory_for_its_copy_says_so(tmp_path, monkeypatch):
+    """NumPy's "Unable to allocate ... uint8" named neither the save nor the way out."""
+    from pysparse_hpc.distributed.checkpoint import checkpointer as module
+
+    class NoMemoryForLargeArrays:
+        def __getattr__(self, name):
+            return getattr(np, name)
+
+        @staticmethod
+        def empty(shape, dtype=float):
+            if np.prod(shape) * np.dtype(dtype).itemsize > 1 << 20:
+                raise MemoryError("Unable to allocate")
+            return np.empty(shape, dtype)
+
+    state = {"weight": torch.zeros(1 << 19)}
+    with Checkpointer(tmp_path / "run") as checkpointer:
+        monkeypatch.setattr(module, "np", NoMemoryForLargeArrays())
+        with pytest.raises(MemoryError, match=r"an asynchronous save copies the state first, "
+                                              r".* GiB, .*save\(\.\.\., blocking=True\)"):
+            checkpointer.save(1, state)
+        checkpointer.save(1, state, blocking=True)    # the way out works
+        monkeypatch.undo()
+    loaded = Checkpointer(tmp_path / "run").load()
+    assert loaded.step == 1 and torch.equal(loaded.shard["weight"], state["weight"])

@@ -136,6 +136,67 @@ def test_a_header_of_endless_comments_is_refused(tmp_path, text, match):
     assert read_matrix_market(_mm(tmp_path, ordinary, "ordinary.mtx")).toarray()[0, 0] == 5
 
 
+def test_the_memory_guard_heeds_an_address_space_limit(tmp_path):
+    # It compared with this machine's memory only: under ``ulimit -v`` a 69-byte file
+    # declaring 1e9 rows passed it, and NumPy's "Unable to allocate" named neither the file
+    # nor what was too big.
+    path = _mm(tmp_path, HEADER + "1000000000 3 1\n1 1 1\n")
+    out = _run_limited(f"""
+        from pysparse_hpc.io import read_matrix_market
+        try:
+            read_matrix_market({str(path)!r})
+        except MemoryError as exc:
+            print("MemoryError", exc)
+        """, timeout=30, memory=2 << 30)
+    assert "MemoryError" in out and "declares 1000000000 rows" in out, out
+    assert "its address-space limit (ulimit -v) leaves" in out, out
+
+
+def test_a_dense_array_file_is_refused_before_its_values_are_read(tmp_path, monkeypatch):
+    # The array format had no guard: a few megabytes of gzip declaring 20000 x 20000 zeros
+    # were scanned for 7 s, then NumPy was asked for the 3 GiB array.
+    from pysparse_hpc import _sputils
+    monkeypatch.setattr(_sputils, "physical_memory", lambda: 1 << 30)
+    monkeypatch.setattr(_sputils, "_address_space_room", lambda: None)
+    monkeypatch.setattr(_sputils, "_cgroup_room", lambda: None)
+    path = tmp_path / "zeros.mtx.gz"
+    with gzip.open(path, "wb", compresslevel=1) as handle:
+        handle.write(b"%%MatrixMarket matrix array real general\n20000 20000\n")
+        handle.write(b"0\n" * (1 << 20))     # the rest missing: never read
+    with pytest.raises(MemoryError, match=r"declares a dense 20000 x 20000 array, which would "
+                                          r"need about 2\.98 GiB, more than this machine's"):
+        read_matrix_market(path)
+
+
+def test_npz_members_that_fit_one_at_a_time_but_not_together_are_refused(
+        tmp_path, monkeypatch):
+    # Each member was checked alone: two of 0.6 GiB passed a 1 GiB machine, the first was
+    # inflated, and the second failed in NumPy naming nothing.
+    from pysparse_hpc import _sputils
+    monkeypatch.setattr(_sputils, "physical_memory", lambda: 1 << 30)
+    monkeypatch.setattr(_sputils, "_address_space_room", lambda: None)
+    monkeypatch.setattr(_sputils, "_cgroup_room", lambda: None)
+    n = 80_000_000                                           # 0.6 GiB of int64 or float64
+    header = {"indices": np.lib.format.header_data_from_array_1_0(np.zeros(0, np.int64)),
+              "data": np.lib.format.header_data_from_array_1_0(np.zeros(0))}
+    path = tmp_path / "big.npz"
+    import zipfile
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as archive:
+        for key in ("indices", "data"):
+            with archive.open(key + ".npy", "w", force_zip64=True) as member:
+                np.lib.format.write_array_header_1_0(member, dict(header[key], shape=(n,)))
+                zeros = bytes(1 << 24)
+                for _ in range(n * 8 // len(zeros)):
+                    member.write(zeros)
+        np.savez(tmp_path / "small.npz", indptr=np.array([0, n]), shape=np.array([1, n]))
+        with zipfile.ZipFile(tmp_path / "small.npz") as small:
+            for name in small.namelist():
+                archive.writestr(name, small.read(name))
+    with pytest.raises(MemoryError, match=r"its members \['indptr', 'indices', 'data', "
+                                          r"'shape'\] would need about 1\.19 GiB"):
+        load_npz(path)
+
+
 def test_a_compressed_file_is_checked_too(tmp_path):
     gz = tmp_path / "a.mtx.gz"
     gz.write_bytes(gzip.compress((HEADER + "2 2 10000000000\n1 1 1\n").encode()))

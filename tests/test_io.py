@@ -328,3 +328,31 @@ def test_save_npz_takes_a_bool_for_compressed(tmp_path):
     assert not (tmp_path / "a.npz").exists()
     save_npz(tmp_path / "a.npz", A, compressed=np.False_)
     assert_same_csr(load_npz(tmp_path / "a.npz"), A.to_scipy())
+
+
+def test_matrix_market_from_file_objects(tmp_path):
+    """File objects are read from their position, as by scipy's mmread (a raw TypeError from
+    os.fspath before); the messages name the object, not the copy the checks read."""
+    A = sph.csr_array(np.array([[0.0, 1.5], [-2.0, 0.0]]))
+    binary = io.BytesIO(b"prefix")
+    binary.seek(6)
+    write_matrix_market(binary, A)
+    binary.seek(6)
+    np.testing.assert_array_equal(read_matrix_market(binary).toarray(), A.toarray())
+    text = io.StringIO(binary.getvalue()[6:].decode())
+    np.testing.assert_array_equal(read_matrix_market(text).toarray(), A.toarray())
+    bad = io.BytesIO(b"%%MatrixMarket matrix coordinate real general\n2 2 1\n1 1 1-2\n")
+    with pytest.raises(ValueError, match=r"^'<BytesIO object>' is not a valid Matrix Market "
+                                         r"file: b'1-2'"):
+        read_matrix_market(bad)
+    path = tmp_path / "named.mtx"
+    path.write_bytes(b"%%MatrixMarket matrix coordinate real general\n2 2 2\n1 1 1\n")
+    with open(path, "rb") as named, pytest.raises(ValueError, match=f"^{str(path)!r} .*"
+                                                                    f"declares 2 entries"):
+        read_matrix_market(named)
+
+    class Odd:
+        def read(self, size=-1):
+            return 5
+    with pytest.raises(TypeError, match="read\\(\\) gives bytes or str, got int"):
+        read_matrix_market(Odd())

@@ -554,7 +554,13 @@ class Checkpointer:
         total = sum(-(-enc.size // ALIGN) * ALIGN for enc in encoders.values())
         if self._staging is None or self._staging.size < total:
             self._staging = None  # free the old one before allocating its successor
-            self._staging = np.empty(total, np.uint8)
+            try:
+                self._staging = np.empty(total, np.uint8)
+            except MemoryError:
+                # NumPy's message names a shape of bytes, not the save or its way out
+                raise MemoryError(f"an asynchronous save copies the state first, "
+                                  f"{total / 2**30:.3g} GiB, for which there is no memory; "
+                                  f"save(..., blocking=True) writes it without a copy") from None
         jobs, offset = {}, 0
         for name, encoder in encoders.items():
             region = self._staging[offset:offset + encoder.size]
