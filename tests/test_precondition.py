@@ -510,6 +510,7 @@ def test_mc_samples_are_averaged():
     x, t = batch((16, 5))
     factors = {}
     for fisher, samples in (("exact", 1), ("mc", 400)):
+        torch.manual_seed(2)   # the same model for both
         model = nn.Linear(5, 3).to(DTYPE)
         gm = P.KfacGradientMaker(model, P.PreconditioningConfig(data_size=16),
                                  fisher_type=fisher, n_mc_samples=samples, seed=1)
@@ -930,9 +931,12 @@ def test_unpreconditioned_parameters_keep_plain_gradient():
     assert list(gm.preconditioned_modules()) == ["fc1", "head"]
     reasons = gm.unpreconditioned_parameters()
     assert set(reasons) == {"bn.weight", "bn.bias", "skip_me.weight", "skip_me.bias",
-                            "frozen.bias", "scale"}
+                            "frozen.bias", "frozen.weight", "scale"}
     assert "normalization" in reasons["bn.weight"] and "ignore_modules" in reasons["skip_me.bias"]
     assert "frozen" in reasons["frozen.bias"] and "submodules" in reasons["scale"]
+    # frozen when the maker was built: it was neither preconditioned nor listed, and trains on
+    # the plain gradient once unfrozen
+    assert "when the maker was built" in reasons["frozen.weight"]
     x, t = batch((32, 20))
     dy = gm.setup_model_call(model, x)
     gm.setup_loss_call(F.cross_entropy, dy, t)
@@ -1003,7 +1007,9 @@ def test_a_frozen_unsupported_convolution_keeps_the_plain_gradient(maker):
     model[0].weight.requires_grad_(False)
     gm = cls(model, P.PreconditioningConfig(data_size=4))
     assert list(gm.preconditioned_modules()) == ["2"]
-    assert gm.unpreconditioned_parameters() == {"0.bias": "the module's weight is frozen"}
+    listed = gm.unpreconditioned_parameters()
+    assert set(listed) == {"0.weight", "0.bias"}
+    assert listed["0.bias"] == "the module's weight is frozen"
     with pytest.raises(NotImplementedError, match="module '0' has groups=4"):
         cls(model.requires_grad_(True), P.PreconditioningConfig(data_size=4))
 
@@ -1976,3 +1982,127 @@ def test_a_call_without_grad_is_no_example_nor_a_repeated_call():
         assert not [str(w.message) for w in caught if "more than once" in str(w.message)]
         factors.append(maker.factors("0"))
     assert all(torch.equal(factors[0][k], factors[1][k]) for k in factors[1])
+
+
+def _maker_of(kind, model, config):
+    return {"kfac": lambda: P.KfacGradientMaker(model, config, fisher_type="emp"),
+            "diag": lambda: P.DiagNaturalGradientMaker(model, config, fisher_type="emp"),
+            "shampoo": lambda: P.ShampooGradientMaker(model, config),
+            "jorge": lambda: P.JorgeGradientMaker(model, config)}[kind]()
+
+
+def _micro_step(maker, model, x, t):
+    dy = maker.setup_model_call(model, x)
+    maker.setup_loss_call(F.cross_entropy, dy, t)
+    maker.forward_and_backward()
+
+
+@pytest.mark.parametrize("kind", ["kfac", "diag", "shampoo", "jorge"])
+@pytest.mark.parametrize("set_to_none", [True, False])
+def test_accumulated_micro_batches_are_each_preconditioned_once(kind, set_to_none):
+    """Two calls before one optimizer step (gradient accumulation) preconditioned what the
+    first left in ``.grad`` again, and read it into the statistics: K-FAC's accumulated
+    gradient was 24x the sum of the two micro-batches' preconditioned ones. Each call now
+    adds its own preconditioned gradient to what ``.grad`` held, as backward() does."""
+    x, t = batch((16, 20))
+    config = P.PreconditioningConfig(data_size=8, damping=1e-3)
+    separate, together = mlp(), mlp()
+    apart, accumulating = _maker_of(kind, separate, config), _maker_of(kind, together, config)
+    expected = []
+    for rows in (slice(0, 8), slice(8, 16)):
+        separate.zero_grad(set_to_none=set_to_none)
+        _micro_step(apart, separate, x[rows], t[rows])
+        expected.append([p.grad.clone() for p in separate.parameters()])
+    together.zero_grad(set_to_none=set_to_none)
+    _micro_step(accumulating, together, x[:8], t[:8])
+    held = [p.grad for p in together.parameters()]
+    _micro_step(accumulating, together, x[8:], t[8:])
+    for first, second, param in zip(*expected, together.parameters()):
+        torch.testing.assert_close(param.grad, first + second, rtol=1e-10, atol=1e-12)
+    # accumulated into the tensors .grad held, as autograd does
+    assert all(p.grad is before for p, before in zip(together.parameters(), held))
+    # a gradient of the user's own (an auxiliary loss's backward) is kept, not preconditioned
+    together.zero_grad()
+    auxiliary = sum(p.square().sum() for p in together.parameters())
+    auxiliary.backward()
+    kept = [p.grad.clone() for p in together.parameters()]
+    separate.zero_grad()
+    _micro_step(apart, separate, x[:8], t[:8])
+    _micro_step(accumulating, together, x[:8], t[:8])
+    for before, own, param in zip(kept, separate.parameters(), together.parameters()):
+        torch.testing.assert_close(param.grad, before + own.grad, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("kind", ["kfac", "diag", "shampoo", "jorge"])
+def test_parameters_the_model_replaces_are_followed(kind):
+    """``load_state_dict(..., assign=True)`` replaces the parameter objects: Shampoo and
+    Jorge kept reading the replaced ones' empty ``.grad`` and left every gradient plain,
+    without a word."""
+    x, t = batch((16, 20))
+    config = P.PreconditioningConfig(data_size=16, damping=1e-3)
+    kept, replaced = mlp(), mlp()
+    kept_maker, replaced_maker = _maker_of(kind, kept, config), _maker_of(kind, replaced, config)
+    for step in range(2):
+        if step == 1:
+            replaced.load_state_dict(copy.deepcopy(kept.state_dict()), assign=True)
+        for model, maker in ((kept, kept_maker), (replaced, replaced_maker)):
+            model.zero_grad()
+            _micro_step(maker, model, x, t)
+        for a, b in zip(kept.parameters(), replaced.parameters()):
+            torch.testing.assert_close(b.grad, a.grad, rtol=1e-10, atol=1e-12)
+    if kind in ("shampoo", "jorge"):
+        replaced[0].weight = nn.Parameter(torch.zeros(17, 20, dtype=DTYPE))
+        with pytest.raises(RuntimeError, match="no longer holds a parameter '0.weight' of "
+                                               "shape \\(16, 20\\)"):
+            _micro_step(replaced_maker, replaced, x, t)
+
+
+class _ClassesLast(nn.Module):
+    def forward(self, y):
+        return y.permute(0, 2, 3, 1).reshape(-1, y.shape[1])
+
+
+@pytest.mark.parametrize("fisher_type", ["exact", "mc"])
+@pytest.mark.parametrize("maker", [P.KfacGradientMaker, P.DiagNaturalGradientMaker])
+def test_segmentation_logits_have_their_classes_on_the_second_axis(maker, fisher_type):
+    """Cross-entropy logits of shape (N, C, H, W), as torch's cross-entropy takes them: the
+    MC and exact Fishers took the width W for the classes, and gave another curvature than
+    the same loss on the logits flattened to (N * H * W, C), without a word."""
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(2, 4, 3, padding=1), nn.Tanh(),
+                        nn.Conv2d(4, 3, 3, padding=1)).to(DTYPE)
+    flat = nn.Sequential(copy.deepcopy(net), _ClassesLast())
+    x = torch.randn(4, 2, 5, 6, dtype=DTYPE)
+    t = torch.randint(0, 3, (4, 5, 6))
+    config = P.PreconditioningConfig(data_size=4, damping=1e-3)
+    grads = []
+    for model, target in ((net, t), (flat, t.reshape(-1))):
+        gm = maker(model, config, fisher_type=fisher_type, seed=0)
+        dy = gm.setup_model_call(model, x)
+        gm.setup_loss_call(F.cross_entropy, dy, target)
+        gm.forward_and_backward()
+        grads.append([p.grad for p in model.parameters()])
+    for ours, reference in zip(*grads):
+        torch.testing.assert_close(ours, reference, rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("maker", [P.KfacGradientMaker, P.DiagNaturalGradientMaker])
+def test_a_seed_repeats_the_curvature_pass_and_leaves_the_users_draws_alone(maker):
+    """``seed=`` reseeds torch before each curvature pass, as ASDL, so its dropout masks and
+    MC labels repeat; ASDL's reset of the global generator also made every later draw of the
+    user's repeat (a DataLoader's shuffle was the same at every step)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.Dropout(0.5), nn.Linear(8, 3)).to(DTYPE)
+    gm = maker(model, P.PreconditioningConfig(data_size=8, damping=1e-2), seed=3)
+    x, t = batch((8, 4))
+    torch.manual_seed(5)
+    expected = [torch.randperm(8) for _ in range(3)]
+    torch.manual_seed(5)
+    draws, outputs = [], []
+    for _ in range(3):
+        dy = gm.setup_model_call(model, x)
+        gm.setup_loss_call(F.cross_entropy, dy, t)
+        outputs.append(gm.forward_and_backward()[0].detach())
+        draws.append(torch.randperm(8))
+    assert all(torch.equal(a, b) for a, b in zip(draws, expected))
+    assert all(torch.equal(output, outputs[0]) for output in outputs)   # the same masks

@@ -345,3 +345,24 @@ def test_train_command_applies_kfac_by_sgd():
                             "--kl-clip must be a finite number > 0")):
         bad = subprocess.run(command + wrong, capture_output=True, text=True, timeout=300)
         assert bad.returncode == 2 and message in bad.stderr, (wrong, bad.stderr)
+
+
+@pytest.mark.parametrize("layout", ["coo", "csr"])
+@pytest.mark.parametrize("maker", [P.KfacGradientMaker, P.DiagNaturalGradientMaker])
+def test_sparse_features_are_preconditioned_as_dense_ones(maker, layout):
+    """Sparse features, which the GCN layer takes, reach the Linear inside it: K-FAC's factors
+    failed on torch's reshape of them, the diagonal Fisher on their contiguity."""
+    graph = small_graph()
+    x, y, mask = node_batch()
+    x = x * (x > 0.5)   # bag-of-words-like: mostly zeros
+    sparse = x.to_sparse() if layout == "coo" else x.to_sparse_csr()
+    config = P.PreconditioningConfig(data_size=int(mask.sum()), damping=1e-3)
+    grads = []
+    for features in (x, sparse):
+        torch.manual_seed(0)
+        model = GCNConv(12, 3).to(DTYPE)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)   # torch's "CSR support is in beta"
+            grads.append(run_steps(maker(model, config, fisher_type="emp"), model, features,
+                                   graph, y, mask, steps=2))
+    assert_same_grads(grads[0], grads[1])

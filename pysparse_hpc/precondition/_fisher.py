@@ -44,8 +44,9 @@ def fisher_passes(fisher_type, loss_type, logits, n_mc_samples=1, var=1.0):
     """Yield ``(nll, weight)``: scalars to backpropagate and the weight of each pass.
 
     The curvature of a module adds ``weight * g^T g`` for the gradient ``g`` w.r.t. its output
-    in each pass. The classes (cross-entropy) or output dimensions (MSE) are the last axis of
-    `logits`; every other axis counts as examples.
+    in each pass. The classes (cross-entropy) are the axis torch's cross-entropy takes them
+    on: the second of ``(N, C, d1, ...)`` logits, the last of ``(N, C)`` and ``(C,)``; the
+    output dimensions (MSE) are the last axis. Every other axis counts as examples.
 
     Parameters
     ----------
@@ -64,6 +65,10 @@ def fisher_passes(fisher_type, loss_type, logits, n_mc_samples=1, var=1.0):
     """
     if fisher_type == FISHER_EMP:
         return
+    if loss_type == LOSS_CROSS_ENTROPY and logits.ndim > 2:
+        # A segmentation net's (N, C, H, W): taking W for the classes gave another Fisher
+        # than the same loss on the logits flattened to (N * H * W, C), without a word.
+        logits = logits.movedim(1, -1)
     classes = logits.shape[-1]
     flat = logits.reshape(-1, classes)
     if loss_type == LOSS_CROSS_ENTROPY:

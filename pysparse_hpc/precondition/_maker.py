@@ -279,8 +279,13 @@ class PreconditionedGradientMaker:
         self._parameter_layout = self._current_parameter_layout()
 
     def _current_parameter_layout(self):
-        """The dtype and device of every parameter: what the stored curvature follows."""
-        return tuple((param.dtype, param.device) for param in self.model.parameters())
+        """The identity, dtype and device of every parameter: what the maker's references and
+        the stored curvature follow."""
+        return tuple((id(param), param.dtype, param.device) for param in self.model.parameters())
+
+    def _rebind_parameters(self):
+        """Take up the parameter objects the model holds now (a subclass that keeps
+        references to them follows here); the modules' hooks need nothing."""
 
     def _follow_parameters(self):
         """Move the stored curvature to the dtype and device the parameters have now.
@@ -289,11 +294,19 @@ class PreconditionedGradientMaker:
         moving average, Shampoo's statistics and roots) would stay in the old dtype and be
         mixed into every later step. It is moved as `load_state_dict` moves a loaded state,
         so the maker continues as one built on the converted model and loaded with its
-        state would.
+        state would. Parameters the model replaced (``load_state_dict(assign=True)``) are
+        taken up: Shampoo and Jorge read the replaced ones' empty ``.grad`` and stopped
+        preconditioning without a word.
         """
         layout = self._current_parameter_layout()
         if layout != self._parameter_layout:
-            self.load_state_dict(self.state_dict())
+            # The maker's references keep the replaced parameters alive: an id cannot be
+            # reused by a new one while they do.
+            if [entry[0] for entry in layout] != [entry[0] for entry in self._parameter_layout]:
+                self._rebind_parameters()
+            if [entry[1:] for entry in layout] != [entry[1:] for entry in
+                                                   self._parameter_layout]:
+                self.load_state_dict(self.state_dict())
             self._parameter_layout = layout
 
     # ------------------------------------------------------------------ modules
@@ -332,6 +345,13 @@ class PreconditionedGradientMaker:
         for name, module in self.model.named_modules():
             params = [(pname, p) for pname, p in module.named_parameters(recurse=False)
                       if p.requires_grad]
+            for pname, param in module.named_parameters(recurse=False):
+                if not param.requires_grad:
+                    # Unfrozen later (gradual unfreezing), it trains on the plain gradient:
+                    # listed, where it was neither preconditioned nor listed.
+                    self._unpreconditioned[f"{name}.{pname}" if name else pname] = (
+                        "frozen (requires_grad=False) when the maker was built: the plain "
+                        "gradient if it trains later")
             if not params:
                 continue
             kind = None
@@ -435,13 +455,15 @@ class PreconditionedGradientMaker:
         return OrderedDict((name, module) for name, (module, _) in self._modules.items())
 
     def unpreconditioned_parameters(self):
-        """The trainable parameters that keep their plain gradient, and why.
+        """The parameters that keep their plain gradient, and why.
 
-        Normalization layers, modules in ``config.ignore_modules``, module types this maker
-        does not support, parameters held directly by container modules, biases of modules
-        whose weight is frozen (Shampoo and Jorge: of those with no other trainable parameter
-        of two or more dimensions) and parameters tied between modules; under K-FAC and the
-        diagonal Fisher also the parameters of a module whose weight is computed from them
+        Parameters frozen when the maker was built (they train on the plain gradient if
+        unfrozen later: build a new maker to precondition them), normalization layers,
+        modules in ``config.ignore_modules``, module types this maker does not support,
+        parameters held directly by container modules, biases of modules whose weight is
+        frozen (Shampoo and Jorge: of those with no other trainable parameter of two or more
+        dimensions) and parameters tied between modules; under K-FAC and the diagonal Fisher
+        also the parameters of a module whose weight is computed from them
         (``torch.nn.utils.weight_norm``) and those of a preconditioned module other than its
         weight and bias (a LoRA layer's adapters).
 
@@ -605,25 +627,55 @@ class PreconditionedGradientMaker:
         step = self.state["step"]
         self.last_step_skipped = False
         update_curvature = self.do_update_curvature(step)
-        if update_curvature:
-            output, loss = self._curvature_forward_and_backward()
-        else:
-            output, loss = self._plain_forward_and_backward()
-        if self._distributed:
-            self._allreduce_gradients()
-        with _autocast_off():
-            if self.check_finite and not self._gradients_finite(step):
-                self.last_step_skipped = True
-                self._discard_curvature()
+        held = self._set_aside_gradients()
+        try:
+            if update_curvature:
+                output, loss = self._curvature_forward_and_backward()
             else:
-                if update_curvature:
-                    self.update_curvature()
-                if self.do_update_preconditioner(step):
-                    self.update_preconditioner()
-                self.precondition()
+                output, loss = self._plain_forward_and_backward()
+            if self._distributed:
+                self._allreduce_gradients()
+            with _autocast_off():
+                if self.check_finite and not self._gradients_finite(step):
+                    self.last_step_skipped = True
+                    self._discard_curvature()
+                else:
+                    if update_curvature:
+                        self.update_curvature()
+                    if self.do_update_preconditioner(step):
+                        self.update_preconditioner()
+                    self.precondition()
+        finally:
+            self._add_back_gradients(held)
         self.state["step"] = step + 1
         self._model_output, self._loss = output, loss
         return output, loss
+
+    def _set_aside_gradients(self):
+        """Take what ``.grad`` holds before the step (an earlier micro-batch's step, when
+        gradients are accumulated, or an auxiliary loss's own backward) out of the step's
+        way: preconditioned, reduced over the ranks and read into the statistics with the
+        step's own gradient, the first micro-batch was preconditioned twice (its gradient
+        norm 24x the sum of both micro-batches' preconditioned ones, with K-FAC)."""
+        held = []
+        for param in self.model.parameters():
+            if param.grad is not None:
+                held.append((param, param.grad))
+                param.grad = None
+        return held
+
+    def _add_back_gradients(self, held):
+        """Add the step's gradient to what `_set_aside_gradients` took (in the tensor the
+        user's ``.grad`` was, as autograd accumulates)."""
+        with torch.no_grad():
+            for param, before in held:
+                step = param.grad
+                if step is None:
+                    param.grad = before
+                elif before.is_sparse or step.is_sparse:
+                    param.grad = before + step
+                else:
+                    param.grad = before.add_(step)
 
     def _check_ranks_alike(self):
         """Refuse, on every rank, ranks whose makers differ (collective, once). Another
@@ -726,44 +778,51 @@ class PreconditionedGradientMaker:
         # the cast ones to the hooks, and the curvature follows the parameters.
         self._weight_dtypes = {name: module.weight.dtype
                                for name, (module, _) in self._modules.items()}
-        try:
-            for name, (module, _) in self._modules.items():
-                handles.append(module.register_forward_hook(
-                    partial(self._forward_hook, name), with_kwargs=True))
-            if seed is not None:
-                torch.manual_seed(seed)
-            self._forward_calls = {}
-            output = self._call_model()
-            calls, self._forward_calls = self._forward_calls, None
-            self._warn_repeated_calls(calls)
-            loss_sum, logits = self._call_loss(output, reduction="sum")
-            if fisher_type != FISHER_EMP:
-                # Only the parameters that train now: a weight frozen after the maker was built
-                # (gradual freezing) cannot be differentiated, but its module's bias, if it
-                # trains, still takes the pass to the module's output (as the training
-                # backward does for the empirical Fisher); none at all leaves nothing to pass.
-                trainable = {name: _trainable_parameters(module)
-                             for name, (module, _) in self._modules.items()}
-                inputs = [param for params in trainable.values() for param in params]
-                passes = (fisher_passes(fisher_type, loss_type, logits, n_mc_samples, var)
-                          if inputs else ())
-                self._reached = set()
-                for nll, weight in passes:
-                    self._grad_weight = weight
-                    torch.autograd.grad(nll, inputs, retain_graph=True, allow_unused=True)
-                self._grad_weight = None
-                if inputs:
-                    self._unreached = tuple(
-                        name for name in calls if name not in self._reached
-                        and trainable[name])  # all frozen: no gradient to reach it
-            else:
-                self._grad_weight = float(data_size) ** 2
-            loss = loss_sum / data_size
-            loss.backward()
-        finally:
-            self._grad_weight = self._forward_calls = self._reached = None
-            for handle in handles:
-                handle.remove()
+        # With a seed, ASDL's torch.manual_seed before each curvature pass reset the global
+        # generator: every later draw of the user's (a DataLoader's shuffle, the next step's
+        # dropout) repeated at each such step. The pass runs on a fork of it instead.
+        devices = sorted({param.device.index or 0 for param in self.model.parameters()
+                          if param.device.type == "cuda"})
+        with (torch.random.fork_rng(devices=devices) if seed is not None
+              else contextlib.nullcontext()):
+            try:
+                for name, (module, _) in self._modules.items():
+                    handles.append(module.register_forward_hook(
+                        partial(self._forward_hook, name), with_kwargs=True))
+                if seed is not None:
+                    torch.manual_seed(seed)   # in the fork: the user's stream is left as it was
+                self._forward_calls = {}
+                output = self._call_model()
+                calls, self._forward_calls = self._forward_calls, None
+                self._warn_repeated_calls(calls)
+                loss_sum, logits = self._call_loss(output, reduction="sum")
+                if fisher_type != FISHER_EMP:
+                    # Only the parameters that train now: a weight frozen after the maker was built
+                    # (gradual freezing) cannot be differentiated, but its module's bias, if it
+                    # trains, still takes the pass to the module's output (as the training
+                    # backward does for the empirical Fisher); none at all leaves nothing to pass.
+                    trainable = {name: _trainable_parameters(module)
+                                 for name, (module, _) in self._modules.items()}
+                    inputs = [param for params in trainable.values() for param in params]
+                    passes = (fisher_passes(fisher_type, loss_type, logits, n_mc_samples, var)
+                              if inputs else ())
+                    self._reached = set()
+                    for nll, weight in passes:
+                        self._grad_weight = weight
+                        torch.autograd.grad(nll, inputs, retain_graph=True, allow_unused=True)
+                    self._grad_weight = None
+                    if inputs:
+                        self._unreached = tuple(
+                            name for name in calls if name not in self._reached
+                            and trainable[name])  # all frozen: no gradient to reach it
+                else:
+                    self._grad_weight = float(data_size) ** 2
+                loss = loss_sum / data_size
+                loss.backward()
+            finally:
+                self._grad_weight = self._forward_calls = self._reached = None
+                for handle in handles:
+                    handle.remove()
         return output, loss
 
     def _forward_hook(self, name, module, args, kwargs, output):
@@ -779,9 +838,13 @@ class PreconditionedGradientMaker:
             counts[1] += differentiated
         if not differentiated:
             return
-        x = args[0] if args else next(iter(kwargs.values()))
+        x = (args[0] if args else next(iter(kwargs.values()))).detach()
+        if x.layout != torch.strided:
+            # Sparse features (a GCN layer's on a bag-of-words graph) reach the Linear inside
+            # it; the factors' products take them dense (torch's reshape refused them).
+            x = x.to_dense()
         with torch.no_grad(), _autocast_off():
-            context = self._on_input(name, module, x.detach())
+            context = self._on_input(name, module, x)
         output.register_hook(partial(self._output_grad_hook, name, context))
 
     def _warn_repeated_calls(self, calls):

@@ -229,6 +229,24 @@ class RootGradientMaker(PreconditionedGradientMaker):
                     self._unpreconditioned.pop(name, None)
                     self._matrices[name] = _Matrix(param, self.block_size)
 
+    def _rebind_parameters(self):
+        """Read and write the gradients of the parameter objects the model holds now."""
+        for name, matrix in self._matrices.items():
+            matrix.param = self._parameter_now(name, matrix.param)
+        for name, param in self._vectors.items():
+            self._vectors[name] = self._parameter_now(name, param)
+
+    def _parameter_now(self, name, before):
+        try:
+            param = self.model.get_parameter(name)
+        except AttributeError:
+            param = None
+        if param is None or param.shape != before.shape:
+            raise RuntimeError(f"the model no longer holds a parameter {name!r} of shape "
+                               f"{tuple(before.shape)}, which {type(self).__name__} "
+                               f"preconditions: make a new maker for the changed model")
+        return param
+
     def preconditioned_parameters(self):
         """The parameters whose ``.grad`` this maker replaces.
 

@@ -324,8 +324,10 @@ class KfacGradientMaker(NaturalGradientMaker):
         (`n_mc_samples` extra backwards). Exact: one extra backward per class.
     loss_type : {"cross_entropy", "mse"}, default "cross_entropy"
         The likelihood of the MC and exact Fishers (unused by the empirical Fisher). The
-        classes are the last axis of the logits, which are the first placeholder argument of
-        the loss call (ASDL takes the whole model output, ignoring any indexing).
+        classes are on the axis torch's cross-entropy reads them from (the second of
+        ``(N, C, d1, ...)`` logits, as a segmentation net gives them; ASDL takes the last) of
+        the logits, which are the first placeholder argument of the loss call (ASDL takes the
+        whole model output, ignoring any indexing).
     scale : float, default 1.0
         Multiplies each factor (so the curvature by ``scale**2``), as in ASDL.
     grad_scale : float, default 1.0
@@ -336,7 +338,8 @@ class KfacGradientMaker(NaturalGradientMaker):
         Variance of the Gaussian of the MC Fisher for the MSE loss.
     seed : int, optional
         When given, ``torch.manual_seed(seed)`` before each curvature pass (as ASDL), so the MC
-        labels repeat.
+        labels repeat; the pass runs on a fork of torch's generator, which goes on after it
+        as it was (ASDL's reset left every later draw repeating).
     swift : bool, default False
         ASDL's SKFAC variant; not implemented (True raises ``NotImplementedError``).
     pi_damping : bool, default True
