@@ -119,8 +119,14 @@ def _refuse_members_beyond_memory(archive, keys, path):
     total = 0.0
     for key in keys:
         declared = _declared_array(archive, key)
-        if declared is not None and not declared[1].hasobject:
-            total += math.prod(declared[0]) * declared[1].itemsize
+        if declared is None or declared[1].hasobject:
+            continue
+        shape, dtype, held = declared
+        needed = math.prod(shape) * dtype.itemsize
+        if needed == held:   # else refused as corrupt by _read_member, whatever its size
+            refuse_beyond_memory(float(needed), f"{path!r}: member {key!r} of shape {shape} "
+                                                f"{dtype} would")
+            total += needed
     refuse_beyond_memory(total, f"{path!r}: its members {keys} would")
 
 

@@ -37,6 +37,10 @@ from .config import PreconditioningConfig, _schedules
 
 __all__ = ["OutputPlaceholder", "PreconditionedGradientMaker"]
 
+#: The reason `unpreconditioned_parameters` gives a parameter frozen when the maker was built.
+_FROZEN_AT_BUILD = ("frozen (requires_grad=False) when the maker was built: the plain "
+                    "gradient if it trains later")
+
 _NORM_LAYERS = tuple(getattr(nn, name) for name in (
     "BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "SyncBatchNorm", "InstanceNorm1d",
     "InstanceNorm2d", "InstanceNorm3d", "LayerNorm", "GroupNorm", "RMSNorm", "LocalResponseNorm")
@@ -350,8 +354,7 @@ class PreconditionedGradientMaker:
                     # Unfrozen later (gradual unfreezing), it trains on the plain gradient:
                     # listed, where it was neither preconditioned nor listed.
                     self._unpreconditioned[f"{name}.{pname}" if name else pname] = (
-                        "frozen (requires_grad=False) when the maker was built: the plain "
-                        "gradient if it trains later")
+                        _FROZEN_AT_BUILD)
             if not params:
                 continue
             kind = None
@@ -404,7 +407,9 @@ class PreconditionedGradientMaker:
             else:
                 self._modules[name] = (module, kind)
         if not self._modules:
-            found = "; ".join(f"{k}: {v}" for k, v in list(self._unpreconditioned.items())[:8])
+            trainable = [(k, v) for k, v in self._unpreconditioned.items()
+                         if not v.startswith(_FROZEN_AT_BUILD)]
+            found = "; ".join(f"{k}: {v}" for k, v in trainable[:8])
             raise ValueError(
                 f"{type(self).__name__} found nothing to precondition in "
                 f"{type(self.model).__name__}: expected at least one {self._supported_names()} "
