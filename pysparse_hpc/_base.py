@@ -36,6 +36,10 @@ class sparray:
 
     Subclasses own a storage layout and implement `tocsr`; everything that can be expressed
     through CSR (dense conversion, scipy conversion, matrix products) lives here once.
+
+    An array holds a matrix for the kernels, not a value with arithmetic: ``==`` compares
+    identity, as for other Python objects (scipy compares elementwise); compare contents
+    through `to_scipy` or `toarray`.
     """
 
     format = None
@@ -189,47 +193,6 @@ class sparray:
     __getitem__ = _refusing("indexing")
     __setitem__ = _refusing("item assignment")
     __iter__ = _refusing("iteration")
-
-    # Comparisons: Python's fallback compared identities, so a copy was != its original and
-    # np.array_equal(A, A.copy()) was False without a word. An operand scipy compares
-    # elementwise is refused; anything else (None, a string) is unequal, as before.
-    def _compared(self, other, symbol):
-        if other is self and symbol in ("==", "!="):
-            return symbol == "=="        # identity, which weak references compare by
-        if (issparse(other) or scipy.sparse.issparse(other) or is_torch_tensor(other)
-                or isinstance(other, (numbers.Number, np.ndarray, np.generic))):
-            self._refuse(f"comparisons ({symbol})")
-        return NotImplemented
-
-    def __eq__(self, other):
-        return self._compared(other, "==")
-
-    def __ne__(self, other):
-        return self._compared(other, "!=")
-
-    def __lt__(self, other):
-        return self._compared(other, "<")
-
-    def __le__(self, other):
-        return self._compared(other, "<=")
-
-    def __gt__(self, other):
-        return self._compared(other, ">")
-
-    def __ge__(self, other):
-        return self._compared(other, ">=")
-
-    __hash__ = object.__hash__   # hashed by identity, as before (caches key on arrays)
-    # NumPy's operators and ufuncs hand an array operand over to the methods here (their
-    # refusals) instead of taking the array as an object scalar.
-    __array_ufunc__ = None
-
-    def __array__(self, dtype=None, copy=None):
-        # NumPy made a 0-d object array of it (np.asarray), and scipy's and torch's
-        # constructors, which go through NumPy, failed with errors that named none of this.
-        raise TypeError(f"{type(self).__name__} is not converted implicitly: use A.toarray() "
-                        "for a dense NumPy array, A.to_scipy() for scipy.sparse (sparse @ "
-                        "sparse products included), and A @ X or X @ A for dense operands")
 
     def __getattr__(self, name):
         # Called only where the usual lookup failed: no cost to the attributes that exist.

@@ -289,29 +289,49 @@ def _read_int(path):
 
 
 def _cgroup_room():
-    """Bytes this process's memory cgroup lets it allocate beyond its use now (v2
-    ``memory.max`` less ``memory.current``, v1 ``memory.limit_in_bytes`` less
-    ``memory.usage_in_bytes``), or None where no limit is set or none can be read."""
+    """Bytes this process's memory cgroup lets it allocate beyond its use now, or None where
+    no limit is set or none can be read: v2 ``memory.max`` less ``memory.current``, v1
+    ``memory.limit_in_bytes`` less ``memory.usage_in_bytes``, the use counted without the
+    page cache the kernel reclaims (``inactive_file``: the cache of a file just read would
+    otherwise count against reading it)."""
     try:
-        with open("/proc/self/cgroup") as handle:
+        with open("/proc/self/cgroup", encoding="utf-8", errors="replace") as handle:
             lines = handle.read().splitlines()
     except OSError:
         return None
     for line in lines:
-        _, controllers, path = line.split(":", 2)
+        fields = line.split(":", 2)
+        if len(fields) != 3:
+            continue
+        _, controllers, path = fields
         if controllers == "":
-            files, root = ("memory.max", "memory.current"), "/sys/fs/cgroup"
+            files, cache, root = ("memory.max", "memory.current"), "inactive_file", \
+                "/sys/fs/cgroup"
         elif "memory" in controllers.split(","):
-            files, root = ("memory.limit_in_bytes", "memory.usage_in_bytes"), \
-                "/sys/fs/cgroup/memory"
+            files, cache, root = ("memory.limit_in_bytes", "memory.usage_in_bytes"), \
+                "total_inactive_file", "/sys/fs/cgroup/memory"
         else:
             continue
         # The group's own directory, or the mount's root where a namespace shows it as "/".
         for directory in (root + path.rstrip("/"), root):
             limit, used = (_read_int(os.path.join(directory, name)) for name in files)
             if limit is not None and used is not None:
-                return max(limit - used, 0)
+                reclaimable = _stat_value(os.path.join(directory, "memory.stat"), cache)
+                return max(limit - max(used - reclaimable, 0), 0)
     return None
+
+
+def _stat_value(path, key):
+    """The value of ``key`` in a ``memory.stat`` file (0 where it is missing)."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            for line in handle:
+                name, _, value = line.partition(" ")
+                if name == key:
+                    return int(value)
+    except (OSError, ValueError):
+        pass
+    return 0
 
 
 def _address_space_room():

@@ -522,11 +522,7 @@ def read_matrix_market(path):
         return _read_matrix_market_stream(path)
     path = _existing_path(path)
     info = _mm_info(path)
-    if info[3] == "array":
-        # Before its values are scanned: a few megabytes of gzip declaring 20000 x 20000
-        # zeros were scanned for 7 s, then scipy asked NumPy for the 3 GiB dense array.
-        refuse_beyond_memory(8.0 * info[0] * info[1],
-                             f"{path!r} declares a dense {info[0]} x {info[1]} array, which would")
+    _refuse_dense_beyond_memory(path, info)
     _check_mm_body(path, info)
     rows, cols, _, fmt, _, symmetry = info
     if fmt == "coordinate":
@@ -557,32 +553,65 @@ def read_matrix_market(path):
     return csr_array(matrix).canonical()
 
 
+def _refuse_dense_beyond_memory(path, info):
+    """Refuse an array file whose dense values exceed memory, before they are scanned: a few
+    megabytes of gzip declaring 20000 x 20000 zeros were scanned for 7 s, then scipy asked
+    NumPy for the 3 GiB array."""
+    if info[3] == "array":
+        refuse_beyond_memory(8.0 * info[0] * info[1],
+                             f"{path!r} declares a dense {info[0]} x {info[1]} array, which would")
+
+
 def _read_matrix_market_stream(stream):
     """`read_matrix_market` of a file object's text: through a temporary file, since the
     checks and scipy's reader each read the text from its start; the messages name the file
-    object, not the copy."""
-    import shutil
+    object, not the copy.
+
+    The copy stops where the header's size says the text must end (as the checks of a file
+    stop): copied whole, a decompressing stream (``gzip.open`` of a bomb) filled the disk
+    before any check ran.
+    """
     import tempfile
 
     shown = repr(getattr(stream, "name", None) or f"<{type(stream).__name__} object>")
     with tempfile.TemporaryDirectory() as folder:
         copy = os.path.join(folder, "matrix.mtx")
-        with open(copy, "wb") as target:
-            first = stream.read(1 << 20)
-            if isinstance(first, str):      # a text stream: the format is ASCII
-                while first:
-                    target.write(first.encode("utf-8", "surrogateescape"))
-                    first = stream.read(1 << 20)
-            elif isinstance(first, (bytes, bytearray, memoryview)):
-                target.write(first)
-                shutil.copyfileobj(stream, target, 1 << 20)
-            else:
-                raise TypeError(f"expected a path or a file object whose read() gives bytes or "
-                                f"str, got {type(first).__name__} from {shown}")
         try:
+            with open(copy, "wb") as target:
+                head = _MM_HEADER_BYTES + _MM_CHUNK_BYTES
+                written, more = _copy_text(stream, target, head, shown)
+                if more:
+                    target.flush()
+                    info = _mm_info(copy)    # the header is whole by now, or refused
+                    _refuse_dense_beyond_memory(copy, info)
+                    limit = head + _MM_CHUNK_BYTES + 64 * _mm_expected_tokens(*info)
+                    if _copy_text(stream, target, limit - written, shown)[1]:
+                        raise ValueError(f"{copy!r} is not a valid Matrix Market file: it runs "
+                                         f"past {limit} bytes, more than the {info[2]} "
+                                         f"entries its header declares take")
             return read_matrix_market(copy)
-        except (ValueError, TypeError) as exc:
+        except (ValueError, TypeError, MemoryError) as exc:
             raise type(exc)(str(exc).replace(repr(copy), shown)) from None
+
+
+def _copy_text(stream, target, budget, shown):
+    """Copy at most ``budget`` bytes of ``stream`` (binary, or text encoded as UTF-8) to
+    ``target``; ``(bytes copied, whether the stream holds more)``."""
+    written = 0
+    while True:
+        data = stream.read(min(_MM_CHUNK_BYTES, budget - written + 1))
+        if isinstance(data, str):      # a text stream: the format is ASCII
+            data = data.encode("utf-8", "surrogateescape")
+        elif not isinstance(data, (bytes, bytearray, memoryview)):
+            raise TypeError(f"expected a path or a file object whose read() gives bytes or "
+                            f"str, got {type(data).__name__} from {shown}")
+        if not data:
+            return written, False
+        if written + len(data) > budget:
+            target.write(data[:budget - written])
+            return budget, True
+        target.write(data)
+        written += len(data)
 
 
 def _refuse_both_triangles(path, matrix, stored, symmetry):

@@ -493,3 +493,32 @@ def test_an_archive_with_two_members_of_one_name_is_refused(tmp_path):
                 archive.writestr(f"{name}.npy", buffer.getvalue())
     with pytest.raises(ValueError, match="two members named 'data.npy'"):
         load_npz(path)
+
+
+@pytest.mark.parametrize("cgroup,files,room", [
+    ("0::/job\n", {"/sys/fs/cgroup/job/memory.max": "8589934592\n",
+                   "/sys/fs/cgroup/job/memory.current": "7516192768\n",
+                   "/sys/fs/cgroup/job/memory.stat": "anon 1\ninactive_file 5368709120\n"},
+     6 << 30),
+    ("4:memory:/job\n0::/\n", {"/sys/fs/cgroup/memory/job/memory.limit_in_bytes": "4294967296",
+                               "/sys/fs/cgroup/memory/job/memory.usage_in_bytes": "1073741824",
+                               "/sys/fs/cgroup/memory/job/memory.stat":
+                                   "total_inactive_file 0\n"}, 3 << 30),
+    ("0::/\n", {"/sys/fs/cgroup/memory.max": "max\n", "/sys/fs/cgroup/memory.current": "5"},
+     None),
+    ("garbled line\n\xff::\n", {}, None),
+])
+def test_the_memory_cgroups_room_leaves_out_the_page_cache(monkeypatch, cgroup, files, room):
+    # The use counted the cache of files read (5.7 of 7.4 GB here): a read of a file whose
+    # cache filled the group was refused for want of memory the kernel would reclaim.
+    import io as stdio
+
+    from pysparse_hpc import _sputils
+    contents = dict(files, **{"/proc/self/cgroup": cgroup})
+
+    def fake_open(path, *args, **kwargs):
+        if path not in contents:
+            raise FileNotFoundError(path)
+        return stdio.StringIO(contents[path])
+    monkeypatch.setattr(_sputils, "open", fake_open, raising=False)
+    assert _sputils._cgroup_room() == room

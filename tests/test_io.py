@@ -356,3 +356,21 @@ def test_matrix_market_from_file_objects(tmp_path):
             return 5
     with pytest.raises(TypeError, match="read\\(\\) gives bytes or str, got int"):
         read_matrix_market(Odd())
+
+
+def test_a_file_object_is_copied_no_further_than_its_header_allows(tmp_path):
+    """The stream was copied whole before any check: ``gzip.open`` of a bomb filled the disk.
+    A MemoryError named the temporary copy instead of the file object."""
+    import gzip
+    blank = gzip.compress(b"\n" * (16 << 20))
+    path = tmp_path / "bomb.mtx.gz"
+    path.write_bytes(gzip.compress(b"%%MatrixMarket matrix coordinate real general\n"
+                                   b"2 2 1\n1 1 5\n") + blank * 8)
+    with gzip.open(path, "rb") as stream, pytest.raises(
+            ValueError, match=f"^{str(path)!r} is not a valid Matrix Market file: it runs past "
+                              f"69206208 bytes, more than the 1 entries its header declares"):
+        read_matrix_market(stream)
+    dense = io.BytesIO(b"%%MatrixMarket matrix array real general\n1000000 1000000\n1\n")
+    with pytest.raises(MemoryError, match=r"^'<BytesIO object>' declares a dense 1000000 x "
+                                          r"1000000 array"):
+        read_matrix_market(dense)

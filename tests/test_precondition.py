@@ -1717,13 +1717,10 @@ def test_kl_clip_bad_input():
     gm.setup_loss_call(F.cross_entropy, dy, t)
     with pytest.raises(ValueError, match="the value lr\\(\\) returned must be a finite"):
         gm.forward_and_backward()
-    # raised before any gradient was preconditioned, and the step not counted
-    plain = copy.deepcopy(model)
-    plain.zero_grad()
-    (F.cross_entropy(plain(x), t, reduction="sum") / 8).backward()
+    # raised before any gradient was preconditioned, the step not counted, and .grad left
+    # as it was before the call (empty), not holding a raw gradient
     assert gm.step == 0
-    assert all(torch.equal(p.grad, q.grad) for p, q in zip(model.parameters(),
-                                                           plain.parameters()))
+    assert all(p.grad is None for p in model.parameters())
 
 
 @requires_asdl
@@ -2106,3 +2103,73 @@ def test_a_seed_repeats_the_curvature_pass_and_leaves_the_users_draws_alone(make
         draws.append(torch.randperm(8))
     assert all(torch.equal(a, b) for a, b in zip(draws, expected))
     assert all(torch.equal(output, outputs[0]) for output in outputs)   # the same masks
+
+
+@pytest.mark.parametrize("fisher_type", ["exact", "mc"])
+def test_a_loss_of_the_users_keeps_the_classes_last(fisher_type):
+    """A language model's (B, T, V) logits, flattened by the user's own loss function: the
+    classes are the last axis, as before; only torch's cross-entropy moves them."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 5, 4, dtype=DTYPE)
+    t = torch.randint(0, 3, (2, 5))
+
+    def lm_loss(logits, target, reduction="mean"):
+        return F.cross_entropy(logits.reshape(-1, 3), target.reshape(-1), reduction=reduction)
+
+    grads = []
+    for flattened in (False, True):
+        torch.manual_seed(1)
+        model = nn.Linear(4, 3).to(DTYPE)
+        gm = P.KfacGradientMaker(model, P.PreconditioningConfig(data_size=2, damping=1e-3),
+                                 fisher_type=fisher_type, seed=0)
+        dy = gm.setup_model_call(model, x)
+        if flattened:
+            gm.setup_loss_call(F.cross_entropy, dy.reshape(-1, 3), t.reshape(-1))
+        else:
+            gm.setup_loss_call(lm_loss, dy, t)
+        gm.forward_and_backward()
+        grads.append([p.grad for p in model.parameters()])
+    for ours, reference in zip(*grads):
+        torch.testing.assert_close(ours, reference, rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("maker", [P.KfacGradientMaker, P.DiagNaturalGradientMaker])
+def test_a_bias_frozen_at_build_of_a_preconditioned_module_is_preconditioned_once_it_trains(
+        maker):
+    """The curvature of a preconditioned module covers its bias whenever it trains: it is not
+    listed among the plain parameters (it was, as frozen at build)."""
+    x, t = batch((16, 20))
+    config = P.PreconditioningConfig(data_size=16, damping=1e-3)
+    frozen, trainable = mlp(), mlp()
+    frozen[0].bias.requires_grad_(False)
+    gm = maker(frozen, config, fisher_type="emp")
+    assert "0.bias" not in gm.unpreconditioned_parameters()
+    frozen[0].bias.requires_grad_(True)
+    reference = maker(trainable, config, fisher_type="emp")
+    for model, maker_of_it in ((frozen, gm), (trainable, reference)):
+        _micro_step(maker_of_it, model, x, t)
+    torch.testing.assert_close(frozen[0].bias.grad, trainable[0].bias.grad, rtol=1e-10,
+                               atol=1e-12)
+
+
+def test_a_step_that_fails_after_its_backward_leaves_the_gradients_as_they_were():
+    """An error after the backward (in the preconditioning) left the raw step gradient added
+    to what .grad held: neither preconditioned nor, over ranks, summed."""
+    x, t = batch((16, 20))
+    model = mlp()
+    gm = P.KfacGradientMaker(model, P.PreconditioningConfig(data_size=8, damping=1e-3),
+                             fisher_type="emp")
+    _micro_step(gm, model, x[:8], t[:8])
+    before = [p.grad.clone() for p in model.parameters()]
+
+    def broken():
+        raise RuntimeError("injected")
+    gm.precondition = broken
+    with pytest.raises(RuntimeError, match="injected"):
+        _micro_step(gm, model, x[8:], t[8:])
+    for param, expected in zip(model.parameters(), before):
+        assert torch.equal(param.grad, expected)
+    model.zero_grad()
+    with pytest.raises(RuntimeError, match="injected"):
+        _micro_step(gm, model, x[8:], t[8:])
+    assert all(p.grad is None for p in model.parameters())

@@ -225,9 +225,7 @@ def test_operator_operands_are_named():
     A = sph.csr_array(np.eye(2))
     with pytest.raises(TypeError, match="sparse @ sparse products are not supported"):
         A @ A
-    # scipy's product reads its operand through NumPy, which A refuses with its advice
-    with pytest.raises(TypeError, match=r"not converted implicitly.*A\.to_scipy\(\) for "
-                                        r"scipy\.sparse \(sparse @ sparse products included"):
+    with pytest.raises(TypeError, match="sparse @ sparse products are not supported"):
         scipy.sparse.csr_array(np.eye(2)) @ A
     with pytest.raises(TypeError, match="the left operand of @ must hold float16"):
         np.ones((2, 2), dtype=int) @ A
@@ -418,6 +416,7 @@ def test_what_scipy_sparse_has_points_to_to_scipy(convert):
                             ("-", lambda: 1 - A), (times, lambda: A * 2),
                             (times, lambda: np.float32(2) * A),
                             (times, lambda: dense * A),
+                            (times, lambda: np.dot(dense, A)),   # NumPy takes A as a scalar
                             ("/", lambda: A / 2), ("**", lambda: A ** 2),
                             ("unary -", lambda: -A), ("abs()", lambda: abs(A)),
                             ("indexing", lambda: A[0, 1]), ("indexing", lambda: A[1:]),
@@ -427,23 +426,9 @@ def test_what_scipy_sparse_has_points_to_to_scipy(convert):
             operation()
     with pytest.raises(TypeError, match="item assignment"):
         A[0, 0] = 1.0
-    # NumPy took A as a 0-d object array: np.asarray(A) gave one, np.dot(X, A) multiplied by
-    # it, np.array_equal(A, A.copy()) was False; scipy's and torch's constructors, which go
-    # through NumPy, failed naming none of this
-    for convert_implicitly in (np.asarray, lambda A: np.dot(dense, A)):
-        with pytest.raises(TypeError, match=rf"^{name} is not converted implicitly: use "
-                                            r"A\.toarray\(\).*A\.to_scipy\(\)"):
-            convert_implicitly(A)
+    # torch asks for the length first, whose message says where a dense array is
     with pytest.raises(TypeError, match=r"A\.toarray\(\) for a dense array"):
-        torch_tensor_of(A)   # torch asks for the length first
-    # comparisons compared identities: a copy was != its original
-    for symbol, operation in [("==", lambda: A == A.copy()), ("!=", lambda: A != A.copy()),
-                              ("==", lambda: A == dense), ("<", lambda: A < 1),
-                              ("==", lambda: A == A.to_scipy())]:
-        with pytest.raises(TypeError, match=f"^{name} does not support comparisons "
-                                            f"\\({re.escape(symbol)}\\)"):
-            operation()
-    assert A == A and not A != A and A != "A" and A in [None, A] and {A: 1}[A] == 1
+        torch_tensor_of(A)
     with pytest.raises(AttributeError, match=r"no attribute 'multiply'; scipy.sparse's is "
                                              r"reached through A.to_scipy\(\).multiply$"):
         A.multiply(A)

@@ -100,6 +100,9 @@ MOMENTUM_KIND = "momentum sync"
 PARTICIPATION_KIND = "lion participation"
 AGREEMENT_KIND = "lion agreement"
 
+#: Set in the agreed digest where it covers the parameters' values (the digest has 56 bits).
+_VALUES_FLAG = 1 << 60
+
 #: What the ranks compare before every step (`DistributedLion._check_still_alike`).
 _AGREED = ("the number of parameters", "the steps taken", "the momentum syncs made",
            "the step of the next momentum sync", "the parameter groups' settings or shapes")
@@ -392,18 +395,25 @@ class DistributedLion(Lion):
         """
         unchecked = self._values_unchecked
         values = self._agreement(n_entries, unchecked)
+        # The digest's 56 bits leave room for a flag: whether it covers the values here. The
+        # second comparison below is decided from the agreed extremes alone, so every rank
+        # takes it alike (an optimizer's copy, made before the first step and stepped on one
+        # rank only, holds the flag where the others do not).
+        values[-1] |= _VALUES_FLAG if unchecked else 0
         extremes = np.concatenate([values, -values])
         self.comm.Allreduce(extremes, "max", kind=AGREEMENT_KIND)
-        differ = [name for name, most, least in zip(_AGREED, extremes[:values.size],
-                                                    -extremes[values.size:]) if most != least]
-        if differ and unchecked and differ[-1] == _AGREED[-1]:
-            # The digest held the values too: a second comparison, on this failing path only,
-            # tells the settings from the values.
+        most, least = extremes[:values.size], -extremes[values.size:]
+        differ = [name for name, high, low in zip(_AGREED, most, least) if high != low]
+        if differ and differ[-1] == _AGREED[-1] and most[-1] & _VALUES_FLAG:
+            # Some digest held the values too: a second comparison, on this failing path
+            # only, tells the settings from the values.
             settings = self._agreement(n_entries, False)[-1:]
             settings = np.concatenate([settings, -settings])
             self.comm.Allreduce(settings, "max", kind=AGREEMENT_KIND)
             if settings[0] == -settings[1]:
-                differ[-1] = "the parameters' values"
+                differ[-1] = ("the parameters' values" if least[-1] & _VALUES_FLAG else
+                              "whether the parameters' values are compared (a first step "
+                              "on some ranks only)")
         if differ:
             with raising_alike():
                 if differ == ["the parameters' values"]:

@@ -40,13 +40,14 @@ def canonical_fisher_type(fisher_type):
     return name
 
 
-def fisher_passes(fisher_type, loss_type, logits, n_mc_samples=1, var=1.0):
+def fisher_passes(fisher_type, loss_type, logits, n_mc_samples=1, var=1.0,
+                  classes_second=False):
     """Yield ``(nll, weight)``: scalars to backpropagate and the weight of each pass.
 
     The curvature of a module adds ``weight * g^T g`` for the gradient ``g`` w.r.t. its output
-    in each pass. The classes (cross-entropy) are the axis torch's cross-entropy takes them
-    on: the second of ``(N, C, d1, ...)`` logits, the last of ``(N, C)`` and ``(C,)``; the
-    output dimensions (MSE) are the last axis. Every other axis counts as examples.
+    in each pass. The classes (cross-entropy) or output dimensions (MSE) are the last axis of
+    `logits`, or with ``classes_second`` the second of ``(N, C, d1, ...)`` cross-entropy
+    logits (as torch's cross-entropy reads them); every other axis counts as examples.
 
     Parameters
     ----------
@@ -62,10 +63,13 @@ def fisher_passes(fisher_type, loss_type, logits, n_mc_samples=1, var=1.0):
     n_mc_samples : int
     var : float
         Variance of the Gaussian the MSE targets are drawn from.
+    classes_second : bool
+        The loss is torch's own cross-entropy, which takes the classes of logits of more than
+        two dimensions on their second axis.
     """
     if fisher_type == FISHER_EMP:
         return
-    if loss_type == LOSS_CROSS_ENTROPY and logits.ndim > 2:
+    if classes_second and loss_type == LOSS_CROSS_ENTROPY and logits.ndim > 2:
         # A segmentation net's (N, C, H, W): taking W for the classes gave another Fisher
         # than the same loss on the logits flattened to (N * H * W, C), without a word.
         logits = logits.movedim(1, -1)

@@ -26,6 +26,7 @@ from functools import partial
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 from torch.nn.parameter import is_lazy
 
 from .._sputils import check_flag
@@ -36,6 +37,14 @@ from ._kaisa import allreduce_sum
 from .config import PreconditioningConfig, _schedules
 
 __all__ = ["OutputPlaceholder", "PreconditionedGradientMaker"]
+
+
+def _is_torch_cross_entropy(loss_fn):
+    """Whether ``loss_fn`` is torch's own cross-entropy, which reads the classes of
+    ``(N, C, d1, ...)`` logits on their second axis (a loss of the user's, which may flatten
+    ``(B, T, V)`` logits itself, keeps them last)."""
+    return loss_fn is F.cross_entropy or isinstance(loss_fn, nn.CrossEntropyLoss)
+
 
 #: The reason `unpreconditioned_parameters` gives a parameter frozen when the maker was built.
 _FROZEN_AT_BUILD = ("frozen (requires_grad=False) when the maker was built: the plain "
@@ -650,8 +659,15 @@ class PreconditionedGradientMaker:
                     if self.do_update_preconditioner(step):
                         self.update_preconditioner()
                     self.precondition()
-        finally:
-            self._add_back_gradients(held)
+        except BaseException:
+            # The step's gradient may be raw here (not preconditioned, not yet summed over
+            # the ranks): .grad goes back to what it held before the call.
+            for param in self.model.parameters():
+                param.grad = None
+            for param, before in held:
+                param.grad = before
+            raise
+        self._add_back_gradients(held)
         self.state["step"] = step + 1
         self._model_output, self._loss = output, loss
         return output, loss
@@ -809,7 +825,8 @@ class PreconditionedGradientMaker:
                     trainable = {name: _trainable_parameters(module)
                                  for name, (module, _) in self._modules.items()}
                     inputs = [param for params in trainable.values() for param in params]
-                    passes = (fisher_passes(fisher_type, loss_type, logits, n_mc_samples, var)
+                    passes = (fisher_passes(fisher_type, loss_type, logits, n_mc_samples, var,
+                                            _is_torch_cross_entropy(self._loss_fn))
                               if inputs else ())
                     self._reached = set()
                     for nll, weight in passes:

@@ -163,8 +163,13 @@ class NaturalGradientMaker(PreconditionedGradientMaker):
         # plain gradient, and is listed with those left alone.
         for name, (module, _) in self._modules.items():
             for pname, param in module.named_parameters(recurse=False):
-                if param.requires_grad and pname not in _PRECONDITIONED:
-                    self._unpreconditioned[f"{name}.{pname}" if name else pname] = (
+                qualified = f"{name}.{pname}" if name else pname
+                if pname in _PRECONDITIONED:
+                    # A frozen bias of a preconditioned module is covered by its curvature
+                    # once it trains: not plain, not listed.
+                    self._unpreconditioned.pop(qualified, None)
+                elif param.requires_grad:
+                    self._unpreconditioned[qualified] = (
                         f"not the weight or bias of {type(module).__name__} (the curvature is "
                         f"the weight's): plain gradient")
 

@@ -324,10 +324,10 @@ class KfacGradientMaker(NaturalGradientMaker):
         (`n_mc_samples` extra backwards). Exact: one extra backward per class.
     loss_type : {"cross_entropy", "mse"}, default "cross_entropy"
         The likelihood of the MC and exact Fishers (unused by the empirical Fisher). The
-        classes are on the axis torch's cross-entropy reads them from (the second of
-        ``(N, C, d1, ...)`` logits, as a segmentation net gives them; ASDL takes the last) of
-        the logits, which are the first placeholder argument of the loss call (ASDL takes the
-        whole model output, ignoring any indexing).
+        classes are the last axis of the logits, which are the first placeholder argument of
+        the loss call (ASDL takes the whole model output, ignoring any indexing); with torch's
+        own cross-entropy (``F.cross_entropy``, ``nn.CrossEntropyLoss``) as the loss, the
+        second of ``(N, C, d1, ...)`` logits, where it reads them (ASDL takes the last).
     scale : float, default 1.0
         Multiplies each factor (so the curvature by ``scale**2``), as in ASDL.
     grad_scale : float, default 1.0

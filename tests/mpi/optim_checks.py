@@ -2,6 +2,7 @@
 conventions as checks.py: ``python optim_checks.py NAME [NAME ...]``, rank 0 prints
 ``PASSED NAME`` after each check that passed on every rank.
 """
+import copy
 import sys
 from pathlib import Path
 
@@ -380,6 +381,16 @@ def check_lion_refuses_replicas_that_start_apart():
     data, target = _batch(slice(rank, None, size), 0)
     torch.nn.functional.cross_entropy(model(data), target).backward()
     raises_on_every_rank(optimizer.step, "differ in the parameter groups' settings or shapes")
+    # a copy made before the first step, stepped on one rank only: that rank's digest covers
+    # the values where the others' do not, and the comparison that tells them from the
+    # settings must be made on every rank or none (it hung rank 0)
+    model = _model()
+    optimizer = DistributedLion(model.parameters(), comm, lr=LR)
+    spare = copy.deepcopy(optimizer)
+    data, target = _batch(slice(rank, None, size), 0)
+    torch.nn.functional.cross_entropy(model(data), target).backward()
+    optimizer.step()
+    raises_on_every_rank((spare if rank == 0 else optimizer).step, "differ in the steps taken")
     model = _model()   # alike: the steps go on, the values checked once
     optimizer = first_step(model, lr=LR, compression="votes")
     assert not optimizer._values_unchecked
