@@ -386,12 +386,11 @@ class DistributedLion(Lion):
         replicas part without a word. One MAX allreduce of 80 bytes (each value and its
         negation, so every rank sees the same maximum and minimum and raises alike).
 
-        At the first step after construction, the digest covers the parameters' values too
-        (construction is collective, so every rank takes that branch alike): every rank
-        applies the same update, so replicas that start apart (a model built from each rank's
-        own seed) stay apart, and only rank 0's would be evaluated. A resumed run loads its
-        checkpoint before that step. Hashing costs about a millisecond per megabyte of
-        parameters, once.
+        At the first step after construction, the digest covers the parameters' values too:
+        every rank applies the same update, so replicas that start apart (a model built from
+        each rank's own seed) stay apart, and only rank 0's would be evaluated. A resumed run
+        loads its checkpoint before that step. Hashing costs about a millisecond per megabyte
+        of parameters, once.
         """
         unchecked = self._values_unchecked
         values = self._agreement(n_entries, unchecked)
