@@ -112,45 +112,46 @@ def _declared_array(archive, key):
         return None
 
 
-def _refuse_members_beyond_memory(archive, keys, path):
-    """Refuse members that each fit in memory but together do not (`_read_member` checks
-    one at a time): their headers' sizes, summed before any is read. A 39 MB file declaring
-    8 GiB in two members inflated the first for 9 s, then failed in NumPy, naming nothing."""
-    total = 0.0
-    for key in keys:
-        declared = _declared_array(archive, key)
-        if declared is None or declared[1].hasobject:
-            continue
-        shape, dtype, held = declared
-        needed = math.prod(shape) * dtype.itemsize
-        if needed == held:   # else refused as corrupt by _read_member, whatever its size
-            refuse_beyond_memory(float(needed), f"{path!r}: member {key!r} of shape {shape} "
-                                                f"{dtype} would")
-            total += needed
-    refuse_beyond_memory(total, f"{path!r}: its members {keys} would")
+def _declared_size(archive, key, path):
+    """The bytes the ``.npy`` header of member ``key`` declares, checked against the bytes
+    the member holds and against memory; None where there is no such header to read (NumPy's
+    own reading then says what is wrong) or it declares objects (refused when read).
 
-
-def _read_member(archive, key, path):
-    """The array stored under ``key``; a ValueError naming the file and the key if the member
-    is damaged, holds objects (pickles are refused) or is not a ``.npy`` array at all (NumPy
-    then hands back its raw bytes).
-
-    The header's shape is checked against the member's size and this machine's memory first:
     NumPy allocates the array the header declares before it reads the data, so a small file
     declaring terabytes failed with NumPy's MemoryError naming neither file nor key, and a
     deflated member of a size beyond memory was inflated until the process was killed.
     """
     declared = _declared_array(archive, key)
-    if declared is not None and not declared[1].hasobject:  # objects: refused below, unread
-        shape, dtype, held = declared
-        needed = math.prod(shape) * dtype.itemsize
-        if needed != held:
-            # NumPy writes the data right after the header, no more: bytes past it were put
-            # there by another tool, and a reader that stops at the header's size hides them.
-            raise ValueError(f"{path!r} has a corrupt member {key!r}: its header declares "
-                             f"{shape} {dtype} ({needed} bytes) but the member holds {held}")
-        refuse_beyond_memory(float(needed), f"{path!r}: member {key!r} of shape {shape} "
-                                            f"{dtype} would")
+    if declared is None or declared[1].hasobject:
+        return None
+    shape, dtype, held = declared
+    needed = math.prod(shape) * dtype.itemsize
+    if needed != held:
+        # NumPy writes the data right after the header, no more: bytes past it were put
+        # there by another tool, and a reader that stops at the header's size hides them.
+        raise ValueError(f"{path!r} has a corrupt member {key!r}: its header declares "
+                         f"{shape} {dtype} ({needed} bytes) but the member holds {held}")
+    refuse_beyond_memory(float(needed), f"{path!r}: member {key!r} of shape {shape} "
+                                        f"{dtype} would")
+    return needed
+
+
+def _refuse_members_beyond_memory(archive, keys, path):
+    """Check every member's header (`_declared_size`), then refuse members that each fit in
+    memory but together do not, before any is read: a 39 MB file declaring 8 GiB in two
+    members inflated the first for 9 s, then failed in NumPy, naming nothing."""
+    total = sum(_declared_size(archive, key, path) or 0 for key in keys)
+    refuse_beyond_memory(float(total), f"{path!r}: its members {keys} would")
+
+
+def _read_member(archive, key, path, checked=False):
+    """The array stored under ``key``; a ValueError naming the file and the key if the member
+    is damaged, holds objects (pickles are refused) or is not a ``.npy`` array at all (NumPy
+    then hands back its raw bytes). Its header is checked first (`_declared_size`), unless
+    ``checked`` says the caller did.
+    """
+    if not checked:
+        _declared_size(archive, key, path)
     try:
         array = archive[key]
     except _CORRUPT_MEMBER_ERRORS as exc:
@@ -205,7 +206,8 @@ def load_npz(path, prefix=None, index_dtype=None):
                 f"{path!r} has no CSR matrix under prefix {prefix!r}: missing keys {missing}; "
                 f"found {sorted(keys)}")
         _refuse_members_beyond_memory(archive, [prefix + key for key in _CSR_KEYS], path)
-        arrays = {key: _read_member(archive, prefix + key, path) for key in _CSR_KEYS}
+        arrays = {key: _read_member(archive, prefix + key, path, checked=True)
+                  for key in _CSR_KEYS}
     shape = np.asarray(arrays["shape"]).ravel()
     if shape.dtype.kind not in "iu" or shape.size != 2:
         raise ValueError(f"{path!r} stores shape {shape.tolist()}; expected two integers")
