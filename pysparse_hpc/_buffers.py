@@ -167,17 +167,17 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-def _allocated(allocate, *args):
-    """``allocate(*args)``; where memory runs out, once more after the idle buffers are
-    released: the pool kept up to the cap of freed results (of other sizes, never reused)
-    while the allocation that needed their memory failed."""
+def _allocated(shape, dtype):
+    """``numpy.empty(shape, dtype)``; where memory runs out, once more after the idle buffers
+    are released: the pool kept up to the cap of freed results (of other sizes, never
+    reused) while the allocation that needed their memory failed."""
     try:
-        return allocate(*args)
+        return np.empty(shape, dtype=dtype)
     except MemoryError:
         if not cached_bytes():
             raise
         empty_cache()
-        return allocate(*args)
+        return np.empty(shape, dtype=dtype)
 
 
 def empty(shape, dtype):
@@ -204,7 +204,7 @@ def empty(shape, dtype):
     # A buffer above the cap could never be kept once freed: no owner, no finalizer for it.
     if (nbytes < MIN_POOLED_BYTES or _rounded(nbytes + _ALIGNMENT) > buffer_cache_bytes()
             or dtype.hasobject):
-        return _allocated(np.empty, shape, dtype)
+        return _allocated(shape, dtype)
     # operator.index: a float extent is refused as numpy.empty refuses it, not truncated
     shape = tuple(operator.index(extent) for extent in shape)
     if min(shape, default=0) < 0:   # two negative extents multiply to a positive size
@@ -215,7 +215,7 @@ def empty(shape, dtype):
     capacity = _rounded(nbytes + _ALIGNMENT)
     raw = _take_idle(capacity)
     if raw is None:
-        raw = _allocated(np.empty, capacity, np.uint8)
+        raw = _allocated(capacity, np.uint8)
     owner = _BufferOwner(raw, shape, dtype)
     finalizer = weakref.finalize(owner, _give_back, raw)
     finalizer.atexit = False   # nothing to keep at exit
