@@ -20,12 +20,14 @@ from .._blocked import blocked_array
 from .._csr import csr_array, read_canonical
 from .._sputils import check_integer, described_sparse, get_index_dtype
 from .._cy import convert as _convert
+from ..kernels.cpu import diagonal as _diagonal
 from ..kernels.cpu.checksum import checksum
 from ..distributed.graph import DistGraph, comm_sum
 
 __all__ = ["EdgeIndexCache", "ValuesToken", "as_graph", "cached_on", "check_graph_for",
-           "checked_once", "edge_ids", "graphs_unchanged", "kept_tensor", "nodes_without_loop",
-           "pattern", "transpose", "values_token", "with_dtype", "with_self_loops"]
+           "checked_once", "edge_ids", "graphs_unchanged", "kept_tensor", "pattern",
+           "rows_without_loop", "transpose", "values_token", "with_dtype", "with_self_loops",
+           "with_unit_loops"]
 
 
 _scope = threading.local()
@@ -417,13 +419,37 @@ def with_self_loops(adj):
     return _with_diagonal(pattern(adj), adj.shape[0])
 
 
-def nodes_without_loop(rows, cols, n_diagonal):
-    """The nodes ``i < n_diagonal`` with no stored entry ``(i, i)`` among the coordinates
-    ``(rows, cols)``: where a self-loop is added (PyG's ``add_remaining_self_loops``)."""
-    has_loop = np.zeros(n_diagonal, dtype=bool)
-    on_diagonal = (rows == cols) & (rows < n_diagonal)
-    has_loop[rows[on_diagonal]] = True
-    return np.flatnonzero(~has_loop)
+def rows_without_loop(indptr, indices, n_diagonal):
+    """A uint8 mask of the rows ``i < n_diagonal`` of a canonical CSR matrix that store no
+    ``(i, i)``: where a self-loop is added (PyG's ``add_remaining_self_loops``)."""
+    missing = np.empty(n_diagonal, dtype=np.uint8)
+    _diagonal.missing_diagonal(indptr, indices, missing)
+    return missing
+
+
+def with_unit_loops(indptr, indices, data, shape, missing, dtype):
+    """New ``(indptr, indices, data)`` of a canonical CSR matrix of ``shape`` with ``(i, i) = 1``
+    inserted in the rows that `rows_without_loop` marks in ``missing``, the values in ``dtype``.
+    The index dtype is kept unless the entries outgrow it (scipy's rule)."""
+    added = np.cumsum(missing, dtype=np.int64)
+    n_added = int(added[-1]) if added.size else 0
+    n_entries = indices.size + n_added
+    index_dtype = get_index_dtype((indices,), maxval=max(shape + (n_entries,)))
+    new_indptr = indptr.astype(np.int64)
+    new_indptr[1:added.size + 1] += added
+    new_indptr[added.size + 1:] += n_added
+    new_indptr = new_indptr.astype(index_dtype, copy=False)
+    new_indices = np.empty(n_entries, dtype=index_dtype)
+    new_data = np.empty(n_entries, dtype=dtype)
+    written, one = new_data, np.ones(1, dtype=dtype)
+    if data.dtype == np.float16 and new_data.dtype == np.float16:
+        # The same bits either way; Numba's kernels take no float16, so they move them as
+        # integers.
+        data, written, one = (array.view(np.uint16) for array in (data, new_data, one))
+    elif data.dtype == np.float16:
+        data = data.astype(np.float32)
+    _diagonal.insert_diagonal(indptr, indices, data, new_indptr, new_indices, written, one[0])
+    return new_indptr, new_indices, new_data
 
 
 def _with_diagonal(csr, n_diagonal):
@@ -431,14 +457,12 @@ def _with_diagonal(csr, n_diagonal):
     missing; kept on ``csr``."""
 
     def build():
-        rows, cols, data = csr.tocoo()
-        missing = nodes_without_loop(rows, cols, n_diagonal)
-        if missing.size == 0:
+        missing = rows_without_loop(csr.indptr, csr.indices, n_diagonal)
+        if not missing.any():
             return csr
-        # csr's index dtype (int32 where it fits), not the int64 of the coordinates.
-        n_entries = rows.size + missing.size
-        index_dtype = get_index_dtype((csr.indices,), maxval=max(csr.shape + (n_entries,)))
-        return csr_array((np.concatenate([data, np.ones(missing.size, dtype=csr.dtype)]),
-                          (np.concatenate([rows, missing]), np.concatenate([cols, missing]))),
-                         shape=csr.shape, index_dtype=index_dtype).canonical()
+        indptr, indices, data = with_unit_loops(csr.indptr, csr.indices, csr.data, csr.shape,
+                                                missing, csr.dtype)
+        result = csr_array((data, indices, indptr), shape=csr.shape)
+        result.has_canonical_format = True
+        return result
     return cached_on(csr, "with_self_loops", build)

@@ -2,13 +2,13 @@
 import warnings
 
 import numpy as np
-import scipy.sparse
 
-from .._csr import csr_array
-from .._sputils import as_numpy_dtype, get_index_dtype
+from .._csr import csr_array, read_canonical
+from .._sputils import as_numpy_dtype
 from ..distributed.graph import DistGraph
+from ..kernels.cpu import diagonal as _diagonal
 from ._checks import check_flag, user_stacklevel
-from ._graph import as_graph, cached_on, nodes_without_loop
+from ._graph import as_graph, cached_on, rows_without_loop, with_unit_loops
 
 __all__ = ["gcn_norm"]
 
@@ -63,31 +63,34 @@ def gcn_norm(adj, add_self_loops=True, num_nodes=None, dtype=None):
                          collective=True)
     if adj.shape[0] != adj.shape[1]:
         raise ValueError(f"adj must be square, got shape {adj.shape}")
-    matrix = scipy.sparse.csr_array(adj.tocsr().to_scipy().astype(np.float64))
-    matrix.sum_duplicates()
-    if add_self_loops:
-        rows, cols = _coordinates(matrix.indptr, matrix.indices)
-        # In A's index dtype: scipy keeps int64 coordinates' dtype, and the SpMM would then
-        # read twice the index bytes of A's int32.
-        missing = nodes_without_loop(rows, cols, adj.shape[0]).astype(matrix.indices.dtype)
-        if missing.size:
-            # The loops join A's entries as coordinates: scipy's sum A + I drops the entries
-            # that are 0, and an edge stored with weight 0 must stay, as in PyG (0 * inf is
-            # NaN) and in the DistGraph's normalization.
-            matrix = scipy.sparse.csr_array(scipy.sparse.coo_array(
-                (np.concatenate([matrix.data, np.ones(missing.size)]),
-                 (np.concatenate([rows.astype(missing.dtype), missing]),
-                  np.concatenate([cols, missing]))), shape=matrix.shape))
-            matrix.sum_duplicates()
-        del rows, cols
-    degree = np.asarray(matrix.sum(axis=1)).ravel()
+    indptr, indices, data = _canonical_arrays(adj.tocsr())
+    n_nodes = adj.shape[0]
+    missing = rows_without_loop(indptr, indices, n_nodes if add_self_loops else 0)
+    # One new copy, loops inserted in place and values widened on the way: appending the
+    # loops as coordinates and sorting again took twice PyG's peak memory. An edge stored
+    # with weight 0 stays, as in PyG (0 * inf is NaN) and in the DistGraph's normalization,
+    # where scipy's sum A + I would drop it.
+    indptr, indices, data = with_unit_loops(indptr, indices, data, adj.shape, missing,
+                                            np.float64)
+    degree = np.empty(n_nodes)
+    _diagonal.row_sums(indptr, data, degree)
     _warn_if_negative(degree)
     scale = _inverse_sqrt(degree)
-    # In place, a factor at a time: the int64 row of every entry and the product of both
-    # gathers doubled the peak over PyG's.
-    matrix.data *= np.repeat(scale, np.diff(matrix.indptr))
-    matrix.data *= scale[matrix.indices]
-    return csr_array(matrix.astype(dtype, copy=False))
+    _diagonal.scale_symmetric(indptr, indices, data, scale, scale)
+    normalized = csr_array((data.astype(dtype, copy=False), indices, indptr), shape=adj.shape)
+    normalized.has_canonical_format = True
+    return normalized
+
+
+def _canonical_arrays(csr):
+    """``(indptr, indices, data)`` of ``csr`` summed and sorted where it is not canonical
+    (duplicates summed in float64, as the degrees are)."""
+    if read_canonical(csr):
+        return csr.indptr, csr.indices, csr.data
+    merged = csr_array((csr.data.astype(np.float64), csr.indices.copy(), csr.indptr.copy()),
+                       shape=csr.shape)
+    merged.sum_duplicates()
+    return merged.indptr, merged.indices, merged.data
 
 
 def _inverse_sqrt(degree):
@@ -100,10 +103,6 @@ def _inverse_sqrt(degree):
     scale = np.where(positive, 1.0 / np.sqrt(np.where(positive, degree, 1.0)), 0.0)
     scale[np.isnan(degree)] = np.nan
     return scale
-
-
-def _coordinates(indptr, indices):
-    return np.repeat(np.arange(indptr.size - 1), np.diff(indptr)), indices
 
 
 def _warn_if_negative(degree):
@@ -141,25 +140,17 @@ def _gcn_norm_distributed(graph, add_self_loops, dtype):
                                "gcn_norm was called with other arguments on different ranks",
                                "pass the same add_self_loops and dtype on every rank")
     local = graph.local
-    rows, cols, data = local.tocoo()
-    data = data.astype(np.float64)
-    if add_self_loops:
-        # owned node i is local column i; halo columns come after the owned ones
-        missing = nodes_without_loop(rows, cols, graph.n_local)
-        rows, cols = np.concatenate([rows, missing]), np.concatenate([cols, missing])
-        data = np.concatenate([data, np.ones(missing.size)])
-    # The local matrix's index dtype (int32 where it fits), not the int64 of the coordinates.
-    index_dtype = get_index_dtype((local.indices,), maxval=max(local.shape + (rows.size,)))
-    matrix = csr_array((data, (rows, cols)), shape=local.shape,
-                       index_dtype=index_dtype).canonical()
-    degree = np.bincount(np.repeat(np.arange(graph.n_local), np.diff(matrix.indptr)),
-                         weights=matrix.data, minlength=graph.n_local)
+    indptr, indices, data = _canonical_arrays(local)
+    # owned node i is local column i; halo columns come after the owned ones
+    missing = rows_without_loop(indptr, indices, graph.n_local if add_self_loops else 0)
+    indptr, indices, data = with_unit_loops(indptr, indices, data, local.shape, missing,
+                                            np.float64)
+    degree = np.empty(graph.n_local)
+    _diagonal.row_sums(indptr, data, degree)
     _warn_if_negative(degree)
-    degree = np.concatenate([degree, graph.halo_exchange(np.ascontiguousarray(degree))])
+    degree = np.concatenate([degree, graph.halo_exchange(degree)])
     scale = _inverse_sqrt(degree)
-    entry_rows = np.repeat(np.arange(graph.n_local), np.diff(matrix.indptr))
-    values = matrix.data * scale[entry_rows] * scale[matrix.indices]
-    normalized = csr_array((values.astype(dtype), matrix.indices, matrix.indptr),
-                           shape=local.shape)
+    _diagonal.scale_symmetric(indptr, indices, data, scale, scale)
+    normalized = csr_array((data.astype(dtype, copy=False), indices, indptr), shape=local.shape)
     normalized.has_canonical_format = True
     return graph.with_local(normalized)

@@ -1,0 +1,77 @@
+"""A stored diagonal added to a canonical CSR matrix: the self-loops of GCN's ``A + I`` and of
+the attention layers.
+
+Each missing ``(i, i)`` is inserted at its place in row ``i``, which is already sorted, in one
+pass that copies the other entries around it. Appending the loops as coordinates and sorting
+again needed every entry's row index, the coordinates twice and the sort's scratch: twice the
+peak memory of PyG's ``gcn_norm`` on a graph without loops.
+"""
+from numba import njit, prange
+
+_JIT = dict(cache=True, nogil=True)
+
+
+@njit(inline="always", **_JIT)
+def _lower_bound(indices, low, high, column):
+    """The first position in ``indices[low:high]`` (sorted) holding ``column`` or more."""
+    while low < high:
+        middle = (low + high) >> 1
+        if indices[middle] < column:
+            low = middle + 1
+        else:
+            high = middle
+    return low
+
+
+@njit(parallel=True, **_JIT)
+def missing_diagonal(indptr, indices, missing):
+    """``missing[i] = 1`` where row ``i < missing.size`` of a canonical CSR matrix stores no
+    ``(i, i)``, else 0."""
+    for row in prange(missing.size):
+        start, stop = indptr[row], indptr[row + 1]
+        place = _lower_bound(indices, start, stop, row)
+        missing[row] = place == stop or indices[place] != row
+
+
+@njit(parallel=True, **_JIT)
+def insert_diagonal(indptr, indices, data, new_indptr, new_indices, new_data, one):
+    """Copy a canonical CSR matrix into ``(new_indptr, new_indices, new_data)``, adding ``(i,
+    i)`` with value ``one`` to every row that ``new_indptr`` gives one entry more (rows are
+    sorted and stay so). ``new_data`` may be wider than ``data`` (a float32 matrix's float64
+    copy is written in the same pass)."""
+    for row in prange(indptr.size - 1):
+        start, stop, out = indptr[row], indptr[row + 1], new_indptr[row]
+        adds = new_indptr[row + 1] - out > stop - start
+        cut = _lower_bound(indices, start, stop, row) if adds else stop
+        for k in range(start, cut):
+            new_indices[out] = indices[k]
+            new_data[out] = data[k]
+            out += 1
+        if adds:
+            new_indices[out] = row
+            new_data[out] = one
+            out += 1
+        for k in range(cut, stop):
+            new_indices[out] = indices[k]
+            new_data[out] = data[k]
+            out += 1
+
+
+@njit(parallel=True, **_JIT)
+def row_sums(indptr, data, out):
+    """``out[i]`` = the sum of row ``i``'s values, added in storage order."""
+    for row in prange(out.size):
+        total = 0.0
+        for k in range(indptr[row], indptr[row + 1]):
+            total += data[k]
+        out[row] = total
+
+
+@njit(parallel=True, **_JIT)
+def scale_symmetric(indptr, indices, data, row_scale, column_scale):
+    """``data[k] = data[k] * row_scale[i] * column_scale[j]`` for entry ``k`` at ``(i, j)``, in
+    place, the row's factor first."""
+    for row in prange(indptr.size - 1):
+        factor = row_scale[row]
+        for k in range(indptr[row], indptr[row + 1]):
+            data[k] = data[k] * factor * column_scale[indices[k]]
