@@ -832,7 +832,7 @@ def test_attention_of_a_nan_node_gives_nan_and_warns(layer):
     8, 3, order="transform_first"), lambda: nn.GCNConv(8, 3, order="propagate_first"),
     lambda: nn.GATConv(8, 3, heads=2), lambda: nn.AGNNConv()])
 def test_layers_run_under_cpu_autocast_in_float32(graph, make):
-    """Under torch.autocast the Linear and einsum return bfloat16, which the sparse kernels
+    """Under torch.autocast the Linear returns bfloat16 (and einsum did), which the sparse kernels
     refused ("must be float32 or float64"); the layers return float32, as PyG's do."""
     torch.manual_seed(0)
     layer = make()
