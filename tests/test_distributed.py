@@ -455,6 +455,46 @@ def test_data_parallel_on_one_rank():
             distributed.DataParallel(model, **{flag: "no"})
 
 
+def test_data_parallel_on_one_rank_leaves_the_gradients_without_a_reduction(monkeypatch):
+    """On one rank the sum over the ranks is the gradient itself: no bucket copies, no
+    collectives (they were half of a small model's step), and the gradients as the reduction
+    leaves them on more ranks: dense for a parameter reduced densely, coalesced for a sparse
+    Embedding's, None for one the backward did not reach."""
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.table = torch.nn.Embedding(6, 3, sparse=True)
+            self.plain = torch.nn.Parameter(torch.randn(6, 3))
+            self.head = torch.nn.Linear(3, 2)
+            self.unused = torch.nn.Linear(2, 2)
+
+        def forward(self, tokens):
+            hidden = self.table(tokens) + torch.nn.functional.embedding(tokens, self.plain,
+                                                                        sparse=True)
+            return self.head(hidden).sum()
+    torch.manual_seed(0)
+    model = Model()
+    wrapped = distributed.DataParallel(model, Communicator(None), bucket_mb=1e-5)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a collective on one rank")
+    for name in ("Iallreduce", "Allreduce"):
+        monkeypatch.setattr(Communicator, name, refuse)
+    tokens = torch.tensor([1, 4, 4, 1])
+    wrapped(tokens).backward()
+    table_grad = model.table.weight.grad
+    assert table_grad.is_sparse and table_grad.is_coalesced()
+    assert table_grad.indices()[0].tolist() == [1, 4]
+    assert not model.plain.grad.is_sparse and model.unused.weight.grad is None
+    reached = {name: p.grad.to_dense().clone() for name, p in model.named_parameters()
+               if p.grad is not None}
+    model.zero_grad(set_to_none=True)
+    model(tokens).backward()   # the plain backward, no wrapper
+    plain = dict(model.named_parameters())
+    for name, grad in reached.items():
+        torch.testing.assert_close(grad, plain[name].grad.to_dense(), rtol=0, atol=0)
+
+
 def test_a_collected_data_parallel_leaves_its_module_as_it_was():
     """The parameters' hooks hold the wrapper weakly: a wrapper no one keeps is collected,
     its hooks removed and its MPI context freed (each wrapper of a new model kept one for

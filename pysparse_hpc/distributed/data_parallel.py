@@ -194,6 +194,9 @@ class DataParallel(torch.nn.Module):
         self._accumulated = set()   # ids of the parameters no_sync gave a gradient since
         self._enabled = True
         self._retired = False
+        # On one rank the sum over the ranks is each gradient itself: nothing is copied into
+        # buckets and back (half the step of a small model went there).
+        self._alone = comm.size == 1
         # One wrapper per module: a second set of hooks would start every reduction twice, in
         # an order that can differ between ranks.
         earlier = _WRAPPER_OF.get(module)
@@ -393,6 +396,14 @@ class DataParallel(torch.nn.Module):
 
     # ---------------------------------------------------------------- hooks
     def _on_gradient(self, param):  # through `_on_gradient_of`
+        if self._alone:
+            # What the reduction leaves on more ranks: a sparse gradient of a parameter reduced
+            # densely (F.embedding(..., sparse=True) on a plain Parameter) comes back dense,
+            # a sparse one coalesced.
+            if param.grad is not None and param.grad.is_sparse:
+                dense = id(param) in self._bucket_of
+                param.grad = param.grad.to_dense() if dense else param.grad.coalesce()
+            return
         if not self._enabled:
             self._accumulated.add(id(param))
             return
@@ -496,7 +507,7 @@ class DataParallel(torch.nn.Module):
 #: copied as any attribute (a communicator's deep copy is itself: the same ranks).
 _WRAPPING_STATE = frozenset((
     "_reducing", "_hooks", "_release", "_launched", "_in_backward", "_produced", "_accumulated",
-    "_enabled", "_retired", "_params", "_sparse", "_buckets", "_bucket_of"))
+    "_enabled", "_retired", "_alone", "_params", "_sparse", "_buckets", "_bucket_of"))
 
 
 def _layout(module, bucket_mb, average, broadcast_parameters, broadcast_buffers):
