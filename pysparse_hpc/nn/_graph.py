@@ -427,10 +427,11 @@ def rows_without_loop(indptr, indices, n_diagonal):
     return missing
 
 
-def with_unit_loops(indptr, indices, data, shape, missing, dtype):
+def with_unit_loops(indptr, indices, data, shape, missing, dtype, sums=None):
     """New ``(indptr, indices, data)`` of a canonical CSR matrix of ``shape`` with ``(i, i) = 1``
     inserted in the rows that `rows_without_loop` marks in ``missing``, the values in ``dtype``.
-    The index dtype is kept unless the entries outgrow it (scipy's rule)."""
+    The index dtype is kept unless the entries outgrow it (scipy's rule). ``sums`` (float64,
+    one per row), where given, gets each new row's sum."""
     added = np.cumsum(missing, dtype=np.int64)
     n_added = int(added[-1]) if added.size else 0
     n_entries = indices.size + n_added
@@ -444,11 +445,12 @@ def with_unit_loops(indptr, indices, data, shape, missing, dtype):
     written, one = new_data, np.ones(1, dtype=dtype)
     if data.dtype == np.float16 and new_data.dtype == np.float16:
         # The same bits either way; Numba's kernels take no float16, so they move them as
-        # integers.
+        # integers (no sums are asked of them).
         data, written, one = (array.view(np.uint16) for array in (data, new_data, one))
     elif data.dtype == np.float16:
         data = data.astype(np.float32)
-    _diagonal.insert_diagonal(indptr, indices, data, new_indptr, new_indices, written, one[0])
+    _diagonal.insert_diagonal(indptr, indices, data, new_indptr, new_indices, written, one[0],
+                              np.empty(0) if sums is None else sums)
     return new_indptr, new_indices, new_data
 
 

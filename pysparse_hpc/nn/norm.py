@@ -66,20 +66,25 @@ def gcn_norm(adj, add_self_loops=True, num_nodes=None, dtype=None):
     indptr, indices, data = _canonical_arrays(adj.tocsr())
     n_nodes = adj.shape[0]
     missing = rows_without_loop(indptr, indices, n_nodes if add_self_loops else 0)
-    # One new copy, loops inserted in place and values widened on the way: appending the
-    # loops as coordinates and sorting again took twice PyG's peak memory. An edge stored
-    # with weight 0 stays, as in PyG (0 * inf is NaN) and in the DistGraph's normalization,
-    # where scipy's sum A + I would drop it.
-    indptr, indices, data = with_unit_loops(indptr, indices, data, adj.shape, missing,
-                                            np.float64)
+    # One new copy with the loops inserted at their place, its rows summed on the way:
+    # appending the loops as coordinates and sorting again took twice PyG's peak memory. An
+    # edge stored with weight 0 stays, as in PyG (0 * inf is NaN) and in the DistGraph's
+    # normalization, where scipy's sum A + I would drop it.
     degree = np.empty(n_nodes)
-    _diagonal.row_sums(indptr, data, degree)
+    indptr, indices, data = with_unit_loops(indptr, indices, data, adj.shape, missing,
+                                            _working_dtype(data, dtype), degree)
     _warn_if_negative(degree)
-    scale = _inverse_sqrt(degree)
-    _diagonal.scale_symmetric(indptr, indices, data, scale, scale)
+    _diagonal.scale_symmetric(indptr, indices, data, _inverse_sqrt(degree))
     normalized = csr_array((data.astype(dtype, copy=False), indices, indptr), shape=adj.shape)
     normalized.has_canonical_format = True
     return normalized
+
+
+def _working_dtype(data, dtype):
+    """The dtype the normalization writes its values in: ``dtype`` where neither it nor the
+    values are float64. The degrees and scales are float64 and each value is rounded once,
+    so a float32 copy gives the bits of a float64 one rounded at the end."""
+    return np.dtype(np.float64 if np.float64 in (data.dtype, dtype) else np.float32)
 
 
 def _canonical_arrays(csr):
@@ -143,14 +148,12 @@ def _gcn_norm_distributed(graph, add_self_loops, dtype):
     indptr, indices, data = _canonical_arrays(local)
     # owned node i is local column i; halo columns come after the owned ones
     missing = rows_without_loop(indptr, indices, graph.n_local if add_self_loops else 0)
-    indptr, indices, data = with_unit_loops(indptr, indices, data, local.shape, missing,
-                                            np.float64)
     degree = np.empty(graph.n_local)
-    _diagonal.row_sums(indptr, data, degree)
+    indptr, indices, data = with_unit_loops(indptr, indices, data, local.shape, missing,
+                                            _working_dtype(data, dtype), degree)
     _warn_if_negative(degree)
     degree = np.concatenate([degree, graph.halo_exchange(degree)])
-    scale = _inverse_sqrt(degree)
-    _diagonal.scale_symmetric(indptr, indices, data, scale, scale)
+    _diagonal.scale_symmetric(indptr, indices, data, _inverse_sqrt(degree))
     normalized = csr_array((data.astype(dtype, copy=False), indices, indptr), shape=local.shape)
     normalized.has_canonical_format = True
     return graph.with_local(normalized)

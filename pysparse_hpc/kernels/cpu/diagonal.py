@@ -34,44 +34,42 @@ def missing_diagonal(indptr, indices, missing):
 
 
 @njit(parallel=True, **_JIT)
-def insert_diagonal(indptr, indices, data, new_indptr, new_indices, new_data, one):
+def insert_diagonal(indptr, indices, data, new_indptr, new_indices, new_data, one, sums):
     """Copy a canonical CSR matrix into ``(new_indptr, new_indices, new_data)``, adding ``(i,
     i)`` with value ``one`` to every row that ``new_indptr`` gives one entry more (rows are
-    sorted and stay so). ``new_data`` may be wider than ``data`` (a float32 matrix's float64
-    copy is written in the same pass)."""
+    sorted and stay so). ``new_data`` may be wider than ``data``. Where ``sums`` has a slot
+    per row, each row's new values are summed into it in float64, in storage order (the
+    degrees of GCN's normalization, in the same pass)."""
+    keep_sums = sums.size > 0
     for row in prange(indptr.size - 1):
         start, stop, out = indptr[row], indptr[row + 1], new_indptr[row]
         adds = new_indptr[row + 1] - out > stop - start
         cut = _lower_bound(indices, start, stop, row) if adds else stop
+        total = 0.0
         for k in range(start, cut):
             new_indices[out] = indices[k]
             new_data[out] = data[k]
+            total += new_data[out]
             out += 1
         if adds:
             new_indices[out] = row
             new_data[out] = one
+            total += new_data[out]
             out += 1
         for k in range(cut, stop):
             new_indices[out] = indices[k]
             new_data[out] = data[k]
+            total += new_data[out]
             out += 1
+        if keep_sums:
+            sums[row] = total
 
 
 @njit(parallel=True, **_JIT)
-def row_sums(indptr, data, out):
-    """``out[i]`` = the sum of row ``i``'s values, added in storage order."""
-    for row in prange(out.size):
-        total = 0.0
-        for k in range(indptr[row], indptr[row + 1]):
-            total += data[k]
-        out[row] = total
-
-
-@njit(parallel=True, **_JIT)
-def scale_symmetric(indptr, indices, data, row_scale, column_scale):
-    """``data[k] = data[k] * row_scale[i] * column_scale[j]`` for entry ``k`` at ``(i, j)``, in
-    place, the row's factor first."""
+def scale_symmetric(indptr, indices, data, scale):
+    """``data[k] = data[k] * scale[i] * scale[j]`` for entry ``k`` at ``(i, j)``, in place: the
+    row's factor first, in float64, rounded once to ``data``'s dtype."""
     for row in prange(indptr.size - 1):
-        factor = row_scale[row]
+        factor = scale[row]
         for k in range(indptr[row], indptr[row + 1]):
-            data[k] = data[k] * factor * column_scale[indices[k]]
+            data[k] = data[k] * factor * scale[indices[k]]
