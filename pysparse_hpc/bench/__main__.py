@@ -14,7 +14,7 @@ import sys
 import threading
 
 from .._config import get_num_threads, set_num_threads
-from . import (checkpoint, convergence, convert, distributed, firstrun, gnn, lion,
+from . import (checkpoint, convergence, convert, distributed, firstrun, gnn, lion, norm,
                positive_int, precondition, read, reorder, sddmm, spmm)
 from ._data import DATA_ENV, DataError, data_dir
 
@@ -33,6 +33,7 @@ COMMANDS = {
     "checkpoint": checkpoint,
     "lion": lion,
     "read": read,
+    "norm": norm,
 }
 
 
@@ -48,6 +49,7 @@ REPEAT_KEPT = {
     "checkpoint": "the median is kept",
     "lion": "the median step is kept (the best for the Lion.step peer)",
     "read": "the best is kept",
+    "norm": "the best is kept",
 }
 
 #: Shared options a command does not use, with the reason: hidden from its help, and refused
