@@ -14,6 +14,12 @@ unit edge weights (strength = degree, W = total strength):
    merge order), community after community in the order they were settled.
 
 The run is sequential and deterministic.
+
+A collapsed list is read once, when its owner's parent is visited; the lists are kept in two
+flat vectors and compacted once the lists already read outnumber both the live ones and the
+vertices visited (so that a compaction's scan and moves are paid for by what it frees). Kept
+to the end, they held each edge again at every level of the merge forest: 150 bytes per entry
+of a 10M-entry random graph, against 20 for RCM.
 """
 import numpy as np
 
@@ -28,6 +34,27 @@ cdef inline int64_t _find(int64_t[::1] root_of, int64_t vertex) noexcept nogil:
         root_of[vertex] = root_of[root_of[vertex]]
         vertex = root_of[vertex]
     return vertex
+
+
+cdef void _compact_lists(const int64_t[::1] by_degree, Py_ssize_t visited,
+                         int64_t[::1] list_start, const int64_t[::1] list_length,
+                         vector[int64_t]& list_target, vector[double]& list_weight) noexcept nogil:
+    """Move the lists not read yet to the front of the vectors, in the order they were written
+    (the first ``visited`` vertices of ``by_degree``, so each moves to an earlier place)."""
+    cdef Py_ssize_t j
+    cdef int64_t vertex, e, length, written = 0
+    for j in range(visited):
+        vertex = by_degree[j]
+        length = list_length[vertex]
+        if length == 0:
+            continue
+        for e in range(length):
+            list_target[written + e] = list_target[list_start[vertex] + e]
+            list_weight[written + e] = list_weight[list_start[vertex] + e]
+        list_start[vertex] = written
+        written += length
+    list_target.resize(written)
+    list_weight.resize(written)
 
 
 cdef int _rabbit(const int64_t[::1] indptr, const index_t[::1] indices,
@@ -45,6 +72,7 @@ cdef int _rabbit(const int64_t[::1] indptr, const index_t[::1] indices,
     cdef vector[int64_t] top_level
     cdef Py_ssize_t i
     cdef int64_t u, child, p, e, community, best, position, vertex
+    cdef int64_t read_entries = 0   # entries of the vectors whose lists were read
     cdef double gain, best_gain
     for i in range(n):
         u = by_degree[i]
@@ -64,6 +92,9 @@ cdef int _rabbit(const int64_t[::1] indptr, const index_t[::1] indices,
                     if weight_to[community] == 0.0:
                         touched.push_back(community)
                     weight_to[community] += list_weight[e]
+            # read once: its place is free from now on
+            read_entries += list_length[child]
+            list_length[child] = 0
             child = next_sibling[child]
         # 2. Best neighbouring community by modularity gain, the lowest id among equal gains.
         # Weights are sums of whole numbers, exact in any order, so the choice does not depend
@@ -82,6 +113,11 @@ cdef int _rabbit(const int64_t[::1] indptr, const index_t[::1] indices,
             first_child[best] = u
             # Only a root not yet visited will read u's collapsed edges; others never do.
             if not settled[best]:
+                if (2 * read_entries > <int64_t>list_target.size()
+                        and read_entries > <int64_t>i):
+                    _compact_lists(by_degree, i, list_start, list_length, list_target,
+                                   list_weight)
+                    read_entries = 0
                 list_start[u] = <int64_t>list_target.size()
                 list_length[u] = <int64_t>touched.size()
                 for e in range(<int64_t>touched.size()):
