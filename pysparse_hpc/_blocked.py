@@ -11,6 +11,7 @@ from ._base import sparray
 from ._config import get_num_threads
 from ._csr import csr_array, host_values
 from ._cy import blocked as _blocked
+from .kernels.cpu import blocked_check as _blocked_check
 from ._sputils import (
     as_index_array,
     as_value_array,
@@ -468,23 +469,30 @@ def _check_blocked_arrays(values, col_idx, row_window_offset, vector_mask, shape
 
 def _check_vector_mask(values, col_idx, row_window_offset, vector_mask, n_rows, window,
                        block_width, mask_name):
-    """The checks of a vector mask against arrays whose structure passed the others."""
+    """The checks of a vector mask against arrays whose structure passed the others, in one
+    pass over them (`pysparse_hpc.kernels.cpu.blocked_check`); each problem is named in the
+    same order whichever window shows it."""
     if not col_idx.size:
         return
     n_windows = row_window_offset.size - 1
-    bits = _unpack_rows(vector_mask, col_idx.size, window)
-    if not np.all(bits.any(axis=1)):
+    last_rows = n_rows - (n_windows - 1) * window
+    bits = np.dtype(f"u{values.dtype.itemsize}")
+    value_bits = np.ascontiguousarray(values).view(bits)
+    magnitude = bits.type((1 << (8 * bits.itemsize - 1)) - 1)   # all but the sign: -0.0 is 0
+    problems = np.empty(n_windows, dtype=np.uint8)
+    _blocked_check.mask_problems(value_bits, magnitude, row_window_offset,
+                                 np.ascontiguousarray(vector_mask), window, block_width,
+                                 _mask_bytes(window), last_rows, problems)
+    found = int(np.bitwise_or.reduce(problems))
+    if found & _blocked_check.EMPTY_VECTOR:
         raise ValueError("every vector must hold at least one stored entry; by "
                          f"{mask_name}, one holds none")
-    last_rows = n_rows - (n_windows - 1) * window
-    if bits.shape[1] > window and np.any(bits[:, window:]):
+    if found & _blocked_check.BEYOND_WINDOW:
         raise ValueError(f"by {mask_name}, entries lie beyond the window height {window}")
-    last = slice(int(row_window_offset[n_windows - 1]), int(row_window_offset[n_windows]))
-    if last_rows < window and np.any(bits[last, last_rows:]):
+    if found & _blocked_check.BEYOND_MATRIX:
         raise ValueError(
             f"by {mask_name}, entries lie in rows beyond the matrix: the last window has "
             f"{last_rows} rows"
         )
-    padding = values[value_positions(row_window_offset, window, block_width)][~bits[:, :window]]
-    if np.any(padding != 0):
+    if found & _blocked_check.NONZERO_PADDING:
         raise ValueError("values must be 0 wherever vector_mask marks no stored entry")
