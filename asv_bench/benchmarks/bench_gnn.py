@@ -1,4 +1,5 @@
-"""asv benchmarks of one training step of our GCN and GAT on the bundled Cora.
+"""asv benchmarks of one training step of our GCN and GAT on the bundled Cora, and of GCN's
+normalization of a larger graph.
 
 A step is what ``python -m pysparse_hpc.bench gnn`` times per epoch: forward, cross-entropy on
 the training nodes, backward and an Adam step, with the models' defaults. PyTorch Geometric,
@@ -50,3 +51,30 @@ class TrainingStep:
 
     def time_training_step(self, model, hidden):
         self.step()
+
+
+class Normalization:
+    """`gcn_norm` of a graph without self-loops (every loop is added): its time and the
+    process's peak memory (``python -m pysparse_hpc.bench norm`` compares both with PyG's)."""
+
+    def setup(self):
+        import numpy as np
+
+        import pysparse_hpc as sph
+        from pysparse_hpc.nn import gcn_norm
+
+        self.gcn_norm = gcn_norm
+        rng = np.random.default_rng(0)
+        nodes, edges = 200_000, 2_000_000
+        rows, cols = rng.integers(0, nodes, edges), rng.integers(0, nodes, edges)
+        apart = rows != cols
+        self.adj = sph.csr_array((np.ones(int(apart.sum()), np.float32),
+                                  (rows[apart], cols[apart])), shape=(nodes, nodes),
+                                 index_dtype=np.int32)
+        self.gcn_norm(self.adj)   # kernels compiled or loaded
+
+    def time_gcn_norm(self):
+        self.gcn_norm(self.adj)
+
+    def peakmem_gcn_norm(self):
+        self.gcn_norm(self.adj)
