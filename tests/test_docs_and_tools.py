@@ -62,6 +62,19 @@ def test_benchmark_cli_bad_arguments():
     assert result.returncode == 2 and "finite" in result.stderr
 
 
+def test_an_installed_package_names_the_default_data_directory(tmp_path, monkeypatch):
+    """Installed in site-packages, the default ../shared/data names a folder beside it: the
+    message said only that it did not exist."""
+    from pysparse_hpc.bench import _data
+    missing = tmp_path / "lib" / "shared" / "data"
+    monkeypatch.setattr(_data, "default_data_dir", lambda: missing)
+    monkeypatch.setattr(_data, "_source_checkout", lambda: False)
+    monkeypatch.delenv(_data.DATA_ENV, raising=False)
+    with pytest.raises(_data.DataDirectoryMissing,
+                       match="beside a source checkout, which this installed package is not"):
+        _data.find_graph("pubmed")
+
+
 def test_benchmarks_without_the_default_data_directory(tmp_path, monkeypatch, capsys):
     """A missing default ``../shared/data`` stops only what reads a shared file, saying how to
     point at one; the rest runs (the bundled Cora, generated matrices, argument checks)."""

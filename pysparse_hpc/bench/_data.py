@@ -87,7 +87,16 @@ def data_dir(path=None, must_exist=True):
     return resolved
 
 
+def _source_checkout():
+    """Whether the package runs from a source checkout, beside which the default lies."""
+    return (Path(__file__).resolve().parents[2] / "pyproject.toml").is_file()
+
+
 def _require_directory(directory, source=""):
+    if Path(directory) == default_data_dir() and not _source_checkout():
+        # An installed package: its default names a folder beside site-packages
+        source = (" (the default, ../shared/data beside a source checkout, which this "
+                  "installed package is not)")
     if Path(directory).exists() and not Path(directory).is_dir():
         raise DataDirectoryMissing(
             f"benchmark data directory {str(directory)!r}{source} is a file, not a directory; "
