@@ -135,16 +135,16 @@ class blocked_array(sparray):
         _check_blocked_arrays(values, col_idx, row_window_offset, vector_mask, shape, window,
                               block_width, full_check=True)
         if vector_mask is None:
-            table = values[value_positions(row_window_offset, window, block_width)]
-            present = table != 0
-            holding = present.any(axis=1)
+            vector_mask = _mask_of_values(values, row_window_offset, col_idx.size, window,
+                                          block_width)
+            holding = vector_mask.reshape(col_idx.size, _mask_bytes(window)).any(axis=1)
             if not holding.all():
                 # A vector of zeros (a stored zero, a zero edge weight, in FlashSparse's
                 # arrays) holds no entry by this convention: it goes, as the zeros do.
+                table = values[value_positions(row_window_offset, window, block_width)]
                 values, col_idx, row_window_offset = _without_vectors(
                     table, holding, col_idx, row_window_offset, window, block_width)
-                present = present[holding]
-            vector_mask = _pack_rows(present)
+                vector_mask = vector_mask.reshape(holding.size, -1)[holding].ravel()
             # The mask made from the values gets the checks a given one gets: nonzero values
             # in the padding rows past the matrix would mark rows the kernels then write.
             _check_vector_mask(values, col_idx, row_window_offset, vector_mask, shape[0],
@@ -398,9 +398,20 @@ def _without_vectors(table, kept, col_idx, row_window_offset, window, block_widt
     return values, col_idx[kept], offsets
 
 
-def _pack_rows(present):
-    """Pack a (n_vectors, window) boolean table into the uint8 vector mask."""
-    return np.packbits(present, axis=1, bitorder="little").ravel()
+def _value_bits(values):
+    """``values`` as unsigned integers of their width, and the mask of the bits other than the
+    sign: a value is zero (+0.0 or -0.0) where those bits are all 0."""
+    bits = np.dtype(f"u{values.dtype.itemsize}")
+    return (np.ascontiguousarray(values).view(bits),
+            bits.type((1 << (8 * bits.itemsize - 1)) - 1))
+
+
+def _mask_of_values(values, row_window_offset, n_vectors, window, block_width):
+    """The vector mask of FlashSparse's convention: a bit for every nonzero value."""
+    vector_mask = np.zeros(n_vectors * _mask_bytes(window), dtype=np.uint8)
+    _blocked_check.mask_of_values(*_value_bits(values), row_window_offset, window,
+                                  block_width, _mask_bytes(window), vector_mask)
+    return vector_mask
 
 
 def _unpack_rows(vector_mask, n_vectors, window):
@@ -476,11 +487,8 @@ def _check_vector_mask(values, col_idx, row_window_offset, vector_mask, n_rows, 
         return
     n_windows = row_window_offset.size - 1
     last_rows = n_rows - (n_windows - 1) * window
-    bits = np.dtype(f"u{values.dtype.itemsize}")
-    value_bits = np.ascontiguousarray(values).view(bits)
-    magnitude = bits.type((1 << (8 * bits.itemsize - 1)) - 1)   # all but the sign: -0.0 is 0
     problems = np.empty(n_windows, dtype=np.uint8)
-    _blocked_check.mask_problems(value_bits, magnitude, row_window_offset,
+    _blocked_check.mask_problems(*_value_bits(values), row_window_offset,
                                  np.ascontiguousarray(vector_mask), window, block_width,
                                  _mask_bytes(window), last_rows, problems)
     found = int(np.bitwise_or.reduce(problems))

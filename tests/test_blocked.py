@@ -431,6 +431,55 @@ def test_raw_values_without_a_mask_drop_vectors_of_zeros(window, block_width, rn
     np.testing.assert_array_equal(zeros_only.row_window_offset, [0, 0])
 
 
+@pytest.mark.parametrize("seed", range(12))
+def test_the_mask_read_from_the_values_marks_every_nonzero(seed):
+    """Without a mask, a bit for every value other than +-0 (NaN included), read in one
+    compiled pass: the same mask as the table of the values by vector, compared with 0."""
+    rng = np.random.default_rng(seed)
+    window, block_width = [(8, 8), (8, 3), (12, 5), (16, 4), (33, 4), (1, 1)][seed % 6]
+    dtype = [np.float16, np.float32, np.float64][seed % 3]
+    n_rows = int(rng.integers(1, 4 * window))
+    B = sph.csr_array(random_scipy(rng, (n_rows, 11), 0.4)).astype(dtype).to_blocked(
+        window, block_width)
+    values = B.values.copy()
+    table = value_positions(B.row_window_offset, window, block_width)
+    mask = np.unpackbits(B.vector_mask.reshape(B.n_vectors, -1), axis=1,
+                         bitorder="little")[:, :window].astype(bool)
+    stored = table[mask]
+    values[stored[rng.random(stored.size) < 0.2]] = -0.0    # entries that read as zeros
+    values[stored[rng.random(stored.size) < 0.1]] = np.nan
+    expected = values[table] != 0
+    keep = expected.any(axis=1)
+    built = sph.blocked_array((values, B.col_idx, B.row_window_offset, None), shape=B.shape,
+                              window=window, block_width=block_width)
+    got = np.unpackbits(built.vector_mask.reshape(built.n_vectors, -1), axis=1,
+                        bitorder="little")[:, :window].astype(bool)
+    np.testing.assert_array_equal(got, expected[keep])
+    np.testing.assert_array_equal(built.col_idx, B.col_idx[keep])
+
+
+def test_a_blocked_array_without_a_mask_is_read_without_a_table_of_its_values():
+    """The mask read from the values took a table of every value's int64 position and the
+    values gathered by it: 5 times the arrays, in FlashSparse's convention."""
+    import tracemalloc
+    rng = np.random.default_rng(0)
+    n, m = 20_000, 200_000
+    B = sph.csr_array((rng.random(m).astype(np.float32) + 0.5,
+                       (rng.integers(0, n, m), rng.integers(0, n, m))), shape=(n, n),
+                      index_dtype=np.int32).to_mebcrs()
+    held = sum(a.nbytes for a in (B.values, B.col_idx, B.row_window_offset, B.vector_mask))
+    raw = (B.values, B.col_idx, B.row_window_offset, None)
+    sph.mebcrs_array(raw, shape=B.shape)   # compiled or loaded
+    tracemalloc.start()
+    try:
+        built = sph.mebcrs_array(raw, shape=B.shape)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    np.testing.assert_array_equal(built.vector_mask, B.vector_mask)
+    assert peak < 0.5 * held, peak / held
+
+
 @pytest.mark.parametrize("index_dtype", [np.uint32, np.uint64])
 def test_raw_unsigned_indices_are_taken_and_checked(index_dtype):
     """Unsigned raw indices are taken as csr_array takes them (uint64 ones failed in NumPy's

@@ -1,5 +1,6 @@
-"""The full check of a blocked array's vector mask against its values, in one pass and without
-a table: a table of every value's position (int64) and the values gathered by it took about
+"""The full check of a blocked array's vector mask against its values, and the mask read from
+the values where none is given (FlashSparse's convention), each in one pass and without a
+table: a table of every value's position (int64) and the values gathered by it took about
 five times the arrays checked, at the load of a blocked array from raw arrays or a file.
 
 `mask_problems` marks, per window, which of these its vectors show (bit flags, so that the
@@ -53,3 +54,19 @@ def mask_problems(value_bits, magnitude, row_window_offset, vector_mask, window,
             if not held:
                 found |= EMPTY_VECTOR
         problems[w] = found
+
+
+@njit(parallel=True, **_JIT)
+def mask_of_values(value_bits, magnitude, row_window_offset, window, block_width, mask_bytes,
+                   vector_mask):
+    """Write ``vector_mask`` (zeroed) with a bit for every value other than +-0 (NaN counts),
+    in the layout `mask_problems` reads."""
+    n_windows = row_window_offset.size - 1
+    for w in prange(n_windows):
+        first, stop = row_window_offset[w], row_window_offset[w + 1]
+        for v in range(first, stop):
+            block = first + (v - first) // block_width * block_width
+            width = min(block_width, stop - block)
+            for r in range(window):
+                if value_bits[block * window + r * width + v - block] & magnitude:
+                    vector_mask[v * mask_bytes + (r >> 3)] |= 1 << (r & 7)
