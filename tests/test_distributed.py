@@ -216,6 +216,32 @@ def test_timeout_is_checked_and_read_from_the_environment(monkeypatch):
     assert distributed.init().timeout is None
 
 
+def test_the_watchdog_leaves_out_the_time_the_job_was_suspended(monkeypatch):
+    """A job stopped and continued (SIGSTOP and SIGCONT, a scheduler suspending it) for
+    longer than its timeout: the wall clock jumps while the process does not run, and the
+    watchdog, measuring on it, ended the job the moment it was resumed."""
+    ended = []
+    comm = Communicator(None)
+    comm.size = 2   # a rank of two without MPI: the watched calls are Python functions here
+    monkeypatch.setattr(comm, "Abort", lambda code=1: ended.append(code))
+    jump = [0.0]
+    real = time.monotonic
+    monkeypatch.setattr(_comm.time, "monotonic", lambda: real() + jump[0])
+
+    def suspended_for_a_minute():
+        time.sleep(0.3)
+        jump[0] = 60.0          # the process did not run for a minute
+        time.sleep(0.9)
+    comm.set_timeout(3.0)
+    try:
+        comm._watched("Allreduce ('gradient allreduce')", suspended_for_a_minute)
+        assert ended == []
+        comm._watched("Barrier", time.sleep, 4.5)   # a real wait past the timeout still ends
+        assert ended and set(ended) == {1}
+    finally:
+        comm.set_timeout(None)
+
+
 def test_the_watchdog_ends_the_job_after_the_timeout_only(monkeypatch, capsys):
     """A watched call that outlasts the timeout ends the job, printing the caller's stack; one
     that returns in time does not."""

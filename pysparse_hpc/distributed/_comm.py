@@ -314,21 +314,41 @@ class _Watchdog(threading.Thread):
     ``waiting`` maps a thread to ``(start, what)`` of the call it is blocked in; setting and
     removing an entry are single dictionary operations, atomic under the GIL, so the calls
     being watched take no lock. mpi4py releases the GIL while MPI waits, so this thread runs.
+
+    Waits are measured on `clock`, the time this process was seen running: a gap between two
+    of the watchdog's checks far past their interval means the process was stopped (SIGSTOP,
+    a scheduler suspending the job), when no rank waited for another, and counts as one
+    interval. Measured on the wall clock, a job suspended for longer than its timeout ended
+    the moment it was resumed.
     """
+
+    #: How many intervals a gap between two checks may last and still count whole (a loaded
+    #: machine wakes the thread late).
+    LONGEST_GAP = 2
 
     def __init__(self, comm, timeout):
         super().__init__(name="pysparse_hpc communication watchdog", daemon=True)
         self.comm, self.timeout = comm, timeout
         self.waiting = {}
         self._stopped = threading.Event()
+        self._running, self._checked = 0.0, time.monotonic()
         self.start()
 
     def stop(self):
         self._stopped.set()
 
+    def _interval(self):
+        return min(1.0, self.timeout / 4)
+
+    def clock(self):
+        """Seconds this process was seen running (since the watchdog started)."""
+        since = time.monotonic() - self._checked
+        return self._running + min(since, self.LONGEST_GAP * self._interval())
+
     def run(self):
-        while not self._stopped.wait(min(1.0, self.timeout / 4)):
-            now = time.monotonic()
+        while not self._stopped.wait(self._interval()):
+            self._running, self._checked = self.clock(), time.monotonic()
+            now = self._running
             for thread, (start, what) in list(self.waiting.items()):
                 if now - start > self.timeout:
                     self._end_job(thread, what, now - start)
@@ -511,7 +531,7 @@ class Communicator:
         if watchdog is None:
             return call(*args, **kwargs)
         thread = threading.get_ident()
-        watchdog.waiting[thread] = (time.monotonic(), what)
+        watchdog.waiting[thread] = (watchdog.clock(), what)
         try:
             return call(*args, **kwargs)
         finally:
