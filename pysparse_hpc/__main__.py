@@ -2,13 +2,16 @@
 ``[mpiexec -n P] python -m pysparse_hpc train`` trains a GNN on a graph distributed over P ranks.
 """
 import argparse
+import contextlib
 import importlib.util
 import math
 import numbers
 import os
+import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import numba
@@ -84,7 +87,12 @@ def run_demo(name="cora", out=None, models=("gcn", "gat"), seeds=5, progress=Tru
         # On a first run the training's kernels compile in a helper process while this one
         # compiles the kernel report's; the report waits for it before timing anything.
         ahead = compile_ahead("gnn", name, *models) if models and _has_torch() else None
-        _kernels_report(adj, data.x, out, before_timing=ahead.wait if ahead else None)
+        try:
+            _kernels_report(adj, data.x, out, before_timing=ahead.wait if ahead else None)
+        except BaseException:
+            if ahead is not None:
+                ahead.stop()   # nothing outlives an interrupted demo
+            raise
     if models:
         print("", file=out)
         _training_report(data, models, seeds, progress, out)
@@ -681,7 +689,15 @@ def main(argv=None):
             # NumPy's own refusal of the feature matrix names no option, after the graph loads.
             train.error(f"--random-features must be at most {1 << 16}, got "
                         f"{args.random_features}")
-        return run_train(args)
+        # One process only: a rank in a blocking MPI call would run the handler only once
+        # the call returned, where the signal's default ends it at once and the launcher
+        # then ends the job.
+        from .distributed._comm import launched_ranks
+        with (_terminations_as_interrupts() if launched_ranks() == 1
+              else contextlib.nullcontext([])) as received:
+            status = run_train(args)
+        # Ended by SIGTERM or SIGHUP: the status a shell gives a process the signal ended
+        return 128 + received[-1] if status == 130 and received else status
     if args.command == "demo":
         if args.no_train and (args.model or args.seeds is not None):
             demo.error("--model and --seeds choose what is trained; drop them or --no-train")
@@ -690,9 +706,42 @@ def main(argv=None):
             demo.error(f"--seeds must be at least 1, got {args.seeds}")
         # A model named twice is trained and reported once.
         models = () if args.no_train else tuple(dict.fromkeys(args.model or ("gcn", "gat")))
-        return run_demo(args.dataset, models=models, seeds=args.seeds,
-                        progress=not args.no_progress, distributed=not args.no_distributed)
+        with _terminations_as_interrupts() as received:
+            try:
+                return run_demo(args.dataset, models=models, seeds=args.seeds,
+                                progress=not args.no_progress,
+                                distributed=not args.no_distributed)
+            except KeyboardInterrupt:
+                # What the interrupt reached (the MPI job, the compiling helper) has been
+                # stopped on the way out.
+                sys.stderr.write("python -m pysparse_hpc demo: interrupted\n")
+                return 128 + (received[-1] if received else signal.SIGINT)
     return 2
+
+
+@contextlib.contextmanager
+def _terminations_as_interrupts():
+    """SIGTERM and SIGHUP (a scheduler ending the job, a closed terminal) raise
+    KeyboardInterrupt in the main thread, as Ctrl-C does, so that what an interrupt stops
+    is stopped (an MPI job in its own process group, which no signal to this process
+    reaches; a helper process) and a pending checkpoint is finished. Yields the list of the
+    signals received. Outside the main thread, where no handler can be set, nothing changes."""
+    received = []
+    if threading.current_thread() is not threading.main_thread():
+        yield received
+        return
+
+    def interrupt(signum, frame):
+        received.append(int(signum))
+        raise KeyboardInterrupt
+
+    caught = [sig for sig in (signal.SIGTERM, getattr(signal, "SIGHUP", None)) if sig]
+    previous = {sig: signal.signal(sig, interrupt) for sig in caught}
+    try:
+        yield received
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 if __name__ == "__main__":

@@ -150,6 +150,18 @@ class CompileAhead:
                                          stderr=subprocess.PIPE, text=True, env=dict(os.environ))
         self.workload = workload
 
+    def stop(self):
+        """End the helper if it still runs (its kernels cache as far as they got)."""
+        if self._process.poll() is None:
+            self._process.terminate()
+            try:
+                self._process.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+                self._process.wait()
+        if self._process.stderr is not None:
+            self._process.stderr.close()
+
     def wait(self, write=None):
         """Wait for the helper; say so when it is still running. A helper that failed is
         reported and otherwise harmless: this process compiles what is missing."""

@@ -185,10 +185,14 @@ def test_train_refuses_a_bad_timeout_variable(monkeypatch, capsys):
                                        "> 0, got 'soon'\n")
 
 
-@pytest.mark.skipif(not hasattr(__import__("signal"), "SIGINT"), reason="needs SIGINT")
-def test_train_interrupted_says_so_and_leaves_a_checkpoint_to_resume(tmp_path):
+@pytest.mark.skipif(not hasattr(__import__("signal"), "SIGTERM"), reason="needs SIGTERM")
+@pytest.mark.parametrize("signal_name, status", [("SIGINT", 130), ("SIGTERM", 143)])
+def test_train_interrupted_says_so_and_leaves_a_checkpoint_to_resume(tmp_path, signal_name,
+                                                                     status):
     """Ctrl-C during training: status 130 and one line naming the checkpoints, no traceback;
-    the last checkpoint is whole, and a resumed run with as many epochs ends as a finished one."""
+    the last checkpoint is whole, and a resumed run with as many epochs ends as a finished one.
+    SIGTERM (a scheduler ending the job) is taken alike, with status 143: it ended the
+    process at once, leaving the save in flight as temporary files, and said nothing."""
     import signal
     import time
     checkpoints = tmp_path / "run"
@@ -203,12 +207,13 @@ def test_train_interrupted_says_so_and_leaves_a_checkpoint_to_resume(tmp_path):
     while time.monotonic() < deadline and len(list(checkpoints.glob("*/manifest*"))) < 2:
         time.sleep(0.2)
     started = len(list(checkpoints.glob("*/manifest*")))
-    job.send_signal(signal.SIGINT)
+    job.send_signal(getattr(signal, signal_name))
     _, errors = job.communicate(timeout=60)
     assert started >= 2, f"no checkpoint within 300 s before the interrupt:\n{errors[-2000:]}"
-    assert job.returncode == 130, errors[-2000:]
+    assert job.returncode == status, errors[-2000:]
     assert (f"train: interrupted; --resume continues from the last checkpoint in {checkpoints}"
             in errors) and "Traceback" not in errors
+    assert not list(checkpoints.glob("**/*.tmp")), "a save left unfinished"
     resumed = subprocess.run(command + ["--epochs", "1", "--resume"], capture_output=True,
                              text=True, timeout=120)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
@@ -459,3 +464,60 @@ def test_mpi_job_passes_its_bar_on_and_keeps_its_output(capsys):
     failed = _run_ranks([sys.executable, "-c", "import sys; sys.exit('no')"], timeout=60,
                         env=None, show_stderr=False)
     assert failed.returncode == 1 and "no" in failed.stderr and capsys.readouterr().err == ""
+
+
+def _processes_marked(marker):
+    """PIDs of the processes whose environment holds ``marker`` (this test's children and
+    theirs, in whatever process group)."""
+    import os
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/environ", "rb") as environ:
+                    if marker.encode() in environ.read():
+                        found.append(int(entry))
+            except OSError:
+                continue
+    return found
+
+
+@pytest.mark.skipif(not __import__("os").path.isdir("/proc"), reason="reads /proc")
+@pytest.mark.parametrize("signal_name, status", [("SIGINT", 130), ("SIGTERM", 143)])
+def test_an_interrupted_demo_stops_its_mpi_job(signal_name, status):
+    """The demo's MPI job runs in its own process group, which no signal to the demo reaches.
+    Ctrl-C stopped it but ended with status 1 and a traceback; SIGTERM (a scheduler, or
+    ``timeout``) ended the demo at once and left the whole job running."""
+    import os
+    import signal
+    import time
+    import uuid
+    pytest.importorskip("mpi4py")
+    from pysparse_hpc.distributed._comm import mpiexec_path
+    if mpiexec_path() is None:
+        pytest.skip("needs mpiexec")
+    marker = f"PYSPARSE_HPC_TEST_MARK={uuid.uuid4().hex}"
+    environment = dict(os.environ, PYSPARSE_HPC_TEST_MARK=marker.split("=")[1])
+    demo = subprocess.Popen([sys.executable, "-m", "pysparse_hpc", "demo", "--model", "gcn",
+                             "--seeds", "1", "--no-progress"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=environment,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        for line in demo.stdout:
+            if line.startswith("Distributed training:"):
+                break
+        deadline = time.monotonic() + 60
+        while len(_processes_marked(marker)) < 3 and time.monotonic() < deadline:
+            time.sleep(0.1)    # the demo, mpiexec and its ranks
+        assert len(_processes_marked(marker)) >= 3, "the MPI job never started"
+        demo.send_signal(getattr(signal, signal_name))
+        _, errors = demo.communicate(timeout=60)
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+    assert demo.returncode == status, errors[-2000:]
+    assert "demo: interrupted" in errors and "Traceback" not in errors, errors[-2000:]
+    deadline = time.monotonic() + 10
+    while _processes_marked(marker) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _processes_marked(marker), "a process of the demo's job outlived it"
