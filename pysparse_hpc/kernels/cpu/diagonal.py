@@ -33,6 +33,18 @@ def missing_diagonal(indptr, indices, missing):
         missing[row] = place == stop or indices[place] != row
 
 
+@njit(inline="always", **_JIT)
+def _copy_entries(indices, data, start, stop, new_indices, new_data, out, total):
+    """Copy entries ``start:stop`` to ``out`` on, adding their new values to ``total``; the
+    next place and the sum."""
+    for k in range(start, stop):
+        new_indices[out] = indices[k]
+        new_data[out] = data[k]
+        total += new_data[out]
+        out += 1
+    return out, total
+
+
 @njit(parallel=True, **_JIT)
 def insert_diagonal(indptr, indices, data, new_indptr, new_indices, new_data, one, sums):
     """Copy a canonical CSR matrix into ``(new_indptr, new_indices, new_data)``, adding ``(i,
@@ -45,22 +57,13 @@ def insert_diagonal(indptr, indices, data, new_indptr, new_indices, new_data, on
         start, stop, out = indptr[row], indptr[row + 1], new_indptr[row]
         adds = new_indptr[row + 1] - out > stop - start
         cut = _lower_bound(indices, start, stop, row) if adds else stop
-        total = 0.0
-        for k in range(start, cut):
-            new_indices[out] = indices[k]
-            new_data[out] = data[k]
-            total += new_data[out]
-            out += 1
+        out, total = _copy_entries(indices, data, start, cut, new_indices, new_data, out, 0.0)
         if adds:
             new_indices[out] = row
             new_data[out] = one
             total += new_data[out]
             out += 1
-        for k in range(cut, stop):
-            new_indices[out] = indices[k]
-            new_data[out] = data[k]
-            total += new_data[out]
-            out += 1
+        out, total = _copy_entries(indices, data, cut, stop, new_indices, new_data, out, total)
         if keep_sums:
             sums[row] = total
 
