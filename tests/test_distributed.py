@@ -2,6 +2,7 @@
 the one-rank communicator, and every op, layer and the trainer on a one-rank `DistGraph`
 against the single-process results (the multi-rank runs are in test_distributed_mpi.py)."""
 import sys
+import threading
 import time
 
 import numpy as np
@@ -1086,3 +1087,29 @@ def test_a_job_ignoring_sigterm_is_killed_with_every_process_under_it(tmp_path):
         return
     os.kill(child, 9)
     pytest.fail("a process of the job that ignores SIGTERM outlived it")
+
+
+@pytest.mark.parametrize("kind", [KeyboardInterrupt, ValueError])
+def test_the_abort_hook_tells_each_error_once_and_ends_the_job(monkeypatch, capsys, kind):
+    """A rank of several that raises prints its rank and one traceback, then aborts: an
+    interrupt's traceback is left to the hook that was there before, and told by it alone."""
+    ended, told_before = [], []
+    comm = Communicator(None)
+    comm.size = 2
+    monkeypatch.setattr(comm, "Abort", lambda code=1: ended.append(code))
+
+    def previous_hook(kind, value, tb):
+        told_before.append(kind)
+        sys.__excepthook__(kind, value, tb)
+    monkeypatch.setattr(sys, "excepthook", previous_hook)
+    monkeypatch.setattr(threading, "excepthook", threading.excepthook)
+    _comm._install_abort_hook(comm)
+    try:
+        raise kind("stopped here")
+    except kind as error:
+        sys.excepthook(kind, error, error.__traceback__)
+    err = capsys.readouterr().err
+    assert f"rank 0 of 2 raised {kind.__name__}; ending the job" in err
+    assert err.count("Traceback (most recent call last)") == 1, err
+    assert err.count(f"{kind.__name__}: stopped here") == 1 and ended == [1]
+    assert told_before == ([kind] if kind is KeyboardInterrupt else [])

@@ -1111,14 +1111,18 @@ def _install_abort_hook(comm):
 
     def abort_on_exception(kind, value, tb):
         try:
-            message = "".join(traceback.format_exception(kind, value, tb))
+            # An interrupt goes on to the hook that was there before (the user's, or Python's,
+            # which prints the traceback): printing it here too told it twice.
+            told_by_previous = issubclass(kind, KeyboardInterrupt)
+            message = "" if told_by_previous else "".join(
+                traceback.format_exception(kind, value, tb))
             sys.stderr.write(f"pysparse_hpc: rank {comm.rank} of {comm.size} raised "
                              f"{kind.__name__}; ending the job\n{message}")
             sys.stderr.flush()
             sys.stdout.flush()
-        finally:
-            if kind is KeyboardInterrupt:
+            if told_by_previous:
                 previous(kind, value, tb)
+        finally:
             comm.Abort(1)
 
     sys.excepthook = abort_on_exception
