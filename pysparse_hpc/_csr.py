@@ -414,6 +414,12 @@ class csr_array(sparray):
         """
         if axes is not None and (not isinstance(axes, (tuple, list)) or tuple(axes) != (1, 0)):
             raise ValueError(f"axes must be None or (1, 0) for a 2-D array, got {axes!r}")
+        if self.shape[1] == np.iinfo(np.int64).max:
+            # Its indptr would have 2**63 entries: the count overflowed into a "negative
+            # dimension" inside the conversion. NumPy's own word for such a size, as scipy's.
+            raise ValueError(f"Maximum allowed dimension exceeded: the transpose of a "
+                             f"{self.shape[0]} x {self.shape[1]} array would have "
+                             f"{self.shape[1]} rows, one too many for an int64 indptr")
         indptr, indices, data = _convert.csr_transpose(
             self.shape[1], self.indptr, self.indices, moved_view(self.data))
         result = csr_array.__new__(csr_array)

@@ -479,3 +479,12 @@ def test_a_meta_tensor_is_refused_with_a_value_error():
     with pytest.raises(ValueError, match="a tensor on the 'meta' device holds no values"):
         sph.csr_array((torch.ones(1, device="meta"), np.array([0]), np.array([0, 1, 1])),
                       shape=(2, 2))
+
+
+def test_the_transpose_of_the_widest_shape_is_refused_by_its_size():
+    """The transpose of a (3, 2**63 - 1) array needs an indptr of 2**63 entries; the count
+    overflowed inside the conversion and NumPy spoke of "negative dimensions"."""
+    wide = sph.csr_array((3, 2**63 - 1))
+    with pytest.raises(ValueError, match="Maximum allowed dimension exceeded: the transpose "
+                                         "of a 3 x 9223372036854775807 array"):
+        wide.T
