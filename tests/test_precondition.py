@@ -1161,6 +1161,27 @@ def test_communicator_checked():
         P.ShampooGradientMaker(mlp(), config, comm="world")
 
 
+@pytest.mark.parametrize("maker", [P.KfacGradientMaker, P.ShampooGradientMaker,
+                                   P.JorgeGradientMaker, P.DiagNaturalGradientMaker])
+def test_a_maker_without_comm_on_a_job_of_several_ranks_says_it_keeps_to_one(monkeypatch, maker):
+    """DataParallel and DistributedLion take the whole job for comm=None, a maker one
+    process: a forgotten comm= left each replica's curvature its own, and the replicas
+    parted without a word. A one-rank communicator asks for that and is not warned of."""
+    from pysparse_hpc.distributed import Communicator, _comm
+    config = P.PreconditioningConfig(data_size=8)
+    for name in _comm._SIZE_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        maker(mlp(), config)        # launched alone: nothing to say
+        monkeypatch.setenv("PMI_SIZE", "3")
+        maker(mlp(), config, comm=Communicator())
+    with pytest.warns(UserWarning, match=rf"{maker.__name__} was made without comm= on a job "
+                                         r"of 3 ranks: .* Pass comm=distributed.init\(\)") as told:
+        maker(mlp(), config)
+    assert told[0].filename == __file__
+
+
 def test_bad_input():
     config = P.PreconditioningConfig(data_size=8, damping=1e-3)
     with pytest.raises(ValueError, match="nothing to precondition.*expected at least one"):

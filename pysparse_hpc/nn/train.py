@@ -613,6 +613,7 @@ def _preconditioner(name, model, graph, n_train, curvature_interval, optimizer, 
     """``fit``'s gradient maker; with `kl_clip` (K-FAC only), clipped at the learning rate
     of `step_optimizer`'s first parameter group."""
     from .. import precondition
+    from ..distributed import Communicator
 
     if name not in PRECONDITIONERS:
         raise ValueError(f"preconditioner must be None or one of {tuple(PRECONDITIONERS)}, got "
@@ -627,8 +628,10 @@ def _preconditioner(name, model, graph, n_train, curvature_interval, optimizer, 
     options = dict(fisher_type="emp") if name == "kfac" else {}
     if kl_clip is not None:   # checked by the caller (`_check_kl_clip`)
         options.update(kl_clip=kl_clip, lr=lambda: step_optimizer.param_groups[0]["lr"])
+    # Without a DistGraph this process holds the whole graph: a one-rank communicator says
+    # so, where None would warn of a forgotten comm= on a job of several ranks.
     return getattr(precondition, maker_name)(
-        model, config, comm=None if graph is None else graph.comm, **options)
+        model, config, comm=Communicator() if graph is None else graph.comm, **options)
 
 
 def _ratio(total, count):

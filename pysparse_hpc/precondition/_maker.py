@@ -30,8 +30,9 @@ from torch.nn import functional as F
 from torch.nn.parameter import is_lazy
 
 from .._sputils import check_flag
-from ..distributed._comm import check_communicator, check_rank
+from ..distributed._comm import check_communicator, check_rank, launched_ranks
 from ..distributed._sparse_grads import allreduce_sparse, sparse_gradient_parameters
+from ..nn._checks import user_stacklevel
 from ._fisher import FISHER_EMP, fisher_passes
 from ._kaisa import allreduce_sum
 from .config import PreconditioningConfig, _schedules
@@ -236,7 +237,9 @@ class PreconditionedGradientMaker:
         ``config.data_size`` counts all of them: after each backward the gradients are summed
         over the ranks in one flat buffer per dtype (do not also wrap the model in
         `DataParallel`), so every rank preconditions the one-process gradient. The makers
-        add their own distribution of the curvature (see each). None: one process.
+        add their own distribution of the curvature (see each). None: one process, with a
+        ``UserWarning`` on a job launched with several ranks (``Communicator()`` keeps one
+        process without it).
 
     Attributes
     ----------
@@ -254,6 +257,17 @@ class PreconditionedGradientMaker:
 
     def __init__(self, model, config, *, check_finite=True, comm=None):
         check_communicator(comm, ("rank", "size", "Allreduce", "Bcast", "bcast", "gather"))
+        if comm is None and launched_ranks() > 1:
+            # DataParallel, DistributedLion and DistGraph take the world for comm=None; a maker
+            # keeps to one process, so a forgotten comm= preconditions each replica's summed
+            # gradient with its own batch's curvature and the replicas part without an error.
+            warnings.warn(f"{type(self).__name__} was made without comm= on a job of "
+                          f"{launched_ranks()} ranks: it preconditions with this rank's "
+                          f"examples alone, and ranks that step alike part ways. Pass "
+                          f"comm=distributed.init() to take every rank's examples, or "
+                          f"comm=distributed.Communicator() to keep each rank's own (which "
+                          f"also silences this warning)", UserWarning,
+                          stacklevel=user_stacklevel())
         if not isinstance(model, nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
         if not isinstance(config, PreconditioningConfig):

@@ -1156,7 +1156,7 @@ def check_precondition():
             m, P.PreconditioningConfig(**intervals), comm=c, strategy=st), 8))
     for label, make, inputs in cases:
         reference = on_root_then_broadcast(
-            lambda: _precondition_run(lambda m: make(m, None), everything, inputs=inputs))
+            lambda: _precondition_run(lambda m: make(m, ALONE), everything, inputs=inputs))
         got = _precondition_run(lambda m: make(m, comm), mine, inputs=inputs)
         for step, (expected, actual) in enumerate(zip(reference, got)):
             for e, a in zip(expected, actual):
@@ -1191,7 +1191,7 @@ def check_precondition_mean_loss():
     }
     for label, make in cases.items():
         reference = on_root_then_broadcast(lambda: _precondition_run(
-            lambda m: make(m, None), np.arange(count), loss_fn=torch.nn.functional.cross_entropy))
+            lambda m: make(m, ALONE), np.arange(count), loss_fn=torch.nn.functional.cross_entropy))
         got = _precondition_run(lambda m: make(m, comm), mine,
                                 loss_fn=torch.nn.functional.cross_entropy)
         for step, (expected, actual) in enumerate(zip(reference, got)):
@@ -1312,7 +1312,7 @@ def check_precondition_edge_cases():
                       **config, ignore_modules=[m.table]), comm=c), tokens))
     for label, build, make, data in cases:
         reference = on_root_then_broadcast(lambda: _maker_run(
-            build, lambda m: make(m, None), data, target, np.arange(24)))
+            build, lambda m: make(m, ALONE), data, target, np.arange(24)))
         got = _maker_run(build, lambda m: make(m, comm), data, target, mine)
         _assert_same_grads(reference, got, label)
 
@@ -1332,7 +1332,7 @@ def check_precondition_edge_cases():
     def keep(model, optimizer, maker):
         saved.update(model=model.state_dict(), optimizer=optimizer.state_dict(),
                      maker=maker.state_dict())
-    on_root_then_broadcast(lambda: _maker_run(build_wide, lambda m: kfac(m, None), wide, target,
+    on_root_then_broadcast(lambda: _maker_run(build_wide, lambda m: kfac(m, ALONE), wide, target,
                                               np.arange(24), steps=1, finish=keep))
     one_process = comm.bcast(saved if rank == 0 else None)
     assert "A_rows" in one_process["maker"]["factors"]["0"]
@@ -1377,7 +1377,7 @@ def check_precondition_state_across_ranks():
             fisher_type="emp", comm=c, strategy=s)))
     for label, make in cases:
         reference = on_root_then_broadcast(lambda: _maker_run(
-            build, lambda m: make(m, None), data, target, np.arange(24), steps=5))
+            build, lambda m: make(m, ALONE), data, target, np.arange(24), steps=5))
         saved = {}
 
         def keep(model, optimizer, maker):
@@ -1387,7 +1387,7 @@ def check_precondition_state_across_ranks():
         assert (saved["whole"] is None) == (rank != 0), label
         resume = (saved["model"], saved["optimizer"], comm.bcast(saved["whole"]))
         rest = on_root_then_broadcast(lambda: _maker_run(
-            build, lambda m: make(m, None), data, target, np.arange(24), steps=2,
+            build, lambda m: make(m, ALONE), data, target, np.arange(24), steps=2,
             resume=resume))
         _assert_same_grads(reference[3:], rest, f"{label}: consolidated, then one process")
         rest = _maker_run(build, lambda m: make(m, comm), data, target, mine, steps=2,
@@ -1396,7 +1396,7 @@ def check_precondition_state_across_ranks():
         if size > 1 and label != "kfac inverse":
             assert saved["own"]["shard"] == [rank, size], label
             try:
-                make(build().double(), None).load_state_dict(saved["own"])
+                make(build().double(), ALONE).load_state_dict(saved["own"])
             except ValueError as error:
                 assert "consolidated_state_dict()" in str(error), error
             else:
