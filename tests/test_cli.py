@@ -521,3 +521,24 @@ def test_an_interrupted_demo_stops_its_mpi_job(signal_name, status):
     while _processes_marked(marker) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not _processes_marked(marker), "a process of the demo's job outlived it"
+
+
+def test_feature_dtypes_are_numpys_or_torchs_float32_and_float64_only():
+    """node_tensors took torch.int64 and truncated the normalized features to zeros, and
+    failed inside torch on np.float64; normalize_features refused a torch dtype."""
+    import numpy as np
+    import pytest
+    import torch
+    import pysparse_hpc as sph
+    from pysparse_hpc.nn.train import node_tensors, normalize_features
+    cora = sph.datasets.load("cora")
+    reference = node_tensors(cora, dtype=torch.float64)[0]
+    for dtype in (np.float64, torch.float64, "float64"):
+        assert torch.equal(node_tensors(cora, dtype=dtype)[0], reference)
+        assert normalize_features(cora.x, dtype).dtype == np.float64
+    assert node_tensors(cora, np.float32)[0].dtype == torch.float32
+    for dtype in (torch.int64, np.int32, torch.float16, np.float16, bool):
+        with pytest.raises(TypeError, match="dtype must be float32 or float64, got"):
+            node_tensors(cora, dtype=dtype)
+        with pytest.raises(TypeError, match="dtype must be float32 or float64, got"):
+            normalize_features(cora.x, dtype)

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from .._compiling import compile_messages
-from .._sputils import check_flag, check_real_number
+from .._sputils import as_numpy_dtype, check_flag, check_real_number
 from ..distributed.graph import DistGraph, comm_sum
 
 __all__ = ["TrainResult", "default_damping", "fit", "node_tensors", "normalize_features",
@@ -84,27 +84,55 @@ def normalize_features(x, dtype=np.float32):
     ----------
     x : array_like, 2-D
         Node features.
-    dtype : {np.float32, np.float64}
+    dtype : {np.float32, np.float64, torch.float32, torch.float64}
         Of the result, and of the arithmetic.
 
     Returns
     -------
     numpy.ndarray
+
+    Raises
+    ------
+    TypeError
+        For a dtype other than float32 and float64.
     """
-    if np.dtype(dtype) not in (np.float32, np.float64):
-        raise ValueError(f"dtype must be float32 or float64, got {np.dtype(dtype)}")
-    x = np.asarray(x, dtype=dtype)
+    x = np.asarray(x, dtype=_feature_dtype(dtype))
     # The absolute values: a signed row (random or learned features) can sum to nearly zero,
     # and dividing by its plain sum blew its entries up by orders of magnitude.
     sums = np.abs(x).sum(axis=1, keepdims=True)
     return np.divide(x, sums, out=np.zeros_like(x), where=sums != 0)
 
 
+def _feature_dtype(dtype):
+    """NumPy's float32 or float64 for ``dtype`` (NumPy's or torch's); TypeError otherwise."""
+    numpy_dtype = as_numpy_dtype(dtype)
+    if numpy_dtype not in (np.float32, np.float64):
+        raise TypeError(f"dtype must be float32 or float64, got {dtype}")
+    return numpy_dtype
+
+
 def node_tensors(data, dtype=torch.float32):
     """``(x, y, train_mask, val_mask, test_mask)`` of a `pysparse_hpc.datasets.Dataset` as
-    tensors, features row-normalized (`normalize_features`) in ``dtype``'s precision."""
-    numpy_dtype = np.float64 if dtype == torch.float64 else np.float32
-    x = torch.from_numpy(normalize_features(data.x, numpy_dtype)).to(dtype)
+    tensors, features row-normalized (`normalize_features`) in ``dtype``.
+
+    Parameters
+    ----------
+    data : pysparse_hpc.datasets.Dataset
+    dtype : {torch.float32, torch.float64, np.float32, np.float64}
+        Of the features (the labels are int64, the masks bool).
+
+    Returns
+    -------
+    tuple of torch.Tensor
+
+    Raises
+    ------
+    TypeError
+        For a dtype other than float32 and float64.
+    """
+    # Checked here: torch.int64 truncated the normalized features to zeros and ones, and a
+    # NumPy dtype failed inside torch's conversion.
+    x = torch.from_numpy(normalize_features(data.x, _feature_dtype(dtype)))
     masks = [torch.from_numpy(np.asarray(m, dtype=bool)) for m in
              (data.train_mask, data.val_mask, data.test_mask)]
     return (x, torch.from_numpy(np.asarray(data.y, dtype=np.int64)), *masks)
