@@ -142,7 +142,7 @@ def test_gcn_norm_in_a_chosen_dtype(graph):
     assert nn.gcn_norm(graph, dtype=torch.float64).dtype == np.float64
     assert nn.gcn_norm(graph.astype(np.float64), dtype=torch.float32).dtype == np.float32
     for bad in ("int64", "float16", "bogus", 3, torch.float16):
-        with pytest.raises(ValueError, match="dtype must be float32 or float64"):
+        with pytest.raises(TypeError, match="dtype must be float32 or float64"):
             nn.gcn_norm(graph, dtype=bad)
 
 

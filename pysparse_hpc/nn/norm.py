@@ -130,7 +130,7 @@ def _values_dtype(adj, dtype):
     except TypeError:
         chosen = None
     if chosen not in (np.float32, np.float64):
-        raise ValueError(f"dtype must be float32 or float64, got {dtype!r}")
+        raise TypeError(f"dtype must be float32 or float64, got {dtype!r}")
     return chosen
 
 
