@@ -5,7 +5,6 @@ import argparse
 import contextlib
 import importlib.util
 import math
-import numbers
 import os
 import signal
 import socket
@@ -20,6 +19,7 @@ import numpy as np
 from . import block_stats, datasets, sddmm
 from ._compiling import compile_ahead, compile_messages
 from ._config import environment_value, get_num_threads
+from ._sputils import check_positive_integer
 from .optim import COMPRESSIONS, MOMENTUM_SYNC
 
 
@@ -46,8 +46,7 @@ def run_demo(name="cora", out=None, models=("gcn", "gat"), seeds=5, progress=Tru
     ``distributed`` (and training on), end with the ``train`` command under ``mpiexec -n 2``
     beside the same training in one process."""
     out = sys.stdout if out is None else out
-    if isinstance(seeds, bool) or not isinstance(seeds, numbers.Integral) or seeds < 1:
-        raise ValueError(f"seeds must be a positive int, got {seeds!r}")
+    seeds = check_positive_integer(seeds, "seeds")
     data = datasets.load(name)
     print(f"{data!r}", file=out)
     adj = data.adj

@@ -260,6 +260,15 @@ def check_integer(value, name):
     return int(value)
 
 
+def check_positive_integer(value, name):
+    """``value`` as a Python int >= 1: `check_integer`'s TypeError for what is not an
+    integer, ValueError below 1."""
+    value = check_integer(value, name)
+    if value < 1:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+    return value
+
+
 def described_sparse(value):
     """``value``'s type for an error that asked for a pysparse_hpc sparse array: scipy's classes
     share the package's names, so a bare "got csr_array" would read as a contradiction."""

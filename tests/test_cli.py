@@ -28,9 +28,14 @@ def test_demo_in_process(capsys):
         assert "CAGNET-1D" in out
 
 
-@pytest.mark.parametrize("seeds", [0, -1, 1.5, True])
-def test_demo_refuses_a_bad_seed_count(seeds):
-    with pytest.raises(ValueError, match="seeds must be a positive int"):
+@pytest.mark.parametrize("seeds, error, message", [
+    (0, ValueError, "seeds must be a positive int, got 0"),
+    (-1, ValueError, "seeds must be a positive int, got -1"),
+    (1.5, TypeError, "seeds must be an integer, got float 1.5"),
+    (True, TypeError, "seeds must be an integer, got bool True")])
+def test_demo_refuses_a_bad_seed_count(seeds, error, message):
+    # A float or a bool is a wrong type, a TypeError as everywhere else (it was a ValueError).
+    with pytest.raises(error, match=message):
         run_demo("cora", seeds=seeds, out=io.StringIO())
 
 

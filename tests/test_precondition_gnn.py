@@ -207,6 +207,9 @@ def test_fit_with_a_preconditioner():
     with pytest.raises(ValueError, match="curvature_interval must be a positive int"):
         train.fit(model, x, cora.adj, y, masks, epochs=1, preconditioner="kfac",
                   curvature_interval=0)
+    with pytest.raises(TypeError, match="curvature_interval must be an integer, got float"):
+        train.fit(model, x, cora.adj, y, masks, epochs=1, preconditioner="kfac",
+                  curvature_interval=2.0)
 
 
 def test_fit_applies_kfac_by_sgd_as_a_hand_written_loop():

@@ -6,7 +6,7 @@ import warnings
 
 import torch
 
-from .._sputils import check_flag, check_integer, is_real_number
+from .._sputils import check_flag, check_positive_integer, is_real_number
 
 __all__ = ["check_channels", "check_features", "check_flag", "check_negative_slope",
            "check_probability", "user_stacklevel", "warn_once_if_nan"]
@@ -31,10 +31,7 @@ def check_channels(value, name):
     """``value`` as a positive Python int: TypeError for anything that is not an integer (a
     float would otherwise pass as a size of torch's and be truncated or refused there
     without the argument's name), ValueError below 1."""
-    value = check_integer(value, name)
-    if value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return value
+    return check_positive_integer(value, name)
 
 
 def check_probability(value, name, one=False):

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from .._compiling import compile_messages
-from .._sputils import as_numpy_dtype, check_flag, check_real_number
+from .._sputils import as_numpy_dtype, check_flag, check_positive_integer, check_real_number
 from ..distributed.graph import DistGraph, comm_sum
 
 __all__ = ["TrainResult", "default_damping", "fit", "node_tensors", "normalize_features",
@@ -607,8 +607,8 @@ def default_damping(preconditioner, optimizer="adam"):
 
 
 def _check_positive_int(value, name):
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
+    # A float, a bool or a string is a TypeError, as everywhere else (it was a ValueError).
+    check_positive_integer(value, name)
 
 
 def _check_schedule(epochs, lr, weight_decay):

@@ -82,7 +82,7 @@ import warnings
 import numpy as np
 import torch
 
-from .._sputils import check_flag, check_integer
+from .._sputils import check_flag, check_positive_integer
 from ..distributed._comm import check_communicator, init, raising_alike
 from ..kernels.cpu import votes as vote_kernels
 from . import _votes
@@ -167,9 +167,7 @@ def _checked_settings(compression, momentum_sync, sync_doubling, average, ranks)
     if compression == "none" and momentum_sync != "local":
         raise ValueError("compression='none' keeps the momenta equal on every rank: "
                          f"momentum_sync must be 'local', got {momentum_sync!r}")
-    sync_doubling = check_integer(sync_doubling, "sync_doubling")
-    if sync_doubling < 1:
-        raise ValueError(f"sync_doubling must be a positive int, got {sync_doubling!r}")
+    sync_doubling = check_positive_integer(sync_doubling, "sync_doubling")
     average = check_flag(average, "average")
     if compression == "int8" and _votes.int8_levels(ranks) == 0:
         raise ValueError(f"compression='int8' works on at most 127 ranks (its levels are "
