@@ -145,6 +145,31 @@ def test_fit_refuses_a_checkpoint_of_another_model(tmp_path):
             progress=False, resume_from=foreign)
 
 
+def test_fit_keeps_checkpoint_extras_beside_its_own_state_and_refuses_its_keys(tmp_path):
+    """Extras named like fit's own entries were silently replaced by them (``model`` by the
+    model's state): they are refused, before anything trains; others are saved as given."""
+    import pysparse_hpc as sph
+    from pysparse_hpc.nn import models
+    from pysparse_hpc.nn.train import fit, node_tensors
+    cora = sph.datasets.load("cora")
+    x, y, *masks = node_tensors(cora)
+
+    def run(extras, directory):
+        with Checkpointer(directory) as checkpoints:
+            fit(models.GCN(x.shape[1], 16, cora.num_classes), x, cora.adj, y, masks, epochs=1,
+                progress=False, checkpointer=checkpoints, checkpoint_extras=extras)
+            return checkpoints.load()
+    saved = run({"note": "first run", "lr_grid": [0.1, 0.01]}, tmp_path / "kept")
+    assert saved.shared["note"] == "first run" and saved.shared["lr_grid"] == [0.1, 0.01]
+    for extras, error, message in (
+            ({"model": "mine", "rng": 1}, ValueError,
+             r"may not use fit's own keys .*, got \['model', 'rng'\]"),
+            ([("note", 1)], TypeError, "checkpoint_extras must be a dict or None, got list")):
+        with pytest.raises(error, match=message):
+            run(extras, tmp_path / "refused")
+        assert not list((tmp_path / "refused").glob("*[0-9]*"))
+
+
 def test_train_refuses_a_directory_a_plain_checkpointer_wrote(tmp_path, capsys):
     """A Checkpointer's directory without a fingerprint passed the fingerprint check, and
     train then read its partition from a shared part that is not there: AttributeError."""

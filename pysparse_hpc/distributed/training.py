@@ -197,8 +197,11 @@ def train(dataset="cora", model="gcn", partition="metis", *, epochs=None, lr=Non
     random_features : int, optional
         Replace the features with seeded random ones of this width (graphs without features).
     comm : Communicator, optional
+        The ranks to train over. Default: `init`'s, every rank of the job.
     progress : bool
         A progress bar on rank 0.
+    description : str, optional
+        The progress bar's label. Default: the model, the graph and the number of ranks.
     preconditioner : {None, "kfac", "shampoo", "jorge"}
         Gradient preconditioning before ``optimizer`` (Adam or SGD) applies the gradients
         (`pysparse_hpc.nn.train.fit`), distributed KAISA-style over the ranks.
@@ -219,6 +222,10 @@ def train(dataset="cora", model="gcn", partition="metis", *, epochs=None, lr=Non
         saved after every ``checkpoint_every`` epochs and the last. It is tied to this run's
         settings (dataset, model, optimizer, seed, dtype, learning rate, ...): another run's
         directory is refused. One that already holds checkpoints needs ``resume``.
+    checkpoint_every : int
+        Epochs between checkpoints.
+    keep_checkpoints : int
+        How many of the newest checkpoints the directory keeps.
     resume : bool
         Continue from the newest checkpoint that verifies (none: start from the beginning).
         ``epochs`` is the total: only the epochs left are trained, and a run already finished

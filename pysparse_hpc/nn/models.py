@@ -50,6 +50,29 @@ class GCN(torch.nn.Module):
     ``layer_options`` go to both `GCNConv` layers (``order=``, ``cached=``). With
     ``input_dropout=False`` the first layer sees the same features every epoch, so
     ``order="auto"`` propagates them once for all of training.
+
+    Parameters
+    ----------
+    in_channels, hidden, out_channels : int
+        Widths of the input features, of the hidden layer and of the output (the classes).
+    dropout : float, default 0.5
+        Rate of the feature dropout, in [0, 1].
+    input_dropout : bool, default True
+        Drop the input features too, not only the hidden ones.
+    fast_dropout : bool, default True
+        The library's dropout on the features (`pysparse_hpc.nn.functional.dropout`, masks
+        keyed by global node id); False: torch's.
+    **layer_options
+        Passed to each `GCNConv` (``order=``, ``cached=``, ...).
+
+    Examples
+    --------
+    >>> import torch, pysparse_hpc as sph
+    >>> from pysparse_hpc.nn.models import GCN
+    >>> cora = sph.datasets.load("cora")
+    >>> model = GCN(cora.x.shape[1], out_channels=cora.num_classes, **GCN.architecture)
+    >>> model.eval()(torch.from_numpy(cora.x), cora.adj).shape
+    torch.Size([2708, 7])
     """
 
     #: Kipf and Welling's settings for the citation graphs: the model's keyword arguments
@@ -68,6 +91,8 @@ class GCN(torch.nn.Module):
         self.conv2 = GCNConv(hidden, out_channels, **layer_options)
 
     def forward(self, x, adj):
+        """The logits of every node: ``x`` its features, ``adj`` a sparse array, a
+        `pysparse_hpc.distributed.DistGraph` or an edge_index, as the layers take."""
         if self.input_dropout:
             x = _feature_dropout(self, x, adj)
         x = F.relu(self.conv1(x, adj))
@@ -91,6 +116,29 @@ class GAT(torch.nn.Module):
 
     ``fast_dropout=False`` gives torch's dropout on the features; the attention dropout is
     `GATConv`'s own, the library's, either way.
+
+    Parameters
+    ----------
+    in_channels, hidden, out_channels : int
+        Widths of the input features, of each hidden head and of the output (the classes).
+    heads : int, default 8
+        Attention heads of the first layer, concatenated (the second has one).
+    dropout : float, default 0.6
+        Rate of the feature dropout and of `GATConv`'s attention dropout, in [0, 1].
+    fast_dropout : bool, default True
+        The library's dropout on the features (`pysparse_hpc.nn.functional.dropout`, masks
+        keyed by global node id); False: torch's.
+    **layer_options
+        Passed to each `GATConv` (``order=``, ``cached=``, ...).
+
+    Examples
+    --------
+    >>> import torch, pysparse_hpc as sph
+    >>> from pysparse_hpc.nn.models import GAT
+    >>> cora = sph.datasets.load("cora")
+    >>> model = GAT(cora.x.shape[1], out_channels=cora.num_classes, **GAT.architecture)
+    >>> model.eval()(torch.from_numpy(cora.x), cora.adj).shape
+    torch.Size([2708, 7])
     """
 
     architecture = dict(hidden=8, heads=8, dropout=0.6)
@@ -108,6 +156,8 @@ class GAT(torch.nn.Module):
                              dropout=dropout, **layer_options)
 
     def forward(self, x, adj):
+        """The logits of every node: ``x`` its features, ``adj`` a sparse array, a
+        `pysparse_hpc.distributed.DistGraph` or an edge_index, as the layers take."""
         x = _feature_dropout(self, x, adj)
         x = F.elu(self.conv1(x, adj))
         x = _feature_dropout(self, x, adj)
@@ -119,11 +169,36 @@ class GAT(torch.nn.Module):
         self.conv2.reset_parameters()
 
     def param_groups(self, weight_decay):
+        """Weight decay on every parameter, as in the authors' code."""
         return [dict(params=self.parameters(), weight_decay=weight_decay)]
 
 
 class AGNN(torch.nn.Module):
-    """Thekumparampil et al.'s AGNN: linear, ReLU, two AGNN propagations, linear."""
+    """Thekumparampil et al.'s AGNN: linear, ReLU, two AGNN propagations, linear.
+
+    The first propagation's temperature is fixed at 1, the second's learned, as in the paper.
+
+    Parameters
+    ----------
+    in_channels, hidden, out_channels : int
+        Widths of the input features, of the hidden layer and of the output (the classes).
+    dropout : float, default 0.5
+        Rate of the feature dropout, in [0, 1].
+    fast_dropout : bool, default True
+        The library's dropout on the features (`pysparse_hpc.nn.functional.dropout`, masks
+        keyed by global node id); False: torch's.
+    **layer_options
+        Passed to each `AGNNConv` (``order=``, ``cached=``, ...).
+
+    Examples
+    --------
+    >>> import torch, pysparse_hpc as sph
+    >>> from pysparse_hpc.nn.models import AGNN
+    >>> cora = sph.datasets.load("cora")
+    >>> model = AGNN(cora.x.shape[1], out_channels=cora.num_classes, **AGNN.architecture)
+    >>> model.eval()(torch.from_numpy(cora.x), cora.adj).shape
+    torch.Size([2708, 7])
+    """
 
     architecture = dict(hidden=16, dropout=0.5)
     training = dict(epochs=200, lr=0.01, weight_decay=5e-4)
@@ -141,6 +216,8 @@ class AGNN(torch.nn.Module):
         self.lin2 = torch.nn.Linear(hidden, out_channels)
 
     def forward(self, x, adj):
+        """The logits of every node: ``x`` its features, ``adj`` a sparse array, a
+        `pysparse_hpc.distributed.DistGraph` or an edge_index, as the layers take."""
         x = _feature_dropout(self, x, adj)
         x = F.relu(self.lin1(x))
         x = self.prop1(x, adj)
@@ -154,6 +231,7 @@ class AGNN(torch.nn.Module):
             module.reset_parameters()
 
     def param_groups(self, weight_decay):
+        """Weight decay on every parameter, as in the authors' code."""
         return [dict(params=self.parameters(), weight_decay=weight_decay)]
 
 

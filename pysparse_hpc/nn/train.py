@@ -232,14 +232,20 @@ def fit(model, x, adj, y, masks, *, epochs=200, lr=0.01, weight_decay=5e-4, prog
         Whatever the model takes as its graph. A `DistGraph` trains over its ranks (every rank
         calls `fit` with its own rows); only rank 0 shows a progress bar.
     y : torch.Tensor of int64
+        Class id of every row of ``x``.
     masks : (train, val, test) boolean tensors
         1-D, one entry per row of ``x``; the training mask selects at least one node (of
         any rank). An empty validation mask selects the last epoch's model; without test
         nodes the test accuracy is NaN.
     epochs : int
+        Passes over the graph, one optimizer step each (the total, with ``resume_from``).
     lr, weight_decay : float
+        The optimizer's learning rate and weight decay (`param_groups` may set the decay per
+        layer).
     progress : bool
         Show a progress bar (tqdm) with the loss and validation accuracy.
+    description : str
+        The progress bar's label.
     preconditioner : {None, "kfac", "shampoo", "jorge"}
         Precondition the gradients with that `pysparse_hpc.precondition` maker (ASDL's loop,
         ``data_size`` the training nodes of all ranks) before ``optimizer`` applies them:
@@ -267,12 +273,16 @@ def fit(model, x, adj, y, masks, *, epochs=200, lr=0.01, weight_decay=5e-4, prog
         states and the progress so far (losses, best epoch) are saved, with
         ``checkpoint_extras`` in the shared state.
     checkpoint_every : int
+        Epochs between checkpoints, with ``checkpointer``.
     resume_from : pysparse_hpc.distributed.Checkpoint, optional
         A checkpoint of this training (`Checkpointer.load`): training continues after its
         epochs, bit for bit as the uninterrupted run on as many ranks as saved it; on another
         number of ranks from rank 0's optimizer state and RNG states. ``epochs`` is the total:
         a checkpoint at or past it trains nothing and returns the result it recorded.
     checkpoint_extras : dict, optional
+        Entries added to each checkpoint's shared state (``Checkpoint.shared``), beside
+        fit's own (``model``, ``progress``, ``optimizer``, ``rng``, ``preconditioner`` and
+        ``best_model``, which they may not take).
     damping : float, optional
         The preconditioner's damping. Default: the one measured for it and the optimizer
         applying it (`default_damping`).
@@ -320,6 +330,7 @@ def fit(model, x, adj, y, masks, *, epochs=200, lr=0.01, weight_decay=5e-4, prog
         raise ValueError("the training mask selects no node")
     select_last = n_val == 0   # no validation to select by: the last epoch is the model
     _check_positive_int(checkpoint_every, "checkpoint_every")
+    _check_extras(checkpoint_extras)
     _check_schedule(epochs, lr, weight_decay)
     _check_kl_clip(preconditioner, kl_clip)
     step_optimizer = _optimizer(optimizer, param_groups(model, weight_decay), lr, graph,
@@ -604,6 +615,24 @@ def default_damping(preconditioner, optimizer="adam"):
     if optimizer == "sgd":
         return SGD_DAMPINGS.get(preconditioner, adam_damping)
     return adam_damping
+
+
+# The keys of the shared state of fit's checkpoints: checkpoint_extras may not use them.
+_CHECKPOINT_KEYS = ("model", "progress", "optimizer", "rng", "preconditioner", "best_model")
+
+
+def _check_extras(extras):
+    """Refuse ``checkpoint_extras`` that are not a dict, or that take one of fit's own keys:
+    the model's or optimizer's state silently replaced the entry of the same name."""
+    if extras is None:
+        return
+    if not isinstance(extras, dict):
+        raise TypeError(f"checkpoint_extras must be a dict or None, got "
+                        f"{type(extras).__name__}")
+    taken = [key for key in _CHECKPOINT_KEYS if key in extras]
+    if taken:
+        raise ValueError(f"checkpoint_extras may not use fit's own keys {_CHECKPOINT_KEYS}, got "
+                         f"{taken}")
 
 
 def _check_positive_int(value, name):
