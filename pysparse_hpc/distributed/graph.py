@@ -453,13 +453,16 @@ class DistGraph:
         comm.raise_if_any(error)
         return comm.scatter(parts, root=root)
 
-    def gather_rows(self, local, root=0):
+    def gather_rows(self, local, root=None):
         """The global array of every rank's owned rows, in node order, on ``root`` (None on
-        the other ranks). ``local`` is a NumPy array or CPU tensor of ``n_local`` rows.
+        the other ranks; default: as `scatter_rows`, the root the graph was scattered from,
+        else 0, so rows go back where they came from). ``local`` is a NumPy array or CPU
+        tensor of ``n_local`` rows.
 
         Every rank must pass rows of one dtype and row shape; a rank whose rows are wrong
         makes every rank raise (the others waited in the gather for ever, and the root cast
         other ranks' rows to its own dtype)."""
+        root = self._root if root is None else root
         comm = self.comm
         error, layout = None, None
         try:

@@ -96,6 +96,21 @@ def check_plan_and_placement():
     assert (gathered is None) == (rank != 0)
     if rank == 0:
         assert np.array_equal(gathered, features)
+    # Scattered from the last rank: rows come from it and go back to it by default (they were
+    # gathered on rank 0 while scatter_rows read them from the graph's root).
+    last = size - 1
+    from_last = DistGraph.scatter(cora.adj if rank == last else None,
+                                  parts if rank == last else None, comm, root=last)
+    local = from_last.scatter_rows(features if rank == last else None)
+    assert np.array_equal(local, features[from_last.owned])
+    gathered = from_last.gather_rows(local)
+    assert (gathered is None) == (rank != last)
+    if rank == last:
+        assert np.array_equal(gathered, features)
+    on_first = from_last.gather_rows(local, root=0)
+    assert (on_first is None) == (rank != 0)
+    if rank == 0:
+        assert np.array_equal(on_first, features)
 
 
 def check_ops_match_one_process():
