@@ -113,10 +113,6 @@ def _on_device(cuda, host_or_device, dtypes, name, why=""):
     return cuda.to_device(_host_as(host_or_device, dtypes[0], name))
 
 
-#: The largest finite float16.
-HALF_MAX = float(np.finfo(np.float16).max)
-
-
 def overflow_threshold(dtype):
     """The smallest magnitude that rounds to infinity in the float ``dtype`` (round to nearest,
     ties to even): halfway between its largest finite value and the next power of two. Values
