@@ -19,6 +19,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from .._sputils import check_flag, is_real_number
 from ._comm import PARTICIPATION_KIND, check_communicator, init
+from ._flat import by_dtype, copy_out, flatten
 from ._sparse_grads import allreduce_sparse, sparse_gradient_parameters
 
 __all__ = ["DataParallel", "PARTICIPATION_KIND"]
@@ -350,17 +351,11 @@ class DataParallel(torch.nn.Module):
 
     def _broadcast_buffers(self, root=0):
         """Rank ``root``'s buffers on every rank: one broadcast per dtype of a flat copy."""
-        by_dtype = {}
-        for buffer in self.module.buffers():
-            by_dtype.setdefault(buffer.dtype, []).append(buffer)
         with torch.no_grad():
-            for buffers in by_dtype.values():
-                flat = torch.cat([b.reshape(-1) for b in buffers])
+            for buffers in by_dtype(self.module.buffers()).values():
+                flat = flatten(buffers)
                 self._reducing.Bcast(flat, root=root)
-                offset = 0
-                for b in buffers:
-                    b.copy_(flat[offset:offset + b.numel()].view_as(b))
-                    offset += b.numel()
+                copy_out(flat, buffers)
 
     def _abandon_backward(self):
         """Wait for the reductions a backward that raised had started, and start afresh."""

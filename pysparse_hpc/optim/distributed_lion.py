@@ -84,6 +84,7 @@ import torch
 
 from .._sputils import check_flag, check_positive_integer
 from ..distributed._comm import check_communicator, init, raising_alike
+from ..distributed._flat import by_dtype, flatten, pieces
 from ..kernels.cpu import votes as vote_kernels
 from . import _votes
 from ._modes import COMPRESSIONS, MOMENTUM_SYNC, default_momentum_sync
@@ -135,15 +136,6 @@ def _one_bit_allreduce(comm, packed, kind, step):
     if rank + paired < comm.size:
         comm.Isend(packed, rank + paired, 8, kind).wait()
     return packed
-
-
-def _by_dtype(tensors):
-    """The indices of ``tensors`` grouped by dtype, in order of first appearance (the same
-    order on every rank, whose tensors have the same dtypes)."""
-    groups = {}
-    for index, tensor in enumerate(tensors):
-        groups.setdefault(tensor.dtype, []).append(index)
-    return groups
 
 
 def _with_offsets(entries):
@@ -445,20 +437,14 @@ class DistributedLion(Lion):
         # A sparse gradient (an Embedding's) is summed densely: the ranks' rows differ.
         grads = [param.grad.to_dense() if param.grad.is_sparse else param.grad
                  for _, param in entries]
-        # One buffer per dtype: a single concatenation promoted every gradient to the widest
-        # dtype, so one float64 parameter sent a float32 model's gradients at 8 bytes each.
-        reduced = [None] * len(grads)
-        for indices in _by_dtype(grads).values():
-            flat = torch.cat([grads[index].reshape(-1) for index in indices])
+        reduced = {}   # id of a gradient -> its sum over the ranks
+        for same_dtype in by_dtype(grads).values():
+            flat = flatten(same_dtype)
             self.comm.Allreduce(flat, "sum", kind=GRADIENT_KIND)
             if self.average and self.comm.size > 1:
                 flat /= self.comm.size
-            start = 0
-            for index in indices:
-                size = grads[index].numel()
-                reduced[index] = flat[start:start + size].view_as(grads[index])
-                start += size
-        for (group, param), grad in zip(entries, reduced):
+            reduced.update(zip(map(id, same_dtype), pieces(flat, same_dtype)))
+        for (group, param), grad in zip(entries, map(reduced.get, map(id, grads))):
             lion_step(param, self.momentum(param), grad, group["lr"], self.weight_decay(group),
                       *group["betas"])
 
@@ -543,21 +529,17 @@ class DistributedLion(Lion):
         # faults each time.
         buffers = self._sync_buffer if self._sync_buffer is not None else {}
         self._sync_buffer = {}
-        for dtype, indices in _by_dtype(momenta).items():
-            size = sum(momenta[index].numel() for index in indices)
+        for dtype, same_dtype in by_dtype(momenta).items():
+            size = sum(momentum.numel() for momentum in same_dtype)
             buffer = buffers.get(dtype)
             if buffer is None or buffer.numel() != size:
                 buffer = torch.empty(size, dtype=dtype)
             self._sync_buffer[dtype] = buffer
-            flat = torch.cat([momenta[index].reshape(-1) for index in indices], out=buffer)
+            flat = flatten(same_dtype, out=buffer)
             self.comm.Allreduce(flat, "sum", kind=MOMENTUM_KIND)
-            start = 0
-            for index in indices:
-                momentum = momenta[index]
-                total = flat[start:start + momentum.numel()].view_as(momentum)
+            for momentum, total in zip(same_dtype, pieces(flat, same_dtype)):
                 # the mean, written back in one pass
                 torch.div(total, self.comm.size, out=momentum)
-                start += momentum.numel()
         self.momentum_syncs += 1
         gap = math.floor(2.0 ** (self.momentum_syncs / self.sync_doubling))
         self._next_sync = self.steps_taken + gap

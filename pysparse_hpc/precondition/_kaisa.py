@@ -17,33 +17,20 @@ the one-process gradient and curvature.
 """
 import torch
 
+from ..distributed._flat import by_dtype, copy_out, flatten
+
 __all__ = ["STRATEGIES", "allreduce_sum", "assign_owners", "broadcast_from_owners"]
 
 STRATEGIES = ("inverse", "gradient")
 
 
-def _by_dtype(tensors):
-    groups = {}
-    for tensor in tensors:
-        groups.setdefault(tensor.dtype, []).append(tensor)
-    return groups
-
-
-def _copy_out(flat, tensors):
-    """Fill ``tensors`` in order from the flat buffer ``flat``."""
-    offset = 0
-    for tensor in tensors:
-        tensor.copy_(flat[offset:offset + tensor.numel()].view_as(tensor))
-        offset += tensor.numel()
-
-
 def allreduce_sum(comm, tensors, kind):
     """Sum ``tensors`` (CPU, the same shapes in the same order on every rank) over the ranks, in
     place, through one flat buffer per dtype."""
-    for group in _by_dtype(tensors).values():
-        flat = torch.cat([t.reshape(-1) for t in group])
+    for group in by_dtype(tensors).values():
+        flat = flatten(group)
         comm.Allreduce(flat, kind=kind)
-        _copy_out(flat, group)
+        copy_out(flat, group)
 
 
 def assign_owners(costs, size):
@@ -77,12 +64,12 @@ def broadcast_from_owners(comm, owners, tensors_of, store, kind):
             tensors = [tensor.contiguous() for _, _, tensor in payload]
         else:
             tensors = [torch.empty(shape, dtype=dtype) for _, _, shape, dtype in layout]
-        for group in _by_dtype(tensors).values():
-            flat = (torch.cat([t.reshape(-1) for t in group]) if comm.rank == root
+        for group in by_dtype(tensors).values():
+            flat = (flatten(group) if comm.rank == root
                     else torch.empty(sum(t.numel() for t in group), dtype=group[0].dtype))
             comm.Bcast(flat, root=root, kind=kind)
             if comm.rank != root:
-                _copy_out(flat, group)
+                copy_out(flat, group)
         if comm.rank != root:
             entries = {}
             for (name, key, _, _), tensor in zip(layout, tensors):
