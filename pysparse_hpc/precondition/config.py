@@ -243,14 +243,18 @@ class _Schedule:
         self.warmup_steps = warmup_steps
         self.steps = steps
         self.what = what
+        # Said once: a warning per step past the end, each with its own step number, filled
+        # the output and Python's registry of warnings shown (two entries a step, unbounded).
+        self._told_past_end = False
 
     def __call__(self, step, quiet=False):
         if self.steps is not None:
             if step < len(self.steps):
                 return self.steps[step]
-            if not quiet:
+            if not quiet and not self._told_past_end:
+                self._told_past_end = True
                 warnings.warn(f"step {step} is past num_total_steps ({len(self.steps)}): no "
-                              f"{self.what}", RuntimeWarning, stacklevel=3)
+                              f"{self.what} from here on", RuntimeWarning, stacklevel=3)
             return False
         return step < self.warmup_steps or (step - self.warmup_steps) % self.interval == 0
 
