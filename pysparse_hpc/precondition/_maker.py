@@ -297,6 +297,7 @@ class PreconditionedGradientMaker:
         self._loss_args = ()
         self._loss_kwargs = {}
         self._model_output = None
+        self._output_hooks = None       # handles of the output gradients' hooks, while set up
         self._loss = None
         self._grad_weight = None
         self._weight_dtypes = {}   # name -> weight dtype during a curvature pass
@@ -808,6 +809,10 @@ class PreconditionedGradientMaker:
         """
         data_size = self.config.data_size
         handles = []
+        # The output gradients' hooks hold the maker, and the model's output (kept by the maker)
+        # holds them through its graph, which Python's collector cannot see into: left in
+        # place, maker, model and output were never freed. They are removed with the others.
+        self._output_hooks = handles
         # Read before the forward: a layer that calls its module with parameters cast to its
         # input's dtype (GCNConv's transform of float64 features with float32 weights) shows
         # the cast ones to the hooks, and the curvature follows the parameters.
@@ -857,6 +862,7 @@ class PreconditionedGradientMaker:
                 loss.backward()
             finally:
                 self._grad_weight = self._forward_calls = self._reached = None
+                self._output_hooks = None
                 for handle in handles:
                     handle.remove()
         return output, loss
@@ -881,7 +887,8 @@ class PreconditionedGradientMaker:
             x = x.to_dense()
         with torch.no_grad(), _autocast_off():
             context = self._on_input(name, module, x)
-        output.register_hook(partial(self._output_grad_hook, name, context))
+        self._output_hooks.append(
+            output.register_hook(partial(self._output_grad_hook, name, context)))
 
     def _warn_repeated_calls(self, calls):
         """Warn once per module called more than once in a forward: its curvature counts the
