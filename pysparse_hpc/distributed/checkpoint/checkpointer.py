@@ -426,17 +426,20 @@ class Checkpointer:
     def _step_dirs(self):
         """``{step: path}`` of every step directory, committed or not."""
         try:
-            entries = os.listdir(self.directory)
+            # scandir: the entry's type comes with its name, where isdir took a stat each
+            # (a save of a run that keeps every checkpoint scans them all).
+            with os.scandir(self.directory) as entries:
+                entries = list(entries)
         except FileNotFoundError:
             return {}
         found = {}
         for entry in entries:
-            match = _STEP_DIR.match(entry)
+            match = _STEP_DIR.match(entry.name)
             # Only the name this class gives the step: another spelling of it ("step-3", a
             # copy made by hand) would stand for the same step and hide the checkpoint.
-            if (match and entry == _step_name(int(match.group(1)))
-                    and os.path.isdir(os.path.join(self.directory, entry))):
-                found[int(match.group(1))] = os.path.join(self.directory, entry)
+            if (match and entry.name == _step_name(int(match.group(1)))
+                    and entry.is_dir()):
+                found[int(match.group(1))] = entry.path
         return found
 
     def steps(self):
@@ -620,7 +623,11 @@ class Checkpointer:
         """Raise where good checkpoints newer than ``step`` exist (rank 0): saving it would let
         pruning, which keeps the highest steps, delete the run's new checkpoints, and `load`
         return the newer one of the abandoned run."""
-        newer = [s for s in self.steps() if s > step and s not in self._damaged]
+        # Only the directories of later steps are looked into: each save of a run that keeps
+        # every checkpoint read the manifest of every one.
+        newer = [s for s, path in self._step_dirs().items()
+                 if s > step and s not in self._damaged
+                 and os.path.isfile(os.path.join(path, MANIFEST))]
         if previous_step is not None and previous_step > step:
             newer.append(previous_step)
         if newer:
@@ -894,7 +901,10 @@ class Checkpointer:
     def _doomed(self, newest):
         """``[(step, path)]`` of what the ``keep`` newest good checkpoints make obsolete."""
         dirs = self._step_dirs()
-        committed = sorted(s for s, p in dirs.items() if os.path.isfile(os.path.join(p, MANIFEST)))
+        # A step found sound is committed (its manifest goes only through `_retire`): only
+        # the others' manifests are looked for, not every kept checkpoint's at every save.
+        committed = sorted(s for s, p in dirs.items()
+                           if s in self._sound or os.path.isfile(os.path.join(p, MANIFEST)))
         good = [s for s in committed if self._is_sound(s, dirs[s])]
         doomed = [s for s in dirs if s < newest and s not in committed]  # failed saves
         if self.keep is not None and len(good) > self.keep:
