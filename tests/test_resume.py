@@ -170,6 +170,40 @@ def test_fit_keeps_checkpoint_extras_beside_its_own_state_and_refuses_its_keys(t
         assert not list((tmp_path / "refused").glob("*[0-9]*"))
 
 
+def test_fit_saves_its_per_epoch_lists_as_arrays_and_resumes_from_either(tmp_path):
+    """The losses and step times went into each checkpoint as lists, one entry of its tree
+    per epoch, so each save cost more than the last; they are one array each, and a
+    checkpoint holding lists (written before) resumes alike. Resuming twice from one
+    Checkpoint gives the same run: Adam's loaded moments were the checkpoint's own tensors,
+    updated in place by the first resume (its second run parted at the fourth epoch)."""
+    import numpy as np
+    import pysparse_hpc as sph
+    from pysparse_hpc.nn import models
+    from pysparse_hpc.nn.train import fit, node_tensors
+    cora = sph.datasets.load("cora")
+    x, y, *masks = node_tensors(cora)
+
+    def run(epochs, **options):
+        torch.manual_seed(0)
+        return fit(models.GCN(x.shape[1], 16, cora.num_classes), x, cora.adj, y, masks,
+                   epochs=epochs, progress=False, **options)
+    whole = run(4)
+    with Checkpointer(tmp_path) as checkpoints:
+        run(2, checkpointer=checkpoints, checkpoint_every=2)
+        saved = checkpoints.load()
+    progress = saved.shared["progress"]
+    for name, dtype in (("losses", np.float64), ("step_seconds", np.float64),
+                        ("skipped", np.int64)):
+        assert isinstance(progress[name], np.ndarray) and progress[name].dtype == dtype, name
+    assert progress["losses"].tolist() == whole.losses[:2]
+    resumed = run(4, resume_from=saved)
+    assert resumed.losses == whole.losses and type(resumed.losses[0]) is float
+    assert run(4, resume_from=saved).losses == whole.losses
+    for name in ("losses", "step_seconds", "skipped"):
+        progress[name] = progress[name].tolist()
+    assert run(4, resume_from=saved).losses == whole.losses
+
+
 def test_train_refuses_a_directory_a_plain_checkpointer_wrote(tmp_path, capsys):
     """A Checkpointer's directory without a fingerprint passed the fingerprint check, and
     train then read its partition from a shared part that is not there: AttributeError."""

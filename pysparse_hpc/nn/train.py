@@ -9,6 +9,7 @@ nodes, and the replicated weights' gradients are summed over the ranks (`DataPar
 update equals the single-process one up to float rounding; accuracies are counted globally.
 """
 import contextlib
+import copy
 import time
 import warnings
 from functools import partial
@@ -468,6 +469,10 @@ class _Progress:
     diverged: int = -1
 
 
+#: The per-epoch lists of `_Progress` and the dtypes they are saved in.
+_PER_EPOCH = {"step_seconds": np.float64, "losses": np.float64, "skipped": np.int64}
+
+
 class _Saved:
     """What a checkpoint of `fit` holds, and restoring it.
 
@@ -507,7 +512,7 @@ class _Saved:
     def save(self, checkpointer, extras):
         own = self._own()
         shared = dict(extras or {}, model=self.model.state_dict(),
-                      progress=vars(self.progress), **own)
+                      progress=self._progress_saved(), **own)
         if self.keeps_best:
             shared["best_model"] = self.best_model
         if self.maker is not None:  # a collective: KAISA's owners hold parts of it
@@ -515,6 +520,14 @@ class _Saved:
         # One process's own state is all in the shared part: an empty shard writes it once.
         checkpointer.save(self.progress.epochs_done, own if checkpointer.comm.size > 1 else {},
                           shared=shared if checkpointer.comm.rank == 0 else None)
+
+    def _progress_saved(self):
+        # The per-epoch lists as one array each: as lists they were one entry of the
+        # checkpoint's tree per epoch, so every save cost more than the last.
+        progress = dict(vars(self.progress))
+        for name, dtype in _PER_EPOCH.items():
+            progress[name] = np.asarray(progress[name], dtype=dtype)
+        return progress
 
     @staticmethod
     def check(checkpoint):
@@ -536,13 +549,18 @@ class _Saved:
                 from None
         # The shard is None when another number of ranks saved it, {} when one process did.
         own = checkpoint.shard or shared
-        self.optimizer.load_state_dict(own["optimizer"])
+        # Copies: torch's optimizers keep the loaded tensors as their state and update them in
+        # place, so training went on to change the checkpoint, and a second resume from the
+        # same Checkpoint started from a later state.
+        self.optimizer.load_state_dict(copy.deepcopy(own["optimizer"]))
         if self.maker is not None:
             if "preconditioner" not in own:
                 raise ValueError(f"checkpoint {checkpoint.path} has no preconditioner state")
-            self.maker.load_state_dict(own["preconditioner"])
+            self.maker.load_state_dict(copy.deepcopy(own["preconditioner"]))
         restore_rng_states(own["rng"])
         for name, value in shared["progress"].items():
+            if isinstance(value, np.ndarray):   # a per-epoch list, as saved
+                value = value.tolist()
             setattr(self.progress, name, tuple(value) if name == "best" else list(value)
                     if isinstance(value, (list, tuple)) else value)
         if self.keeps_best:
