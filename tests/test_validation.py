@@ -488,3 +488,55 @@ def test_the_transpose_of_the_widest_shape_is_refused_by_its_size():
     with pytest.raises(ValueError, match="Maximum allowed dimension exceeded: the transpose "
                                          "of a 3 x 9223372036854775807 array"):
         wide.T
+
+
+# ---------------------------------------------------------------- boundaries, found by mutation
+# Every index check was tested well past its limit and none at it: checks loosened from >= to
+# > (an index equal to the dimension, which the kernels then read past the end) passed.
+def test_an_index_equal_to_the_dimension_is_refused():
+    with pytest.raises(ValueError, match="out of range|expected 0 <= "):
+        sph.csr_array((np.ones(1), np.array([3]), np.array([0, 1])), shape=(1, 3))
+    for rows, cols in (([3], [0]), ([0], [3])):
+        with pytest.raises(ValueError):
+            sph.csr_array((np.ones(1), (np.array(rows), np.array(cols))), shape=(3, 3))
+    largest = sph.csr_array((np.ones(1), (np.array([2]), np.array([2]))), shape=(3, 3))
+    assert largest.toarray()[2, 2] == 1.0   # the largest legal index goes through
+    M = sph.csr_array(np.eye(3)).to_blocked(window=2, block_width=2)
+    at_edge = M.col_idx.copy()
+    at_edge[-1] = 3
+    with pytest.raises(ValueError, match="expected 0 <= col < 3"):
+        sph.blocked_array((M.values, at_edge, M.row_window_offset, M.vector_mask),
+                          shape=(3, 3), window=2, block_width=2)
+
+
+def test_a_repeated_column_in_a_window_is_refused():
+    values = np.zeros(16)
+    values[[0, 9]] = [1.0, 2.0]
+    with pytest.raises(ValueError, match="strictly ascending within each window"):
+        sph.mebcrs_array((values, np.array([1, 1]), np.array([0, 2]), None),
+                         shape=(8, 5), block_width=1)
+
+
+@pytest.mark.parametrize("shape", [(3, -1), (-2, 3)])
+def test_either_negative_dimension_is_refused(shape):
+    with pytest.raises(ValueError, match="non-negative"):
+        sph.csr_array(shape)
+
+
+def test_the_transpose_of_an_array_with_duplicates_does_not_claim_canonical_order():
+    B = sph.csr_array((np.array([1.0, 2.0]), np.array([0, 0]), np.array([0, 2])), shape=(1, 1))
+    for read_first in (False, True):
+        if read_first:
+            assert not B.has_canonical_format
+        transposed = B.T
+        assert not transposed.has_canonical_format
+        assert transposed.canonical().nnz == 1 and transposed.canonical().toarray()[0, 0] == 3
+
+
+def test_tocoo_returns_copies():
+    A = sph.csr_array(np.array([[0.0, 2.0], [3.0, 0.0]]))
+    triplets = A.tocoo()
+    triplets.data[:] = 0
+    triplets.col[:] = 0
+    triplets.row[:] = 1
+    np.testing.assert_array_equal(A.toarray(), [[0.0, 2.0], [3.0, 0.0]])
