@@ -508,6 +508,23 @@ def test_bytes_per_step_formulas(compression, ranks, rank, expected):
     assert bytes_per_step(compression, 1000, ranks, rank=rank) == expected
 
 
+@pytest.mark.parametrize("compression, ranks, rank, expected", [
+    # 1001 coordinates: the last byte of signs is partly filled (ceil(1001 / 8) = 126), the
+    # last word of votes too (ceil(1001 / 40) = 26 words of 8 bytes); 1000 hid both.
+    ("signs", 2, 0, 126), ("signs", 3, 1, 252), ("1bit", 2, 0, 126), ("1bit", 3, 0, 252),
+    ("votes", 2, 0, 8 * 26), ("int8", 3, 2, 1001), ("none", 2, 0, 4004),
+])
+def test_bytes_per_step_round_partial_bytes_and_words_up(compression, ranks, rank, expected):
+    assert bytes_per_step(compression, 1001, ranks, rank=rank) == expected
+
+
+def test_the_default_momentum_sync_is_lion_cubs_growing_schedule():
+    params = _mlp().parameters
+    assert DistributedLion(params(), compression="votes").momentum_sync == "growing"
+    assert DistributedLion(params(), compression="int8").momentum_sync == "growing"
+    assert DistributedLion(params(), compression="none").momentum_sync == "local"
+
+
 # ---------------------------------------------------------------- one rank
 @pytest.mark.parametrize("compression", COMPRESSIONS)
 def test_distributed_lion_on_one_rank_is_lion(compression):
@@ -597,6 +614,21 @@ def test_growing_momentum_sync_schedule():
     resumed.load_state_dict(state)
     assert (resumed.steps_taken, resumed.momentum_syncs, resumed._next_sync) == \
         (29, 7, 34)
+
+
+def test_a_momentum_sync_takes_the_mean_over_the_ranks():
+    """Ranks that hold the same momentum keep it through a sync: the mean, not the sum (which
+    also leaves the ranks alike, so the checks of agreement alone passed it). Over a twin
+    rank int8's agreed update is Lion's sign, so the run is Lion's, momenta included."""
+    reference, model = _mlp(), _mlp()
+    plain = Lion(reference.parameters(), lr=1e-3)
+    twin = DistributedLion(model.parameters(), comm=_TwinComm(), lr=1e-3, compression="int8",
+                           momentum_sync="always")
+    _train(reference, plain, 3)
+    _train(model, twin, 3)
+    assert twin.momentum_syncs == 3
+    for p, q in zip(reference.parameters(), model.parameters()):
+        assert torch.equal(plain.momentum(p), twin.momentum(q))
 
 
 # ---------------------------------------------------------------- in the trainer
