@@ -1079,3 +1079,21 @@ def test_positional_arguments_mean_what_they_mean_in_pyg():
     assert ours == list(inspect.signature(pyg.GATConv).parameters)[:7]
     theirs = list(inspect.signature(pyg.AGNNConv).parameters)[:2]
     assert list(inspect.signature(nn.AGNNConv).parameters)[:2] == theirs
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_gcn_norm_of_an_array_with_duplicates_is_that_of_its_sum(dtype):
+    """Duplicates are summed (in float64) before the degrees: the result is the summed
+    graph's, to the bit, and is canonical in fact, not only by its flag (a sort without the
+    sum kept both entries, one per duplicate, flagged canonical)."""
+    from pysparse_hpc._csr import read_canonical
+    cols, indptr = np.array([1, 1, 2, 0, 2, 0, 1]), np.array([0, 3, 5, 7])
+    rows = np.repeat(np.arange(3), np.diff(indptr))
+    values = np.array([0.5, 0.25, 1.0, 2.0, 1.0, 3.0, 0.5], dtype=dtype)   # sums exact
+    duplicated = sph.csr_array((values, cols, indptr), shape=(3, 3))
+    assert not read_canonical(duplicated)
+    summed = sph.csr_array((values.astype(np.float64), (rows, cols)), shape=(3, 3)).astype(dtype)
+    got, expected = nn.gcn_norm(duplicated), nn.gcn_norm(summed)
+    assert got.nnz == expected.nnz == 9 and read_canonical(got)
+    for name in ("indptr", "indices", "data"):
+        np.testing.assert_array_equal(getattr(got, name), getattr(expected, name))

@@ -1014,6 +1014,25 @@ def test_a_frozen_unsupported_convolution_keeps_the_plain_gradient(maker):
         cls(model.requires_grad_(True), P.PreconditioningConfig(data_size=4))
 
 
+@pytest.mark.parametrize("fisher_type", ["fisher_emp", "fisher_mc"])
+def test_grad_scale_scales_what_kfac_preconditions(fisher_type):
+    """ASDL's grad_scale multiplies each preconditioned module's gradient before its
+    preconditioning (a loss scale to undo, say); the curvature is left as it is. A power of
+    two scales every step of the product exactly, so the results are 2x to the bit."""
+    data, target = torch.randn(8, 20, dtype=DTYPE), torch.randint(0, 3, (8,))
+    grads = {}
+    for scale in (1.0, 2.0):
+        model = mlp()
+        maker = P.KfacGradientMaker(model, P.PreconditioningConfig(data_size=8, damping=0.1),
+                                    fisher_type=fisher_type, grad_scale=scale, seed=0)
+        placeholder = maker.setup_model_call(model, data)
+        maker.setup_loss_call(F.cross_entropy, placeholder, target)
+        maker.forward_and_backward()
+        grads[scale] = [param.grad.clone() for param in model.parameters()]
+    for once, twice in zip(grads[1.0], grads[2.0]):
+        assert torch.equal(twice, 2 * once)
+
+
 # ---------------------------------------------------------------------- lifetime
 @pytest.mark.parametrize("make", [
     lambda m: P.KfacGradientMaker(m, P.PreconditioningConfig(data_size=8, damping=0.1),
