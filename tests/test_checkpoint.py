@@ -1009,6 +1009,21 @@ def test_a_renamed_or_hand_made_manifest_is_damaged_not_loaded(tmp_path):
         assert checkpoints.load().step == 2
 
 
+def test_a_manifest_of_another_version_is_damaged_not_loaded(tmp_path):
+    """Format and version are both checked: a manifest of another version of this format,
+    with a checksum that verifies, is passed over, named with its version."""
+    from pysparse_hpc.distributed.checkpoint import _files
+    checkpoints = save_three(tmp_path)
+    path = tmp_path / "step-000000003" / "manifest.json"
+    manifest = json.loads(path.read_text())
+    manifest["version"] = _files.VERSION + 1
+    manifest["checksum"] = _files.manifest_checksum(manifest)
+    path.write_text(json.dumps(manifest))
+    with pytest.warns(UserWarning, match=rf"step 3 .* manifest.json is of format "
+                                         rf"'{_files.FORMAT}' version {_files.VERSION + 1}"):
+        assert checkpoints.load().step == 2
+
+
 def test_a_load_while_another_run_commits_and_prunes_finds_its_newer_checkpoint(tmp_path):
     """Loading takes no lock, so a job may read the checkpoints another one is writing: the
     writer committed the save in flight when the reader listed the directory and pruned the
