@@ -899,6 +899,21 @@ def test_inverse_root_edge_cases():
     assert block_bounds(7, 7) == [(0, 7)] and block_bounds(8, 3) == [(0, 3), (3, 6), (6, 8)]
 
 
+def test_the_inverse_root_of_a_rank_deficient_float32_statistic_is_finite():
+    """G G^T over fewer examples than rows has zero eigenvalues, which float32's eigh gives
+    as small negatives (-1e-5 here): below a damping of 1e-7 their power was NaN, the root
+    refused, and Shampoo kept a stale one. They count as zeros."""
+    torch.manual_seed(0)
+    factor = torch.randn(64, 4)
+    statistic = factor @ factor.T
+    eigenvalues, eigenvectors = torch.linalg.eigh(statistic)
+    assert eigenvalues.min() < -1e-7    # the rounding the clamp is there for
+    root = inverse_root(statistic, 1e-7)
+    assert root is not None and torch.isfinite(root).all()
+    expected = (eigenvectors * (eigenvalues.clamp(min=0) + 1e-7) ** -0.25) @ eigenvectors.T
+    torch.testing.assert_close(root, expected)
+
+
 def test_an_interrupted_jorge_refresh_leaves_no_partial_statistics(monkeypatch):
     """A refresh that raises (here the thin update) propagates, and the fresh blocks' half-formed
     statistics (the larger Gram matrix is not formed in the loop) are dropped: the state saves
