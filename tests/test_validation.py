@@ -540,3 +540,46 @@ def test_tocoo_returns_copies():
     triplets.col[:] = 0
     triplets.row[:] = 1
     np.testing.assert_array_equal(A.toarray(), [[0.0, 2.0], [3.0, 0.0]])
+
+
+def test_a_scipy_coo_input_out_of_range_is_refused_before_scipy_converts_it():
+    """scipy's COO constructor takes raw coordinates unchecked, and its conversion trusts
+    them: the guard is all that stands between such input and memory written out of place."""
+    for row, col, named in (([3], [0], r"row\[0\] is 3, out of range for 3 rows"),
+                            ([0], [-1], r"col\[0\] is -1, out of range for 3 columns")):
+        matrix = scipy.sparse.coo_matrix((np.ones(1), (np.array([0]), np.array([0]))),
+                                         shape=(3, 3))
+        matrix.row, matrix.col = np.array(row, np.int32), np.array(col, np.int32)
+        with pytest.raises(ValueError, match=f"the scipy COO input's {named}"):
+            sph.csr_array(matrix)
+
+
+@pytest.mark.parametrize("call, error, message", [
+    (lambda A: sph.spmm(A, np.ones((3, 2, 2))), ValueError, "B must be 1-D or 2-D, got 3-D"),
+    (lambda A: sph.spmm(A, np.ones((4, 2))), ValueError,
+     r"dimension mismatch: A has shape \(3, 3\) but B has 4 rows"),
+    (lambda A: sph.spmm(A, np.ones((3, 2)), out=[[0.0] * 2] * 3), TypeError,
+     "out must be a NumPy array or a torch tensor, got list"),
+    (lambda A: sph.spmm(A, np.ones((3, 2)), out=np.zeros((3, 2), ">f8")), TypeError,
+     "out must be in the machine's byte order"),
+    (lambda A: sph.spmm(A, np.ones((3, 2)), precision=16), TypeError,
+     "precision must be one of .*, got int 16"),
+    (lambda A: sph.spmm(A, np.ones((3, 2)), precision="fp64"), ValueError,
+     "precision must be one of .*, got 'fp64'"),
+])
+def test_spmm_names_each_bad_argument(call, error, message):
+    A = sph.csr_array(np.eye(3))
+    with pytest.raises(error, match=message):
+        call(A)
+
+
+def test_spmm_refuses_a_read_only_out_and_sddmm_operands_of_two_kinds():
+    torch = pytest.importorskip("torch")
+    A = sph.csr_array(np.eye(3))
+    out = np.zeros((3, 2))
+    out.setflags(write=False)
+    with pytest.raises(ValueError, match="out must be writable"):
+        sph.spmm(A, np.ones((3, 2)), out=out)
+    with pytest.raises(TypeError, match="X and Y must be of one kind, got a numpy X and a "
+                                        "torch Y"):
+        sph.sddmm(A, np.ones((3, 2)), torch.ones(3, 2, dtype=torch.float64))
