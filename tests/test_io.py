@@ -374,3 +374,11 @@ def test_a_file_object_is_copied_no_further_than_its_header_allows(tmp_path):
     with pytest.raises(MemoryError, match=r"^'<BytesIO object>' declares a dense 1000000 x "
                                           r"1000000 array"):
         read_matrix_market(dense)
+
+
+def test_a_single_array_file_is_named_as_not_an_npz_archive(tmp_path):
+    path = tmp_path / "dense.npz"
+    with open(path, "wb") as handle:   # np.save's format under the name of an archive
+        np.save(handle, np.eye(3))
+    with pytest.raises(ValueError, match="holds a single array, not an .npz archive"):
+        load_npz(path)

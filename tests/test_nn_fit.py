@@ -177,3 +177,24 @@ def test_layers_called_from_threads_with_features_of_another_dtype_keep_their_pa
     assert all(torch.equal(out, expected) for out in outputs)
     assert isinstance(conv.lin.weight, torch.nn.Parameter)
     assert [p.dtype for p in conv.parameters()] == [torch.float32] * 2
+
+
+def test_fit_names_bad_masks_and_an_empty_training_set(problem):
+    adj, x, y, masks = problem
+    for bad, error, message in (
+            (masks[:2], ValueError, r"masks must be \(train, val, test\), got 2 of them"),
+            ([masks[0].long(), masks[1], masks[2]], TypeError, "train_mask"),
+            ([torch.zeros_like(masks[0]), masks[1], masks[2]], ValueError,
+             "the training mask selects no node")):
+        with pytest.raises(error, match=message):
+            fit(_gcn(), x, adj, y, bad, epochs=1, progress=False)
+
+
+def test_resuming_with_a_preconditioner_from_a_run_without_one_is_refused(problem, tmp_path):
+    adj, x, y, masks = problem
+    with Checkpointer(tmp_path) as checkpoints:
+        fit(_gcn(), x, adj, y, masks, epochs=1, progress=False, checkpointer=checkpoints)
+        saved = checkpoints.load()
+    with pytest.raises(ValueError, match="has no preconditioner state"):
+        fit(_gcn(), x, adj, y, masks, epochs=2, progress=False, resume_from=saved,
+            preconditioner="kfac")

@@ -1229,6 +1229,21 @@ def test_a_maker_without_comm_on_a_job_of_several_ranks_says_it_keeps_to_one(mon
     assert told[0].filename == __file__
 
 
+@pytest.mark.parametrize("option, error, message", [
+    (dict(loss_type="hinge"), ValueError, "loss_type must be one of"),
+    (dict(n_mc_samples=2.0), TypeError, "n_mc_samples must be an int, got float"),
+    (dict(n_mc_samples=0), ValueError, "n_mc_samples must be >= 1, got 0"),
+    (dict(seed="1"), TypeError, "seed must be an int or None, got str"),
+    (dict(seed=2 ** 64), ValueError, r"seed must be in \[-2\*\*63, 2\*\*64\)"),
+    (dict(strategy="owners"), ValueError, "strategy must be one of"),
+])
+def test_the_natural_makers_name_a_bad_option(option, error, message):
+    config = P.PreconditioningConfig(data_size=8, damping=1e-3)
+    for maker in (P.KfacGradientMaker, P.DiagNaturalGradientMaker):
+        with pytest.raises(error, match=message):
+            maker(mlp(), config, **option)
+
+
 def test_bad_input():
     config = P.PreconditioningConfig(data_size=8, damping=1e-3)
     with pytest.raises(ValueError, match="nothing to precondition.*expected at least one"):
