@@ -377,8 +377,17 @@ def test_a_file_object_is_copied_no_further_than_its_header_allows(tmp_path):
 
 
 def test_a_single_array_file_is_named_as_not_an_npz_archive(tmp_path):
+    """An .npy file with a zip archive after it passes as a zip file (its directory is at the
+    end), while np.load goes by the first bytes and returns the array: named, not read."""
+    import io
+    import zipfile
+    tail = io.BytesIO()
+    with zipfile.ZipFile(tail, "w") as archive:
+        archive.writestr("data.npy", b"")
     path = tmp_path / "dense.npz"
-    with open(path, "wb") as handle:   # np.save's format under the name of an archive
+    with open(path, "wb") as handle:
         np.save(handle, np.eye(3))
+        handle.write(tail.getvalue())
+    assert zipfile.is_zipfile(path)
     with pytest.raises(ValueError, match="holds a single array, not an .npz archive"):
         load_npz(path)
