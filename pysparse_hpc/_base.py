@@ -1,6 +1,7 @@
 """The base class of every sparse array: what all formats share, whatever their layout."""
 import numbers
 import sys
+import weakref
 
 import numpy as np
 import scipy.sparse
@@ -118,10 +119,34 @@ class sparray:
         return self.astype(self.dtype, copy=True)
 
     def __getstate__(self):
-        # What was built from the arrays (the GNN layers' caches, device copies) is left out
-        # of pickles and deep copies: rebuilt on use, and partly unpicklable (weak references).
+        # What was built from the arrays (the GNN layers' caches, device copies, the record of
+        # the checked index arrays) is left out of pickles and deep copies: rebuilt on use,
+        # and partly unpicklable (weak references).
         return {key: value for key, value in self.__dict__.items()
-                if key not in ("_nn_cache", "_device_cache")}
+                if key not in ("_nn_cache", "_device_cache", "_checked_index_arrays")}
+
+    # -- the arrays the kernels index by --------------------------------------------------
+    #: The names of the index arrays, checked in full when rebound (`_check_for_kernels`).
+    _index_array_names = ()
+
+    def _remember_checked(self):
+        """Record the index arrays as checked in full (built or checked by the library), by
+        weak reference: an array rebound since is checked again before the kernels use it."""
+        self._checked_index_arrays = tuple(
+            None if array is None else weakref.ref(array)
+            for array in map(self.__dict__.get, self._index_array_names))
+
+    def _check_for_kernels(self):
+        """The checks before a product or conversion indexes by the arrays: O(1) ones (dtypes,
+        lengths) always, and the O(nnz) ones once after an index array was rebound (an
+        ``A.indices = ...`` out of range sent the kernels outside their operands; a shorter
+        ``A.data`` was read past its end, an integer one gave zeros). Writes into the arrays
+        in place are not seen: ``check_format(full_check=True)`` after them."""
+        checked = self.__dict__.get("_checked_index_arrays")
+        rebound = checked is None or any(
+            (ref is None) != (array is None) or (ref is not None and ref() is not array)
+            for ref, array in zip(checked, map(self.__dict__.get, self._index_array_names)))
+        self.check_format(full_check=rebound)
 
     # -- operators ------------------------------------------------------------------------
     def __matmul__(self, other):

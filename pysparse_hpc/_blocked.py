@@ -87,6 +87,7 @@ class blocked_array(sparray):
 
     format = "blocked"
     _format_name = "blocked_array"
+    _index_array_names = ("col_idx", "row_window_offset", "vector_mask")
 
     def __init__(self, arg, shape=None, dtype=None, copy=False, *, window=8, block_width=8,
                  index_dtype=None):
@@ -117,6 +118,7 @@ class blocked_array(sparray):
         self._window = window
         self._block_width = block_width
         self._nnz = None
+        self._remember_checked()
 
     def _init_from_raw(self, arg, shape, dtype, copy, window, block_width, index_dtype):
         requested_index_dtype = check_index_dtype(index_dtype)
@@ -238,6 +240,8 @@ class blocked_array(sparray):
         """Check the blocked arrays for consistency (O(1) checks; O(storage) ones on request)."""
         _check_blocked_arrays(self.values, self.col_idx, self.row_window_offset, self.vector_mask,
                               self.shape, self.window, self.block_width, full_check)
+        if full_check:
+            self._remember_checked()
 
     # -- conversions ----------------------------------------------------------------------
     def tocsr(self, copy=False):
@@ -321,9 +325,11 @@ class mebcrs_array(blocked_array):
 def blocked_from_csr(csr, window, block_width):
     """Convert a `csr_array` to the blocked format (ME-BCRS when ``window == 8``)."""
     window, block_width = _check_geometry(window, block_width)
-    # The arrays are trusted as checked when the array was built, as scipy's conversions
-    # trust theirs: the O(nnz) checks again cost 2-9 % of a conversion (documented in the
-    # known limitations: after writing into them in place, call check_format(full_check=True)).
+    # The arrays are trusted as checked when the array was built, or when an index array was
+    # last rebound, as scipy's conversions trust theirs: the O(nnz) checks at every conversion
+    # would cost 2-9 % of it (documented in the known limitations: after writing into them in
+    # place, call check_format(full_check=True)).
+    csr._check_for_kernels()
     csr = csr.canonical()
     indices, n_cols, used = csr.indices, csr.shape[1], None
     if n_cols > _blocked.key_column_limit(window):

@@ -89,6 +89,7 @@ class csr_array(sparray):
 
     format = "csr"
     _format_name = "csr_array"
+    _index_array_names = ("indices", "indptr")
 
     def __init__(self, arg, shape=None, dtype=None, copy=False, *, index_dtype=None):
         index_dtype = check_index_dtype(index_dtype)
@@ -116,6 +117,7 @@ class csr_array(sparray):
         self.indptr = indptr
         self._shape = shape
         self._canonical = canonical
+        self._remember_checked()
 
     def _init_from_csr(self, other, shape, dtype, copy, index_dtype):
         if shape is not None and shape != other.shape:
@@ -324,6 +326,7 @@ class csr_array(sparray):
         self._check_arrays(full_check)
         if full_check:
             self._canonical = None
+            self._remember_checked()
 
     def _check_arrays(self, full_check, problem=None):
         """`check_format`'s checks, the kept canonical flag left as it is: for the library's
@@ -378,6 +381,7 @@ class csr_array(sparray):
         )
         self.indptr, self.indices = indptr, indices
         self.data = data.astype(self.dtype, copy=False)
+        self._remember_checked()
 
     def canonical(self):
         """This array if it is canonical, else a canonical copy (this array is not modified).

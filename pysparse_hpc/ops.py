@@ -47,6 +47,7 @@ def _check_precision(precision):
 def _check_sparse(A):
     if not isinstance(A, sparray):
         raise TypeError(f"A must be a pysparse_hpc sparse array, got {described_sparse(A)}")
+    A._check_for_kernels()
     return A
 
 

@@ -583,3 +583,49 @@ def test_spmm_refuses_a_read_only_out_and_sddmm_operands_of_two_kinds():
     with pytest.raises(TypeError, match="X and Y must be of one kind, got a numpy X and a "
                                         "torch Y"):
         sph.sddmm(A, np.ones((3, 2)), torch.ones(3, 2, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("rebind, error, message", [
+    (lambda A: setattr(A, "indices", A.indices.astype(float)), TypeError,
+     "must share one index dtype"),
+    (lambda A: setattr(A, "data", A.data.reshape(-1, 1)), ValueError, "must all be 1-D"),
+    (lambda A: setattr(A, "data", A.data.astype(np.int64)), TypeError,
+     "data has dtype int64"),
+    (lambda A: setattr(A, "data", A.data[:5].copy()), ValueError, "data has length 5"),
+    (lambda A: setattr(A, "indices", A.indices + 40), ValueError,
+     "indices holds column 4[0-9], out of range for 10 columns"),
+])
+@pytest.mark.parametrize("use", [lambda A, B: A @ B, lambda A, B: sph.sddmm(A, B, B),
+                                 lambda A, B: A.to_mebcrs()])
+def test_arrays_rebound_after_construction_are_checked_before_the_kernels(rebind, error,
+                                                                          message, use):
+    """A rebound array reached the kernels unchecked: an integer data gave zeros, a shorter
+    one was read past its end, indices out of range sent the kernels outside their operands
+    (values of 1e+34), a float index array failed inside Numba's compiler."""
+    S = scipy.sparse.random(10, 10, density=0.3, format="csr", random_state=0,
+                            dtype=np.float32)
+    B = np.ones((10, 4), np.float32)
+    A = sph.csr_array(S, copy=True)
+    rebind(A)
+    with pytest.raises(error, match=message):
+        use(A, B)
+
+
+def test_rebound_arrays_that_are_right_are_taken_and_checked_once():
+    S = scipy.sparse.random(10, 10, density=0.3, format="csr", random_state=0)
+    B = np.ones((10, 2))
+    A = sph.csr_array(S, copy=True)
+    A.data = A.data * 2                      # the nn docs' way of changing the weights
+    np.testing.assert_allclose(A @ B, 2 * (S @ B))
+    A.indices = A.indices.copy()             # rebound, in range: checked in full once
+    checks = []
+    original = A._check_arrays
+    A._check_arrays = lambda full_check, *args: checks.append(full_check) or original(
+        full_check, *args)
+    for _ in range(3):
+        A @ B
+    assert checks == [True, False, False]
+    M = sph.csr_array(S).to_mebcrs()
+    M.col_idx = M.col_idx + 40
+    with pytest.raises(ValueError, match="col_idx holds columns in"):
+        M @ B
