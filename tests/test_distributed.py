@@ -1113,3 +1113,25 @@ def test_the_abort_hook_tells_each_error_once_and_ends_the_job(monkeypatch, caps
     assert err.count("Traceback (most recent call last)") == 1, err
     assert err.count(f"{kind.__name__}: stopped here") == 1 and ended == [1]
     assert told_before == ([kind] if kind is KeyboardInterrupt else [])
+
+
+def test_ranks_of_the_wrong_type_are_type_errors_and_messages_check_their_ranks(monkeypatch):
+    """A rank that is no integer was a ValueError ("must be a rank in [0, 1)" for 0.0), and
+    Isend and Irecv passed any rank to MPI, which answered with its error stack."""
+    comm = Communicator(None)
+    for root in (0.0, "0", True):
+        with pytest.raises(TypeError, match=r"root must be a rank, an int in \[0, 1\), got"):
+            comm.Bcast(np.ones(2), root=root)
+
+    class Sent:
+        def Isend(self, *args, **kwargs):
+            raise AssertionError("reached MPI")
+        Irecv = Isend
+    comm = Communicator(None)
+    comm.size, comm.mpi = 2, Sent()
+    with pytest.raises(ValueError, match=r"dest must be a rank in \[0, 2\), got 5"):
+        comm.Isend(np.ones(2), 5, 0, "x")
+    with pytest.raises(ValueError, match=r"source must be a rank in \[0, 2\), got -1"):
+        comm.Irecv(np.ones(2), -1, 0, "x")
+    with pytest.raises(TypeError, match="dest must be a rank, an int"):
+        comm.Isend(np.ones(2), 1.0, 0, "x")

@@ -198,3 +198,30 @@ def test_resuming_with_a_preconditioner_from_a_run_without_one_is_refused(proble
     with pytest.raises(ValueError, match="has no preconditioner state"):
         fit(_gcn(), x, adj, y, masks, epochs=2, progress=False, resume_from=saved,
             preconditioner="kfac")
+
+
+def test_fit_names_objects_of_the_wrong_kind_before_training(problem, tmp_path):
+    """A path as the checkpointer failed at the first save, after checkpoint_every epochs;
+    a function as the model and a path as the checkpoint with AttributeErrors; a model
+    returning a row too few with torch's mask error."""
+    adj, x, y, masks = problem
+    for options, message in (
+            (dict(checkpointer=str(tmp_path)), "checkpointer must be a pysparse_hpc.distributed"
+                                               ".Checkpointer or None, got str"),
+            (dict(resume_from=str(tmp_path)), "resume_from must be a Checkpoint"),
+            (dict(model=lambda x, adj: x), "model must be a torch.nn.Module, got function")):
+        arguments = dict(dict(model=_gcn(), x=x, adj=adj, y=y, masks=masks, epochs=3,
+                              progress=False), **options)
+        with pytest.raises(TypeError, match=message):
+            fit(arguments.pop("model"), **arguments)
+
+    class RowShort(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = _gcn()
+
+        def forward(self, x, adj):
+            return self.inner(x, adj)[:-1]
+    with pytest.raises(ValueError, match="the model returned logits for 119 nodes, expected "
+                                         "120"):
+        fit(RowShort(), x, adj, y, masks, epochs=1, progress=False)

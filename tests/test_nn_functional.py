@@ -307,8 +307,8 @@ def test_softmax_of_a_row_of_nan_is_nan():
     (lambda A, x: F.edge_softmax(A, torch.ones(2, 2, 2)), ValueError, "1-D or 2-D"),
     (lambda A, x: F.dropout(x, 1.5), ValueError, "[0, 1]"),
     (lambda A, x: F.gat_attention(A, x, x, keep="everything"), ValueError, "keep must be"),
-    (lambda A, x: F.gat_attention(A, x, x, negative_slope="a"), ValueError,
-     "negative_slope must be a finite number"),
+    (lambda A, x: F.gat_attention(A, x, x, negative_slope="a"), TypeError,
+     "negative_slope must be a float, got str"),
     (lambda A, x: F.gat_attention(A, x, x, negative_slope=float("nan")), ValueError,
      "negative_slope must be a finite number"),
     (lambda A, x: F.pattern(A.toarray()), TypeError, "adj must be a pysparse_hpc sparse array"),
@@ -475,3 +475,14 @@ def test_meta_tensors_are_refused_by_every_operation():
     for name, call in calls.items():
         with pytest.raises(ValueError, match=f"{name} is on device 'meta'; the kernels take CPU"):
             call()
+
+
+def test_gat_attention_checks_negative_slope_as_gatconv_does():
+    """A string slope was a ValueError saying it was not finite; a tensor of 0.2 too."""
+    A = sph.csr_array(np.ones((3, 3)))
+    scores = torch.zeros(3, 1, dtype=torch.float64)
+    with pytest.raises(TypeError, match="negative_slope must be a float, got str"):
+        F.gat_attention(A, scores, scores, negative_slope="0.2")
+    with pytest.raises(ValueError, match="negative_slope must be a finite number, got nan"):
+        F.gat_attention(A, scores, scores, negative_slope=float("nan"))
+    assert F.gat_attention(A, scores, scores, negative_slope=np.float32(0.2)).shape == (9, 1)

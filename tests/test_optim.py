@@ -1016,3 +1016,14 @@ def test_int8_levels_of_a_tensor_whose_mean_is_above_half_the_largest_float():
         bound = _votes.int8_levels(ranks)
         levels = _votes.quantize_int8(np.array([c]), np.array([0, 1]), ranks)
         assert levels[0] == np.sign(c) * np.rint(bound / 2)
+
+
+def test_lion_flags_take_bools_only():
+    """decoupled_weight_decay="no" was taken as True, and use_triton="False" was refused as
+    use_triton=True."""
+    for name, optimizers in (("decoupled_weight_decay", (Lion, DistributedLion)),
+                             ("use_triton", (Lion,))):
+        for optimizer in optimizers:
+            with pytest.raises(TypeError, match=f"{name} must be a bool"):
+                optimizer(_mlp().parameters(), **{name: "no"})
+    assert Lion(_mlp().parameters(), decoupled_weight_decay=True).decoupled_weight_decay

@@ -2258,3 +2258,35 @@ def test_a_step_that_fails_after_its_backward_leaves_the_gradients_as_they_were(
     with pytest.raises(RuntimeError, match="injected"):
         _micro_step(gm, model, x[8:], t[8:])
     assert all(p.grad is None for p in model.parameters())
+
+
+def test_a_config_changed_before_the_maker_is_made_is_checked_by_it():
+    """Fields set after the config was made were checked only when changed again during
+    training: a negative damping failed at the first step comparing a complex number, an
+    interval of 0 dividing by zero."""
+    for field, value, error, message in (("damping", -1.0, ValueError, "damping"),
+                                         ("damping", "x", TypeError, "damping"),
+                                         ("curvature_upd_interval", 0, ValueError,
+                                          "curvature_upd_interval")):
+        config = P.PreconditioningConfig(data_size=8, damping=1e-3)
+        setattr(config, field, value)
+        for maker in (P.KfacGradientMaker, P.ShampooGradientMaker):
+            with pytest.raises(error, match=message):
+                maker(mlp(), config)
+
+
+def test_a_warm_up_longer_than_the_updates_is_refused_naming_the_fields():
+    with pytest.raises(ValueError, match="preconditioner_warmup_ratio 0.5 gives 5 warm-up "
+                                         "steps of num_total_steps 10, more than the 1 updates "
+                                         "preconditioner_upd_ratio 0.1 gives"):
+        P.PreconditioningConfig(num_total_steps=10, preconditioner_upd_ratio=0.1,
+                                preconditioner_warmup_ratio=0.5)
+    with pytest.raises(ValueError, match="curvature_warmup_ratio 0.3"):
+        P.PreconditioningConfig(num_total_steps=10, curvature_upd_ratio=0.2,
+                                curvature_warmup_ratio=0.3)
+    for arguments, error, message in (((10, "0.5"), TypeError, "update_ratio must be a float"),
+                                      ((10.0,), TypeError, "num_total_steps must be an int"),
+                                      ((10, 0.5, None), TypeError, "warmup_ratio must be"),
+                                      ((0,), ValueError, "num_total_steps must be an int > 0")):
+        with pytest.raises(error, match=message):
+            update_schedule(*arguments)

@@ -274,3 +274,16 @@ def test_train_takes_a_numpy_dtype_and_default_settings_names_a_bad_model():
     assert train("cora", "gcn", epochs=1, progress=False, dtype=np.float64).epochs == 1
     with pytest.raises(ValueError, match="model must be one of"):
         default_settings("GCN")
+
+
+def test_train_and_save_take_bool_flags_only(tmp_path):
+    """train(resume="no", checkpoint=dir) resumed, and save(blocking="no") blocked."""
+    with pytest.raises(TypeError, match="resume must be a bool, got str 'no'"):
+        train(epochs=1, checkpoint=tmp_path / "run", resume="no", **OPTIONS)
+    with pytest.raises(ValueError, match="resume=True needs a checkpoint directory, got "
+                                         "checkpoint=None"):
+        train(epochs=1, resume=True, **OPTIONS)
+    with Checkpointer(tmp_path / "flags") as checkpoints:
+        with pytest.raises(TypeError, match="blocking must be a bool, got str 'no'"):
+            checkpoints.save(1, {"w": torch.zeros(2)}, blocking="no")
+        assert checkpoints.steps() == []

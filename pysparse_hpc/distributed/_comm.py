@@ -154,9 +154,12 @@ _OPS_BY_KIND = {"b": ("land", "lor"), "i": _OPS, "u": _OPS, "f": ("sum", "max", 
 
 
 def check_rank(value, size, name="root"):
-    """``value`` as an int when it names one of ``size`` ranks, else a ValueError."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) \
-            or not 0 <= value < size:
+    """``value`` as an int when it names one of ``size`` ranks: a TypeError for what is not
+    an integer, a ValueError for an integer out of range."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be a rank, an int in [0, {size}), got "
+                        f"{type(value).__name__} {value!r}")
+    if not 0 <= value < size:
         raise ValueError(f"{name} must be a rank in [0, {size}), got {value!r}")
     return int(value)
 
@@ -632,6 +635,8 @@ class Communicator:
         """Start sending ``buffer`` to rank ``dest``; keep the buffer alive until waited on."""
         view = _as_buffer(buffer)
         self._no_messages("Isend")
+        # Checked here, as Sendrecv does: MPI's "Invalid rank" came with its error stack.
+        dest = check_rank(dest, self.size, "dest")
         self._count(kind, 1, view.nbytes, 0, 0)
         return _Request(self.mpi.Isend(_bytes_of(view), dest=dest, tag=tag), self, kind)
 
@@ -639,6 +644,7 @@ class Communicator:
         """Start receiving into ``buffer`` from rank ``source``."""
         view = _as_buffer(buffer, written=True)
         self._no_messages("Irecv")
+        source = check_rank(source, self.size, "source")
         self._count(kind, 0, 0, 1, view.nbytes)
         # Posted as bytes: a message of another dtype whose size is no multiple of this one's
         # tripped MPICH's unpacking (an abort without a word) before the size was checked.

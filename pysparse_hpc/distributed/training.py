@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .. import datasets
-from .._sputils import check_integer
+from .._sputils import check_flag, check_integer
 from ._comm import PARTICIPATION_KIND, check_communicator, init, raising_alike
 from .graph import DistGraph, comm_sum
 from ._metis import multi_constraint_available
@@ -252,6 +252,7 @@ def train(dataset="cora", model="gcn", partition="metis", *, epochs=None, lr=Non
     # line then returned on that rank and left the others waiting).
     error, used = None, None
     try:
+        resume = check_flag(resume, "resume")   # the string "no" read as True
         if not isinstance(model, str) or model not in models.MODELS:
             raise ValueError(f"model must be one of {tuple(models.MODELS)}, got {model!r}")
         if isinstance(dtype, (np.dtype, type)):   # np.float32, np.dtype("float64")
@@ -470,7 +471,7 @@ def _checkpoints(comm, directory, resume, keep, fingerprint):
     (None for a run from the start)."""
     if directory is None:
         if resume:
-            raise ValueError("resume needs a checkpoint directory")
+            raise ValueError("resume=True needs a checkpoint directory, got checkpoint=None")
         return None, None
     from .checkpoint import Checkpointer
 

@@ -20,15 +20,15 @@ operations are once-differentiable: differentiating their gradient raises a ``Ru
 rather than silently dropping the second-order term.
 """
 import functools
-import math
 
 import numpy as np
 import torch
 
 from .._base import sparray
-from .._sputils import as_index_array, described_sparse, is_real_number
+from .._sputils import as_index_array, described_sparse
 from ..distributed.graph import DistGraph
 from . import _backend, _distributed, _graph
+from ._checks import check_negative_slope
 
 __all__ = ["spmm", "sddmm", "edge_softmax", "gat_attention", "dropout", "pattern", "row_ids",
            "GAT_KEEP"]
@@ -622,8 +622,7 @@ def gat_attention(adj, s_dst, s_src, negative_slope=0.2, keep="alpha"):
     _check_adj(adj)
     if keep not in GAT_KEEP:
         raise ValueError(f"keep must be one of {GAT_KEEP}, got {keep!r}")
-    if not (is_real_number(negative_slope) and math.isfinite(negative_slope)):
-        raise ValueError(f"negative_slope must be a finite number, got {negative_slope!r}")
+    negative_slope = check_negative_slope(negative_slope)   # as GATConv checks it
     _check_tensor(s_dst, "s_dst")
     _check_tensor(s_src, "s_src")
     _check_same(s_dst, "s_dst", s_src, "s_src")

@@ -313,6 +313,7 @@ def fit(model, x, adj, y, masks, *, epochs=200, lr=0.01, weight_decay=5e-4, prog
     progress = check_flag(progress, "progress")
     skip_nonfinite = check_flag(skip_nonfinite, "skip_nonfinite")
     restore_best = check_flag(restore_best, "restore_best")
+    _check_fit_objects(model, checkpointer, resume_from)
 
     graph = adj if isinstance(adj, DistGraph) else None
     if graph is None:
@@ -448,6 +449,10 @@ def _check_classes(graph, y, labelled, logits):
         found = (f"{logits.dim()}-D" if isinstance(logits, torch.Tensor)
                  else type(logits).__name__)
         error = TypeError(f"the model must return (nodes, classes) logits, got {found}")
+    elif logits.shape[0] != y.shape[0]:
+        # torch's mask indexing said only that a mask's shape did not match.
+        error = ValueError(f"the model returned logits for {logits.shape[0]} nodes, expected "
+                           f"{y.shape[0]} (one per row of x)")
     elif bool(labelled.any()) and int(y[labelled].max()) >= logits.shape[1]:
         error = ValueError(f"y holds the class id {int(y[labelled].max())} on a node of the "
                            f"masks, but the model's output has {logits.shape[1]} classes")
@@ -637,6 +642,21 @@ def default_damping(preconditioner, optimizer="adam"):
 
 # The keys of the shared state of fit's checkpoints: checkpoint_extras may not use them.
 _CHECKPOINT_KEYS = ("model", "progress", "optimizer", "rng", "preconditioner", "best_model")
+
+
+def _check_fit_objects(model, checkpointer, resume_from):
+    """Refuse, before anything trains, objects of the wrong kind: a path given as the
+    checkpointer failed at the first save (after ``checkpoint_every`` epochs), and a model or
+    a checkpoint of the wrong kind with an AttributeError naming neither."""
+    from ..distributed.checkpoint import Checkpoint, Checkpointer
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if checkpointer is not None and not isinstance(checkpointer, Checkpointer):
+        raise TypeError(f"checkpointer must be a pysparse_hpc.distributed.Checkpointer or None, "
+                        f"got {type(checkpointer).__name__} (make one with Checkpointer(path))")
+    if resume_from is not None and not isinstance(resume_from, Checkpoint):
+        raise TypeError(f"resume_from must be a Checkpoint (from Checkpointer.load()) or None, "
+                        f"got {type(resume_from).__name__}")
 
 
 def _check_extras(extras):

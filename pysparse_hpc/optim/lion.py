@@ -16,7 +16,7 @@ import math
 import numpy as np
 import torch
 
-from .._sputils import is_real_number
+from .._sputils import check_flag, is_real_number
 from ..kernels.cpu import lion as kernels
 
 __all__ = ["Lion", "check_hyperparameters", "lion_step"]
@@ -169,10 +169,11 @@ class Lion(torch.optim.Optimizer):
 
     def __init__(self, params, lr=1e-4, betas=(0.9, 0.99), weight_decay=0.0, use_triton=False,
                  decoupled_weight_decay=False):
-        if use_triton:
+        # Flags as bools only: the string "no" was taken as True.
+        if check_flag(use_triton, "use_triton"):
             raise ValueError("use_triton=True selects lion-pytorch's Triton (CUDA) kernels; "
                              "this Lion runs the library's own kernels: leave it False")
-        self.decoupled_weight_decay = bool(decoupled_weight_decay)
+        self.decoupled_weight_decay = check_flag(decoupled_weight_decay, "decoupled_weight_decay")
         betas = check_hyperparameters(lr, betas, weight_decay,
                                       init_lr=lr if self.decoupled_weight_decay else None)
         # Read by add_param_group, which torch's constructor calls for every group.

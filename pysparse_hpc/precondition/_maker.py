@@ -273,6 +273,10 @@ class PreconditionedGradientMaker:
         if not isinstance(config, PreconditioningConfig):
             raise TypeError(f"config must be a PreconditioningConfig, got "
                             f"{type(config).__name__}")
+        # Checked again: a field set after the config was made (ASDL's configs are plain
+        # dataclasses, changed in scripts) failed inside the first step, a negative damping
+        # as a comparison of a complex number.
+        config._check()
         self.model = model
         self.config = config
         self.comm = comm

@@ -142,6 +142,22 @@ class PreconditioningConfig:
                 raise TypeError(f"{name} must be a float, got {type(value).__name__} ({value!r})")
             if not 0.0 <= value <= 1.0:
                 raise ValueError(f"{name} must be in [0, 1], got {value}")
+        if self.num_total_steps is not None:
+            # Found here, naming the fields: `update_schedule` said only that "the warm-up
+            # cannot exceed the number of updates", when the maker was made.
+            for kind in ("preconditioner", "curvature"):
+                ratio, warmup_ratio = (getattr(self, f"{kind}_upd_ratio"),
+                                       getattr(self, f"{kind}_warmup_ratio"))
+                if ratio is None:
+                    continue
+                updates = int(self.num_total_steps * ratio)
+                warmup = int(self.num_total_steps * warmup_ratio)
+                if warmup > updates:
+                    raise ValueError(
+                        f"{kind}_warmup_ratio {warmup_ratio} gives {warmup} warm-up steps of "
+                        f"num_total_steps {self.num_total_steps}, more than the {updates} "
+                        f"updates {kind}_upd_ratio {ratio} gives; expected a warm-up ratio "
+                        f"at most the update ratio")
         for name in ("preconditioner_interval_type", "curvature_interval_type"):
             value = getattr(self, name)
             if value in _ASDL_ONLY_INTERVAL_TYPES:
@@ -210,12 +226,16 @@ def update_schedule(num_total_steps, update_ratio=1.0, warmup_ratio=0.0):
     >>> update_schedule(10, update_ratio=0.3, warmup_ratio=0.1)
     [True, True, False, False, False, True, False, False, False, False]
     """
-    if not _is_int(num_total_steps) or num_total_steps <= 0:
+    if not _is_int(num_total_steps):
+        raise TypeError(f"num_total_steps must be an int, got {type(num_total_steps).__name__} "
+                        f"({num_total_steps!r})")
+    if num_total_steps <= 0:
         raise ValueError(f"num_total_steps must be an int > 0, got {num_total_steps!r}")
-    if not 0 <= update_ratio <= 1:
-        raise ValueError(f"update_ratio must be in [0, 1], got {update_ratio}")
-    if not 0 <= warmup_ratio <= 1:
-        raise ValueError(f"warmup_ratio must be in [0, 1], got {warmup_ratio}")
+    for name, ratio in (("update_ratio", update_ratio), ("warmup_ratio", warmup_ratio)):
+        if not is_real_number(ratio):
+            raise TypeError(f"{name} must be a float, got {type(ratio).__name__} ({ratio!r})")
+        if not 0 <= ratio <= 1:
+            raise ValueError(f"{name} must be in [0, 1], got {ratio}")
     total_updates = int(num_total_steps * update_ratio)
     warmup = int(num_total_steps * warmup_ratio)
     if warmup > total_updates:

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from ..._sputils import check_flag
 from .._comm import _ranks_label
 from . import _files
 from ._files import MANIFEST
@@ -500,6 +501,8 @@ class Checkpointer:
             dropped and the previous one committed.
         """
         self._check_process()
+        # Alike on every rank (an argument): before any collective. "no" read as True.
+        blocking = check_flag(blocking, "blocking")
         previous = self._collect()
         try:
             step, encoders = self._prepare_save(step, shard, shared, nodes, previous)
