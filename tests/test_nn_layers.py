@@ -1097,3 +1097,15 @@ def test_gcn_norm_of_an_array_with_duplicates_is_that_of_its_sum(dtype):
     assert got.nnz == expected.nnz == 9 and read_canonical(got)
     for name in ("indptr", "indices", "data"):
         np.testing.assert_array_equal(getattr(got, name), getattr(expected, name))
+
+
+def test_a_dense_adjacency_tensor_is_named_as_such():
+    """A dense adjacency matrix was read as an edge_index and refused for its dtype only."""
+    import torch
+    layer = nn.GCNConv(4, 2)
+    x = torch.ones(5, 4)
+    with pytest.raises(TypeError, match=r"adj is a dense \(5, 5\) torch.float32 tensor, which "
+                                        r"the layers do not take: pass a sparse array"):
+        layer(x, torch.eye(5))
+    with pytest.raises(TypeError, match="edge_index must hold int64 or int32 node ids"):
+        layer(x, torch.zeros(2, 3))

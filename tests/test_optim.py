@@ -652,9 +652,11 @@ def test_fit_with_lion_trains(compression):
 
 @pytest.mark.parametrize("kwargs, message", [
     (dict(optimizer="rmsprop"), "optimizer must be one of"),
-    (dict(compression="votes"), "apply to optimizer='lion'"),
+    (dict(compression="votes"), "apply to optimizer='lion', got compression='votes', "
+                                "momentum_sync=None with optimizer='adam'"),
     (dict(optimizer="sgd", momentum_sync="always"), "apply to optimizer='lion'"),
-    (dict(damping=0.1), "damping applies to a preconditioner"),
+    (dict(damping=0.1), "damping applies to a preconditioner, got damping=0.1 with "
+                        "preconditioner=None"),
     (dict(preconditioner="kfac", damping=0.0), "damping must be a finite number > 0"),
     (dict(optimizer="lion", preconditioner="kfac"), "takes none"),
     (dict(optimizer="lion", compression="zip"), "compression must be one of"),

@@ -248,6 +248,13 @@ def _from_edge_index(edge_index, num_nodes):
     flow: ``edge_index[0]`` holds sources, ``edge_index[1]`` targets). Repeated edges add up."""
     torch = _torch()
     _check_not_torch_sparse(edge_index)
+    if (edge_index.is_floating_point() and edge_index.ndim == 2
+            and edge_index.shape[0] == edge_index.shape[1] != 2):
+        # A dense adjacency matrix read as an edge_index was told only its dtype.
+        raise TypeError(f"adj is a dense {tuple(edge_index.shape)} {edge_index.dtype} tensor, "
+                        f"which the layers do not take: pass a sparse array "
+                        f"(pysparse_hpc.csr_array(A) of the dense matrix) or a [2, E] "
+                        f"edge_index of int64 node ids")
     if edge_index.dtype not in (torch.int64, torch.int32):
         raise TypeError(f"edge_index must hold int64 or int32 node ids, got {edge_index.dtype}")
     if edge_index.ndim != 2 or edge_index.shape[0] != 2:

@@ -343,7 +343,8 @@ def fit(model, x, adj, y, masks, *, epochs=200, lr=0.01, weight_decay=5e-4, prog
         maker = _preconditioner(preconditioner, model, graph, n_train, curvature_interval,
                                 optimizer, damping, kl_clip, step_optimizer)
     elif damping is not None:
-        raise ValueError("damping applies to a preconditioner")
+        raise ValueError(f"damping applies to a preconditioner, got damping={damping!r} with "
+                         f"preconditioner=None; expected one of {tuple(PRECONDITIONERS)}")
     elif graph is not None and graph.comm.size > 1 and optimizer != "lion":
         from ..distributed.data_parallel import DataParallel
         # Every rank's loss is already divided by the global count: sum, do not average.
@@ -581,7 +582,9 @@ def _optimizer(name, groups, lr, graph, compression, momentum_sync, precondition
         raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {name!r}")
     if name != "lion":
         if compression != "none" or momentum_sync is not None:
-            raise ValueError("compression and momentum_sync apply to optimizer='lion'")
+            raise ValueError(f"compression and momentum_sync apply to optimizer='lion', got "
+                             f"compression={compression!r}, momentum_sync={momentum_sync!r} "
+                             f"with optimizer={name!r}")
         if name == "sgd":
             return torch.optim.SGD(groups, lr=lr, momentum=SGD_MOMENTUM)
         return torch.optim.Adam(groups, lr=lr)
