@@ -126,27 +126,36 @@ class sparray:
                 if key not in ("_nn_cache", "_device_cache", "_checked_index_arrays")}
 
     # -- the arrays the kernels index by --------------------------------------------------
-    #: The names of the index arrays, checked in full when rebound (`_check_for_kernels`).
-    _index_array_names = ()
+    #: The names of the values array and of the index arrays (`_check_for_kernels`).
+    _array_names = ()
 
     def _remember_checked(self):
-        """Record the index arrays as checked in full (built or checked by the library), by
-        weak reference: an array rebound since is checked again before the kernels use it."""
+        """Record the arrays as checked in full (built or checked by the library), by weak
+        reference: one rebound since is checked again before the kernels use it."""
         self._checked_index_arrays = tuple(
             None if array is None else weakref.ref(array)
-            for array in map(self.__dict__.get, self._index_array_names))
+            for array in map(self.__dict__.get, self._array_names))
+
+    def _rebound_arrays(self):
+        """The names of the arrays rebound since they were last checked in full."""
+        checked = self.__dict__.get("_checked_index_arrays")
+        if checked is None:
+            return self._array_names
+        return [name for name, ref in zip(self._array_names, checked)
+                if (None if ref is None else ref()) is not self.__dict__.get(name)]
 
     def _check_for_kernels(self):
-        """The checks before a product or conversion indexes by the arrays: O(1) ones (dtypes,
-        lengths) always, and the O(nnz) ones once after an index array was rebound (an
-        ``A.indices = ...`` out of range sent the kernels outside their operands; a shorter
-        ``A.data`` was read past its end, an integer one gave zeros). Writes into the arrays
-        in place are not seen: ``check_format(full_check=True)`` after them."""
-        checked = self.__dict__.get("_checked_index_arrays")
-        rebound = checked is None or any(
-            (ref is None) != (array is None) or (ref is not None and ref() is not array)
-            for ref, array in zip(checked, map(self.__dict__.get, self._index_array_names)))
-        self.check_format(full_check=rebound)
+        """The checks before a product or conversion indexes by the arrays, after one was
+        rebound (``A.data = ...``): an integer ``data`` gave zeros, a shorter one was read past
+        its end, ``A.indices`` out of range sent the kernels outside their operands. Values
+        rebound take the O(1) checks (dtypes, lengths), index arrays the O(nnz) ones too; the
+        arrays last checked take none (an identity test per array, not the checks' 3 us at
+        every product). Writes into the arrays in place are not seen:
+        ``check_format(full_check=True)`` after them."""
+        rebound = self._rebound_arrays()
+        if rebound:
+            self.check_format(full_check=any(name != self._array_names[0] for name in rebound))
+            self._remember_checked()
 
     # -- operators ------------------------------------------------------------------------
     def __matmul__(self, other):

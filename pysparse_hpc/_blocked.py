@@ -87,7 +87,7 @@ class blocked_array(sparray):
 
     format = "blocked"
     _format_name = "blocked_array"
-    _index_array_names = ("col_idx", "row_window_offset", "vector_mask")
+    _array_names = ("values", "col_idx", "row_window_offset", "vector_mask")
 
     def __init__(self, arg, shape=None, dtype=None, copy=False, *, window=8, block_width=8,
                  index_dtype=None):

@@ -89,7 +89,7 @@ class csr_array(sparray):
 
     format = "csr"
     _format_name = "csr_array"
-    _index_array_names = ("indices", "indptr")
+    _array_names = ("data", "indices", "indptr")
 
     def __init__(self, arg, shape=None, dtype=None, copy=False, *, index_dtype=None):
         index_dtype = check_index_dtype(index_dtype)
