@@ -1,4 +1,5 @@
 """`csr_array`: compressed sparse rows, the format every other format converts through."""
+import numbers
 import operator
 import sys
 from typing import NamedTuple
@@ -172,7 +173,9 @@ class csr_array(sparray):
             # read as (data, indices, indptr), its values were refused as a row pointer
             arg = (arg.data, (arg.row, arg.col))
         arg = tuple(host_values(a) for a in arg)
-        if len(arg) == 2 and _is_int(arg[0]) and _is_int(arg[1]):
+        if len(arg) == 2 and all(_is_int(a) or isinstance(a, numbers.Number) for a in arg):
+            # Two numbers are a shape: (3, 3.0) is refused by check_shape for its float
+            # ("cannot interpret a tuple of length 2" said nothing of it).
             empty_shape = check_shape(arg)
             if shape is not None and shape != empty_shape:
                 raise ValueError(f"shape {shape} does not match the requested shape {empty_shape}")

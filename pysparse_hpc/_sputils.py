@@ -269,6 +269,18 @@ def check_positive_integer(value, name):
     return value
 
 
+def as_path(value, name, file_objects=False):
+    """``value`` (a str, bytes or os.PathLike) as a str path; a TypeError naming ``name``
+    for anything else, where os.fspath's "expected str, bytes or os.PathLike object, not int"
+    named no argument. ``file_objects``: the caller also takes an open file (said so)."""
+    try:
+        return os.fsdecode(os.fspath(value))
+    except TypeError:
+        also = " or an open file" if file_objects else ""
+        raise TypeError(f"{name} must be a path (str, bytes or os.PathLike){also}, got "
+                        f"{type(value).__name__} {value!r}") from None
+
+
 def described_sparse(value):
     """``value``'s type for an error that asked for a pysparse_hpc sparse array: scipy's classes
     share the package's names, so a bare "got csr_array" would read as a contradiction."""

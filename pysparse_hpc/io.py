@@ -20,7 +20,8 @@ import scipy.sparse
 from ._base import sparray
 from ._config import get_num_threads, parallel_launch
 from ._csr import csr_array
-from ._sputils import check_flag, check_index_dtype, described_sparse, refuse_beyond_memory
+from ._sputils import (as_path, check_flag, check_index_dtype, described_sparse,
+                       refuse_beyond_memory)
 from .kernels.cpu import mm_tokens
 
 __all__ = ["load_npz", "save_npz", "read_matrix_market", "write_matrix_market"]
@@ -28,14 +29,14 @@ __all__ = ["load_npz", "save_npz", "read_matrix_market", "write_matrix_market"]
 _CSR_KEYS = ("indptr", "indices", "data", "shape")
 
 
-def _existing_path(path):
+def _existing_path(path, file_objects=True):
     """``path`` as a str naming an existing regular file.
 
     A bytes path is decoded (scipy's reader would look for the file named ``"b'...'"``). A
     FIFO would block the reader forever waiting for a writer, and a device such as
     ``/dev/zero`` never ends: both are refused here with a ValueError.
     """
-    path = os.fsdecode(os.fspath(path))
+    path = as_path(path, "path", file_objects)
     try:
         mode = os.stat(path).st_mode
     except FileNotFoundError:
@@ -239,7 +240,7 @@ def _written_whole(path, extension):
     if hasattr(path, "write"):
         yield path
         return
-    path = os.fsdecode(os.fspath(path))
+    path = as_path(path, "path", file_objects=True)
     if not path.endswith(extension):
         path += extension
     # Through a symbolic link, as opening the path would: the rename replaces the file it

@@ -896,7 +896,7 @@ def test_the_communicator_refuses_at_one_rank_what_mpi_refuses_at_two():
                  lambda: comm.gather(1, root=1)):
         with pytest.raises(ValueError, match=r"root must be a rank in \[0, 1\)"):
             call()
-    with pytest.raises(ValueError, match="counts must be integers"):
+    with pytest.raises(TypeError, match="counts must be integers"):
         comm.Allgatherv(np.ones(2), np.ones(2), [2.7])
 
 

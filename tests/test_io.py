@@ -391,3 +391,20 @@ def test_a_single_array_file_is_named_as_not_an_npz_archive(tmp_path):
     assert zipfile.is_zipfile(path)
     with pytest.raises(ValueError, match="holds a single array, not an .npz archive"):
         load_npz(path)
+
+
+def test_a_path_of_the_wrong_type_is_named():
+    """os.fspath's "expected str, bytes or os.PathLike object, not int" named no argument."""
+    import pysparse_hpc as sph
+    from pysparse_hpc.distributed import Checkpointer
+    A = sph.csr_array(np.eye(2))
+    for call, message in (
+            (lambda: save_npz(3, A), r"path must be a path \(str, bytes or os.PathLike\) or an "
+                                     r"open file, got int 3"),
+            (lambda: load_npz(3), "path must be a path"),
+            (lambda: read_matrix_market(None), "path must be a path .* got NoneType None"),
+            (lambda: sph.datasets.load_file(3), r"path must be a path \(str, bytes or "
+                                                r"os.PathLike\), got int 3"),
+            (lambda: Checkpointer(None), "directory must be a path .* got NoneType None")):
+        with pytest.raises(TypeError, match=message):
+            call()

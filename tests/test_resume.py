@@ -272,6 +272,9 @@ def test_train_takes_a_numpy_dtype_and_default_settings_names_a_bad_model():
 
     from pysparse_hpc.distributed.training import default_settings
     assert train("cora", "gcn", epochs=1, progress=False, dtype=np.float64).epochs == 1
+    # torch's dtype of the same name too (a ValueError before)
+    assert train("cora", "gcn", epochs=1, progress=False, dtype=torch.float64).losses == \
+        train("cora", "gcn", epochs=1, progress=False, dtype="float64").losses
     with pytest.raises(ValueError, match="model must be one of"):
         default_settings("GCN")
 

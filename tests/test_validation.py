@@ -633,3 +633,19 @@ def test_rebound_arrays_that_are_right_are_taken_and_checked_once():
     M.col_idx = M.col_idx + 40
     with pytest.raises(ValueError, match="col_idx holds columns in"):
         M @ B
+
+
+def test_a_shape_with_a_float_is_named_as_a_shape():
+    """(3, 3.0) fell through to "cannot interpret a tuple of length 2"."""
+    for shape in ((3, 3.0), (2.0, 3.0)):
+        with pytest.raises(TypeError, match="shape entries must be integers, got float"):
+            sph.csr_array(shape)
+    assert sph.csr_array((np.int64(2), np.array(3))).shape == (2, 3)
+
+
+def test_vector_collective_counts_of_the_wrong_type_are_named():
+    from pysparse_hpc.distributed import Communicator
+    comm = Communicator()
+    with pytest.raises(TypeError, match="counts must be a sequence of 1 element counts, one "
+                                        "per rank, got int 2"):
+        comm.Allgatherv(np.ones(2), np.ones(2), 2)

@@ -195,7 +195,7 @@ def load_file(path, random_features=None, seed=0, name=None):
             raise ValueError(f"random_features must be a positive width, got {random_features!r}")
     # Checked when unused too, as every other argument is: load("cora", seed="abc") passed.
     seed = check_seed(seed)
-    path = _existing_path(path)
+    path = _existing_path(path, file_objects=False)
     # The same checked reads as the matrices': a damaged or non-array member is a ValueError
     # that names the file and the key.
     with _open_npz(path) as archive:

@@ -702,9 +702,12 @@ class Communicator:
     def _vector_layout(self, counts, total, name):
         """``(counts, displacements)`` as int lists after checking them against a buffer of
         ``total`` elements: one count per rank, none negative, summing to ``total``."""
+        if isinstance(counts, (str, bytes)) or not hasattr(counts, "__iter__"):
+            raise TypeError(f"counts must be a sequence of {self.size} element counts, one per "
+                            f"rank, got {type(counts).__name__} {counts!r}")
         counts = list(counts)
         if any(isinstance(c, bool) or not isinstance(c, (int, np.integer)) for c in counts):
-            raise ValueError(f"counts must be integers, got {counts}")
+            raise TypeError(f"counts must be integers, got {counts}")
         counts = [int(c) for c in counts]
         if len(counts) != self.size or any(c < 0 for c in counts):
             raise ValueError(f"counts must hold {self.size} non-negative element counts, one "

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .. import datasets
-from .._sputils import check_flag, check_integer
+from .._sputils import as_numpy_dtype, check_flag, check_integer
 from ._comm import PARTICIPATION_KIND, check_communicator, init, raising_alike
 from .graph import DistGraph, comm_sum
 from ._metis import multi_constraint_available
@@ -194,6 +194,7 @@ def train(dataset="cora", model="gcn", partition="metis", *, epochs=None, lr=Non
         Of the weights and the dropout masks: the same seed gives the same training on any
         number of ranks, up to float rounding.
     dtype : {"float32", "float64"}
+        Or the NumPy or torch dtype of that name.
     random_features : int, optional
         Replace the features with seeded random ones of this width (graphs without features).
     comm : Communicator, optional
@@ -255,8 +256,9 @@ def train(dataset="cora", model="gcn", partition="metis", *, epochs=None, lr=Non
         resume = check_flag(resume, "resume")   # the string "no" read as True
         if not isinstance(model, str) or model not in models.MODELS:
             raise ValueError(f"model must be one of {tuple(models.MODELS)}, got {model!r}")
-        if isinstance(dtype, (np.dtype, type)):   # np.float32, np.dtype("float64")
-            dtype = np.dtype(dtype).name
+        if isinstance(dtype, (np.dtype, type)) or type(dtype).__module__ == "torch":
+            # np.float32, np.dtype("float64"), torch.float64: read as its NumPy name
+            dtype = as_numpy_dtype(dtype).name
         if not isinstance(dtype, str) or dtype not in _DTYPES:
             raise ValueError(f"dtype must be one of {_DTYPES}, got {dtype!r}")
         seed = check_integer(seed, "seed")

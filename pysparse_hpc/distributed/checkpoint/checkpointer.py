@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from ..._sputils import check_flag
+from ..._sputils import as_path, check_flag
 from .._comm import _ranks_label
 from . import _files
 from ._files import MANIFEST
@@ -271,7 +271,7 @@ class Checkpointer:
         from .._comm import check_communicator, init
         self.comm = comm = init() if comm is None else check_communicator(
             comm, ("rank", "size", "on_root", "gather", "allgather", "raise_if_any"))
-        self.directory = os.path.abspath(os.fsdecode(os.fspath(directory)))
+        self.directory = os.path.abspath(as_path(directory, "directory"))
         if keep is not None:
             if isinstance(keep, bool) or not isinstance(keep, (int, np.integer)):
                 raise TypeError(f"keep must be a positive int or None, got {keep!r}")
