@@ -68,6 +68,21 @@ def run_isolated(code):
     return run_child(code).stdout
 
 
+def processes_holding(marker, part):
+    """PIDs of this machine's processes whose ``/proc/PID/{part}`` (``"environ"`` or
+    ``"cmdline"``) holds the bytes ``marker``: a job's processes, in whatever process group."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/{part}", "rb") as file:
+                    if marker in file.read():
+                        found.append(int(entry))
+            except OSError:
+                continue
+    return found
+
+
 def random_scipy(rng, shape, density, dtype=np.float64, duplicates=False):
     """A random scipy CSR array; with ``duplicates`` it is non-canonical (unsorted, repeated)."""
     n_rows, n_cols = shape

@@ -339,17 +339,8 @@ def test_gcn_steps_on_a_random_partition():
 
 def _running_workers():
     """PIDs of this machine's processes running the lion benchmark's worker."""
-    import os
-    pids = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/cmdline", "rb") as file:
-                    if b"pysparse_hpc.bench._lion_worker" in file.read():
-                        pids.append(int(entry))
-            except OSError:
-                continue
-    return pids
+    from .conftest import processes_holding
+    return processes_holding(b"pysparse_hpc.bench._lion_worker", "cmdline")
 
 
 @pytest.mark.skipif(not __import__("os").path.isdir("/proc"), reason="reads /proc")

@@ -474,17 +474,8 @@ def test_mpi_job_passes_its_bar_on_and_keeps_its_output(capsys):
 def _processes_marked(marker):
     """PIDs of the processes whose environment holds ``marker`` (this test's children and
     theirs, in whatever process group)."""
-    import os
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/environ", "rb") as environ:
-                    if marker.encode() in environ.read():
-                        found.append(int(entry))
-            except OSError:
-                continue
-    return found
+    from .conftest import processes_holding
+    return processes_holding(marker.encode(), "environ")
 
 
 @pytest.mark.skipif(not __import__("os").path.isdir("/proc"), reason="reads /proc")
