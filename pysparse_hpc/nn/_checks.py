@@ -4,12 +4,13 @@ import os
 import sys
 import warnings
 
+import numpy as np
 import torch
 
-from .._sputils import check_flag, check_positive_integer, is_real_number
+from .._sputils import as_numpy_dtype, check_flag, check_positive_integer, is_real_number
 
 __all__ = ["check_channels", "check_features", "check_flag", "check_negative_slope",
-           "check_probability", "user_stacklevel", "warn_once_if_nan"]
+           "check_probability", "float_dtype", "user_stacklevel", "warn_once_if_nan"]
 
 # Frames in these folders are the library's or torch's own (a Module's __call__), not the user's.
 _LIBRARY_FOLDER = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -32,6 +33,18 @@ def check_channels(value, name):
     float would otherwise pass as a size of torch's and be truncated or refused there
     without the argument's name), ValueError below 1."""
     return check_positive_integer(value, name)
+
+
+def float_dtype(dtype):
+    """NumPy's float32 or float64 for ``dtype`` (NumPy's or torch's, or a name); TypeError
+    for any other."""
+    try:
+        chosen = as_numpy_dtype(dtype)
+    except TypeError:
+        chosen = None
+    if chosen not in (np.float32, np.float64):
+        raise TypeError(f"dtype must be float32 or float64, got {dtype!r}")
+    return chosen
 
 
 def check_probability(value, name, one=False):

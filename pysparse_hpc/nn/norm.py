@@ -4,10 +4,9 @@ import warnings
 import numpy as np
 
 from .._csr import csr_array, read_canonical
-from .._sputils import as_numpy_dtype
 from ..distributed.graph import DistGraph
 from ..kernels.cpu import diagonal as _diagonal
-from ._checks import check_flag, user_stacklevel
+from ._checks import check_flag, float_dtype, user_stacklevel
 from ._graph import as_graph, cached_on, rows_without_loop, with_unit_loops
 
 __all__ = ["gcn_norm"]
@@ -125,13 +124,7 @@ def _values_dtype(adj, dtype):
     if dtype is None:
         held = adj.local.dtype if isinstance(adj, DistGraph) else adj.dtype
         return np.dtype(np.float64 if held == np.float64 else np.float32)
-    try:
-        chosen = as_numpy_dtype(dtype)   # torch's float32 / float64 too
-    except TypeError:
-        chosen = None
-    if chosen not in (np.float32, np.float64):
-        raise TypeError(f"dtype must be float32 or float64, got {dtype!r}")
-    return chosen
+    return float_dtype(dtype)   # torch's float32 / float64 too
 
 
 def _gcn_norm_distributed(graph, add_self_loops, dtype):

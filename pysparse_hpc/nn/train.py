@@ -20,8 +20,9 @@ import torch
 import torch.nn.functional as F
 
 from .._compiling import compile_messages
-from .._sputils import as_numpy_dtype, check_flag, check_positive_integer, check_real_number
+from .._sputils import check_flag, check_positive_integer, check_real_number
 from ..distributed.graph import DistGraph, comm_sum
+from ._checks import float_dtype
 
 __all__ = ["TrainResult", "default_damping", "fit", "node_tensors", "normalize_features",
            "param_groups"]
@@ -97,19 +98,11 @@ def normalize_features(x, dtype=np.float32):
     TypeError
         For a dtype other than float32 and float64.
     """
-    x = np.asarray(x, dtype=_feature_dtype(dtype))
+    x = np.asarray(x, dtype=float_dtype(dtype))
     # The absolute values: a signed row (random or learned features) can sum to nearly zero,
     # and dividing by its plain sum blew its entries up by orders of magnitude.
     sums = np.abs(x).sum(axis=1, keepdims=True)
     return np.divide(x, sums, out=np.zeros_like(x), where=sums != 0)
-
-
-def _feature_dtype(dtype):
-    """NumPy's float32 or float64 for ``dtype`` (NumPy's or torch's); TypeError otherwise."""
-    numpy_dtype = as_numpy_dtype(dtype)
-    if numpy_dtype not in (np.float32, np.float64):
-        raise TypeError(f"dtype must be float32 or float64, got {dtype}")
-    return numpy_dtype
 
 
 def node_tensors(data, dtype=torch.float32):
@@ -133,7 +126,7 @@ def node_tensors(data, dtype=torch.float32):
     """
     # Checked here: torch.int64 truncated the normalized features to zeros and ones, and a
     # NumPy dtype failed inside torch's conversion.
-    x = torch.from_numpy(normalize_features(data.x, _feature_dtype(dtype)))
+    x = torch.from_numpy(normalize_features(data.x, float_dtype(dtype)))
     masks = [torch.from_numpy(np.asarray(m, dtype=bool)) for m in
              (data.train_mask, data.val_mask, data.test_mask)]
     return (x, torch.from_numpy(np.asarray(data.y, dtype=np.int64)), *masks)
