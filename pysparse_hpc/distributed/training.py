@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .. import datasets
-from .._sputils import as_numpy_dtype, check_flag, check_integer
+from .._sputils import as_numpy_dtype, check_flag, check_integer, check_positive_integer
 from ._comm import PARTICIPATION_KIND, check_communicator, init, raising_alike
 from .graph import DistGraph, comm_sum
 from ._metis import multi_constraint_available
@@ -240,8 +240,7 @@ def train(dataset="cora", model="gcn", partition="metis", *, epochs=None, lr=Non
     import torch
 
     from ..nn import models
-    from ..nn.train import (_check_kl_clip, _check_positive_int, _check_schedule,
-                            default_damping, fit)
+    from ..nn.train import _check_kl_clip, _check_schedule, default_damping, fit
     from ..optim._modes import default_momentum_sync
 
     comm = init() if comm is None else check_communicator(comm)
@@ -274,9 +273,9 @@ def train(dataset="cora", model="gcn", partition="metis", *, epochs=None, lr=Non
         settings.update({k: v for k, v in overrides.items() if v is not None})
         _check_schedule(settings["epochs"], settings["lr"], settings["weight_decay"])
         # Before the checkpoint directory is taken and the graph read, as fit would only then.
-        _check_positive_int(checkpoint_every, "checkpoint_every")
+        check_positive_integer(checkpoint_every, "checkpoint_every")
         if preconditioner is not None:
-            _check_positive_int(curvature_interval, "curvature_interval")
+            check_positive_integer(curvature_interval, "curvature_interval")
 
         # The fingerprint holds the values the run uses, so that naming a default changes nothing.
         if preconditioner is not None and damping is None:

@@ -324,7 +324,7 @@ def fit(model, x, adj, y, masks, *, epochs=200, lr=0.01, weight_decay=5e-4, prog
     if n_train == 0:
         raise ValueError("the training mask selects no node")
     select_last = n_val == 0   # no validation to select by: the last epoch is the model
-    _check_positive_int(checkpoint_every, "checkpoint_every")
+    check_positive_integer(checkpoint_every, "checkpoint_every")
     _check_extras(checkpoint_extras)
     _check_schedule(epochs, lr, weight_decay)
     _check_kl_clip(preconditioner, kl_clip)
@@ -669,11 +669,6 @@ def _check_extras(extras):
                          f"{taken}")
 
 
-def _check_positive_int(value, name):
-    # A float, a bool or a string is a TypeError, as everywhere else (it was a ValueError).
-    check_positive_integer(value, name)
-
-
 def _check_schedule(epochs, lr, weight_decay):
     """Raise ``ValueError`` (``TypeError`` for a non-number) unless ``epochs`` is an int >= 0,
     ``lr`` a finite number > 0 and ``weight_decay`` a finite number >= 0: checked before
@@ -709,7 +704,7 @@ def _preconditioner(name, model, graph, n_train, curvature_interval, optimizer, 
     if name not in PRECONDITIONERS:
         raise ValueError(f"preconditioner must be None or one of {tuple(PRECONDITIONERS)}, got "
                          f"{name!r}")
-    _check_positive_int(curvature_interval, "curvature_interval")
+    check_positive_integer(curvature_interval, "curvature_interval")
     maker_name = PRECONDITIONERS[name][0]
     if damping is None:
         damping = default_damping(name, optimizer)
