@@ -301,7 +301,6 @@ class PreconditionedGradientMaker:
         self._loss_args = ()
         self._loss_kwargs = {}
         self._model_output = None
-        self._output_hooks = None       # handles of the output gradients' hooks, while set up
         self._loss = None
         self._grad_weight = None
         self._weight_dtypes = {}   # name -> weight dtype during a curvature pass
@@ -812,11 +811,11 @@ class PreconditionedGradientMaker:
         backward.
         """
         data_size = self.config.data_size
+        # The forward hooks' handles, and the output gradients' hooks' the forward hooks add:
+        # those hold the maker, and the model's output (kept by the maker) holds them through
+        # its graph, which Python's collector cannot see into. Left in place, maker, model and
+        # output were never freed; they are removed with the others.
         handles = []
-        # The output gradients' hooks hold the maker, and the model's output (kept by the maker)
-        # holds them through its graph, which Python's collector cannot see into: left in
-        # place, maker, model and output were never freed. They are removed with the others.
-        self._output_hooks = handles
         # Read before the forward: a layer that calls its module with parameters cast to its
         # input's dtype (GCNConv's transform of float64 features with float32 weights) shows
         # the cast ones to the hooks, and the curvature follows the parameters.
@@ -832,7 +831,7 @@ class PreconditionedGradientMaker:
             try:
                 for name, (module, _) in self._modules.items():
                     handles.append(module.register_forward_hook(
-                        partial(self._forward_hook, name), with_kwargs=True))
+                        partial(self._forward_hook, name, handles), with_kwargs=True))
                 if seed is not None:
                     torch.manual_seed(seed)   # in the fork: the user's stream is left as it was
                 self._forward_calls = {}
@@ -866,12 +865,11 @@ class PreconditionedGradientMaker:
                 loss.backward()
             finally:
                 self._grad_weight = self._forward_calls = self._reached = None
-                self._output_hooks = None
                 for handle in handles:
                     handle.remove()
         return output, loss
 
-    def _forward_hook(self, name, module, args, kwargs, output):
+    def _forward_hook(self, name, handles, module, args, kwargs, output):
         # A call without grad (under no_grad: a target computed by the same network; the
         # first pass of a reentrant checkpoint) ran, but no gradient will reach it: it is no
         # example of the curvature, nor a repeated call.
@@ -891,8 +889,7 @@ class PreconditionedGradientMaker:
             x = x.to_dense()
         with torch.no_grad(), _autocast_off():
             context = self._on_input(name, module, x)
-        self._output_hooks.append(
-            output.register_hook(partial(self._output_grad_hook, name, context)))
+        handles.append(output.register_hook(partial(self._output_grad_hook, name, context)))
 
     def _warn_repeated_calls(self, calls):
         """Warn once per module called more than once in a forward: its curvature counts the
