@@ -356,9 +356,6 @@ def run_train(args, out=None):
         import torch
         set_num_threads(threads)
         torch.set_num_threads(threads)
-    # --checkpoint-every and --curvature-interval not given: train's own defaults.
-    given = {name: getattr(args, name) for name in ("checkpoint_every", "curvature_interval")
-             if getattr(args, name) is not None}
     try:
         result = train(args.dataset, args.model, args.partition, epochs=args.epochs, lr=args.lr,
                        weight_decay=args.weight_decay, seed=args.seed, dtype=args.dtype,
@@ -371,7 +368,9 @@ def run_train(args, out=None):
                        optimizer=(args.base_optimizer if args.optimizer in PRECONDITIONER_NAMES
                                   else args.optimizer),
                        compression=args.compression, momentum_sync=args.momentum_sync,
-                       checkpoint=args.checkpoint, resume=args.resume, **given)
+                       checkpoint=args.checkpoint, resume=args.resume,
+                       checkpoint_every=args.checkpoint_every,
+                       curvature_interval=args.curvature_interval)
     except KeyboardInterrupt:
         # Ctrl-C reaches every rank of a job launched from a terminal: one line, not P
         # tracebacks. Checkpoints are renamed into place only once complete, so the last one is

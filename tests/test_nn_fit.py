@@ -225,3 +225,26 @@ def test_fit_names_objects_of_the_wrong_kind_before_training(problem, tmp_path):
     with pytest.raises(ValueError, match="the model returned logits for 119 nodes, expected "
                                          "120"):
         fit(RowShort(), x, adj, y, masks, epochs=1, progress=False)
+
+
+def test_fit_refuses_options_of_what_it_was_not_asked_for(problem, tmp_path):
+    """A curvature interval without a preconditioner, and a checkpoint interval or extras
+    without a checkpointer, were taken and never used: the run looked configured as asked."""
+    adj, x, y, masks = problem
+    for options, message in (
+            (dict(curvature_interval=5), "curvature_interval applies to a preconditioner, got "
+                                         "curvature_interval=5 with preconditioner=None"),
+            (dict(checkpoint_every=2), r"checkpoint_every=2 apply to checkpoints, got "
+                                       r"checkpointer=None"),
+            (dict(checkpoint_extras={"note": 1}, checkpoint_every=3),
+             r"checkpoint_every=3 and checkpoint_extras=\{'note': 1\} apply to checkpoints")):
+        with pytest.raises(ValueError, match=message):
+            fit(_gcn(), x, adj, y, masks, epochs=1, progress=False, **options)
+    # named with what they configure, the defaults' values train as the defaults do
+    reference = fit(_gcn(), x, adj, y, masks, epochs=2, progress=False,
+                    preconditioner="kfac").losses
+    assert fit(_gcn(), x, adj, y, masks, epochs=2, progress=False, preconditioner="kfac",
+               curvature_interval=10).losses == reference
+    with Checkpointer(tmp_path) as checkpoints:
+        fit(_gcn(), x, adj, y, masks, epochs=3, progress=False, checkpointer=checkpoints)
+        assert checkpoints.steps() == [3]

@@ -192,8 +192,9 @@ def test_fit_with_a_preconditioner():
     for preconditioner in (None, "kfac", "shampoo", "jorge"):
         torch.manual_seed(0)
         model = models.GCN(x.shape[1], out_channels=cora.num_classes, hidden=16)
+        interval = {} if preconditioner is None else dict(curvature_interval=2)
         result = train.fit(model, x, cora.adj, y, masks, epochs=3, progress=False,
-                           preconditioner=preconditioner, curvature_interval=2)
+                           preconditioner=preconditioner, **interval)
         assert np.isfinite(result.losses).all() and result.seconds_per_epoch > 0
         assert result.damping == (None if preconditioner is None
                                   else train.default_damping(preconditioner))

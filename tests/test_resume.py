@@ -72,7 +72,7 @@ def test_naming_a_default_resumes_the_same_run(tmp_path):
     options = dict(epochs=2, checkpoint=tmp_path, **OPTIONS)
     train("cora", "gcn", optimizer="sgd", preconditioner="kfac", **options)
     resumed = train("cora", "gcn", optimizer="sgd", preconditioner="kfac", damping=0.03,
-                    resume=True, **options)
+                    curvature_interval=10, checkpoint_every=10, resume=True, **options)
     assert resumed.resumed_after == 2
     train("cora", "gcn", optimizer="lion", compression="votes", checkpoint_every=1,
           **dict(options, checkpoint=tmp_path / "lion", epochs=1))
@@ -290,3 +290,14 @@ def test_train_and_save_take_bool_flags_only(tmp_path):
         with pytest.raises(TypeError, match="blocking must be a bool, got str 'no'"):
             checkpoints.save(1, {"w": torch.zeros(2)}, blocking="no")
         assert checkpoints.steps() == []
+
+
+def test_train_refuses_options_of_what_it_was_not_asked_for(tmp_path):
+    """As the command line does: a curvature interval without a preconditioner and a
+    checkpoint interval without a directory went unused."""
+    for options, message in (
+            (dict(curvature_interval=5), "curvature_interval applies to a preconditioner"),
+            (dict(checkpoint_every=2), "checkpoint_every applies to checkpoints, got "
+                                       "checkpoint_every=2 with checkpoint=None")):
+        with pytest.raises(ValueError, match=message):
+            train("cora", "gcn", epochs=0, **options, **OPTIONS)

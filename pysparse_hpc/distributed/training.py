@@ -165,8 +165,8 @@ def _load(dataset, random_features, seed):
 def train(dataset="cora", model="gcn", partition="metis", *, epochs=None, lr=None,
           weight_decay=None, seed=0, dtype="float32", random_features=None, comm=None,
           progress=True, description=None, balance=None, preconditioner=None,
-          curvature_interval=10, optimizer="adam", compression="none", momentum_sync=None,
-          checkpoint=None, checkpoint_every=10, resume=False, keep_checkpoints=3,
+          curvature_interval=None, optimizer="adam", compression="none", momentum_sync=None,
+          checkpoint=None, checkpoint_every=None, resume=False, keep_checkpoints=3,
           damping=None, kl_clip=None):
     """Train a node classifier on a graph distributed over the communicator's ranks.
 
@@ -206,8 +206,9 @@ def train(dataset="cora", model="gcn", partition="metis", *, epochs=None, lr=Non
     preconditioner : {None, "kfac", "shampoo", "jorge"}
         Gradient preconditioning before ``optimizer`` (Adam or SGD) applies the gradients
         (`pysparse_hpc.nn.train.fit`), distributed KAISA-style over the ranks.
-    curvature_interval : int
-        Steps between the preconditioner's curvature updates.
+    curvature_interval : int, optional
+        Steps between the preconditioner's curvature updates (default 10; refused without a
+        preconditioner).
     damping : float, optional
         The preconditioner's; default: the one measured for it under ``optimizer``
         (`pysparse_hpc.nn.train.fit`).
@@ -223,8 +224,8 @@ def train(dataset="cora", model="gcn", partition="metis", *, epochs=None, lr=Non
         saved after every ``checkpoint_every`` epochs and the last. It is tied to this run's
         settings (dataset, model, optimizer, seed, dtype, learning rate, ...): another run's
         directory is refused. One that already holds checkpoints needs ``resume``.
-    checkpoint_every : int
-        Epochs between checkpoints.
+    checkpoint_every : int, optional
+        Epochs between checkpoints (default 10; refused without ``checkpoint``).
     keep_checkpoints : int
         How many of the newest checkpoints the directory keeps.
     resume : bool
@@ -240,7 +241,8 @@ def train(dataset="cora", model="gcn", partition="metis", *, epochs=None, lr=Non
     import torch
 
     from ..nn import models
-    from ..nn.train import _check_kl_clip, _check_schedule, default_damping, fit
+    from ..nn.train import (CHECKPOINT_EVERY, CURVATURE_INTERVAL, _check_kl_clip,
+                            _check_schedule, default_damping, fit)
     from ..optim._modes import default_momentum_sync
 
     comm = init() if comm is None else check_communicator(comm)
@@ -273,9 +275,20 @@ def train(dataset="cora", model="gcn", partition="metis", *, epochs=None, lr=Non
         settings.update({k: v for k, v in overrides.items() if v is not None})
         _check_schedule(settings["epochs"], settings["lr"], settings["weight_decay"])
         # Before the checkpoint directory is taken and the graph read, as fit would only then.
-        check_positive_integer(checkpoint_every, "checkpoint_every")
+        # Options of what is not asked for would go unused: refused, as fit and the CLI do.
+        if checkpoint is None and checkpoint_every is not None:
+            raise ValueError(f"checkpoint_every applies to checkpoints, got "
+                             f"checkpoint_every={checkpoint_every!r} with checkpoint=None")
+        checkpoint_every = (CHECKPOINT_EVERY if checkpoint_every is None else
+                            check_positive_integer(checkpoint_every, "checkpoint_every"))
         if preconditioner is not None:
-            check_positive_integer(curvature_interval, "curvature_interval")
+            curvature_interval = (
+                CURVATURE_INTERVAL if curvature_interval is None else
+                check_positive_integer(curvature_interval, "curvature_interval"))
+        elif curvature_interval is not None:
+            raise ValueError(f"curvature_interval applies to a preconditioner, got "
+                             f"curvature_interval={curvature_interval!r} with "
+                             f"preconditioner=None")
 
         # The fingerprint holds the values the run uses, so that naming a default changes nothing.
         if preconditioner is not None and damping is None:
@@ -324,9 +337,8 @@ def train(dataset="cora", model="gcn", partition="metis", *, epochs=None, lr=Non
                      curvature_interval=curvature_interval, optimizer=optimizer,
                      damping=damping, kl_clip=kl_clip, compression=compression,
                      momentum_sync=momentum_sync, checkpointer=checkpointer,
-                     checkpoint_every=checkpoint_every,
-                     resume_from=state, checkpoint_extras=None if parts is None else dict(
-                         partition=parts.owner, partition_method=parts.method), **settings)
+                     resume_from=state, **_checkpoint_options(checkpointer, checkpoint_every,
+                                                              parts), **settings)
     except BaseException:
         if checkpointer is not None:  # free the directory for this process's next run
             checkpointer.abandon()
@@ -465,6 +477,16 @@ def default_settings(model, optimizer="adam", preconditioner=None):
     if optimizer == "sgd":
         settings["lr"] *= SGD_LR_SCALING.get(preconditioner, SGD_LR_SCALING[None])
     return settings
+
+
+def _checkpoint_options(checkpointer, every, parts):
+    """`fit`'s checkpoint options: none without a checkpointer; with one, the interval and
+    the partition, kept so that a resume on as many ranks continues bit for bit."""
+    if checkpointer is None:
+        return {}
+    extras = None if parts is None else dict(partition=parts.owner,
+                                             partition_method=parts.method)
+    return dict(checkpoint_every=every, checkpoint_extras=extras)
 
 
 def _checkpoints(comm, directory, resume, keep, fingerprint):

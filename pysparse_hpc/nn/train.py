@@ -193,6 +193,12 @@ OPTIMIZERS = ("adam", "sgd", "lion")
 #: ``fit(optimizer="sgd")``: heavy-ball momentum, as Martens and Grosse apply K-FAC's direction.
 SGD_MOMENTUM = 0.9
 
+#: `fit`'s default steps between a preconditioner's curvature updates (ASDL's examples use 10).
+CURVATURE_INTERVAL = 10
+
+#: `fit`'s default epochs between checkpoints.
+CHECKPOINT_EVERY = 10
+
 #: ``train(optimizer="sgd")`` scales the model's Adam learning rate by this factor, keyed by
 #: the preconditioner SGD applies (None: SGD alone). On Cora's GCN (Adam's lr 0.01), K-FAC
 #: applied by SGD is fastest at lr 0.3 among 0.1, 0.3 and 1, and plain SGD ends best at 0.3
@@ -208,9 +214,9 @@ LION_SCALING = dict(lr=1.0, weight_decay=200.0)
 
 
 def fit(model, x, adj, y, masks, *, epochs=200, lr=0.01, weight_decay=5e-4, progress=True,
-        description="training", preconditioner=None, curvature_interval=10, optimizer="adam",
+        description="training", preconditioner=None, curvature_interval=None, optimizer="adam",
         compression="none", momentum_sync=None, skip_nonfinite=True, checkpointer=None,
-        checkpoint_every=10, resume_from=None, checkpoint_extras=None, damping=None,
+        checkpoint_every=None, resume_from=None, checkpoint_extras=None, damping=None,
         kl_clip=None, restore_best=False):
     """Train ``model(x, adj)`` with Adam (or SGD, or Lion) and cross-entropy on the training
     nodes.
@@ -247,8 +253,9 @@ def fit(model, x, adj, y, masks, *, epochs=200, lr=0.01, weight_decay=5e-4, prog
         Grosse apply K-FAC's direction (on Cora's GCN the faster of the two, BENCHMARKS.md).
         On a `DistGraph` the maker sums the gradients and the curvature over the ranks (KAISA)
         in place of `DataParallel`.
-    curvature_interval : int
+    curvature_interval : int, optional
         With a preconditioner: steps between curvature (and inverse or root) updates.
+        Default: `CURVATURE_INTERVAL`.
     optimizer : {"adam", "sgd", "lion"}
         SGD (momentum `SGD_MOMENTUM`) and Lion take ``lr`` and ``weight_decay`` as given:
         scale Adam's by `SGD_LR_SCALING` or `LION_SCALING`. Lion takes no preconditioner.
@@ -266,8 +273,8 @@ def fit(model, x, adj, y, masks, *, epochs=200, lr=0.01, weight_decay=5e-4, prog
         own state in its shard, rank 0's in the shared state), the preconditioner, the RNG
         states and the progress so far (losses, best epoch) are saved, with
         ``checkpoint_extras`` in the shared state.
-    checkpoint_every : int
-        Epochs between checkpoints, with ``checkpointer``.
+    checkpoint_every : int, optional
+        Epochs between checkpoints, with ``checkpointer``. Default: `CHECKPOINT_EVERY`.
     resume_from : pysparse_hpc.distributed.Checkpoint, optional
         A checkpoint of this training (`Checkpointer.load`): training continues after its
         epochs, bit for bit as the uninterrupted run on as many ranks as saved it; on another
@@ -299,7 +306,10 @@ def fit(model, x, adj, y, masks, *, epochs=200, lr=0.01, weight_decay=5e-4, prog
     ValueError
         For a class id in ``y`` (on a node of the masks) that the model's output has no
         column for, at the first forward pass, before any step; for a model with no
-        parameter to train.
+        parameter to train; for an option of a preconditioner, an optimizer or checkpoints
+        given without it (``curvature_interval`` or ``damping`` without ``preconditioner``,
+        ``checkpoint_every`` or ``checkpoint_extras`` without ``checkpointer``, ...), which
+        would go unused.
     """
     from tqdm.auto import tqdm
 
@@ -324,8 +334,7 @@ def fit(model, x, adj, y, masks, *, epochs=200, lr=0.01, weight_decay=5e-4, prog
     if n_train == 0:
         raise ValueError("the training mask selects no node")
     select_last = n_val == 0   # no validation to select by: the last epoch is the model
-    check_positive_integer(checkpoint_every, "checkpoint_every")
-    _check_extras(checkpoint_extras)
+    checkpoint_every = _checkpoint_every(checkpointer, checkpoint_every, checkpoint_extras)
     _check_schedule(epochs, lr, weight_decay)
     _check_kl_clip(preconditioner, kl_clip)
     step_optimizer = _optimizer(optimizer, param_groups(model, weight_decay), lr, graph,
@@ -335,8 +344,10 @@ def fit(model, x, adj, y, masks, *, epochs=200, lr=0.01, weight_decay=5e-4, prog
     if preconditioner is not None:
         maker = _preconditioner(preconditioner, model, graph, n_train, curvature_interval,
                                 optimizer, damping, kl_clip, step_optimizer)
-    elif damping is not None:
-        raise ValueError(f"damping applies to a preconditioner, got damping={damping!r} with "
+    elif damping is not None or curvature_interval is not None:
+        name, value = (("damping", damping) if damping is not None else
+                       ("curvature_interval", curvature_interval))
+        raise ValueError(f"{name} applies to a preconditioner, got {name}={value!r} with "
                          f"preconditioner=None; expected one of {tuple(PRECONDITIONERS)}")
     elif graph is not None and graph.comm.size > 1 and optimizer != "lion":
         from ..distributed.data_parallel import DataParallel
@@ -655,6 +666,22 @@ def _check_fit_objects(model, checkpointer, resume_from):
                         f"got {type(resume_from).__name__}")
 
 
+def _checkpoint_every(checkpointer, every, extras):
+    """The epochs between checkpoints (default `CHECKPOINT_EVERY`), checked with
+    ``checkpoint_extras``: both are refused without a checkpointer, where they went unused."""
+    if checkpointer is None:
+        given = [f"{name}={value!r}" for name, value in (("checkpoint_every", every),
+                                                         ("checkpoint_extras", extras))
+                 if value is not None]
+        if given:
+            raise ValueError(f"{' and '.join(given)} apply to checkpoints, got "
+                             f"checkpointer=None; pass a Checkpointer to save them")
+    _check_extras(extras)
+    if every is None:
+        return CHECKPOINT_EVERY
+    return check_positive_integer(every, "checkpoint_every")
+
+
 def _check_extras(extras):
     """Refuse ``checkpoint_extras`` that are not a dict, or that take one of fit's own keys:
     the model's or optimizer's state silently replaced the entry of the same name."""
@@ -704,7 +731,8 @@ def _preconditioner(name, model, graph, n_train, curvature_interval, optimizer, 
     if name not in PRECONDITIONERS:
         raise ValueError(f"preconditioner must be None or one of {tuple(PRECONDITIONERS)}, got "
                          f"{name!r}")
-    check_positive_integer(curvature_interval, "curvature_interval")
+    curvature_interval = (CURVATURE_INTERVAL if curvature_interval is None else
+                          check_positive_integer(curvature_interval, "curvature_interval"))
     maker_name = PRECONDITIONERS[name][0]
     if damping is None:
         damping = default_damping(name, optimizer)
