@@ -193,7 +193,7 @@ OPTIMIZERS = ("adam", "sgd", "lion")
 #: ``fit(optimizer="sgd")``: heavy-ball momentum, as Martens and Grosse apply K-FAC's direction.
 SGD_MOMENTUM = 0.9
 
-#: `fit`'s default steps between a preconditioner's curvature updates (ASDL's examples use 10).
+#: `fit`'s default steps between a preconditioner's curvature (and inverse or root) updates.
 CURVATURE_INTERVAL = 10
 
 #: `fit`'s default epochs between checkpoints.
