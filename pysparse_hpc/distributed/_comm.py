@@ -474,6 +474,11 @@ class Communicator:
         reducing during one backward, two graphs' halo exchanges) cannot take each other's.
         Its traffic counts in this communicator's `stats` and `wait_seconds`, and it is
         watched by this one's timeout. A collective call; `free` it when done.
+
+        Returns
+        -------
+        Communicator
+            A shallow copy (no MPI call) where this one has no MPI.
         """
         twin = copy.copy(self)  # shares the counters and the guard
         if self.mpi is not None:
@@ -563,7 +568,13 @@ class Communicator:
 
     def wait_seconds(self):
         """Seconds this rank spent blocked waiting for nonblocking calls to complete, by kind:
-        the communication that computation did not hide."""
+        the communication that computation did not hide.
+
+        Returns
+        -------
+        dict
+            ``{kind: seconds}``, sorted by kind, since the last `reset_stats`.
+        """
         return dict(sorted(self._waited.items()))
 
     def reset_stats(self):
@@ -581,7 +592,36 @@ class Communicator:
 
     def Allreduce(self, buffer, op="sum", kind="allreduce"):
         """Reduce ``buffer`` over all ranks, in place; returns ``buffer``. A bfloat16 tensor
-        is reduced in float32 and rounded back (`_reduction_buffer`)."""
+        is reduced in float32 and rounded back (`_reduction_buffer`).
+
+        Unlike mpi4py's ``Allreduce(sendbuf, recvbuf, op)`` there is no send buffer: the
+        result overwrites ``buffer`` on every rank.
+
+        Parameters
+        ----------
+        buffer : ndarray or CPU tensor
+            C-contiguous, writable, of a numeric or bool dtype; the same size and dtype on
+            every rank.
+        op : {"sum", "max", "min", "land", "lor", "band", "bor"}
+            A name, not an ``MPI.Op``: the logical ones for bools, no bitwise or logical ones
+            for floats, ``"sum"`` alone for complex numbers.
+        kind : str
+            Traffic kind of `stats`.
+
+        Returns
+        -------
+        buffer
+            The same object, holding the reduction.
+
+        Raises
+        ------
+        TypeError
+            ``op`` is not a string or does not apply to the dtype; ``buffer`` is neither a
+            NumPy array nor a CPU tensor, or holds no numbers.
+        ValueError
+            ``op`` names no reduction; ``buffer`` is on a GPU, not C-contiguous, read-only or
+            not in native byte order. Checked on one rank too, where nothing else happens.
+        """
         _check_reduction(buffer, op)
         if self.size == 1:
             _as_buffer(buffer, written=True)  # checked as on several ranks, no bfloat16 copy
@@ -597,7 +637,24 @@ class Communicator:
 
     def Iallreduce(self, buffer, op="sum", kind="allreduce"):
         """Start reducing ``buffer`` in place; returns a request to ``wait()`` on (a bfloat16
-        tensor holds the result once waited on)."""
+        tensor holds the result once waited on).
+
+        Parameters
+        ----------
+        buffer, op, kind
+            As for `Allreduce`; keep ``buffer`` alive until the request is waited on.
+
+        Returns
+        -------
+        request
+            Its ``wait()`` completes the reduction, its blocked time counted in
+            `wait_seconds` under ``kind``; on one rank it is complete already.
+
+        Raises
+        ------
+        TypeError, ValueError
+            As for `Allreduce`, before anything is started.
+        """
         _check_reduction(buffer, op)
         if self.size == 1:
             _as_buffer(buffer, written=True)
@@ -612,7 +669,27 @@ class Communicator:
         return check_rank(root, self.size)
 
     def Bcast(self, buffer, root=0, kind="broadcast"):
-        """Broadcast ``buffer`` from ``root`` in place; returns ``buffer``."""
+        """Broadcast ``buffer`` from ``root`` in place; returns ``buffer``.
+
+        Parameters
+        ----------
+        buffer : ndarray or CPU tensor
+            C-contiguous, the same size and dtype on every rank; written on every rank but
+            ``root``, so writable there. A bfloat16 tensor moves as its bits.
+        root : int
+        kind : str
+            Traffic kind of `stats`.
+
+        Returns
+        -------
+        buffer
+
+        Raises
+        ------
+        TypeError, ValueError
+            ``root`` is not a rank of the communicator; ``buffer`` cannot be moved (as for
+            `Allreduce`) or, off ``root``, is read-only.
+        """
         root = self._check_root(root)
         view = _as_buffer(buffer, written=self.rank != root)
         if self.size > 1:
@@ -632,7 +709,31 @@ class Communicator:
                                "mpi4py for self-messages")
 
     def Isend(self, buffer, dest, tag, kind):
-        """Start sending ``buffer`` to rank ``dest``; keep the buffer alive until waited on."""
+        """Start sending ``buffer`` to rank ``dest``; keep the buffer alive until waited on.
+
+        Parameters
+        ----------
+        buffer : ndarray or CPU tensor
+            C-contiguous; sent as its bytes, which the receiving buffer must match.
+        dest : int
+            A rank of the communicator (this one too, with MPI).
+        tag : int
+            Required, where mpi4py's defaults to 0.
+        kind : str
+            Traffic kind of `stats`; required.
+
+        Returns
+        -------
+        request
+            Its ``wait()`` completes the send, its blocked time counted in `wait_seconds`.
+
+        Raises
+        ------
+        RuntimeError
+            The communicator has one rank and no MPI, so no messages to itself.
+        TypeError, ValueError
+            ``dest`` is not a rank; ``buffer`` cannot be moved (as for `Allreduce`).
+        """
         view = _as_buffer(buffer)
         self._no_messages("Isend")
         # Checked here, as Sendrecv does: MPI's "Invalid rank" came with its error stack.
@@ -641,7 +742,31 @@ class Communicator:
         return _Request(self.mpi.Isend(_bytes_of(view), dest=dest, tag=tag), self, kind)
 
     def Irecv(self, buffer, source, tag, kind):
-        """Start receiving into ``buffer`` from rank ``source``."""
+        """Start receiving into ``buffer`` from rank ``source``.
+
+        Parameters
+        ----------
+        buffer : ndarray or CPU tensor
+            C-contiguous and writable; received as bytes.
+        source : int
+            A rank of the communicator (no ``MPI.ANY_SOURCE``).
+        tag : int
+        kind : str
+            Traffic kind of `stats`; required.
+
+        Returns
+        -------
+        request
+            Its ``wait()`` completes the receive, and raises a ``ValueError`` when the message
+            was not exactly ``buffer``'s bytes (the sender's rows of another dtype or shape).
+
+        Raises
+        ------
+        RuntimeError
+            The communicator has one rank and no MPI, so no messages to itself.
+        TypeError, ValueError
+            ``source`` is not a rank; ``buffer`` cannot be moved (as for `Allreduce`).
+        """
         view = _as_buffer(buffer, written=True)
         self._no_messages("Irecv")
         source = check_rank(source, self.size, "source")
@@ -653,7 +778,38 @@ class Communicator:
 
     def Sendrecv(self, sendbuf, dest, recvbuf, source, tag=0, kind="sendrecv"):
         """Send ``sendbuf`` to rank ``dest`` while receiving ``recvbuf`` from rank ``source``
-        (one blocking exchange, deadlock-free between two partners); returns ``recvbuf``."""
+        (one blocking exchange, deadlock-free between two partners); returns ``recvbuf``.
+
+        The arguments' order is not mpi4py's, whose third is ``sendtag``.
+
+        Parameters
+        ----------
+        sendbuf : ndarray or CPU tensor
+            C-contiguous; sent as its bytes.
+        dest : int
+        recvbuf : ndarray or CPU tensor
+            C-contiguous and writable; the message from ``source`` must fill it exactly.
+        source : int
+        tag : int
+            The tag of both messages (mpi4py's ``sendtag`` and ``recvtag``).
+        kind : str
+            Traffic kind of `stats`.
+
+        Returns
+        -------
+        recvbuf
+            Holding the message (on a one-rank communicator without MPI, a copy of
+            ``sendbuf``'s bytes).
+
+        Raises
+        ------
+        ValueError
+            The message received was not exactly ``recvbuf``'s bytes (the ranks passed other
+            dtypes or shapes; without MPI, the two buffers differ in bytes).
+        TypeError, ValueError
+            ``dest`` or ``source`` is not a rank; a buffer cannot be moved (as for
+            `Allreduce`).
+        """
         send, recv = _as_buffer(sendbuf, "sendbuf"), _as_buffer(recvbuf, "recvbuf", True)
         if self.mpi is None:
             # One rank without MPI: the exchange with itself is a copy, as MPI's would be
@@ -684,12 +840,18 @@ class Communicator:
         return recvbuf
 
     def Barrier(self):
+        """Wait until every rank has called it (collective; returns at once on one rank)."""
         if self.size > 1:
             self._watched("Barrier", self.mpi.Barrier)
 
     def ranks_on_this_node(self):
         """How many ranks of this communicator share this rank's node (its shared-memory
-        group); 1 in one process. A collective: every rank calls it."""
+        group); 1 in one process. A collective: every rank calls it.
+
+        Returns
+        -------
+        int
+        """
         if self.size == 1:
             return 1
         from mpi4py import MPI
@@ -776,13 +938,38 @@ class Communicator:
         Returns
         -------
         recvbuf
+
+        Raises
+        ------
+        TypeError
+            ``counts`` is not a sequence of integers; the buffers differ in dtype, or one
+            cannot be moved (as for `Allreduce`).
+        ValueError
+            ``counts`` is not one count >= 0 per rank summing to ``recvbuf``'s size, or
+            ``counts[rank]`` is not ``sendbuf``'s size; a buffer cannot be moved.
         """
         self._start_allgatherv(sendbuf, recvbuf, counts, kind, blocking=True)
         return recvbuf
 
     def Iallgatherv(self, sendbuf, recvbuf, counts, kind="allgather"):
         """Start `Allgatherv`; returns a request to ``wait()`` on (its blocked time counts in
-        `wait_seconds` under ``kind``). Keep both buffers alive until it is waited on."""
+        `wait_seconds` under ``kind``). Keep both buffers alive until it is waited on.
+
+        Parameters
+        ----------
+        sendbuf, recvbuf, counts, kind
+            As for `Allgatherv`.
+
+        Returns
+        -------
+        request
+            On one rank, complete already (``recvbuf`` holds ``sendbuf``).
+
+        Raises
+        ------
+        TypeError, ValueError
+            As for `Allgatherv`, before anything is started.
+        """
         return self._start_allgatherv(sendbuf, recvbuf, counts, kind, blocking=False)
 
     def _start_reduce_scatter(self, sendbuf, recvbuf, counts, op, kind, blocking):
@@ -826,13 +1013,39 @@ class Communicator:
         Returns
         -------
         recvbuf
+
+        Raises
+        ------
+        TypeError
+            ``counts`` is not a sequence of integers; the buffers differ in dtype, or one
+            cannot be moved; ``op`` does not apply to the dtype (as for `Allreduce`).
+        ValueError
+            ``counts`` is not one count >= 0 per rank summing to ``sendbuf``'s size, or
+            ``counts[rank]`` is not ``recvbuf``'s size; ``op`` names no reduction; a buffer
+            cannot be moved.
         """
         self._start_reduce_scatter(sendbuf, recvbuf, counts, op, kind, blocking=True)
         return recvbuf
 
     def Ireduce_scatter(self, sendbuf, recvbuf, counts, op="sum", kind="reduce_scatter"):
         """Start `Reduce_scatter`; returns a request to ``wait()`` on (its blocked time counts
-        in `wait_seconds` under ``kind``). Keep both buffers alive until it is waited on."""
+        in `wait_seconds` under ``kind``). Keep both buffers alive until it is waited on.
+
+        Parameters
+        ----------
+        sendbuf, recvbuf, counts, op, kind
+            As for `Reduce_scatter`.
+
+        Returns
+        -------
+        request
+            On one rank, complete already (``recvbuf`` holds ``sendbuf``).
+
+        Raises
+        ------
+        TypeError, ValueError
+            As for `Reduce_scatter`, before anything is started.
+        """
         return self._start_reduce_scatter(sendbuf, recvbuf, counts, op, kind, blocking=False)
 
     # ---------------------------------------------------------------- object collectives
@@ -840,7 +1053,28 @@ class Communicator:
     # set-up's pieces of the graph and the rows scatter_rows and gather_rows move went
     # uncounted. Every rank gets an unpickled copy, the root too, as from mpi4py.
     def bcast(self, obj, root=0, kind="broadcast"):
-        """``obj`` of ``root`` on every rank (pickled; set-up only)."""
+        """``obj`` of ``root`` on every rank (pickled; set-up only).
+
+        Parameters
+        ----------
+        obj : object
+            Read on ``root`` only; it must pickle there (an error pickling it is raised on
+            ``root`` alone).
+        root : int
+        kind : str
+            Traffic kind of `stats`, which counts the pickled bytes.
+
+        Returns
+        -------
+        object
+            An unpickled copy of ``root``'s ``obj``, on ``root`` too; on one rank ``obj``
+            itself.
+
+        Raises
+        ------
+        TypeError, ValueError
+            ``root`` is not a rank of the communicator.
+        """
         root = self._check_root(root)
         if self.size == 1:
             return obj
@@ -853,7 +1087,20 @@ class Communicator:
         return pickle.loads(data)
 
     def allgather(self, obj, kind="allgather"):
-        """The list of every rank's ``obj`` (pickled; set-up only)."""
+        """The list of every rank's ``obj`` (pickled; set-up only).
+
+        Parameters
+        ----------
+        obj : object
+            This rank's; it must pickle (an error pickling it is raised on this rank alone).
+        kind : str
+            Traffic kind of `stats`, which counts the pickled bytes.
+
+        Returns
+        -------
+        list
+            Unpickled copies of every rank's ``obj``, in rank order; on one rank ``[obj]``.
+        """
         if self.size == 1:
             return [obj]
         data = _pickled(obj)
@@ -863,7 +1110,27 @@ class Communicator:
         return [pickle.loads(d) for d in every]
 
     def gather(self, obj, root=0, kind="gather"):
-        """The list of every rank's ``obj`` on ``root``, None elsewhere (pickled)."""
+        """The list of every rank's ``obj`` on ``root``, None elsewhere (pickled).
+
+        Parameters
+        ----------
+        obj : object
+            This rank's; it must pickle (an error pickling it is raised on this rank alone).
+        root : int
+        kind : str
+            Traffic kind of `stats`, which counts the pickled bytes.
+
+        Returns
+        -------
+        list or None
+            On ``root``, unpickled copies of every rank's ``obj`` in rank order (on one rank
+            ``[obj]``); None on the other ranks.
+
+        Raises
+        ------
+        TypeError, ValueError
+            ``root`` is not a rank of the communicator.
+        """
         root = self._check_root(root)
         if self.size == 1:
             return [obj]
@@ -878,7 +1145,27 @@ class Communicator:
 
     def scatter(self, objs, root=0, kind="scatter"):
         """Element ``rank`` of ``root``'s list ``objs`` on each rank (pickled); None
-        everywhere when ``objs`` is None, as in mpi4py."""
+        everywhere when ``objs`` is None, as in mpi4py.
+
+        Parameters
+        ----------
+        objs : sequence or None
+            On ``root``, one picklable object per rank; ignored on the other ranks.
+        root : int
+        kind : str
+            Traffic kind of `stats`, which counts the pickled bytes.
+
+        Returns
+        -------
+        object
+            An unpickled copy of ``objs[rank]``; on one rank ``objs[0]`` itself.
+
+        Raises
+        ------
+        TypeError, ValueError
+            ``root`` is not a rank of the communicator; on ``root`` alone, ``objs`` is not a
+            sequence of one item per rank.
+        """
         root = self._check_root(root)
         if self.rank == root and objs is not None:
             objs = _one_per_rank(objs, self.size, "scatter")
@@ -898,7 +1185,26 @@ class Communicator:
         return pickle.loads(data)
 
     def alltoall(self, objs, kind="alltoall"):
-        """Element ``rank`` of every rank's list ``objs``, as a list indexed by sender."""
+        """Element ``rank`` of every rank's list ``objs``, as a list indexed by sender.
+
+        Parameters
+        ----------
+        objs : sequence
+            One picklable object per rank: ``objs[q]`` goes to rank q.
+        kind : str
+            Traffic kind of `stats`, which counts the pickled bytes.
+
+        Returns
+        -------
+        list
+            Unpickled copies of what each rank sent this one, in rank order; on one rank
+            ``list(objs)``.
+
+        Raises
+        ------
+        TypeError, ValueError
+            ``objs`` is not a sequence of one item per rank (raised on that rank alone).
+        """
         objs = _one_per_rank(objs, self.size, "alltoall")
         if self.size == 1:
             return objs
@@ -916,6 +1222,26 @@ class Communicator:
         A check that only some ranks can make (their own rows, their own file) goes through
         this, so every rank raises the same clear error instead of the others waiting forever
         in the next collective. The message names the failing ranks.
+
+        Parameters
+        ----------
+        error : Exception or None
+            This rank's failure; None where all is well. Every rank calls it (collective).
+
+        Returns
+        -------
+        None
+            When no rank passed an exception.
+
+        Raises
+        ------
+        Exception
+            On every rank when any rank passed one, marked as raised alike
+            (`raised_on_every_rank`). Where one rank failed, that rank raises its own
+            ``error`` and the others its class rebuilt from its message; where several did,
+            every rank raises the lowest failing rank's, naming the ranks and the others'
+            differing errors. A class that cannot be rebuilt from a message (one local to a
+            function) becomes a ``RuntimeError`` naming it.
         """
         if self.size == 1:
             if error is not None:
@@ -1023,7 +1349,16 @@ class Communicator:
         return value
 
     def Abort(self, errorcode=1):
-        """End the whole job now (every rank), with exit status ``errorcode``."""
+        """End the whole job now (every rank), with exit status ``errorcode``.
+
+        It does not return: the process ends through ``os._exit`` even where MPI cannot abort
+        it, without Python's clean-up (flush what must be written first).
+
+        Parameters
+        ----------
+        errorcode : int, default 1
+            The exit status of the job, and of this process.
+        """
         try:
             if self.mpi is not None:
                 self.mpi.Abort(errorcode)

@@ -329,6 +329,35 @@ class DataParallel(torch.nn.Module):
         return [len(b.params) for b in self._buckets]
 
     def forward(self, *args, **kwargs):
+        """The wrapped module's output, ``module(*args, **kwargs)``.
+
+        First it takes up the parameters unfrozen or added since wrapping, rebuilds the
+        buckets of a model whose dtype changed and, with ``broadcast_buffers``, copies rank
+        0's buffers to every rank when gradients are enabled outside `no_sync` (a collective
+        on more than one rank).
+
+        Parameters
+        ----------
+        *args, **kwargs
+            Passed to the module.
+
+        Returns
+        -------
+        object
+            What the module returns.
+
+        Raises
+        ------
+        RuntimeError
+            The wrapper was retired: its module was wrapped again.
+        ValueError
+            A parameter that became trainable is not in host memory.
+
+        Warns
+        -----
+        RuntimeWarning
+            The last backward raised before it ended: its partial reductions are dropped.
+        """
         self._check_live()
         if self._in_backward:
             self._abandon_backward()
@@ -369,7 +398,22 @@ class DataParallel(torch.nn.Module):
             self._reset()
 
     def broadcast_parameters(self, root=0):
-        """Overwrite every rank's parameters and buffers with those of ``root``."""
+        """Overwrite every rank's parameters and buffers with those of ``root``.
+
+        Collective: one broadcast per tensor, booked as ``"broadcast"``.
+
+        Parameters
+        ----------
+        root : int, default 0
+
+        Raises
+        ------
+        RuntimeError
+            The wrapper was retired: its module was wrapped again.
+        TypeError, ValueError
+            ``root`` is not a rank of the communicator, or a parameter or buffer is not in
+            host memory.
+        """
         self._check_live()
         with torch.no_grad():
             for tensor in list(self.module.parameters()) + list(self.module.buffers()):

@@ -88,6 +88,17 @@ class _Pending:
 class HaloPlan:
     """One rank's communication plan: the rows it receives and sends in a halo exchange.
 
+    Parameters
+    ----------
+    comm : Communicator
+        The ranks of the exchange (`DistGraph` passes a duplicate of its own).
+    owned, halo : ndarray of int64
+        As the attributes below.
+    recv_counts : sequence of int
+        Halo rows received from each rank, one count per rank, in the order of ``halo``.
+    send_index : dict of int to ndarray of int64
+        Local row ids sent to each peer; peers with none are dropped.
+
     Attributes
     ----------
     comm : Communicator
@@ -126,7 +137,29 @@ class HaloPlan:
 
     def start_exchange(self, local):
         """Send the owned rows the peers need, receive the halo rows: a `_Pending` whose
-        ``wait()`` returns the (n_halo, ...) halo array (a new NumPy array)."""
+        ``wait()`` returns the (n_halo, ...) halo array (a new NumPy array).
+
+        Parameters
+        ----------
+        local : ndarray or CPU tensor, shape (n_local, ...)
+            The owned rows (copied first where not C-contiguous); every rank must pass one
+            dtype and row shape.
+
+        Returns
+        -------
+        _Pending
+            Its ``wait()`` returns the halo rows, of ``local``'s dtype, and raises a
+            ``ValueError`` where a peer's rows were another number of bytes (another dtype
+            or row shape).
+
+        Raises
+        ------
+        TypeError
+            ``local`` is bfloat16, neither a NumPy array nor a CPU tensor, or holds no
+            numbers.
+        ValueError
+            ``local`` does not have ``n_local`` rows, or is on a GPU.
+        """
         local = _rows_buffer(local, "local rows")
         if local.shape[0] != self.n_local:
             raise ValueError(f"expected the {self.n_local} owned rows of this rank, got "
@@ -146,7 +179,25 @@ class HaloPlan:
         """Send each halo row's value back to its owner: a `_Pending` whose ``wait()``
         returns a function ``add_into(local)`` that adds the received values into the owned
         rows (in place; the sum over peers is taken in rank order, so it is reproducible).
-        ``local`` must be (n_local, ...) of ``halo_values``'s row shape and dtype."""
+        ``local`` must be (n_local, ...) of ``halo_values``'s row shape and dtype.
+
+        Parameters
+        ----------
+        halo_values : ndarray or CPU tensor, shape (n_halo, ...)
+            A value per halo row (a gradient), in the order of ``halo``; copied first where
+            not C-contiguous.
+
+        Returns
+        -------
+        _Pending
+            Its ``wait()`` returns ``add_into``, which returns ``local`` and raises a
+            ``TypeError`` or ``ValueError`` for a ``local`` of another dtype or shape.
+
+        Raises
+        ------
+        TypeError, ValueError
+            As for `start_exchange`, with ``n_halo`` rows.
+        """
         halo_values = _rows_buffer(halo_values, "halo rows")
         if halo_values.shape[0] != self.n_halo:
             raise ValueError(f"expected the {self.n_halo} halo rows of this rank, got "
@@ -359,6 +410,23 @@ class DistGraph:
 
         Collective unless ``nnz`` (the new global number of stored entries) is given: every
         rank must call it at the same point.
+
+        Parameters
+        ----------
+        local : csr_array, shape (n_local, n_local + n_halo)
+            The new owned rows, over the same local columns (the owned nodes, then the halo).
+        nnz : int, optional
+            Taken as it is; None sums ``local.nnz`` over the ranks.
+
+        Returns
+        -------
+        DistGraph
+            Sharing this graph's plan and communicator; this graph is unchanged.
+
+        Raises
+        ------
+        ValueError
+            ``local`` has another shape.
         """
         if local.shape != self.local.shape:
             raise ValueError(f"the local matrix must keep shape {self.local.shape}, got "
@@ -408,22 +476,86 @@ class DistGraph:
     # ---------------------------------------------------------------- exchanges
     def start_halo_exchange(self, local_rows):
         """Start the halo exchange of ``local_rows`` (n_local, ...) (a NumPy array or CPU
-        tensor); ``.wait()`` on the result returns the (n_halo, ...) NumPy halo array."""
+        tensor); ``.wait()`` on the result returns the (n_halo, ...) NumPy halo array.
+
+        Parameters
+        ----------
+        local_rows : ndarray or CPU tensor, shape (n_local, ...)
+            Every rank must pass one dtype and row shape.
+
+        Returns
+        -------
+        _Pending
+            See `HaloPlan.start_exchange`.
+
+        Raises
+        ------
+        TypeError, ValueError
+            As `HaloPlan.start_exchange`.
+        """
         return self.plan.start_exchange(local_rows)
 
     def halo_exchange(self, local_rows):
-        """The halo rows of ``local_rows`` (blocking `start_halo_exchange`)."""
+        """The halo rows of ``local_rows`` (blocking `start_halo_exchange`).
+
+        Parameters
+        ----------
+        local_rows : ndarray or CPU tensor, shape (n_local, ...)
+            Every rank must pass one dtype and row shape.
+
+        Returns
+        -------
+        ndarray, shape (n_halo, ...)
+            A new NumPy array of ``local_rows``'s dtype, in the order of `halo`.
+
+        Raises
+        ------
+        TypeError, ValueError
+            As `HaloPlan.start_exchange`; also a ``ValueError`` where a peer's rows were
+            another number of bytes (another dtype or row shape).
+        """
         return self.plan.start_exchange(local_rows).wait()
 
     def start_reverse_exchange(self, halo_rows):
         """Send values of the halo rows back to their owners; ``.wait()`` returns
-        ``add_into(local)``, which adds what this rank received into its owned rows."""
+        ``add_into(local)``, which adds what this rank received into its owned rows.
+
+        Parameters
+        ----------
+        halo_rows : ndarray or CPU tensor, shape (n_halo, ...)
+
+        Returns
+        -------
+        _Pending
+            See `HaloPlan.start_reverse_exchange`.
+
+        Raises
+        ------
+        TypeError, ValueError
+            As `HaloPlan.start_reverse_exchange`.
+        """
         return self.plan.start_reverse_exchange(halo_rows)
 
     # ---------------------------------------------------------------- data placement
     def local_rows(self, array):
         """The owned rows ``array[owned]`` of a global array (NumPy, torch, anything indexable
-        by an integer array) that every rank holds."""
+        by an integer array) that every rank holds.
+
+        Parameters
+        ----------
+        array : array_like or tensor, shape (n, ...)
+            A list is read as a NumPy array.
+
+        Returns
+        -------
+        ndarray or tensor, shape (n_local, ...)
+            New rows, in the order of `owned` (a tensor through ``index_select``).
+
+        Raises
+        ------
+        ValueError
+            ``array`` does not have one row per node.
+        """
         if not hasattr(array, "shape"):
             array = np.asarray(array)  # a list: NumPy's rows
         if array.ndim == 0 or array.shape[0] != self.shape[0]:
@@ -436,7 +568,28 @@ class DistGraph:
 
     def scatter_rows(self, array=None, root=None):
         """Each rank's owned rows of ``array``, a global NumPy array held by ``root`` only
-        (default: the root the graph was scattered from, else 0)."""
+        (default: the root the graph was scattered from, else 0).
+
+        Collective: every rank calls it.
+
+        Parameters
+        ----------
+        array : array_like, shape (n, ...), optional
+            Read on ``root`` only (pass None elsewhere).
+        root : int, optional
+
+        Returns
+        -------
+        ndarray, shape (n_local, ...)
+            This rank's rows, in the order of `owned`.
+
+        Raises
+        ------
+        ValueError
+            On every rank, when ``root``'s ``array`` does not have one row per node.
+        TypeError, ValueError
+            ``root`` is not a rank of the communicator.
+        """
         root = self._root if root is None else root
         comm = self.comm
         owners = self._owners_on(root)
@@ -461,7 +614,27 @@ class DistGraph:
 
         Every rank must pass rows of one dtype and row shape; a rank whose rows are wrong
         makes every rank raise (the others waited in the gather for ever, and the root cast
-        other ranks' rows to its own dtype)."""
+        other ranks' rows to its own dtype).
+
+        Parameters
+        ----------
+        local : ndarray or tensor, shape (n_local, ...)
+            This rank's rows, in the order of `owned`.
+        root : int, optional
+
+        Returns
+        -------
+        ndarray, shape (n, ...) or None
+            On ``root``, every node's row, of ``local``'s dtype; None on the other ranks.
+
+        Raises
+        ------
+        TypeError
+            On every rank, when some rank's rows are bfloat16.
+        ValueError
+            On every rank, when some rank does not pass its ``n_local`` rows, or the ranks'
+            dtypes or row shapes differ.
+        """
         root = self._root if root is None else root
         comm = self.comm
         error, layout = None, None
@@ -505,7 +678,28 @@ class DistGraph:
         return self.comm.gather(self.owned, root=root)
 
     def allreduce_sum(self, value):
-        """Sum of a number (or NumPy array) over the ranks, on every rank."""
+        """Sum of a number (or NumPy array) over the ranks, on every rank.
+
+        Collective; see `comm_sum`.
+
+        Parameters
+        ----------
+        value : number, array_like or tensor
+            Real numbers (ints, floats or bools), of one shape on every rank.
+
+        Returns
+        -------
+        int, float or ndarray
+            A Python number for a number, else a new array of ``value``'s shape: float when
+            any rank passed floats (float64), else an exact integer (int64).
+
+        Raises
+        ------
+        TypeError
+            ``value`` does not hold real numbers.
+        OverflowError
+            On every rank, when the sum of an integer array leaves int64.
+        """
         return comm_sum(self.comm, value)
 
 

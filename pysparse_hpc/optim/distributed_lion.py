@@ -298,7 +298,21 @@ class DistributedLion(Lion):
 
     def add_param_group(self, param_group):
         """`Lion.add_param_group`, refusing parameters outside host memory and a parameter
-        listed twice in the group."""
+        listed twice in the group.
+
+        Add the same group on every rank: the next `step` raises on every rank otherwise.
+
+        Parameters
+        ----------
+        param_group : dict
+            As for `Lion.add_param_group`.
+
+        Raises
+        ------
+        TypeError, ValueError
+            As for `Lion.add_param_group`; also a ``ValueError`` for a parameter outside
+            host memory or listed twice. The group is not added.
+        """
         super().add_param_group(param_group)
         params = self.param_groups[-1]["params"]
         for param in params:
@@ -556,7 +570,25 @@ class DistributedLion(Lion):
 
     def load_state_dict(self, state_dict):
         """Restore what `state_dict` returned: this rank's momenta and the counters, so the
-        momentum schedule continues where it was."""
+        momentum schedule continues where it was.
+
+        Parameters
+        ----------
+        state_dict : dict
+            This rank's; a `Lion` state (without the counters) leaves the counters as they
+            are.
+
+        Raises
+        ------
+        ValueError
+            The counters are incomplete or not ints >= 0, or `Lion.load_state_dict` refuses
+            the state; nothing is loaded then.
+
+        Warns
+        -----
+        RuntimeWarning
+            The state was saved with another ``compression``.
+        """
         state_dict = dict(state_dict)
         counters = state_dict.pop("distributed_lion", None)
         missing = {"steps_taken", "momentum_syncs", "next_sync"} - set(counters or {})

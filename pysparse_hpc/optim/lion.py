@@ -43,6 +43,30 @@ def check_hyperparameters(lr, betas, weight_decay, *, zero_lr=False, init_lr=Non
     for lion-pytorch's ``decoupled_weight_decay``, given ``init_lr``). ``zero_lr``: accept
     ``lr = 0``, where a learning-rate schedule starts or ends (a new optimizer refuses it, as
     lion-pytorch's does).
+
+    Parameters
+    ----------
+    lr : float
+        Finite, > 0 (>= 0 with ``zero_lr``).
+    betas : iterable of two floats
+        Each in [0, 1].
+    weight_decay : float
+        Finite, >= 0.
+    zero_lr : bool, default False
+    init_lr : float, optional
+        The constructor's ``lr``, with ``decoupled_weight_decay``.
+
+    Returns
+    -------
+    tuple of float
+        ``betas``.
+
+    Raises
+    ------
+    TypeError
+        ``lr`` or ``weight_decay`` is not a number (a tensor included), or ``betas`` not two.
+    ValueError
+        A value is out of range or not finite, or the decay exceeds 1.
     """
     for name, value in (("lr", lr), ("weight_decay", weight_decay)):
         if isinstance(value, torch.Tensor):
@@ -113,7 +137,22 @@ def apply_update(param, direction, momentum, grad, lr, weight_decay, beta2):
 
 def lion_step(param, momentum, grad, lr, weight_decay, beta1, beta2):
     """One Lion step of ``param`` and ``momentum`` in place from ``grad``: one kernel pass on
-    CPU float32 or float64 tensors, the tensor operations otherwise (the same results)."""
+    CPU float32 or float64 tensors, the tensor operations otherwise (the same results).
+
+    Nothing is checked: `Lion` checks its settings before it calls this.
+
+    Parameters
+    ----------
+    param, momentum, grad : torch.Tensor
+        Of one shape; ``param`` and ``momentum`` are updated in place. Call it under
+        ``torch.no_grad()`` for a parameter that requires grad: the tensor operations refuse
+        to change such a leaf in place.
+    lr : float
+    weight_decay : float
+        The decay applied, ``param *= 1 - lr * weight_decay`` (as `Lion.weight_decay`
+        returns it).
+    beta1, beta2 : float
+    """
     arrays = kernel_arrays(param, momentum, grad)
     if arrays is None:
         apply_update(param, interpolate(momentum, grad, beta1).sign_(), momentum, grad, lr,
@@ -182,7 +221,17 @@ class Lion(torch.optim.Optimizer):
 
     def weight_decay(self, group):
         """The decay a step of ``group`` applies: its ``weight_decay``, divided by the
-        constructor's ``lr`` with ``decoupled_weight_decay`` (as lion-pytorch)."""
+        constructor's ``lr`` with ``decoupled_weight_decay`` (as lion-pytorch).
+
+        Parameters
+        ----------
+        group : dict
+            One of ``param_groups``.
+
+        Returns
+        -------
+        float
+        """
         decay = group["weight_decay"]
         return decay / self._init_lr if self._init_lr is not None else decay
 
@@ -197,7 +246,22 @@ class Lion(torch.optim.Optimizer):
         """Torch's, with the group's ``lr``, ``betas`` and ``weight_decay`` checked (the
         constructor's groups come through here too) and complex parameters refused. A group
         may set its own ``lr`` to 0 (frozen, as torch's optimizers allow); the constructor's
-        ``lr``, every group's default, must be > 0, as lion-pytorch's."""
+        ``lr``, every group's default, must be > 0, as lion-pytorch's.
+
+        Parameters
+        ----------
+        param_group : dict
+            ``"params"`` and any of ``"lr"``, ``"betas"`` and ``"weight_decay"`` (the
+            constructor's by default).
+
+        Raises
+        ------
+        TypeError
+            A setting is not a number (``betas`` not two), or a parameter is complex.
+        ValueError
+            A setting is out of range, the group asks to ``maximize``, or torch refuses the
+            group (a parameter already in another one). The group is not added.
+        """
         own_lr = isinstance(param_group, dict) and "lr" in param_group
         super().add_param_group(param_group)
         group = self.param_groups[-1]
@@ -210,7 +274,19 @@ class Lion(torch.optim.Optimizer):
     def load_state_dict(self, state_dict):
         """Torch's, refusing a state whose groups' hyper-parameters are out of range (the
         state of another optimizer, such as SGD's, has none) or whose momenta do not have
-        their parameters' shapes; the optimizer is then left as it was."""
+        their parameters' shapes; the optimizer is then left as it was.
+
+        Parameters
+        ----------
+        state_dict : dict
+            What `state_dict` returned (lion-pytorch's too).
+
+        Raises
+        ------
+        ValueError
+            A state refused as above (whatever the type of the wrong value), or one that
+            torch refuses (another number of groups, or of parameters in a group).
+        """
         # Torch's load puts a new state and new groups in place: the old ones are intact to
         # go back to (where a second load, or `state_dict`, would fire the user's hooks).
         before = self.state, self.param_groups
@@ -235,7 +311,23 @@ class Lion(torch.optim.Optimizer):
             raise ValueError(str(error)) from None
 
     def momentum(self, param):
-        """The momentum of ``param``, made (zeros) on first use."""
+        """The momentum of ``param``, made (zeros) on first use.
+
+        Parameters
+        ----------
+        param : torch.Tensor
+            A parameter of this optimizer.
+
+        Returns
+        -------
+        torch.Tensor
+            Its state ``"exp_avg"``, itself (not a copy).
+
+        Raises
+        ------
+        ValueError
+            The state holds a momentum that is not a dense tensor of ``param``'s shape.
+        """
         state = self.state[param]
         if "exp_avg" not in state:
             state["exp_avg"] = torch.zeros_like(param, memory_format=torch.preserve_format)
@@ -252,7 +344,27 @@ class Lion(torch.optim.Optimizer):
     @torch.no_grad()
     def step(self, closure=None):
         """One step on every parameter that has a gradient (`DistributedLion`: agreed over
-        its ranks); returns ``closure()``'s loss when a closure is given."""
+        its ranks); returns ``closure()``'s loss when a closure is given.
+
+        Parameters
+        ----------
+        closure : callable, optional
+            Re-evaluates the model and returns the loss; called once, with gradients enabled,
+            before the update.
+
+        Returns
+        -------
+        object or None
+            What ``closure`` returned; None without one.
+
+        Raises
+        ------
+        TypeError, ValueError
+            A group's ``lr``, ``betas`` or ``weight_decay`` is no longer valid (a scheduler or
+            a hand edit changed it), checked before any parameter changes.
+            `DistributedLion`: a ``ValueError`` on every rank, when the ranks' optimizers
+            have parted (see its notes).
+        """
         loss = None
         if closure is not None:
             with torch.enable_grad():

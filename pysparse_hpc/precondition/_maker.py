@@ -622,11 +622,53 @@ class PreconditionedGradientMaker:
         return self._current_schedules()[1]
 
     def do_update_curvature(self, step=None):
-        """Whether `step` (default: the current one) updates the curvature."""
+        """Whether `step` (default: the current one) updates the curvature.
+
+        Parameters
+        ----------
+        step : int, optional
+            A step number, counted from 0 as ``state["step"]`` counts them.
+
+        Returns
+        -------
+        bool
+
+        Raises
+        ------
+        TypeError, ValueError
+            A field of the config was changed since it was last read to an invalid value
+            (checked as on construction).
+
+        Warns
+        -----
+        RuntimeWarning
+            Once, for a step past ``config.num_total_steps``: no update from there on.
+        """
         return self._curvature_schedule(self.state["step"] if step is None else step)
 
     def do_update_preconditioner(self, step=None):
-        """Whether `step` (default: the current one) updates the preconditioner."""
+        """Whether `step` (default: the current one) updates the preconditioner.
+
+        Parameters
+        ----------
+        step : int, optional
+            A step number, counted from 0 as ``state["step"]`` counts them.
+
+        Returns
+        -------
+        bool
+
+        Raises
+        ------
+        TypeError, ValueError
+            A field of the config was changed since it was last read to an invalid value
+            (checked as on construction).
+
+        Warns
+        -----
+        RuntimeWarning
+            Once, for a step past ``config.num_total_steps``: no update from there on.
+        """
         return self._preconditioner_schedule(self.state["step"] if step is None else step)
 
     # ------------------------------------------------------------------ the loop
@@ -1032,7 +1074,22 @@ class PreconditionedGradientMaker:
         return merged
 
     def load_state_dict(self, state_dict):
-        """Restore a ``state_dict()`` (also ASDL's, which holds only the step)."""
+        """Restore a ``state_dict()`` (also ASDL's, which holds only the step).
+
+        Parameters
+        ----------
+        state_dict : dict
+            From `state_dict` or `consolidated_state_dict` of a maker of this class.
+
+        Raises
+        ------
+        TypeError
+            ``state_dict`` is not a dict.
+        ValueError
+            Its ``"step"`` is missing or not an int >= 0, it is another maker class's, or it
+            is one rank's part of a run on other ranks (see `consolidated_state_dict`).
+            Nothing changes then.
+        """
         self.state["step"] = self._loaded_step(state_dict)
 
     def _loaded_entries(self, state_dict, holds, settings, names, of):

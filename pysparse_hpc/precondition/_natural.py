@@ -434,7 +434,23 @@ class NaturalGradientMaker(PreconditionedGradientMaker):
         return self._inverse_owners()
 
     def factors(self, name):
-        """The stored tensors of module `name` (curvature and inverses; see the subclass)."""
+        """The stored tensors of module `name` (curvature and inverses; see the subclass).
+
+        Parameters
+        ----------
+        name : str
+            A qualified module name, as in `preconditioned_modules`.
+
+        Returns
+        -------
+        dict of str to torch.Tensor
+            A new dict of the tensors stored so far (themselves, not copies).
+
+        Raises
+        ------
+        KeyError
+            ``name`` is not a preconditioned module.
+        """
         if name not in self._factors:
             raise KeyError(f"{name!r} is not a preconditioned module; they are "
                            f"{list(self._factors)}")
@@ -465,6 +481,24 @@ class NaturalGradientMaker(PreconditionedGradientMaker):
 
         Raises ``ValueError`` when the modules, the keys, the shapes or the Fisher type differ,
         and then changes nothing.
+
+        Parameters
+        ----------
+        state_dict : dict
+            From `state_dict` or `consolidated_state_dict` of a maker of this class.
+
+        Raises
+        ------
+        TypeError
+            ``state_dict`` is not a dict, or an entry of its factors is not a dict of
+            tensors.
+        ValueError
+            As above, and as the base class's `PreconditionedGradientMaker.load_state_dict`.
+
+        Warns
+        -----
+        UserWarning
+            The state dict holds no curvature (an ASDL one): only the step is restored.
         """
         step, saved = self._loaded_entries(state_dict, "curvature",
                                            {"fisher_type": self.fisher_type}, self._modules,

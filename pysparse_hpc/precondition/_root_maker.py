@@ -263,7 +263,22 @@ class RootGradientMaker(PreconditionedGradientMaker):
         return out
 
     def block_shapes(self, name):
-        """The ``(rows, cols)`` of each block of parameter `name`, row-major."""
+        """The ``(rows, cols)`` of each block of parameter `name`, row-major.
+
+        Parameters
+        ----------
+        name : str
+            A qualified matrix parameter name, as in `preconditioned_parameters`.
+
+        Returns
+        -------
+        list of (int, int)
+
+        Raises
+        ------
+        KeyError
+            ``name`` is not a preconditioned matrix parameter.
+        """
         return [self._matrix(name).block_dims(k) for k in range(len(self._matrix(name).blocks))]
 
     def _matrix(self, name):
@@ -509,7 +524,23 @@ class RootGradientMaker(PreconditionedGradientMaker):
         return self._owned() + list(self._vectors)
 
     def factors(self, name):
-        """The stored tensors of matrix parameter `name`: one dict per block, row-major."""
+        """The stored tensors of matrix parameter `name`: one dict per block, row-major.
+
+        Parameters
+        ----------
+        name : str
+            A qualified matrix parameter name, as in `preconditioned_parameters`.
+
+        Returns
+        -------
+        list of dict
+            A new dict per block, of the tensors stored so far (themselves, not copies).
+
+        Raises
+        ------
+        KeyError
+            ``name`` is not a preconditioned matrix parameter.
+        """
         self._matrix(name)
         return [dict(state) for state in self._blocks[name]]
 
@@ -539,6 +570,24 @@ class RootGradientMaker(PreconditionedGradientMaker):
 
         Raises ``ValueError`` when the parameters, the blocks, the keys, the shapes or the
         grafting differ, and then changes nothing.
+
+        Parameters
+        ----------
+        state_dict : dict
+            From `state_dict` or `consolidated_state_dict` of a maker of this class.
+
+        Raises
+        ------
+        TypeError
+            ``state_dict`` is not a dict, or a stored value is not a tensor (or a number,
+            where a block holds one).
+        ValueError
+            As above, and as the base class's `PreconditionedGradientMaker.load_state_dict`.
+
+        Warns
+        -----
+        UserWarning
+            The state dict holds no statistics (an ASDL one): only the step is restored.
         """
         step, saved = self._loaded_entries(state_dict, "statistics",
                                            {"grafting": self.grafting},

@@ -144,7 +144,23 @@ class DiagNaturalGradientMaker(NaturalGradientMaker):
                     self._write_preconditioned(name, results)
 
     def factors(self, name):
-        """The stored diagonals of module `name`: ``weight``, ``bias`` and their ``*_inv``."""
+        """The stored diagonals of module `name`: ``weight``, ``bias`` and their ``*_inv``.
+
+        Parameters
+        ----------
+        name : str
+            A qualified module name, as in `preconditioned_modules`.
+
+        Returns
+        -------
+        dict of str to torch.Tensor
+            A new dict of the tensors stored so far (themselves, not copies).
+
+        Raises
+        ------
+        KeyError
+            ``name`` is not a preconditioned module.
+        """
         return super().factors(name)
 
     def _loadable_shapes(self, name):

@@ -108,7 +108,21 @@ def _split_damping(mean_a, mean_b, damping, use_pi, eps):
 
 
 def damped_cholesky(matrix, damping):
-    """The lower Cholesky factor of ``matrix + damping I``; None when not positive definite."""
+    """The lower Cholesky factor of ``matrix + damping I``; None when not positive definite.
+
+    Parameters
+    ----------
+    matrix : torch.Tensor, shape (n, n)
+        Symmetric; not changed (a damped copy is factored).
+    damping : float
+        Added to the diagonal.
+
+    Returns
+    -------
+    torch.Tensor or None
+        ``L``, lower triangular and row-major, with ``L L^T = matrix + damping I``; None
+        where the damped matrix is not positive definite.
+    """
     damped = matrix.clone()
     damped.diagonal().add_(damping)
     # LAPACK leaves its results column-major; the upper factor's transpose is the lower
@@ -569,6 +583,21 @@ class KfacGradientMaker(NaturalGradientMaker):
         ``A_woodbury_inv`` or ``A_woodbury_chol`` (by the same rule as the factors'), built
         from ``A_rows`` or, where newer rows have failed to invert since, from the rows kept
         with it as ``A_woodbury_rows``.
+
+        Parameters
+        ----------
+        name : str
+            A qualified module name, as in `preconditioned_modules`.
+
+        Returns
+        -------
+        dict of str to torch.Tensor
+            A new dict of the tensors stored so far (themselves, not copies).
+
+        Raises
+        ------
+        KeyError
+            ``name`` is not a preconditioned module.
         """
         return super().factors(name)
 

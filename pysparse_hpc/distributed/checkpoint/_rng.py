@@ -26,7 +26,19 @@ def rng_states():
 
 
 def restore_rng_states(states):
-    """Set the global random generators to ``states`` (what `rng_states` returned)."""
+    """Set the global random generators to ``states`` (what `rng_states` returned).
+
+    Parameters
+    ----------
+    states : dict
+        Entries ``"python"``, ``"numpy"``, ``"torch"`` and ``"cuda"``, as `rng_states` made
+        them; a generator whose entry is missing keeps its state.
+
+    Raises
+    ------
+    ImportError
+        ``states`` holds a torch or CUDA state and torch is not installed.
+    """
     if "python" in states:
         version, internal, gauss = states["python"]
         random.setstate((version, tuple(internal), gauss))
