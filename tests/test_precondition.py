@@ -1617,6 +1617,14 @@ def test_schedules():
         assert not any(by_ratio.do_update_preconditioner(k) for k in range(10, 40))
     # once, not every step: each step's own message filled Python's registry of warnings
     assert len(told) == 1 and "step 10 is past num_total_steps (10)" in str(told[0].message)
+    # a negative step was read from the end of the list, and as warm-up by an interval
+    for maker in (by_ratio, gm):
+        for method in (maker.do_update_preconditioner, maker.do_update_curvature):
+            with pytest.raises(ValueError, match=r"step must be >= 0 \(steps count from 0\), "
+                                                 r"got -1"):
+                method(-1)
+            with pytest.raises(TypeError, match="step must be an integer, got float"):
+                method(2.0)
 
 
 def test_curvature_ratio_without_a_moving_average_is_refused_by_the_natural_makers_only():

@@ -29,7 +29,7 @@ from torch import nn
 from torch.nn import functional as F
 from torch.nn.parameter import is_lazy
 
-from .._sputils import check_flag
+from .._sputils import check_flag, check_integer
 from ..distributed._comm import check_communicator, check_rank, launched_ranks
 from ..distributed._sparse_grads import allreduce_sparse, sparse_gradient_parameters
 from ..nn._checks import user_stacklevel
@@ -38,6 +38,15 @@ from ._kaisa import allreduce_sum
 from .config import PreconditioningConfig, _schedules
 
 __all__ = ["OutputPlaceholder", "PreconditionedGradientMaker"]
+
+
+def _check_step(step):
+    """``step`` as an int >= 0: a negative one was read from the end of a fixed schedule, and
+    as warm-up by an interval's."""
+    step = check_integer(step, "step")
+    if step < 0:
+        raise ValueError(f"step must be >= 0 (steps count from 0), got {step}")
+    return step
 
 
 def _is_torch_cross_entropy(loss_fn):
@@ -636,15 +645,16 @@ class PreconditionedGradientMaker:
         Raises
         ------
         TypeError, ValueError
-            A field of the config was changed since it was last read to an invalid value
-            (checked as on construction).
+            ``step`` is not an integer >= 0; a field of the config was changed since it was
+            last read to an invalid value (checked as on construction).
 
         Warns
         -----
         RuntimeWarning
             Once, for a step past ``config.num_total_steps``: no update from there on.
         """
-        return self._curvature_schedule(self.state["step"] if step is None else step)
+        return self._curvature_schedule(
+            self.state["step"] if step is None else _check_step(step))
 
     def do_update_preconditioner(self, step=None):
         """Whether `step` (default: the current one) updates the preconditioner.
@@ -661,15 +671,16 @@ class PreconditionedGradientMaker:
         Raises
         ------
         TypeError, ValueError
-            A field of the config was changed since it was last read to an invalid value
-            (checked as on construction).
+            ``step`` is not an integer >= 0; a field of the config was changed since it was
+            last read to an invalid value (checked as on construction).
 
         Warns
         -----
         RuntimeWarning
             Once, for a step past ``config.num_total_steps``: no update from there on.
         """
-        return self._preconditioner_schedule(self.state["step"] if step is None else step)
+        return self._preconditioner_schedule(
+            self.state["step"] if step is None else _check_step(step))
 
     # ------------------------------------------------------------------ the loop
     def forward_and_backward(self):
