@@ -47,6 +47,10 @@ class csr_array(sparray):
 
         - a pysparse_hpc sparse array or any scipy.sparse matrix/array (any format);
         - a dense 2-D array (anything ``numpy.asarray`` accepts, e.g. a CPU torch tensor);
+        - a 2-D torch sparse tensor of any layout (COO, CSR, CSC, BSR, BSC; on any device):
+          as its CSR form's ``(values, col_indices, crow_indices)``, so with torch's int64
+          indices unless ``index_dtype`` asks otherwise, duplicates summed as ``coalesce()``
+          sums them;
         - ``(data, indices, indptr)``: raw CSR arrays, fully validated;
         - ``(data, (row, col))``: COO triplets, converted to canonical CSR (sorted, duplicates
           summed, explicit zeros kept);
@@ -108,6 +112,8 @@ class csr_array(sparray):
                 f"cannot build a csr_array from {type(arg).__name__}; expected a sparse array, a "
                 "dense 2-D array, (data, indices, indptr), (data, (row, col)) or a shape (M, N)"
             )
+        elif is_torch_tensor(arg) and arg.layout != sys.modules["torch"].strided:
+            self._init_from_torch_sparse(arg, shape, dtype, copy, index_dtype)
         else:
             self._init_from_dense(arg, shape, dtype, index_dtype)
 
@@ -256,6 +262,28 @@ class csr_array(sparray):
             np.ascontiguousarray(upcast_for_sum(data)), True,
         )
         self._set_arrays(summed.astype(data.dtype, copy=False), indices, indptr, shape, True)
+
+    def _init_from_torch_sparse(self, tensor, shape, dtype, copy, index_dtype):
+        torch = sys.modules["torch"]
+        if tensor.ndim != 2 or tensor.dense_dim() != 0:
+            raise ValueError(f"expected a 2-D sparse tensor of scalar values, got shape "
+                             f"{tuple(tensor.shape)} ({tensor.sparse_dim()} sparse and "
+                             f"{tensor.dense_dim()} dense dimensions)")
+        tensor_shape = tuple(int(n) for n in tensor.shape)
+        if shape is not None and shape != tensor_shape:
+            raise ValueError(f"shape {shape} does not match the tensor's shape {tensor_shape}")
+        _refuse_meta(tensor)
+        _refuse_gradient(tensor)
+        tensor = tensor.detach()
+        if tensor.layout in (torch.sparse_bsr, torch.sparse_bsc):
+            tensor = tensor.to_sparse_coo()   # torch converts blocks to CSR only through COO
+        if tensor.layout != torch.sparse_csr:
+            tensor = tensor.to_sparse_csr()   # from COO, duplicates summed
+        # As its arrays passed as (data, indices, indptr): their index dtype kept (torch's
+        # int64, unless the tensor was made with int32 indices), the values shared
+        self._init_from_raw_csr(host_values(tensor.values()), host_values(tensor.col_indices()),
+                                host_values(tensor.crow_indices()), tensor_shape, dtype, copy,
+                                index_dtype)
 
     def _init_from_dense(self, arg, shape, dtype, index_dtype):
         if is_torch_tensor(arg):

@@ -320,6 +320,46 @@ def test_to_scipy_shares_or_copies():
     assert not np.shares_memory(blocked.to_scipy(copy=True).data, blocked.values)
 
 
+@pytest.mark.filterwarnings("ignore:Sparse CSR tensor support is in beta")
+def test_from_torch_sparse_tensors_of_every_layout(rng):
+    """A torch sparse tensor failed as a dense one, with torch's advice to densify it first.
+    Every layout is read as its CSR form's arrays would be: duplicates summed, explicit
+    zeros kept, the index dtype kept (torch's int64 unless asked otherwise), the values
+    shared where torch's CSR holds them as they are."""
+    torch = pytest.importorskip("torch")
+    dense = random_scipy(rng, (16, 12), 0.3).toarray().astype(np.float32)
+    tensor = torch.from_numpy(dense)
+    for layout in ("coo", "csr", "csc", "bsr", "bsc"):
+        sparse = (tensor.to_sparse_bsr((4, 4)) if layout == "bsr" else
+                  tensor.to_sparse_bsc((4, 4)) if layout == "bsc" else
+                  getattr(tensor, f"to_sparse_{layout}")())
+        A = sph.csr_array(sparse)
+        assert (A.dtype, A.index_dtype, A.shape) == (np.float32, np.int64, (16, 12)), layout
+        assert A.has_canonical_format, layout
+        np.testing.assert_array_equal(A.toarray(), dense, err_msg=layout)
+    csr = tensor.to_sparse_csr()
+    assert np.shares_memory(sph.csr_array(csr).data, csr.values().numpy())
+    assert not np.shares_memory(sph.csr_array(csr, copy=True).data, csr.values().numpy())
+    assert sph.csr_array(csr, dtype=np.float64, index_dtype=np.int32).index_dtype == np.int32
+    small = torch.sparse_csr_tensor(csr.crow_indices().int(), csr.col_indices().int(),
+                                    csr.values(), csr.shape)
+    assert sph.csr_array(small).index_dtype == np.int32
+    # an uncoalesced COO tensor: its duplicates summed, an explicit zero kept
+    repeated = torch.sparse_coo_tensor(torch.tensor([[0, 0, 1], [1, 1, 0]]),
+                                       torch.tensor([1.0, 2.0, 0.0]), (2, 3))
+    A = sph.csr_array(repeated)
+    assert A.nnz == 2 and A.toarray().tolist() == [[0, 3, 0], [0, 0, 0]]
+    bad = [(torch.sparse_coo_tensor(torch.tensor([[0], [1]]), torch.ones(1, 3), (2, 2, 3)),
+            ValueError, r"expected a 2-D sparse tensor of scalar values, got shape \(2, 2, 3\) "
+                        r"\(2 sparse and 1 dense dimensions\)"),
+           (csr, ValueError, r"shape \(16, 16\) does not match the tensor's shape \(16, 12\)"),
+           (csr.to(torch.bfloat16), TypeError, "torch.bfloat16"),
+           (repeated.requires_grad_(), TypeError, "requires grad")]
+    for tensor_in, error, message in bad:
+        with pytest.raises(error, match=message):
+            sph.csr_array(tensor_in, shape=(16, 16) if tensor_in is csr else None)
+
+
 def test_torch_tensors_as_raw_and_coo_arrays():
     """Tensors among raw arrays are read as a dense tensor is: by their values. One that
     carries torch's negative bit raised torch's RuntimeError from numpy(), bfloat16 torch's

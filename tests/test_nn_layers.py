@@ -759,10 +759,13 @@ def test_torch_sparse_adj_is_rejected_with_the_conversion(graph, layer, layout):
     adj = adj.to_sparse_csr() if layout == "csr" else adj
     x = features(14, 3, dtype=torch.float32)
     conv = layer()
-    with pytest.raises(TypeError, match="torch sparse tensor.*coalesce"):
+    with pytest.raises(TypeError, match=r"torch sparse tensor.*pysparse_hpc\.csr_array\(adj\)"
+                                        r".*coalesce"):
         conv(x, adj)
-    converted = adj.to_sparse_coo().coalesce().indices().flip(0)   # as the message says
+    # both conversions the message gives (adj's values are ones, as an edge_index's)
+    converted = adj.to_sparse_coo().coalesce().indices().flip(0)
     torch.testing.assert_close(conv(x, converted), conv(x, edge_index))
+    torch.testing.assert_close(conv(x, sph.csr_array(adj)), conv(x, edge_index))
 
 
 def test_inputs_are_left_untouched(graph):

@@ -237,10 +237,9 @@ def _check_not_torch_sparse(adj):
     torch = _torch()
     if adj.layout != torch.strided:
         raise TypeError(f"adj is a torch sparse tensor (layout {adj.layout}), which the layers "
-                        "do not take: pass the edge_index A.to_sparse_coo().coalesce().indices()"
-                        ".flip(0) (A[i, j] being the edge j -> i; its values are dropped), or, "
-                        "to keep the values, pysparse_hpc.csr_array((values, (rows, cols)), "
-                        "shape=A.shape) from A.to_sparse_coo().coalesce()'s indices and values")
+                        "do not take: convert it with pysparse_hpc.csr_array(adj), its values "
+                        "kept (A[i, j] weighs the edge j -> i), or pass the edge_index "
+                        "adj.to_sparse_coo().coalesce().indices().flip(0)")
 
 
 def _from_edge_index(edge_index, num_nodes):
