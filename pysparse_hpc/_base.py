@@ -101,6 +101,11 @@ class sparray:
         """
         return self.tocsr().to_scipy(copy=copy)
 
+    def to_torch(self, layout="csr", copy=False):
+        """Return a CPU torch sparse tensor with the same entries (see `csr_array.to_torch`;
+        ``copy`` as there, for the CSR array this format converts to)."""
+        return self.tocsr().to_torch(layout=layout, copy=copy)
+
     @property
     def T(self):
         """The transpose, see `transpose`."""

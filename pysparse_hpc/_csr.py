@@ -507,6 +507,51 @@ class csr_array(sparray):
                                           shape=self.shape)
         return scipy.sparse.csr_array((data, self.indices, self.indptr), shape=self.shape)
 
+    def to_torch(self, layout="csr", copy=False):
+        """Return a CPU torch sparse tensor of the same entries, the inverse of
+        ``csr_array(tensor)``.
+
+        Parameters
+        ----------
+        layout : {"csr", "coo"}
+            ``torch.sparse_csr`` (with this array's index dtype) or a coalesced
+            ``torch.sparse_coo`` (int64 indices, as torch requires).
+        copy : bool, default False
+            False shares ``data``, ``indices`` and ``indptr`` with the CSR tensor where this
+            array is canonical, as `to_scipy` does. A non-canonical array is always copied:
+            torch's sparse tensors hold each row's columns sorted and distinct, and its
+            kernels read them so (a repeated column is added once).
+
+        Returns
+        -------
+        torch.Tensor
+
+        Raises
+        ------
+        ValueError
+            For another ``layout``.
+        """
+        import torch
+
+        if layout not in ("csr", "coo"):
+            raise ValueError(f"layout must be 'csr' or 'coo', got {layout!r}")
+        source = self if self.has_canonical_format else self.canonical()
+        shared = source is self and not copy
+
+        def tensor(array):
+            return torch.from_numpy(array if shared else array.copy())
+
+        # Canonical CSR meets torch's invariants: said so, torch's check (and its warning
+        # that it checks nothing unless told) is skipped.
+        if layout == "csr":
+            return torch.sparse_csr_tensor(tensor(source.indptr), tensor(source.indices),
+                                           tensor(source.data), size=self.shape,
+                                           check_invariants=False)
+        row = np.repeat(np.arange(self.shape[0], dtype=np.int64), np.diff(source.indptr))
+        indices = torch.from_numpy(np.stack([row, source.indices.astype(np.int64)]))
+        return torch.sparse_coo_tensor(indices, tensor(source.data), size=self.shape,
+                                       is_coalesced=True, check_invariants=False)
+
     def to_blocked(self, window=8, block_width=8):
         """Convert to a blocked row-window format of ``window`` x 1 vectors.
 

@@ -321,6 +321,7 @@ def test_to_scipy_shares_or_copies():
 
 
 @pytest.mark.filterwarnings("ignore:Sparse CSR tensor support is in beta")
+@pytest.mark.filterwarnings("ignore:Sparse invariant checks are implicitly disabled")
 def test_from_torch_sparse_tensors_of_every_layout(rng):
     """A torch sparse tensor failed as a dense one, with torch's advice to densify it first.
     Every layout is read as its CSR form's arrays would be: duplicates summed, explicit
@@ -358,6 +359,39 @@ def test_from_torch_sparse_tensors_of_every_layout(rng):
     for tensor_in, error, message in bad:
         with pytest.raises(error, match=message):
             sph.csr_array(tensor_in, shape=(16, 16) if tensor_in is csr else None)
+
+
+@pytest.mark.filterwarnings("ignore:Sparse CSR tensor support is in beta")
+def test_to_torch_gives_the_entries_and_shares_what_it_can(rng):
+    """``to_torch`` inverts ``csr_array(tensor)``: a CSR tensor sharing a canonical array's
+    arrays (unless asked to copy), a coalesced COO one; a non-canonical array goes over in
+    canonical form, since torch's kernels take each row's columns as sorted and distinct."""
+    torch = pytest.importorskip("torch")
+    A = sph.csr_array(random_scipy(rng, (9, 7), 0.4))
+    csr, coo = A.to_torch(), A.to_torch("coo")
+    assert (csr.layout, coo.layout, coo.is_coalesced()) == (torch.sparse_csr,
+                                                            torch.sparse_coo, True)
+    for tensor in (csr, coo, A.to_torch(copy=True)):
+        np.testing.assert_array_equal(tensor.to_dense().numpy(), A.toarray())
+        assert tuple(tensor.shape) == A.shape
+    assert np.shares_memory(csr.values().numpy(), A.data)
+    assert np.shares_memory(csr.col_indices().numpy(), A.indices)
+    assert not np.shares_memory(A.to_torch(copy=True).values().numpy(), A.data)
+    assert_same_csr(sph.csr_array(csr), A)
+    assert_same_csr(sph.csr_array(coo, index_dtype=A.index_dtype), A)
+    # repeated and unsorted columns: torch's product adds a repeated one once
+    repeated = sph.csr_array((np.array([1.0, 2.0, 3.0]), np.array([1, 1, 0]),
+                              np.array([0, 2, 3])), shape=(2, 2))
+    assert not repeated.has_canonical_format
+    for layout in ("csr", "coo"):
+        tensor = repeated.to_torch(layout)
+        np.testing.assert_array_equal((tensor @ torch.ones(2, 1, dtype=torch.float64))
+                                      .numpy().ravel(), [3.0, 3.0])
+    assert repeated.indices.tolist() == [1, 1, 0]   # left as it was
+    blocked = sph.mebcrs_array(A)
+    np.testing.assert_array_equal(blocked.to_torch().to_dense().numpy(), A.toarray())
+    with pytest.raises(ValueError, match="layout must be 'csr' or 'coo', got 'csc'"):
+        A.to_torch("csc")
 
 
 def test_torch_tensors_as_raw_and_coo_arrays():
