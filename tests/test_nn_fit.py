@@ -248,3 +248,22 @@ def test_fit_refuses_options_of_what_it_was_not_asked_for(problem, tmp_path):
     with Checkpointer(tmp_path) as checkpoints:
         fit(_gcn(), x, adj, y, masks, epochs=3, progress=False, checkpointer=checkpoints)
         assert checkpoints.steps() == [3]
+
+
+def test_compile_notices_go_to_standard_error_with_the_bar(problem, monkeypatch, capsys):
+    """tqdm.write's default is standard output: the notices of kernels compiling were mixed
+    into a run's printed results, while the bar they stand above is on standard error."""
+    import contextlib
+
+    from pysparse_hpc.nn import train
+
+    @contextlib.contextmanager
+    def notices(write):   # as the real one does when a kernel takes a while to compile
+        write("pysparse_hpc: compiling a kernel")
+        yield
+    monkeypatch.setattr(train, "compile_messages", notices)
+    adj, x, y, masks = problem
+    capsys.readouterr()
+    fit(_gcn(), x, adj, y, masks, epochs=1, progress=True)
+    said = capsys.readouterr()
+    assert "compiling a kernel" in said.err and "compiling" not in said.out

@@ -715,7 +715,8 @@ def test_fit_without_validation_nodes_keeps_the_last_epoch_and_no_epoch_measures
 
 
 @pytest.mark.parametrize("optimizer", ["adam", "lion"])
-def test_fit_skips_a_nonfinite_step_and_says_so(optimizer):
+@pytest.mark.filterwarnings("ignore:GCNConv produced NaN")
+def test_fit_skips_a_nonfinite_step_and_says_so(optimizer, capsys):
     from pysparse_hpc.nn import models
     from pysparse_hpc.nn.train import fit
     cora, (x, y, *masks) = _cora()
@@ -727,6 +728,14 @@ def test_fit_skips_a_nonfinite_step_and_says_so(optimizer):
     assert result.skipped_epochs == [2] and np.isnan(result.losses[2])
     assert all(torch.isfinite(p).all() for p in model.parameters())
     assert np.isfinite(result.losses[4])
+
+    # under a progress bar, on standard error as the bar: not among a run's results
+    torch.manual_seed(0)
+    model = NanInEpoch(models.GCN(x.shape[1], 8, cora.num_classes), epoch=2)
+    capsys.readouterr()
+    fit(model, x, cora.adj, y, masks, epochs=4, progress=True, optimizer=optimizer)
+    said = capsys.readouterr()
+    assert "epoch 3: non-finite loss" in said.err and "non-finite" not in said.out
 
     torch.manual_seed(0)
     model = NanInEpoch(models.GCN(x.shape[1], 8, cora.num_classes), epoch=2)

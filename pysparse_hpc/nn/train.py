@@ -10,6 +10,7 @@ update equals the single-process one up to float rounding; accuracies are counte
 """
 import contextlib
 import copy
+import sys
 import time
 import warnings
 from functools import partial
@@ -379,7 +380,7 @@ def fit(model, x, adj, y, masks, *, epochs=200, lr=0.01, weight_decay=5e-4, prog
     check_classes = model.register_forward_hook(first_forward)
     # A first run stops in the first epoch while kernels compile: the bar's output says why.
     try:
-        with compile_messages(tqdm.write) if show else contextlib.nullcontext():
+        with compile_messages(_write_under_bar) if show else contextlib.nullcontext():
             for epoch in bar:
                 model.train()
                 start = time.perf_counter()
@@ -617,12 +618,18 @@ def _nonfinite_ranks(graph, loss, params):
     return np.flatnonzero(flags).tolist()
 
 
+def _write_under_bar(message):
+    """Print a line above the progress bar, on standard error as the bar itself: tqdm's
+    default, standard output, mixed the notices into a run's results."""
+    from tqdm.auto import tqdm
+    tqdm.write(message, file=sys.stderr)
+
+
 def _say(show, graph, message):
     """``message`` once per job: under the progress bar where one shows, else as a warning on
     rank 0 (the message names the ranks it is about)."""
     if show:
-        from tqdm.auto import tqdm
-        tqdm.write(message)
+        _write_under_bar(message)
     elif graph is None or graph.comm.rank == 0:
         warnings.warn(message, RuntimeWarning, stacklevel=3)
 
