@@ -453,8 +453,11 @@ def report_train(result, threads):
     elif result.ranks > 1:
         share = (100 * result.halo_bytes_per_epoch / result.cagnet_bytes_per_epoch
                  if result.cagnet_bytes_per_epoch else 0.0)
+        once = ("" if not result.halo_bytes_once > 0 else
+                f"; {_format_mb(result.halo_bytes_once)} more once, for the input rows of a kept "
+                f"product")
         lines += [f"  halo exchange per epoch: {_format_mb(result.halo_bytes_per_epoch)} "
-                  f"(all ranks); CAGNET-1D (all of H to every rank) would move "
+                  f"(all ranks{once}); CAGNET-1D (all of H to every rank) would move "
                   f"{_format_mb(result.cagnet_bytes_per_epoch)}, {share:.1f}% of it",
                   f"  gradient and metric allreduce per epoch: "
                   f"{_format_mb(result.allreduce_bytes_per_epoch)}"]

@@ -321,6 +321,19 @@ def test_train_refuses_a_bad_optimizer_before_taking_the_checkpoint_directory(tm
         assert not (tmp_path / "run").exists()
 
 
+def test_train_prints_the_halo_exchanged_once_apart(monkeypatch, capsys):
+    from pysparse_hpc.__main__ import main
+    _fake_training(monkeypatch, ranks=2, halo_bytes_per_epoch=0.06e6, halo_bytes_once=1.69e6,
+                   cagnet_bytes_per_epoch=0.57e6)
+    assert main(["train", "--no-progress"]) == 0
+    assert ("halo exchange per epoch: 0.06 MB (all ranks; 1.69 MB more once, for the input "
+            "rows of a kept product); CAGNET-1D") in capsys.readouterr().out
+    _fake_training(monkeypatch, ranks=2, halo_bytes_per_epoch=0.06e6, halo_bytes_once=0.0,
+                   cagnet_bytes_per_epoch=0.57e6)
+    assert main(["train", "--no-progress"]) == 0
+    assert "halo exchange per epoch: 0.06 MB (all ranks); CAGNET-1D" in capsys.readouterr().out
+
+
 def test_train_names_a_scipy_matrix_file_given_as_the_dataset(tmp_path, capsys):
     """A matrix saved by scipy.sparse.save_npz is a plausible --dataset PATH.npz: the error
     says that it holds no labels or split and what a graph file holds, before anything runs."""

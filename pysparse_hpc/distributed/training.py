@@ -51,12 +51,17 @@ class DistributedTrainResult:
         Wall time of this run's training (evaluation included; after the checkpoint, when
         resumed).
     halo_bytes_per_epoch : float
-        Bytes all ranks received in halo and reverse-halo exchanges per epoch (training and
-        evaluation passes) of the epochs this run trained (after its checkpoint, when
-        resumed). This and the other ``*_bytes_per_epoch`` are NaN when it trained none.
+        Bytes all ranks received in halo and reverse-halo exchanges in an epoch (training and
+        evaluation passes), the median epoch of those this run trained (after its checkpoint,
+        when resumed). This and the other ``*_bytes_per_epoch`` are NaN when it trained none.
     cagnet_bytes_per_epoch : float
         What CAGNET's 1D scheme (every rank receives all of H for each product) would move for
         the same exchanges: ``(P - 1) * n`` rows of each exchanged width.
+    halo_bytes_once : float
+        The halo bytes of the run beyond ``halo_bytes_per_epoch`` in each epoch: the input
+        rows of a product a model keeps (GCN's ``Â X`` on wide features), exchanged once,
+        when it is first kept. Averaged in, they made the figure per epoch depend on the
+        number of epochs. NaN when it trained none.
     allreduce_bytes_per_epoch : float
         Gradient and metric allreduce payload, all ranks together.
     partition_summary : str
@@ -111,6 +116,37 @@ class DistributedTrainResult:
     lr: float = None
     weight_decay: float = None
     resumed_after: int = None
+    halo_bytes_once: float = float("nan")
+
+
+_HALO_KINDS = ("halo", "reverse_halo")
+
+
+class _EpochTraffic:
+    """This rank's halo bytes received and the plan's exchanged row bytes at the start of
+    every epoch (the model's forward passes in training mode), read locally: no collective
+    inside a forward pass."""
+
+    def __init__(self, comm, graph, model):
+        self._comm, self._graph = comm, graph
+        self.at_epoch_starts = []
+        self._handle = model.register_forward_pre_hook(self._before_forward)
+
+    def counts(self):
+        """(halo bytes received, exchanged row bytes) so far on this rank."""
+        stats = self._comm.stats()
+        received = sum(stats.get(kind, {}).get("bytes_received", 0) for kind in _HALO_KINDS)
+        return received, self._graph.plan.exchanged_row_bytes
+
+    def _before_forward(self, module, args):
+        if module.training:
+            self.at_epoch_starts.append(self.counts())
+
+    def per_epoch(self):
+        """Stop counting; this rank's (halo bytes, row bytes) of each epoch, as two arrays."""
+        self._handle.remove()
+        marks = np.array(self.at_epoch_starts + [self.counts()], dtype=np.float64)
+        return np.diff(marks[:, 0]), np.diff(marks[:, 1])
 
 
 def _check_same_arguments(comm, used):
@@ -329,7 +365,7 @@ def train(dataset="cora", model="gcn", partition="metis", *, epochs=None, lr=Non
         if dtype == "float64":
             classifier = classifier.double()
         comm.reset_stats()
-        row_bytes_before = graph.plan.exchanged_row_bytes
+        traffic = _EpochTraffic(comm, graph, classifier)
         start = time.perf_counter()
         result = fit(classifier, piece.x, graph, piece.y, piece.masks, progress=progress,
                      description=description or f"{model} on {piece.name}, {comm.size} rank"
@@ -343,22 +379,29 @@ def train(dataset="cora", model="gcn", partition="metis", *, epochs=None, lr=Non
         if checkpointer is not None:  # free the directory for this process's next run
             checkpointer.abandon()
         raise
+    halo_by_epoch, rows_by_epoch = traffic.per_epoch()
     if checkpointer is not None:
         checkpointer.close()
     seconds_total = time.perf_counter() - start
     stats = comm.stats()
     # The gradient allreduce's bytes include its participation flags (DataParallel's).
     received = np.array([stats.get(kind, {}).get("bytes_received", 0)
-                         for kind in ("halo", "reverse_halo", "allreduce", PARTICIPATION_KIND,
-                                      *_OPTIMIZER_KINDS)],
+                         for kind in ("allreduce", PARTICIPATION_KIND, *_OPTIMIZER_KINDS)],
                         dtype=np.float64)
-    received = comm_sum(comm, received)
-    row_bytes = graph.plan.exchanged_row_bytes - row_bytes_before
     # Traffic counted in this run: the epochs it trained, not those before its checkpoint.
     # None trained (0 epochs, or resumed at or past them) measured no epoch's traffic: NaN,
     # where 0 bytes per epoch read as a halo exchange that moved nothing.
     n_epochs = settings["epochs"] - (0 if state is None else state.step)
     n_epochs = n_epochs if n_epochs > 0 else float("nan")
+    # Halo bytes summed over the ranks, exchanged row bytes alike on every rank; an epoch's
+    # figure is the median epoch's, the exchanges made once are counted apart.
+    summed = comm_sum(comm, np.concatenate([received, halo_by_epoch]))
+    received, halo_by_epoch = summed[:received.size], summed[received.size:]
+    if halo_by_epoch.size:
+        halo_per_epoch, rows_per_epoch = np.median(halo_by_epoch), np.median(rows_by_epoch)
+        halo_once = halo_by_epoch.sum() - halo_per_epoch * halo_by_epoch.size
+    else:
+        halo_per_epoch = rows_per_epoch = halo_once = float("nan")
     seconds = comm_sum(comm, np.array([result.seconds_per_epoch]))  # mean over ranks
     return DistributedTrainResult(
         dataset=piece.name, model=model,
@@ -366,14 +409,14 @@ def train(dataset="cora", model="gcn", partition="metis", *, epochs=None, lr=Non
         ranks=comm.size, test_accuracy=result.test_accuracy, val_accuracy=result.val_accuracy,
         best_epoch=result.best_epoch, epochs=result.epochs, losses=result.losses,
         seconds_per_epoch=float(seconds[0]) / comm.size, seconds_total=seconds_total,
-        halo_bytes_per_epoch=float(received[0] + received[1]) / n_epochs,
-        cagnet_bytes_per_epoch=float(row_bytes * (comm.size - 1) * graph.shape[0]) / n_epochs,
-        allreduce_bytes_per_epoch=float(received[2] + received[3]) / n_epochs,
+        halo_bytes_per_epoch=float(halo_per_epoch), halo_bytes_once=float(halo_once),
+        cagnet_bytes_per_epoch=float(rows_per_epoch * (comm.size - 1) * graph.shape[0]),
+        allreduce_bytes_per_epoch=float(received[0] + received[1]) / n_epochs,
         partition_summary=piece.summary,
         optimizer=optimizer, preconditioner=preconditioner, damping=result.damping,
         kl_clip=kl_clip, lr=settings["lr"], weight_decay=settings["weight_decay"],
         compression=compression,
-        optimizer_bytes_per_epoch=float(received[4:].sum()) / n_epochs,
+        optimizer_bytes_per_epoch=float(received[2:].sum()) / n_epochs,
         skipped_epochs=result.skipped_epochs, diverged_epoch=result.diverged_epoch,
         resumed_after=None if state is None else state.step)
 

@@ -65,6 +65,21 @@ def check_training():
                     assert result.halo_bytes_per_epoch == result.cagnet_bytes_per_epoch == 0
 
 
+def check_halo_figures_per_epoch():
+    """The halo bytes of an epoch are the same in a shorter and a longer run: the input rows
+    GCN exchanges once, when it keeps ``Â X`` (Cora's 1433-wide features), are counted apart,
+    where averaged into every epoch they made the figure fall with the number of epochs."""
+    short, longer = (train("cora", "gcn", "contiguous", epochs=epochs, progress=False)
+                     for epochs in (5, 8))
+    if short.ranks == 1:
+        assert short.halo_bytes_per_epoch == short.halo_bytes_once == 0
+        return
+    assert short.halo_bytes_per_epoch == longer.halo_bytes_per_epoch > 0
+    # more than ten epochs' worth, the same in both
+    assert short.halo_bytes_once == longer.halo_bytes_once > 10 * short.halo_bytes_per_epoch
+    assert short.halo_bytes_per_epoch < short.cagnet_bytes_per_epoch
+
+
 def check_plan_and_placement():
     """Scatter and replicated construction agree; exchanges, gather and scatter move the
     right rows; the bytes counted equal the plan's."""
