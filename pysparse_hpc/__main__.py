@@ -436,8 +436,10 @@ def report_train(result, threads):
                   f"best validation accuracy {100 * result.val_accuracy:.1f}%")
         outcome = (f"  {tested} ({chosen} at epoch {result.best_epoch + 1}), final training "
                    f"loss {result.losses[-1]:.4f}")
+    # One process partitions nothing: naming the default method read as a split made.
+    split = f", {result.partition_method} partition" if result.ranks > 1 else ""
     lines = [f"{result.model.upper()} on {result.dataset}, {ranks} x {threads} "
-             f"thread{'s' if threads > 1 else ''}, {result.partition_method} partition, "
+             f"thread{'s' if threads > 1 else ''}{split}, "
              f"{result.epochs} epoch{'s' if result.epochs != 1 else ''}, "
              + _optimizer_label(result)
              + ("" if result.lr is None else f", lr {result.lr:g}, weight decay "
