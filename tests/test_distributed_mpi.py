@@ -56,7 +56,7 @@ def run_checks(ranks, *names, timeout=300):
 def test_plan_ops_edge_cases_data_parallel_and_bad_input(ranks):
     run_checks(ranks, "plan_and_placement", "ops_match_one_process",
                "second_derivatives_match_one_process", "torch_func_grad_matches_one_process",
-               "edge_cases", "halo_figures_per_epoch",
+               "edge_cases", "halo_figures_per_epoch", "scatter_rows_memory_and_dtypes",
                "data_parallel", "data_parallel_reduces_each_gradient_once",
                "data_parallel_sparse", "bfloat16", "bad_input_on_every_rank",
                "fit_refuses_wrong_local_rows_on_every_rank", "review_fixes",

@@ -301,3 +301,37 @@ def test_train_refuses_options_of_what_it_was_not_asked_for(tmp_path):
                                        "checkpoint_every=2 with checkpoint=None")):
         with pytest.raises(ValueError, match=message):
             train("cora", "gcn", epochs=0, **options, **OPTIONS)
+
+
+def test_train_names_its_slow_set_up_stages_on_rank_0(monkeypatch, capsys):
+    """Reading, partitioning and scattering a large graph went by in silence before the
+    progress bar appeared; a stage that lasts is now named on standard error, with progress
+    on only."""
+    import contextlib
+    import time
+
+    from pysparse_hpc.distributed import training
+    monkeypatch.setattr(training, "SETUP_NOTICE_DELAY", 0.05)
+    with training._said_if_slow(True, "a slow stage"):
+        time.sleep(0.5)
+    with training._said_if_slow(True, "a quick stage"):
+        pass
+    with training._said_if_slow(False, "a silent stage"):
+        time.sleep(0.5)
+    time.sleep(0.2)   # a notice of the quick stage, had it not been cancelled
+    said = capsys.readouterr()
+    assert said.err == "pysparse_hpc: a slow stage ...\n" and said.out == ""
+
+    stages = []
+
+    @contextlib.contextmanager
+    def recorded(show, what):
+        stages.append((show, what))
+        yield
+    monkeypatch.setattr(training, "_said_if_slow", recorded)
+    for progress in (True, False):
+        stages.clear()
+        train("cora", "gcn", epochs=0, progress=progress, dtype="float64")
+        shown = [what for show, what in stages if show]
+        # one rank partitions nothing worth naming
+        assert shown == (["reading cora", "setting up the graph"] if progress else []), stages

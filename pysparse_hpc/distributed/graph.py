@@ -30,6 +30,9 @@ _GRAPH_COMM_METHODS = ("rank", "size", "Allreduce", "Isend", "Irecv", "bcast", "
 # its messages from any other graph's.
 _TAG_BASE, _TAG_SPAN = 1000, 30000
 
+# The tag of `DistGraph.scatter_rows`'s messages, outside the halo exchanges' range.
+_ROWS_TAG = _TAG_BASE - 1
+
 
 def _owner_array(partition, csr, nparts_expected):
     """The validated owner array of ``partition``, a `Partition` of the graph or an integer
@@ -593,18 +596,35 @@ class DistGraph:
         root = self._root if root is None else root
         comm = self.comm
         owners = self._owners_on(root)
-        error, parts = None, None
+        error, layout = None, None
         if comm.rank == root:
             try:
                 array = np.asarray(array)
                 if array.ndim == 0 or array.shape[0] != self.shape[0]:
                     raise ValueError(f"expected a global array with {self.shape[0]} rows, got "
                                      f"shape {array.shape}")
-                parts = [array[ids] for ids in owners]
+                layout = (array.dtype, array.shape[1:])
             except Exception as exc:  # noqa: BLE001 -- re-raised on every rank below
                 error = exc
         comm.raise_if_any(error)
-        return comm.scatter(parts, root=root)
+        if comm.size == 1:
+            return array[owners[0]]
+        dtype, row_shape = comm.bcast(layout, root=root, kind="scatter")
+        if dtype.kind not in "biufc" or not dtype.isnative:
+            # Rows the communicator cannot move as bytes (objects, strings, another byte
+            # order) go pickled.
+            return comm.scatter(None if owners is None else [array[ids] for ids in owners],
+                                root=root)
+        # Each rank's rows as one message, taken and sent one rank at a time: the pickled
+        # list of every rank's rows held the features 3-4 times over on the root.
+        if comm.rank != root:
+            rows = np.empty((self.n_local,) + tuple(row_shape), dtype=dtype)
+            comm.Irecv(rows, root, _ROWS_TAG, "scatter").wait()
+            return rows
+        for q, ids in enumerate(owners):
+            if q != root:
+                comm.Isend(np.ascontiguousarray(array[ids]), q, _ROWS_TAG, "scatter").wait()
+        return array[owners[root]]
 
     def gather_rows(self, local, root=None):
         """The global array of every rank's owned rows, in node order, on ``root`` (None on

@@ -5,6 +5,9 @@ than its piece); every rank then builds the same model from the same seed and tr
 `pysparse_hpc.nn.train.fit`, the loop the single-process demo uses. Started without ``mpiexec``
 it is a one-rank run of the same code.
 """
+import contextlib
+import sys
+import threading
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -291,6 +294,7 @@ def train(dataset="cora", model="gcn", partition="metis", *, epochs=None, lr=Non
     error, used = None, None
     try:
         resume = check_flag(resume, "resume")   # the string "no" read as True
+        progress = check_flag(progress, "progress")
         if not isinstance(model, str) or model not in models.MODELS:
             raise ValueError(f"model must be one of {tuple(models.MODELS)}, got {model!r}")
         if isinstance(dtype, (np.dtype, type)) or type(dtype).__module__ == "torch":
@@ -356,7 +360,7 @@ def train(dataset="cora", model="gcn", partition="metis", *, epochs=None, lr=Non
                                            fingerprint=fingerprint)
     try:
         piece = _distribute(comm, dataset, partition, balance, random_features, seed, state,
-                            getattr(torch, dtype))
+                            getattr(torch, dtype), show=progress and comm.rank == 0)
         graph, parts = piece.graph, piece.parts
 
         torch.manual_seed(seed)
@@ -437,10 +441,33 @@ class _Piece:
     parts: object = None
 
 
-def _distribute(comm, dataset, partition, balance, random_features, seed, state, torch_dtype):
+#: Seconds a stage of `train`'s set-up runs before `_said_if_slow` names it.
+SETUP_NOTICE_DELAY = 1.0
+
+
+@contextlib.contextmanager
+def _said_if_slow(show, what):
+    """Name the stage ``what`` on standard error once it has run `SETUP_NOTICE_DELAY`
+    seconds: reading, partitioning and scattering a large graph went by in silence, for
+    seconds, before the progress bar appeared."""
+    if not show:
+        yield
+        return
+    timer = threading.Timer(SETUP_NOTICE_DELAY, print, [f"pysparse_hpc: {what} ..."],
+                            dict(file=sys.stderr, flush=True))
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
+
+
+def _distribute(comm, dataset, partition, balance, random_features, seed, state, torch_dtype,
+                show=False):
     """Rank 0 reads ``dataset`` and splits it (the saved split when ``state`` was saved by as
     many ranks: the run then continues bit for bit); every rank receives its `_Piece`. Rank 0
-    keeps only its own piece."""
+    keeps only its own piece. ``show``: name the stages that take a while."""
     import torch
 
     from ..nn.train import normalize_features
@@ -451,7 +478,8 @@ def _distribute(comm, dataset, partition, balance, random_features, seed, state,
     error, data, parts = None, None, None
     if comm.rank == 0:
         try:
-            data = _load(dataset, random_features, seed)
+            with _said_if_slow(show, f"reading {_dataset_name(dataset)}"):
+                data = _load(dataset, random_features, seed)
             if saved_owner is not None:
                 saved_method = state.shared.get("partition_method", "given")
                 parts = Partition.from_owner(data.adj, saved_owner, comm.size,
@@ -463,8 +491,11 @@ def _distribute(comm, dataset, partition, balance, random_features, seed, state,
                                   f"on another number of ranks partitions with it)",
                                   UserWarning, stacklevel=3)
             elif isinstance(partition, str):
-                parts = make_partition(data.adj, comm.size, partition, seed=seed,
-                                       balance=_default_balance(partition, balance))
+                with _said_if_slow(show and comm.size > 1,
+                                   f"partitioning {data.name} for {comm.size} ranks "
+                                   f"({partition})"):
+                    parts = make_partition(data.adj, comm.size, partition, seed=seed,
+                                           balance=_default_balance(partition, balance))
             elif isinstance(partition, Partition):
                 parts = partition
             else:   # read here, on rank 0: the other ranks may pass None
@@ -474,24 +505,29 @@ def _distribute(comm, dataset, partition, balance, random_features, seed, state,
         except Exception as exc:  # noqa: BLE001 -- raised on every rank below
             error = exc
     comm.raise_if_any(error)
-    graph = DistGraph.scatter(None if data is None else data.adj, parts, comm)
-    header = None if data is None else (data.name, data.num_features, data.num_classes,
-                                        repr(parts), getattr(parts, "method", "given"))
-    name, num_features, num_classes, summary, method = comm.bcast(header)
+    with _said_if_slow(show, "sending each rank its part of the graph" if comm.size > 1
+                       else "setting up the graph"):
+        graph = DistGraph.scatter(None if data is None else data.adj, parts, comm)
+        header = None if data is None else (data.name, data.num_features, data.num_classes,
+                                            repr(parts), getattr(parts, "method", "given"))
+        name, num_features, num_classes, summary, method = comm.bcast(header)
 
-    def owned_rows(read):
-        """This rank's rows of ``read(data)``, a node array that rank 0 holds."""
-        return torch.from_numpy(graph.scatter_rows(None if data is None else read(data)))
+        def owned_rows(read):
+            """This rank's rows of ``read(data)``, a node array that rank 0 holds."""
+            return torch.from_numpy(graph.scatter_rows(None if data is None else read(data)))
 
-    # Normalized in the training's precision: float32 arithmetic would cap float64 runs.
-    numpy_dtype = np.float64 if torch_dtype == torch.float64 else np.float32
-    return _Piece(graph=graph,
-                  x=owned_rows(lambda d: normalize_features(d.x, numpy_dtype)).to(torch_dtype),
-                  y=owned_rows(lambda d: d.y),
-                  masks=[owned_rows(lambda d, split=split: getattr(d, f"{split}_mask"))
-                         for split in ("train", "val", "test")],
-                  name=name, num_features=num_features, num_classes=num_classes,
-                  summary=summary, method=method, parts=parts)
+        # Normalized in the training's precision (float32 arithmetic would cap float64 runs),
+        # row by row, so on each rank's own rows: alike bit for bit, and the root no longer
+        # holds a normalized copy of every row beside the features.
+        numpy_dtype = np.float64 if torch_dtype == torch.float64 else np.float32
+        features = graph.scatter_rows(None if data is None else data.x)
+        return _Piece(graph=graph,
+                      x=torch.from_numpy(normalize_features(features, numpy_dtype)),
+                      y=owned_rows(lambda d: d.y),
+                      masks=[owned_rows(lambda d, split=split: getattr(d, f"{split}_mask"))
+                             for split in ("train", "val", "test")],
+                      name=name, num_features=num_features, num_classes=num_classes,
+                      summary=summary, method=method, parts=parts)
 
 
 def default_settings(model, optimizer="adam", preconditioner=None):

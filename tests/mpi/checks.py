@@ -80,6 +80,34 @@ def check_halo_figures_per_epoch():
     assert short.halo_bytes_per_epoch < short.cagnet_bytes_per_epoch
 
 
+def check_scatter_rows_memory_and_dtypes():
+    """The root holds about one more copy of the rows it scatters, not three or four (each
+    rank's rows, every part pickled, and MPI's pickled list: rank 0 of a distributed train
+    needed 6x the feature matrix); rows of objects and of another byte order still arrive."""
+    import tracemalloc
+    n = 400 * size
+    A = sph.csr_array(np.eye(n, k=1) + np.eye(n, k=-1))
+    graph = DistGraph(A, np.random.default_rng(0).integers(0, size, n), comm)
+    features = np.arange(n * 2000, dtype=np.float64).reshape(n, 2000) if rank == 0 else None
+    tracemalloc.start()
+    local = graph.scatter_rows(features)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    expected = np.arange(n * 2000, dtype=np.float64).reshape(n, 2000)[graph.owned]
+    assert np.array_equal(local, expected)
+    whole_bytes = n * 2000 * 8
+    if rank == 0:   # the root's own rows and one other rank's at a time
+        assert peak < 1.3 * whole_bytes, (peak, whole_bytes)
+    else:
+        assert peak < 1.3 * local.nbytes + 100_000, (peak, local.nbytes)
+    for array in (np.array([f"node {i}" for i in range(n)], dtype=object),
+                  np.array([f"node {i}" for i in range(n)]),
+                  np.arange(n * 3, dtype=">i4").reshape(n, 3),
+                  np.arange(n) % 2 == 0):
+        local = graph.scatter_rows(array if rank == 0 else None)
+        assert local.dtype == array.dtype and np.array_equal(local, array[graph.owned]), array
+
+
 def check_plan_and_placement():
     """Scatter and replicated construction agree; exchanges, gather and scatter move the
     right rows; the bytes counted equal the plan's."""
