@@ -629,8 +629,8 @@ class DistGraph:
     def gather_rows(self, local, root=None):
         """The global array of every rank's owned rows, in node order, on ``root`` (None on
         the other ranks; default: as `scatter_rows`, the root the graph was scattered from,
-        else 0, so rows go back where they came from). ``local`` is a NumPy array or CPU
-        tensor of ``n_local`` rows.
+        else 0, so rows go back where they came from). ``local`` is a NumPy array or a
+        tensor (a GPU one is copied to the host) of ``n_local`` rows.
 
         Every rank must pass rows of one dtype and row shape; a rank whose rows are wrong
         makes every rank raise (the others waited in the gather for ever, and the root cast
