@@ -403,7 +403,9 @@ def train(dataset="cora", model="gcn", partition="metis", *, epochs=None, lr=Non
     received, halo_by_epoch = summed[:received.size], summed[received.size:]
     if halo_by_epoch.size:
         halo_per_epoch, rows_per_epoch = np.median(halo_by_epoch), np.median(rows_by_epoch)
-        halo_once = halo_by_epoch.sum() - halo_per_epoch * halo_by_epoch.size
+        # (epochs that moved less than the median, as before a kept product exists, are
+        # not negative bytes)
+        halo_once = max(0.0, halo_by_epoch.sum() - halo_per_epoch * halo_by_epoch.size)
     else:
         halo_per_epoch = rows_per_epoch = halo_once = float("nan")
     seconds = comm_sum(comm, np.array([result.seconds_per_epoch]))  # mean over ranks
