@@ -11,8 +11,8 @@ its buffer on both ends; a collective counts its buffer once sent and once recei
 MPI library moves inside it depends on its algorithm); a broadcast counts ``size - 1`` messages
 sent on the root and one received elsewhere; an object collective counts the pickled bytes
 the same way. A one-rank communicator's collectives count nothing (nothing crosses); its
-messages to itself, which need MPI (`Communicator.Isend`, `Irecv`, `Sendrecv`), count as
-messages.
+messages to itself count as messages where they go through MPI (`Communicator.Isend` and
+`Irecv` need it; without MPI `Sendrecv` to itself is a copy that counts nothing).
 
 MPI waits for ever in a collective that another rank never joins. With a timeout
 (`Communicator.set_timeout`, ``init(timeout=...)`` or ``PYSPARSE_HPC_COMM_TIMEOUT``) a
