@@ -8,6 +8,7 @@ import importlib.util
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -29,17 +30,21 @@ requires_mpi = pytest.mark.skipif(
 def run_mpi(ranks, *args, timeout=300, env=None):
     """``mpiexec -n ranks python args...`` from the repository root: (status, stdout, stderr,
     seconds). Fails the test if it has not ended after ``timeout`` seconds. ``env`` adds
-    environment variables."""
-    env = dict(os.environ, PYSPARSE_HPC_NUM_THREADS="1", OMP_NUM_THREADS="1",
-               PYTHONUNBUFFERED="1", **(env or {}))
-    start = time.perf_counter()
-    try:
-        done = subprocess.run([mpiexec_path(), "-n", str(ranks), sys.executable, *args],
-                              cwd=REPO_ROOT, env=env, capture_output=True, text=True,
-                              timeout=timeout)
-    except subprocess.TimeoutExpired as exc:
-        pytest.fail(f"mpiexec -n {ranks} {' '.join(args)} hung for {timeout} s:\n"
-                    f"{exc.stdout}\n{exc.stderr}")
+    environment variables. The job's temporary files (the checks' checkpoint directories,
+    mpiexec's own) go to a directory removed afterwards: they were left in /tmp, hundreds of
+    them after a few runs of the suite."""
+    with tempfile.TemporaryDirectory(prefix="pysparse-hpc-mpi-",
+                                     ignore_cleanup_errors=True) as scratch:
+        env = dict(os.environ, PYSPARSE_HPC_NUM_THREADS="1", OMP_NUM_THREADS="1",
+                   PYTHONUNBUFFERED="1", TMPDIR=scratch, **(env or {}))
+        start = time.perf_counter()
+        try:
+            done = subprocess.run([mpiexec_path(), "-n", str(ranks), sys.executable, *args],
+                                  cwd=REPO_ROOT, env=env, capture_output=True, text=True,
+                                  timeout=timeout)
+        except subprocess.TimeoutExpired as exc:
+            pytest.fail(f"mpiexec -n {ranks} {' '.join(args)} hung for {timeout} s:\n"
+                        f"{exc.stdout}\n{exc.stderr}")
     return done.returncode, done.stdout, done.stderr, time.perf_counter() - start
 
 
