@@ -337,10 +337,14 @@ def test_gcn_steps_on_a_random_partition():
     assert halo["random"] > 3 * halo["metis"] > 0, halo
 
 
-def _running_workers():
-    """PIDs of this machine's processes running the lion benchmark's worker."""
+def _running_workers(marker):
+    """PIDs of the processes running the lion benchmark's worker for the command whose
+    environment holds ``marker``: another run's workers on the machine (another checkout's
+    suite, a parallel test) are not this command's, and failed the test."""
     from .conftest import processes_holding
-    return processes_holding(b"pysparse_hpc.bench._lion_worker", "cmdline")
+    ours = set(processes_holding(marker, "environ"))
+    return [pid for pid in processes_holding(b"pysparse_hpc.bench._lion_worker", "cmdline")
+            if pid in ours]
 
 
 @pytest.mark.skipif(not __import__("os").path.isdir("/proc"), reason="reads /proc")
@@ -348,26 +352,30 @@ def _running_workers():
 def test_an_interrupted_benchmark_stops_its_job(signal_name, status):
     """The job runs in its own process group, which no signal to the command reaches: the
     command stops it before it exits, interrupted (Ctrl-C) or terminated."""
+    import os
     import signal
     import subprocess
     import sys
     import time
-    assert not _running_workers()
+    import uuid
+    marker = f"PYSPARSE_HPC_TEST_MARK={uuid.uuid4().hex}"
     command = subprocess.Popen([sys.executable, "-m", "pysparse_hpc.bench", "lion", "--ranks",
                                 "1", "--accuracy-ranks", "1", "--workload", "mlp-digits",
                                 "--seeds", "1"],
+                               env=dict(os.environ, PYSPARSE_HPC_TEST_MARK=marker.split("=")[1]),
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                # a shell's background job inherits SIGINT ignored: give the
                                # command the default a terminal gives
                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 120
-    while not _running_workers() and time.monotonic() < deadline:
+    marker = marker.encode()
+    while not _running_workers(marker) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert _running_workers(), "the job never started"
+    assert _running_workers(marker), "the job never started"
     command.send_signal(getattr(signal, signal_name))
     _, errors = command.communicate(timeout=60)
     assert command.returncode == status, errors[-2000:]
-    assert not _running_workers()
+    assert not _running_workers(marker)
     if signal_name == "SIGINT":
         assert "interrupted" in errors and "Traceback" not in errors
 

@@ -31,12 +31,13 @@ def run_mpi(ranks, *args, timeout=300, env=None):
     """``mpiexec -n ranks python args...`` from the repository root: (status, stdout, stderr,
     seconds). Fails the test if it has not ended after ``timeout`` seconds. ``env`` adds
     environment variables. The job's temporary files (the checks' checkpoint directories,
-    mpiexec's own) go to a directory removed afterwards: they were left in /tmp, hundreds of
-    them after a few runs of the suite."""
+    the topology file MPICH's launcher writes and leaves behind when a job aborts) go to a
+    directory removed afterwards: they were left in /tmp, hundreds after a few runs."""
     with tempfile.TemporaryDirectory(prefix="pysparse-hpc-mpi-",
                                      ignore_cleanup_errors=True) as scratch:
         env = dict(os.environ, PYSPARSE_HPC_NUM_THREADS="1", OMP_NUM_THREADS="1",
-                   PYTHONUNBUFFERED="1", TMPDIR=scratch, **(env or {}))
+                   PYTHONUNBUFFERED="1", TMPDIR=scratch,
+                   HWLOC_XMLFILE=os.path.join(scratch, "topology.xml"), **(env or {}))
         start = time.perf_counter()
         try:
             done = subprocess.run([mpiexec_path(), "-n", str(ranks), sys.executable, *args],
