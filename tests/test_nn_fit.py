@@ -234,7 +234,7 @@ def test_fit_refuses_options_of_what_it_was_not_asked_for(problem, tmp_path):
     for options, message in (
             (dict(curvature_interval=5), "curvature_interval applies to a preconditioner, got "
                                          "curvature_interval=5 with preconditioner=None"),
-            (dict(checkpoint_every=2), r"checkpoint_every=2 apply to checkpoints, got "
+            (dict(checkpoint_every=2), r"checkpoint_every=2 applies to checkpoints, got "
                                        r"checkpointer=None"),
             (dict(checkpoint_extras={"note": 1}, checkpoint_every=3),
              r"checkpoint_every=3 and checkpoint_extras=\{'note': 1\} apply to checkpoints")):

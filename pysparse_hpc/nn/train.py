@@ -681,8 +681,9 @@ def _checkpoint_every(checkpointer, every, extras):
                                                          ("checkpoint_extras", extras))
                  if value is not None]
         if given:
-            raise ValueError(f"{' and '.join(given)} apply to checkpoints, got "
-                             f"checkpointer=None; pass a Checkpointer to save them")
+            raise ValueError(f"{' and '.join(given)} appl{'y' if len(given) > 1 else 'ies'} "
+                             f"to checkpoints, got checkpointer=None; pass a Checkpointer to "
+                             f"save them")
     _check_extras(extras)
     if every is None:
         return CHECKPOINT_EVERY
