@@ -125,6 +125,12 @@ class DistributedTrainResult:
 _HALO_KINDS = ("halo", "reverse_halo")
 
 
+def _bytes_received(stats, kinds):
+    """The bytes this rank received in each traffic kind of ``kinds``, from
+    `Communicator.stats` (0 for a kind with no traffic yet)."""
+    return [stats.get(kind, {}).get("bytes_received", 0) for kind in kinds]
+
+
 class _EpochTraffic:
     """This rank's halo bytes received and the plan's exchanged row bytes at the start of
     every epoch (the model's forward passes in training mode), read locally: no collective
@@ -137,8 +143,7 @@ class _EpochTraffic:
 
     def counts(self):
         """(halo bytes received, exchanged row bytes) so far on this rank."""
-        stats = self._comm.stats()
-        received = sum(stats.get(kind, {}).get("bytes_received", 0) for kind in _HALO_KINDS)
+        received = sum(_bytes_received(self._comm.stats(), _HALO_KINDS))
         return received, self._graph.plan.exchanged_row_bytes
 
     def _before_forward(self, module, args):
@@ -389,9 +394,8 @@ def train(dataset="cora", model="gcn", partition="metis", *, epochs=None, lr=Non
     seconds_total = time.perf_counter() - start
     stats = comm.stats()
     # The gradient allreduce's bytes include its participation flags (DataParallel's).
-    received = np.array([stats.get(kind, {}).get("bytes_received", 0)
-                         for kind in ("allreduce", PARTICIPATION_KIND, *_OPTIMIZER_KINDS)],
-                        dtype=np.float64)
+    kinds = ("allreduce", PARTICIPATION_KIND, *_OPTIMIZER_KINDS)
+    received = np.array(_bytes_received(stats, kinds), dtype=np.float64)
     # Traffic counted in this run: the epochs it trained, not those before its checkpoint.
     # None trained (0 epochs, or resumed at or past them) measured no epoch's traffic: NaN,
     # where 0 bytes per epoch read as a halo exchange that moved nothing.
